@@ -1,0 +1,1 @@
+"""Collectives as Triton kernels over symmetric memory, one file per family."""

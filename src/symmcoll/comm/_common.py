@@ -1,0 +1,96 @@
+"""What every collective's host wrapper and kernel share: launch configs, input checks, reductions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..memory import MAX_PROGRAMS, Workspace
+
+REDUCTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Reduction ops as kernel constexprs.
+OP_SUM, OP_AVG, OP_MAX, OP_MIN = 0, 1, 2, 3
+REDUCE_OPS = {"sum": OP_SUM, "avg": OP_AVG, "max": OP_MAX, "min": OP_MIN}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a kernel is launched: elements per block step, the most programs, warps per program."""
+
+    block: int
+    max_programs: int
+    num_warps: int
+
+    def __post_init__(self):
+        if self.block & (self.block - 1):
+            raise ValueError(f"block must be a power of two, got {self.block}")
+        if not 1 <= self.max_programs <= MAX_PROGRAMS:
+            raise ValueError(f"max_programs must be in [1, {MAX_PROGRAMS}], got {self.max_programs}")
+
+    def grid(self, work_items: int) -> tuple[int]:
+        """Programs for ``work_items`` blocks of work (at least one, at most ``max_programs``)."""
+        return (max(1, min(self.max_programs, work_items)),)
+
+
+# On CPU every program instance costs ~0.7 ms of interpreter overhead: few programs, big blocks.
+CPU_CONFIG = LaunchConfig(block=16384, max_programs=4, num_warps=4)
+
+
+def reduce_op_code(op: str) -> int:
+    try:
+        return REDUCE_OPS[op]
+    except KeyError:
+        raise ValueError(f"op must be one of {sorted(REDUCE_OPS)}, got {op!r}") from None
+
+
+def check_tensor(x, name: str, ws_device_type: str | None = None) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {tuple(x.stride())})")
+    if ws_device_type is not None and x.device.type != ws_device_type:
+        raise ValueError(f"{name} is on {x.device}, expected a {ws_device_type} tensor")
+
+
+def check_reduction_dtype(x: torch.Tensor, name: str) -> None:
+    if x.dtype not in REDUCTION_DTYPES:
+        raise ValueError(f"{name}.dtype {x.dtype} is not supported for reductions "
+                         f"(supported: bf16, fp16, fp32)")
+
+
+def finish(ws: Workspace) -> None:
+    """After launching: on CPU the kernel already ran, so a timeout is reported right here.
+    On GPU it is reported by the next call on this workspace or by ``symmcoll.check()``."""
+    if ws.device.type == "cpu":
+        ws.check()
+
+
+def chunks(numel: int, capacity: int):
+    """(start, length) pieces of at most ``capacity`` elements covering ``numel``."""
+    if capacity <= 0:
+        raise ValueError("workspace too small for a single element")
+    for start in range(0, numel, capacity):
+        yield start, min(capacity, numel - start)
+
+
+@triton.jit
+def combine(acc, value, OP: tl.constexpr):
+    """Fold ``value`` (fp32) into ``acc`` (fp32) for sum/avg/max/min."""
+    if OP == 2:
+        return tl.maximum(acc, value)
+    elif OP == 3:
+        return tl.minimum(acc, value)
+    else:
+        return acc + value
+
+
+@triton.jit
+def finalize(acc, OP: tl.constexpr, WORLD: tl.constexpr):
+    if OP == 1:
+        return acc / WORLD
+    else:
+        return acc

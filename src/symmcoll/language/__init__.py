@@ -1,0 +1,11 @@
+"""@triton.jit building blocks: peer pointers, signals, barriers (see signals.py)."""
+
+from .signals import (
+    MAX_WORLD,
+    block_barrier,
+    peer_ptr,
+    send_signals,
+    wait_signals,
+)
+
+__all__ = ["MAX_WORLD", "block_barrier", "peer_ptr", "send_signals", "wait_signals"]

@@ -1,0 +1,144 @@
+"""Device-side building blocks shared by every symmcoll kernel.
+
+Calling convention (mirrors torch's ``_SymmetricMemory``): a kernel receives ``buffer_ptrs_dev`` and
+``signal_pad_ptrs_dev``, the int64 addresses of two tables holding one 64-bit address per rank.
+``peer_ptr`` turns an entry into a typed pointer.
+
+Signals live in int32 signal pads, one slot per (program id, sending rank)::
+
+    slot(pid, src) = pid * WORLD + src        # in the *receiver's* pad
+
+and are self-resetting: a send is a CAS 0 -> 1 with release semantics at system scope (retried while
+the receiver has not yet consumed the previous signal in that slot), a wait is a CAS 1 -> 0 with acquire
+semantics at system scope. Nothing on the host changes between calls, so a captured CUDA graph replays
+correctly, and every slot is 0 again after each completed barrier (tests check this).
+
+``block_barrier`` -- usage patterns:
+  * after writing my own buffer, before peers read it (producer -> consumer hand-off: release/acquire);
+  * after reading peers' buffers, before anybody overwrites them (the exit barrier of one call, which
+    makes the next call's writes safe).
+Program ``pid`` of a rank only ever waits on program ``pid`` of its peers, never on a sibling program of
+its own rank: this keeps the interpreter (which runs programs one after another) from deadlocking and
+the GPU from depending on all programs being co-resident.
+
+The signals to all peers go out in parallel (one lane per peer), and so do the waits. Every wait is
+bounded by ``max_spins`` iterations; on expiry the program records (op, rank, peer) into the error
+record at ``status_ptr`` and stops waiting; the host turns that into ``SymmcollTimeoutError``.
+
+Only ``tl.*`` operations are used, so the same source runs compiled for sm_90 and under
+``TRITON_INTERPRET=1``. Spins are on atomics only (never on a plain load).
+"""
+
+import triton
+import triton.language as tl
+
+# Lanes of the per-peer vectors. World sizes up to MAX_WORLD are supported by every kernel.
+MAX_WORLD: tl.constexpr = tl.constexpr(8)
+
+# Layout of the error record (int32[4]) a kernel fills in when a wait times out.
+STATUS_FLAG: tl.constexpr = tl.constexpr(0)
+STATUS_OP: tl.constexpr = tl.constexpr(1)
+STATUS_RANK: tl.constexpr = tl.constexpr(2)
+STATUS_PEER: tl.constexpr = tl.constexpr(3)
+
+
+@triton.jit
+def peer_ptr(ptrs_dev, peer, ELEM_TY: tl.constexpr):
+    """Typed pointer to ``peer``'s buffer, read from the per-rank address table at ``ptrs_dev``."""
+    table = ptrs_dev.to(tl.pointer_type(tl.uint64))
+    return tl.load(table + peer).to(tl.pointer_type(ELEM_TY))
+
+
+@triton.jit
+def _record_timeout(status_ptr, pending, lanes, rank, op_code):
+    """Write (op, rank, first peer still pending) into the error record; the flag goes last."""
+    status = status_ptr.to(tl.pointer_type(tl.int32))
+    peer = tl.min(tl.where(pending, lanes, MAX_WORLD), axis=0)
+    tl.store(status + STATUS_OP, op_code)
+    tl.store(status + STATUS_RANK, rank)
+    tl.store(status + STATUS_PEER, peer)
+    tl.atomic_xchg(status + STATUS_FLAG, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def _peer_slots(signal_pad_ptrs_dev, slot, is_peer, rank):
+    """Pointers to ``slot`` in every peer's pad. Non-peer lanes point at slot 0 of my own pad; the
+    callers give those lanes a comparand no slot ever holds (-1), so their CAS never writes."""
+    lanes = tl.arange(0, MAX_WORLD)
+    table = signal_pad_ptrs_dev.to(tl.pointer_type(tl.uint64))
+    own = tl.load(table + rank).to(tl.int64)
+    bases = tl.load(table + lanes, mask=is_peer, other=0).to(tl.int64)
+    bases = tl.where(is_peer, bases, own)
+    offsets = tl.where(is_peer, slot, 0).to(tl.int64) * 4
+    return (bases + offsets).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def send_signals(signal_pad_ptrs_dev, is_peer, rank, status_ptr, max_spins, op_code,
+                 WORLD: tl.constexpr):
+    """Set slot (pid, rank) to 1 in every peer's pad where ``is_peer``; release, system scope.
+
+    Returns the lanes whose send did not go through before ``max_spins`` (all False on success).
+    """
+    pid = tl.program_id(0)
+    lanes = tl.arange(0, MAX_WORLD)
+    ptrs = _peer_slots(signal_pad_ptrs_dev, pid * WORLD + rank, is_peer, rank)
+    pending = is_peer
+    spins = 0
+    while (tl.max(pending.to(tl.int32), axis=0) > 0) & (spins < max_spins):
+        # A lane already delivered compares against -1, which no slot ever holds: a no-op.
+        expected = tl.where(pending, 0, -1)
+        old = tl.atomic_cas(ptrs, expected, tl.full([MAX_WORLD], 1, tl.int32),
+                            sem="release", scope="sys")
+        pending = pending & (old != 0)
+        spins += 1
+    if tl.max(pending.to(tl.int32), axis=0) > 0:
+        _record_timeout(status_ptr, pending, lanes, rank, op_code)
+    return pending
+
+
+@triton.jit
+def wait_signals(signal_pad_ptrs_dev, is_peer, rank, status_ptr, max_spins, op_code,
+                 WORLD: tl.constexpr):
+    """Consume slot (pid, src) of my own pad for every ``src`` lane where ``is_peer``; acquire,
+    system scope. Returns the lanes that never arrived (all False on success)."""
+    pid = tl.program_id(0)
+    lanes = tl.arange(0, MAX_WORLD)
+    table = signal_pad_ptrs_dev.to(tl.pointer_type(tl.uint64))
+    own = tl.load(table + rank).to(tl.pointer_type(tl.int32))
+    # Non-peer lanes look at slot 0 of my pad with an impossible comparand (-1): never written.
+    ptrs = own + tl.where(is_peer, pid * WORLD + lanes, 0)
+    pending = is_peer
+    spins = 0
+    while (tl.max(pending.to(tl.int32), axis=0) > 0) & (spins < max_spins):
+        expected = tl.where(pending, 1, -1)
+        old = tl.atomic_cas(ptrs, expected, tl.zeros([MAX_WORLD], tl.int32),
+                            sem="acquire", scope="sys")
+        pending = pending & (old != 1)
+        spins += 1
+    if tl.max(pending.to(tl.int32), axis=0) > 0:
+        _record_timeout(status_ptr, pending, lanes, rank, op_code)
+    return pending
+
+
+@triton.jit
+def block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code,
+                  WORLD: tl.constexpr):
+    """All-to-all barrier between program ``pid`` of every rank.
+
+    Graph-safe (self-resetting slots, no host state). Writes this block made before the call are
+    visible to every peer's program ``pid`` after its barrier returns, and vice versa. Returns 1 if
+    this program gave up waiting (the error record is then filled in), else 0.
+    """
+    lanes = tl.arange(0, MAX_WORLD)
+    is_peer = (lanes < WORLD) & (lanes != rank)
+    # Every thread's prior writes must be done before any lane releases them.
+    tl.debug_barrier()
+    sent_late = send_signals(signal_pad_ptrs_dev, is_peer, rank, status_ptr, max_spins, op_code,
+                             WORLD)
+    missing = wait_signals(signal_pad_ptrs_dev, is_peer, rank, status_ptr, max_spins, op_code,
+                           WORLD)
+    # The acquiring lanes' view must reach every thread that reads peers' data next.
+    tl.debug_barrier()
+    failed = tl.max((sent_late | missing).to(tl.int32), axis=0)
+    return failed

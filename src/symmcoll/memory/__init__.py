@@ -1,0 +1,160 @@
+"""Symmetric workspaces: one per (process group, device), allocated once and reused by every call.
+
+A workspace holds, on every rank of the group:
+  * a data buffer of ``buffer_bytes`` (peers read and write it directly),
+  * an int32 signal pad of ``SIGNAL_PAD_INTS`` slots, all zero between calls,
+  * ``buffer_ptrs_dev`` / ``signal_pad_ptrs_dev``: int64 addresses of tables with one address per rank,
+    which is all a kernel needs to reach any peer,
+  * a small host-visible error record that kernels fill in when a wait times out.
+
+``cuda.py`` builds it on ``torch.distributed._symmetric_memory``; ``emulated.py`` builds the same object
+for CPU runs (files in /dev/shm mapped into every rank process). Kernels cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+# Slot (pid, src) = pid * world + src: room for 1024 programs at world size 8.
+MAX_PROGRAMS = 1024
+SIGNAL_PAD_INTS = 8192
+
+DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
+# Rough cost of one spin iteration, to turn a timeout in seconds into a spin budget. A remote
+# system-scope CAS on H200 takes about a microsecond; one interpreted iteration tens of microseconds.
+SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 20_000}
+DEFAULT_TIMEOUT_S = 20.0
+
+
+class SymmcollTimeoutError(RuntimeError):
+    """A kernel stopped waiting for a peer's signal (the peer never arrived)."""
+
+    def __init__(self, op: str, rank: int, peer: int):
+        self.op, self.rank, self.peer = op, rank, peer
+        super().__init__(
+            f"symmcoll: {op} on rank {rank} timed out waiting for rank {peer} "
+            f"(did rank {peer} call {op}?). The workspace is now inconsistent: call "
+            f"symmcoll.reset() on every rank before the next collective."
+        )
+
+
+# Op codes written by kernels into the error record; the name is what the error message says.
+OP_NAMES: dict[int, str] = {}
+
+
+def register_op(name: str) -> int:
+    """Give a kernel family a stable code for its timeout records."""
+    code = len(OP_NAMES) + 1
+    OP_NAMES[code] = name
+    return code
+
+
+@dataclass
+class Workspace:
+    group: dist.ProcessGroup
+    rank: int
+    world_size: int
+    device: torch.device
+    buffer: torch.Tensor  # uint8, this rank's part of the symmetric buffer
+    signal_pad: torch.Tensor  # int32, this rank's pad
+    buffer_ptrs_dev: int
+    signal_pad_ptrs_dev: int
+    status: torch.Tensor  # int32[4], host-visible: flag, op, rank, peer
+    max_spins: int
+    _keepalive: list = field(default_factory=list, repr=False)
+    broken: bool = False
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self.buffer.numel()
+
+    @property
+    def status_ptr(self) -> int:
+        return self.status.data_ptr()
+
+    def capacity(self, dtype: torch.dtype) -> int:
+        """How many elements of ``dtype`` fit in the buffer."""
+        return self.buffer_bytes // dtype.itemsize
+
+    def view(self, dtype: torch.dtype, numel: int, offset_bytes: int = 0) -> torch.Tensor:
+        """This rank's buffer (from ``offset_bytes``) seen as ``numel`` elements of ``dtype``."""
+        end = offset_bytes + numel * dtype.itemsize
+        if end > self.buffer_bytes:
+            raise ValueError(f"workspace holds {self.buffer_bytes} bytes, asked for {end}")
+        return self.buffer[offset_bytes:end].view(dtype)
+
+    def check(self) -> None:
+        """Raise SymmcollTimeoutError if a kernel on this rank recorded a timed-out wait."""
+        if self.broken:
+            raise RuntimeError("symmcoll: workspace is broken by an earlier timeout; call symmcoll.reset()")
+        if int(self.status[0]) != 0:
+            op, rank, peer = (int(v) for v in self.status[1:4])
+            self.broken = True
+            raise SymmcollTimeoutError(OP_NAMES.get(op, f"op#{op}"), rank, peer)
+
+
+_WORKSPACES: dict[tuple, Workspace] = {}
+
+
+def _default_group(group):
+    if group is not None:
+        return group
+    if not dist.is_initialized():
+        raise RuntimeError("symmcoll: torch.distributed is not initialized (use symmcoll.launch or "
+                           "torch.distributed.init_process_group first)")
+    return dist.group.WORLD
+
+
+def timeout_spins(device_type: str) -> int:
+    seconds = float(os.environ.get("SYMMCOLL_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+    return max(1, int(seconds * SPINS_PER_SECOND[device_type]))
+
+
+def get_workspace(group=None, device: torch.device | None = None, min_bytes: int = 0) -> Workspace:
+    """The workspace of (group, device), created collectively on first use.
+
+    Every rank of the group must make the first call for a (group, device) together (it is a
+    rendezvous), as with any collective. Create it before capturing a CUDA graph.
+    """
+    group = _default_group(group)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+    device = torch.device(device)
+    key = (group.group_name, str(device))
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        default = int(os.environ.get("SYMMCOLL_WORKSPACE_BYTES", DEFAULT_BUFFER_BYTES[device.type]))
+        ws = _create(group, device, max(default, min_bytes))
+        _WORKSPACES[key] = ws
+    ws.check()
+    return ws
+
+
+def _create(group, device: torch.device, buffer_bytes: int) -> Workspace:
+    if device.type == "cuda":
+        from .cuda import create_cuda_workspace
+        return create_cuda_workspace(group, device, buffer_bytes)
+    if device.type == "cpu":
+        from .emulated import create_emulated_workspace
+        return create_emulated_workspace(group, buffer_bytes)
+    raise ValueError(f"symmcoll: no symmetric memory for device type {device.type!r}")
+
+
+def reset(group=None) -> None:
+    """Drop the workspaces of ``group`` (all groups if None); the next call rebuilds them.
+
+    Collective when followed by a call: every rank must reset together.
+    """
+    names = None if group is None else {group.group_name}
+    for key in list(_WORKSPACES):
+        if names is None or key[0] in names:
+            _WORKSPACES.pop(key)
+
+
+def workspaces() -> list[Workspace]:
+    return list(_WORKSPACES.values())
