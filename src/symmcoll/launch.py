@@ -144,15 +144,17 @@ class RankPool:
         failures: dict[int, str] = {}
         deadline = time.monotonic() + timeout
         while len(results) + len(failures) < self.world_size:
+            if failures:  # the others get a grace period to finish or fail, then are killed
+                deadline = min(deadline, first_failure + _GRACE_AFTER_ERROR_S)
             remaining = deadline - time.monotonic()
-            if failures:
-                remaining = min(remaining, _GRACE_AFTER_ERROR_S)
             dead = [r for r, p in enumerate(self._procs)
                     if not p.is_alive() and r not in results and r not in failures]
             try:
                 kind, rank, payload = self._results.get(timeout=max(0.0, min(remaining, 1.0)))
             except queue.Empty:
                 for r in dead:  # died without reporting (segfault, os._exit, killed)
+                    if not failures:
+                        first_failure = time.monotonic()
                     failures[r] = f"rank {r} process exited with code {self._procs[r].exitcode}"
                 if remaining <= 0:
                     unfinished = sorted(set(range(self.world_size)) - set(results) - set(failures))
@@ -162,6 +164,8 @@ class RankPool:
                     raise LaunchTimeout(timeout, unfinished) from None
                 continue
             if kind == "err":
+                if not failures:
+                    first_failure = time.monotonic()
                 failures[rank] = payload
             else:
                 results[rank] = payload

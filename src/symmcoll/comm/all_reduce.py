@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import get_workspace, register_op
 from ._common import (CPU_CONFIG, LaunchConfig, check_reduction_dtype, check_tensor, chunks,
@@ -91,3 +92,13 @@ def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
         )
     finish(ws)
     return out.view(x.shape)
+
+
+for _dtype in ("bf16", "fp16", "fp32"):
+    for _world in (2, 3, 4, 8):
+        compile_check.register(
+            _one_shot_kernel,
+            {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}",
+             "numel": "i32", "rank": "i32", "op_code": "i32"},
+            {"WORLD": _world, "REDUCE_OP": 0 if _world != 3 else 2, "BLOCK": GPU_ONE_SHOT.block},
+            num_warps=GPU_ONE_SHOT.num_warps, label=f"{_dtype},")

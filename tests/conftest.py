@@ -1,0 +1,53 @@
+"""Shared fixtures: rank pools reused across tests (spawning ranks costs seconds each).
+
+CPU by default (gloo + emulated symmetric memory + interpreter). ``SYMMCOLL_TEST_DEVICE=cuda`` runs the
+same tests with CUDA tensors on the GPU machine (scripts/gpu_check.sh); tests marked ``gpu`` run only
+there and are reported as skipped -- not passed -- elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from symmcoll.launch import RankPool
+
+DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
+WORLD_SIZES = [int(w) for w in os.environ.get("SYMMCOLL_TEST_WORLD_SIZES", "2,3,4").split(",")]
+
+
+def pytest_collection_modifyitems(config, items):
+    if DEVICE != "cuda":
+        skip = pytest.mark.skip(reason="GPU test: NOT RUN on this machine (no CUDA)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+class Pools:
+    def __init__(self):
+        self._pools: dict[int, RankPool] = {}
+
+    def __call__(self, world_size: int) -> RankPool:
+        pool = self._pools.get(world_size)
+        if pool is None or pool._closed:
+            pool = RankPool(world_size, device=DEVICE)
+            self._pools[world_size] = pool
+        return pool
+
+    def close(self):
+        for pool in self._pools.values():
+            pool.close()
+
+
+@pytest.fixture(scope="session")
+def pools():
+    p = Pools()
+    yield p
+    p.close()
+
+
+@pytest.fixture(params=WORLD_SIZES, ids=lambda w: f"ws{w}")
+def world_size(request):
+    return request.param

@@ -1,0 +1,66 @@
+"""Helpers that run inside rank processes: rank-coded inputs and checks that name rank and index."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import symmcoll
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
+
+
+def rank_coded(numel: int, dtype: torch.dtype, rank: int, call: int = 0) -> torch.Tensor:
+    """Small integers that depend on (rank, index, call): sums over <= 8 ranks are exact in bf16."""
+    i = torch.arange(numel, dtype=torch.int64)
+    values = (i * 7 + rank * 13 + call * 5 + (i // 9973) * 3) % 17 - 8
+    return values.to(dtype).to(device())
+
+
+def random_input(numel: int, dtype: torch.dtype, rank: int, call: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * call + rank)
+    return torch.randn(numel, generator=g).to(dtype).to(device())
+
+
+TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, what: str, exact: bool = False) -> None:
+    rank = dist.get_rank()
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise AssertionError(f"rank {rank}: {what}: got {got.dtype}{tuple(got.shape)}, "
+                             f"want {want.dtype}{tuple(want.shape)}")
+    g, w = got.float().reshape(-1).cpu(), want.float().reshape(-1).cpu()
+    if exact:
+        bad = g != w
+    else:
+        rtol, atol = TOLERANCE[got.dtype]
+        bad = (g - w).abs() > atol + rtol * w.abs()
+    bad |= g.isnan() != w.isnan()
+    if bool(bad.any()):
+        idx = int(bad.nonzero()[0])
+        raise AssertionError(f"rank {rank}: {what}: {int(bad.sum())} of {g.numel()} wrong, first at "
+                             f"index {idx}: got {g[idx].item()}, want {w[idx].item()}")
+
+
+def assert_pads_zero(what: str) -> None:
+    """Every slot of every workspace's pad is 0. Collective: peers must not start their next call
+    (whose signals would land in this rank's pad) until every rank has looked."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    dist.barrier()
+    try:
+        _check_pads(what)
+    finally:
+        dist.barrier()
+
+
+def _check_pads(what: str) -> None:
+    for ws in symmcoll.memory.workspaces():
+        nonzero = ws.signal_pad.nonzero()
+        if nonzero.numel():
+            raise AssertionError(f"rank {ws.rank}: {what}: signal pad not zero at slots "
+                                 f"{nonzero.reshape(-1)[:8].tolist()}")

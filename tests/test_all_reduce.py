@@ -1,0 +1,63 @@
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmcoll
+from symmcoll import reference
+from symmcoll.comm._common import CPU_CONFIG
+
+from rank_checks import assert_close, assert_pads_zero, random_input, rank_coded
+
+BLOCK = CPU_CONFIG.block
+SIZES = [1, 7, BLOCK - 1, BLOCK + 1, 30011]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+ALGORITHMS = ["one_shot"]
+
+
+def _back_to_back(numel, dtype, algorithm, op, calls=3):
+    rank = dist.get_rank()
+    for call in range(calls):
+        x = rank_coded(numel, dtype, rank, call)
+        snapshot = x.clone()
+        got = symmcoll.all_reduce(x, op=op, algorithm=algorithm)
+        assert_close(got, reference.all_reduce(x, op=op), f"{algorithm} {op} numel={numel} call {call}",
+                     exact=op != "avg")
+        assert_close(x, snapshot, "input must not change", exact=True)
+        assert_pads_zero(f"after {algorithm} call {call}")
+
+
+def _random_data(numel, dtype, algorithm):
+    rank = dist.get_rank()
+    x = random_input(numel, dtype, rank, 7).reshape(-1, 1) if numel % 1 == 0 else None
+    got = symmcoll.all_reduce(x, algorithm=algorithm)
+    assert got.shape == x.shape
+    assert_close(got, reference.all_reduce(x), f"{algorithm} random numel={numel}")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("numel", SIZES)
+def test_all_reduce_sum(pools, world_size, numel, dtype, algorithm):
+    pools(world_size).run(_back_to_back, numel, dtype, algorithm, "sum")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_all_reduce_random_data(pools, world_size, dtype, algorithm):
+    pools(world_size).run(_random_data, 20000, dtype, algorithm)
+
+
+def _rejects_bad_input():
+    with pytest.raises(ValueError, match="dtype"):
+        symmcoll.all_reduce(torch.ones(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="contiguous"):
+        symmcoll.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="algorithm"):
+        symmcoll.all_reduce(torch.ones(4), algorithm="nope")
+    with pytest.raises(ValueError, match="op"):
+        symmcoll.all_reduce(torch.ones(4), op="prod")
+    assert symmcoll.all_reduce(torch.ones(0)).numel() == 0
+
+
+def test_all_reduce_rejects_bad_input(pools):
+    pools(2).run(_rejects_bad_input)

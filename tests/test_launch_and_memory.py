@@ -1,0 +1,109 @@
+"""Launcher (timeouts, errors), emulated workspace life cycle, and bounded device-side waits."""
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmcoll
+from symmcoll import launch
+from symmcoll.memory import SymmcollTimeoutError
+from symmcoll.memory.emulated import leftover_files, shm_prefix
+
+from conftest import DEVICE
+
+
+def _rank_info():
+    ws = symmcoll.get_workspace()
+    return dist.get_rank(), dist.get_world_size(), ws.world_size, ws.buffer_bytes, ws.signal_pad.numel()
+
+
+def test_pool_runs_on_every_rank(pools):
+    info = pools(3).run(_rank_info)
+    assert [i[0] for i in info] == [0, 1, 2]
+    assert all(i[1] == i[2] == 3 for i in info)
+
+
+def _sleep_on(rank_to_hang):
+    if dist.get_rank() == rank_to_hang:
+        time.sleep(3600)
+    return dist.get_rank()
+
+
+def test_hard_timeout_names_unfinished_ranks():
+    t0 = time.monotonic()
+    with pytest.raises(launch.LaunchTimeout, match=r"ranks \[1\] had not finished"):
+        launch.run(_sleep_on, 2, 1, device=DEVICE, timeout=3)
+    assert time.monotonic() - t0 < 60
+
+
+def _fail_on(rank_to_fail):
+    if dist.get_rank() == rank_to_fail:
+        raise KeyError("deliberate failure")
+    return dist.get_rank()
+
+
+def test_exception_surfaces_with_rank_and_traceback():
+    with pytest.raises(launch.RankError) as info:
+        launch.run(_fail_on, 3, 2, device=DEVICE, timeout=120)
+    assert list(info.value.failures) == [2]
+    assert "rank 2 failed" in str(info.value)
+    assert "KeyError: 'deliberate failure'" in str(info.value)
+    assert "_fail_on" in str(info.value)  # the traceback, not just the message
+
+
+def _mapped_then_report():
+    symmcoll.get_workspace()
+    dist.barrier()
+    return shm_prefix()
+
+
+def _crash_after_mapping():
+    symmcoll.get_workspace()
+    dist.barrier()
+    if dist.get_rank() == 1:
+        os._exit(3)
+    return shm_prefix()
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="emulated memory is the CPU path")
+def test_shm_files_gone_after_mapping_and_after_crash():
+    prefixes = launch.run(_mapped_then_report, 2, device="cpu")
+    assert len(set(prefixes)) == 1
+    # Unlinked as soon as all ranks mapped them, i.e. while the ranks are still running.
+    with launch.RankPool(2, device="cpu") as pool:
+        prefix = pool.run(_mapped_then_report)[0]
+        assert leftover_files(prefix) == []
+    with pytest.raises(launch.RankError, match="rank 1 process exited with code 3"):
+        launch.run(_crash_after_mapping, 2, device="cpu", timeout=120)
+    assert leftover_files("symmcoll-") == [] or all(
+        not p.startswith(f"/dev/shm/symmcoll-{os.getpid()}-") for p in leftover_files("symmcoll-"))
+
+
+def _absent_peer(absent_rank):
+    os.environ["SYMMCOLL_TIMEOUT_S"] = "1"
+    symmcoll.get_workspace()  # creating the workspace is collective: everybody does that
+    if dist.get_rank() == absent_rank:
+        return None
+    t0 = time.monotonic()
+    try:
+        symmcoll.all_reduce(torch.ones(100, device=symmcoll.get_workspace().device))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        symmcoll.check()
+    except SymmcollTimeoutError as exc:
+        return exc.op, exc.rank, exc.peer, time.monotonic() - t0, str(exc)
+    return "no error"
+
+
+def test_absent_peer_makes_others_raise_not_hang():
+    results = launch.run(_absent_peer, 3, 2, device=DEVICE, timeout=180)
+    assert results[2] is None
+    for rank in (0, 1):
+        assert results[rank] != "no error", f"rank {rank} did not notice the absent peer"
+        op, r, peer, seconds, message = results[rank]
+        assert (op, r, peer) == ("all_reduce.one_shot", rank, 2)
+        assert "rank 2" in message and "all_reduce.one_shot" in message
+        assert seconds < 60
