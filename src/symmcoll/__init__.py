@@ -3,6 +3,9 @@
 Public functions are shaped like torch.distributed's and return new tensors::
 
     out = symmcoll.all_reduce(x)                 # sum over the default group
+
+``ALGORITHMS[op][name]`` lists every implementation of every collective by name (what
+``algorithm=`` accepts and what ``symmcoll bench`` compares).
 """
 
 from __future__ import annotations
@@ -15,25 +18,31 @@ from .memory import SymmcollTimeoutError, get_workspace
 
 __version__ = "0.1.0"
 
-__all__ = ["all_reduce", "check", "reset", "get_workspace", "SymmcollTimeoutError", "__version__"]
+__all__ = ["ALGORITHMS", "all_reduce", "check", "reset", "get_workspace", "SymmcollTimeoutError",
+           "__version__"]
 
-ALL_REDUCE_ALGORITHMS = {"one_shot": _all_reduce.one_shot}
+ALGORITHMS: dict[str, dict] = {
+    "all_reduce": {"one_shot": _all_reduce.one_shot},
+}
+
+
+def _pick(op: str, algorithm: str, default: str):
+    if algorithm == "auto":
+        algorithm = default
+    try:
+        return ALGORITHMS[op][algorithm]
+    except KeyError:
+        raise ValueError(f"algorithm must be 'auto' or one of {sorted(ALGORITHMS[op])}, "
+                         f"got {algorithm!r}") from None
 
 
 def all_reduce(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
     """Reduce ``x`` across ``group`` (default: the world group); returns a new tensor.
 
     op: "sum" | "avg" | "max" | "min"; bf16/fp16/fp32 inputs, fp32 accumulation.
-    algorithm: "auto" or one of ``ALL_REDUCE_ALGORITHMS``.
+    algorithm: "auto" or one of ``ALGORITHMS["all_reduce"]``.
     """
-    if algorithm == "auto":
-        algorithm = "one_shot"
-    try:
-        fn = ALL_REDUCE_ALGORITHMS[algorithm]
-    except KeyError:
-        raise ValueError(f"algorithm must be 'auto' or one of {sorted(ALL_REDUCE_ALGORITHMS)}, "
-                         f"got {algorithm!r}") from None
-    return fn(x, group, op=op)
+    return _pick("all_reduce", algorithm, "one_shot")(x, group, op=op)
 
 
 def check(group=None) -> None:
