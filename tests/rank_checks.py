@@ -15,9 +15,9 @@ def device() -> torch.device:
 
 def rank_coded(numel: int, dtype: torch.dtype, rank: int, call: int = 0) -> torch.Tensor:
     """Small integers that depend on (rank, index, call): sums over <= 8 ranks are exact in bf16."""
-    i = torch.arange(numel, dtype=torch.int64)
+    i = torch.arange(numel, dtype=torch.int64, device=device())
     values = (i * 7 + rank * 13 + call * 5 + (i // 9973) * 3) % 17 - 8
-    return values.to(dtype).to(device())
+    return values.to(dtype)
 
 
 def random_input(numel: int, dtype: torch.dtype, rank: int, call: int) -> torch.Tensor:

@@ -6,12 +6,12 @@ import symmcoll
 from symmcoll import reference
 from symmcoll.comm._common import CPU_CONFIG
 
-from rank_checks import assert_close, assert_pads_zero, random_input, rank_coded
+from rank_checks import assert_close, assert_pads_zero, device, random_input, rank_coded
 
 BLOCK = CPU_CONFIG.block
 SIZES = [1, 7, BLOCK - 1, BLOCK + 1, 30011]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-ALGORITHMS = ["one_shot"]
+ALGORITHMS = sorted(symmcoll.ALGORITHMS["all_reduce"])
 
 
 def _back_to_back(numel, dtype, algorithm, op, calls=3):
@@ -28,7 +28,7 @@ def _back_to_back(numel, dtype, algorithm, op, calls=3):
 
 def _random_data(numel, dtype, algorithm):
     rank = dist.get_rank()
-    x = random_input(numel, dtype, rank, 7).reshape(-1, 1) if numel % 1 == 0 else None
+    x = random_input(numel, dtype, rank, 7).reshape(-1, 4)
     got = symmcoll.all_reduce(x, algorithm=algorithm)
     assert got.shape == x.shape
     assert_close(got, reference.all_reduce(x), f"{algorithm} random numel={numel}")
@@ -42,21 +42,32 @@ def test_all_reduce_sum(pools, world_size, numel, dtype, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("op", ["avg", "max", "min"])
+def test_all_reduce_ops(pools, world_size, op, algorithm):
+    pools(world_size).run(_back_to_back, BLOCK + 3, torch.bfloat16, algorithm, op, calls=2)
+    pools(world_size).run(_back_to_back, 1001, torch.float32, algorithm, op, calls=1)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_all_reduce_random_data(pools, world_size, dtype, algorithm):
     pools(world_size).run(_random_data, 20000, dtype, algorithm)
 
 
 def _rejects_bad_input():
+    dev = device()
     with pytest.raises(ValueError, match="dtype"):
-        symmcoll.all_reduce(torch.ones(4, dtype=torch.int32))
+        symmcoll.all_reduce(torch.ones(4, dtype=torch.int32, device=dev))
     with pytest.raises(ValueError, match="contiguous"):
-        symmcoll.all_reduce(torch.ones(4, 4).t())
+        symmcoll.all_reduce(torch.ones(4, 4, device=dev).t())
     with pytest.raises(ValueError, match="algorithm"):
-        symmcoll.all_reduce(torch.ones(4), algorithm="nope")
+        symmcoll.all_reduce(torch.ones(4, device=dev), algorithm="nope")
     with pytest.raises(ValueError, match="op"):
-        symmcoll.all_reduce(torch.ones(4), op="prod")
-    assert symmcoll.all_reduce(torch.ones(0)).numel() == 0
+        symmcoll.all_reduce(torch.ones(4, device=dev), op="prod")
+    if dev.type == "cuda":
+        with pytest.raises(ValueError, match="CPU tensor"):
+            symmcoll.all_reduce(torch.ones(4))
+    assert symmcoll.all_reduce(torch.ones(0, device=dev)).numel() == 0
 
 
 def test_all_reduce_rejects_bad_input(pools):

@@ -22,7 +22,7 @@ __all__ = ["ALGORITHMS", "all_reduce", "check", "reset", "get_workspace", "Symmc
            "__version__"]
 
 ALGORITHMS: dict[str, dict] = {
-    "all_reduce": {"one_shot": _all_reduce.one_shot},
+    "all_reduce": {"one_shot": _all_reduce.one_shot, "two_shot": _all_reduce.two_shot},
 }
 
 

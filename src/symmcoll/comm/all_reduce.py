@@ -13,6 +13,19 @@ one_shot
     so the barrier of program ``pid`` only has to cover those blocks (it waits on program ``pid`` of
     each peer only).
 
+two_shot
+    Reduce-scatter then all-gather inside one kernel. The tensor is cut into W shards; rank r owns
+    shard r. After copy-in and a barrier, rank r reads shard r from every peer, reduces it, and pushes
+    the result into shard r of every peer's buffer; after a second barrier each rank copies the whole,
+    now reduced, buffer to its output. No exit barrier is needed: a peer touches my buffer again only
+    after the next call's entry barrier, which I pass after my copy-out.
+
+    Traffic: each rank reads (W-1)/W * S and writes (W-1)/W * S over NVLink, half of one-shot's reads
+    at W = 4: wins from a few hundred KB up, where bandwidth dominates.
+
+    Work split: program ``pid`` owns blocks pid, pid + P, ... of *every* shard, on every rank, so again
+    program ``pid`` only waits on program ``pid`` of its peers.
+
 Tensors larger than the workspace are reduced in workspace-sized pieces, one launch per piece.
 """
 
@@ -29,8 +42,10 @@ from ._common import (CPU_CONFIG, LaunchConfig, check_reduction_dtype, check_ten
                       combine, finalize, finish, reduce_op_code)
 
 ONE_SHOT = register_op("all_reduce.one_shot")
+TWO_SHOT = register_op("all_reduce.two_shot")
 
 GPU_ONE_SHOT = LaunchConfig(block=4096, max_programs=64, num_warps=16)
+GPU_TWO_SHOT = LaunchConfig(block=4096, max_programs=64, num_warps=16)
 
 
 @triton.jit
@@ -70,16 +85,69 @@ def _one_shot_kernel(
         block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
 
 
-def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
-             config: LaunchConfig | None = None) -> torch.Tensor:
-    """Out-of-place one-shot all-reduce of ``x`` over ``group``; returns a new tensor."""
+@triton.jit
+def _two_shot_kernel(
+    # symmetric workspace: per-rank address tables, error record, wait budget
+    buffer_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
+    # this call's tensors; the tensor is cut into WORLD shards of shard_len elements (last one short)
+    x_ptr, out_ptr, numel, shard_len,
+    # topology
+    rank, op_code,
+    WORLD: tl.constexpr,
+    # meta-parameters
+    REDUCE_OP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    blocks_per_shard = tl.cdiv(shard_len, BLOCK)
+    elem = x_ptr.dtype.element_ty
+    my_buf = peer_ptr(buffer_ptrs_dev, rank, elem)
+    lane = tl.arange(0, BLOCK)
+
+    for b in range(pid, blocks_per_shard, nprog):
+        for s in tl.static_range(WORLD):
+            offs = s * shard_len + b * BLOCK + lane
+            mask = (b * BLOCK + lane < shard_len) & (offs < numel)
+            tl.store(my_buf + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+    failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+    if failed == 0:
+        # Reduce my shard from every peer, then push the result into that shard of every peer.
+        for b in range(pid, blocks_per_shard, nprog):
+            offs = rank * shard_len + b * BLOCK + lane
+            mask = (b * BLOCK + lane < shard_len) & (offs < numel)
+            acc = tl.load(peer_ptr(buffer_ptrs_dev, 0, elem) + offs, mask=mask).to(tl.float32)
+            for r in tl.static_range(1, WORLD):
+                v = tl.load(peer_ptr(buffer_ptrs_dev, r, elem) + offs, mask=mask).to(tl.float32)
+                acc = combine(acc, v, REDUCE_OP)
+            reduced = finalize(acc, REDUCE_OP, WORLD).to(elem)
+            for r in tl.static_range(WORLD):
+                tl.store(peer_ptr(buffer_ptrs_dev, r, elem) + offs, reduced, mask=mask)
+
+        failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+        if failed == 0:
+            for b in range(pid, blocks_per_shard, nprog):
+                for s in tl.static_range(WORLD):
+                    offs = s * shard_len + b * BLOCK + lane
+                    mask = (b * BLOCK + lane < shard_len) & (offs < numel)
+                    tl.store(out_ptr + offs, tl.load(my_buf + offs, mask=mask), mask=mask)
+
+
+def _prepare(x: torch.Tensor, group, op: str, config: LaunchConfig | None, gpu_default: LaunchConfig):
+    """Validate, get the workspace, resolve the launch config; returns what every wrapper needs."""
     check_tensor(x, "x")
     check_reduction_dtype(x, "x")
     code = reduce_op_code(op)
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
-    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else GPU_ONE_SHOT)
+    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else gpu_default)
+    return ws, code, cfg
 
+
+def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
+             config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place one-shot all-reduce of ``x`` over ``group``; returns a new tensor."""
+    ws, code, cfg = _prepare(x, group, op, config, GPU_ONE_SHOT)
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
@@ -94,11 +162,36 @@ def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
     return out.view(x.shape)
 
 
+def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
+             config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place two-shot (reduce-scatter + all-gather) all-reduce; returns a new tensor."""
+    ws, code, cfg = _prepare(x, group, op, config, GPU_TWO_SHOT)
+    flat = x.reshape(-1)
+    out = torch.empty_like(flat)
+    for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
+        # Shards of a multiple of 16 bytes keep every shard start aligned for vector accesses.
+        align = max(1, 16 // x.element_size())
+        shard_len = triton.cdiv(triton.cdiv(n, ws.world_size), align) * align
+        grid = cfg.grid(triton.cdiv(shard_len, cfg.block))
+        _two_shot_kernel[grid](
+            ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
+            flat[start:], out[start:], n, shard_len,
+            ws.rank, TWO_SHOT,
+            WORLD=ws.world_size, REDUCE_OP=code, BLOCK=cfg.block, num_warps=cfg.num_warps,
+        )
+    finish(ws)
+    return out.view(x.shape)
+
+
 for _dtype in ("bf16", "fp16", "fp32"):
     for _world in (2, 3, 4, 8):
+        _tensors = {"x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}", "numel": "i32"}
+        _topology = {"rank": "i32", "op_code": "i32"}
+        _meta = {"WORLD": _world, "REDUCE_OP": 0 if _world != 3 else 2}
         compile_check.register(
-            _one_shot_kernel,
-            {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}",
-             "numel": "i32", "rank": "i32", "op_code": "i32"},
-            {"WORLD": _world, "REDUCE_OP": 0 if _world != 3 else 2, "BLOCK": GPU_ONE_SHOT.block},
-            num_warps=GPU_ONE_SHOT.num_warps, label=f"{_dtype},")
+            _one_shot_kernel, {**compile_check.WORKSPACE_SIGNATURE, **_tensors, **_topology},
+            {**_meta, "BLOCK": GPU_ONE_SHOT.block}, num_warps=GPU_ONE_SHOT.num_warps, label=f"{_dtype},")
+        compile_check.register(
+            _two_shot_kernel,
+            {**compile_check.WORKSPACE_SIGNATURE, **_tensors, "shard_len": "i32", **_topology},
+            {**_meta, "BLOCK": GPU_TWO_SHOT.block}, num_warps=GPU_TWO_SHOT.num_warps, label=f"{_dtype},")

@@ -125,6 +125,10 @@ def get_workspace(group=None, device: torch.device | None = None, min_bytes: int
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
     device = torch.device(device)
+    backend = str(dist.get_backend(group))
+    if device.type == "cpu" and "gloo" not in backend:
+        raise ValueError(f"symmcoll: got a CPU tensor but the process group's backend is {backend!r}; "
+                         f"pass a tensor on this rank's GPU")
     key = (group.group_name, str(device))
     ws = _WORKSPACES.get(key)
     if ws is None:

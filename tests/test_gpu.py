@@ -1,0 +1,86 @@
+"""GPU-only checks (run by scripts/gpu_check.sh on the GPU machine; reported as NOT RUN elsewhere):
+a long stress of back-to-back calls with random sizes and changing data, and CUDA-graph replay."""
+
+import os
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmcoll
+
+from rank_checks import assert_close, assert_pads_zero, rank_coded
+
+pytestmark = pytest.mark.gpu
+
+STRESS_CALLS = int(os.environ.get("SYMMCOLL_STRESS_CALLS", "1000"))
+MAX_BYTES = 64 << 20
+
+
+def _expected_sum(numel, dtype, world, call):
+    """The exact all-reduce of rank_coded inputs, computed locally (no communication)."""
+    acc = rank_coded(numel, torch.float32, 0, call)
+    for r in range(1, world):
+        acc += rank_coded(numel, torch.float32, r, call)
+    return acc.to(dtype)
+
+
+def _stress(op_name, algorithms, calls, seed):
+    rng = random.Random(seed)  # same sequence on every rank
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    wrong, checked, total_bytes = 0, 0, 0
+    for call in range(calls):
+        dtype = rng.choice(dtypes)
+        nbytes = int(2 ** rng.uniform(1, 26))  # log-uniform, 2 B .. 64 MB
+        numel = max(1, min(nbytes, MAX_BYTES) // dtype.itemsize)
+        algorithm = rng.choice(algorithms)
+        x = rank_coded(numel, dtype, rank, call)
+        got = getattr(symmcoll, op_name)(x, algorithm=algorithm)
+        want = _expected_sum(numel, dtype, world, call)
+        wrong += int((got != want).sum())
+        checked += numel
+        total_bytes += numel * dtype.itemsize
+    torch.cuda.synchronize()
+    symmcoll.check()
+    assert_pads_zero("after stress")
+    return wrong, checked, total_bytes
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_all_reduce_stress(pools, ws):
+    if ws > torch.cuda.device_count():
+        pytest.skip(f"NOT RUN: needs {ws} GPUs")
+    algorithms = sorted(symmcoll.ALGORITHMS["all_reduce"])
+    results = pools(ws).run(_stress, "all_reduce", algorithms, STRESS_CALLS, 1234 + ws, timeout=900)
+    print(f"\nstress ws{ws}: {STRESS_CALLS} calls over {algorithms}: "
+          f"wrong={[r[0] for r in results]} elements checked={results[0][1]} bytes={results[0][2]}")
+    assert all(r[0] == 0 for r in results), results
+
+
+def _graph_replay(algorithm, numel, replays):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    static_x = rank_coded(numel, torch.bfloat16, rank, 0)
+    symmcoll.all_reduce(static_x, algorithm=algorithm)  # workspace + compilation before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [symmcoll.all_reduce(static_x, algorithm=algorithm) for _ in range(3)]
+    for replay in range(1, replays + 1):
+        static_x.copy_(rank_coded(numel, torch.bfloat16, rank, replay))
+        graph.replay()
+        want = _expected_sum(numel, torch.bfloat16, world, replay)
+        for i, out in enumerate(outs):
+            assert_close(out, want, f"{algorithm} graph replay {replay} call {i}", exact=True)
+    assert_pads_zero("after graph replays")
+    return replays
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+@pytest.mark.parametrize("numel", [1, 4097, 3 << 20])
+def test_all_reduce_cuda_graph(pools, ws, numel):
+    if ws > torch.cuda.device_count():
+        pytest.skip(f"NOT RUN: needs {ws} GPUs")
+    for algorithm in sorted(symmcoll.ALGORITHMS["all_reduce"]):
+        assert pools(ws).run(_graph_replay, algorithm, numel, 20) == [20] * ws
