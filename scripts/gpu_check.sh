@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
-#   scripts/gpu_check.sh [tests] [bench] [probe]     (default: tests bench)
+#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [bench]   (default: both)
+# and call the device tool with carry=[".symmcoll-sha"].
 # Writes logs and result files under $OUT (default ./out). Installs nothing: uses the image's torch and
 # triton with src/ on PYTHONPATH. Every step runs under `timeout`; NVLink multicast stays off.
 set -uo pipefail
@@ -14,9 +15,11 @@ stages=${*:-tests bench}
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 status=0
 
+# The device copy of the tree has no .git: the sha travels in .symmcoll-sha (carry it).
+[ -f .symmcoll-sha ] && export SYMMCOLL_GIT_SHA=$(cat .symmcoll-sha)
 python3 - <<'PY' | tee "$OUT/env.txt"
-import subprocess, torch, triton
-print("git", subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+import os, torch, triton
+print("git", os.environ.get("SYMMCOLL_GIT_SHA", "unknown"))
 print("torch", torch.__version__, "triton", triton.__version__, "nccl", torch.cuda.nccl.version())
 print("gpus", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
 PY

@@ -14,15 +14,23 @@ import torch
 
 from . import memory
 from .comm import all_reduce as _all_reduce
+from .comm import all_gather as _all_gather
+from .comm import all_to_all as _all_to_all
+from .comm import broadcast as _broadcast
+from .comm import reduce_scatter as _reduce_scatter
 from .memory import SymmcollTimeoutError, get_workspace
 
 __version__ = "0.1.0"
 
-__all__ = ["ALGORITHMS", "all_reduce", "check", "reset", "get_workspace", "SymmcollTimeoutError",
-           "__version__"]
+__all__ = ["ALGORITHMS", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
+           "check", "reset", "get_workspace", "SymmcollTimeoutError", "__version__"]
 
 ALGORITHMS: dict[str, dict] = {
     "all_reduce": {"one_shot": _all_reduce.one_shot, "two_shot": _all_reduce.two_shot},
+    "reduce_scatter": {"pull": _reduce_scatter.pull},
+    "all_gather": {"pull": _all_gather.pull},
+    "all_to_all": {"pull": _all_to_all.pull},
+    "broadcast": {"pull": _broadcast.pull},
 }
 
 
@@ -43,6 +51,46 @@ def all_reduce(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str =
     algorithm: "auto" or one of ``ALGORITHMS["all_reduce"]``.
     """
     return _pick("all_reduce", algorithm, "one_shot")(x, group, op=op)
+
+
+def reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum",
+                   algorithm: str = "auto") -> torch.Tensor:
+    """Reduce ``x`` across ``group`` and keep this rank's segment of dim 0, like
+    ``reduce_scatter_tensor``: output shape [x.shape[0] // W, *x.shape[1:]] (x.shape[0] % W == 0).
+
+    op: "sum" | "avg" | "max" | "min"; bf16/fp16/fp32 inputs, fp32 accumulation.
+    algorithm: "auto" or one of ``ALGORITHMS["reduce_scatter"]``.
+    """
+    return _pick("reduce_scatter", algorithm, "pull")(x, group, op=op)
+
+
+def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
+    """Every rank's ``x`` concatenated along dim 0, like ``all_gather_into_tensor``: output shape
+    [W * x.shape[0], *x.shape[1:]] (a 0-dim ``x`` gives shape [W]). Any dtype.
+
+    algorithm: "auto" or one of ``ALGORITHMS["all_gather"]``.
+    """
+    return _pick("all_gather", algorithm, "pull")(x, group)
+
+
+def all_to_all(x: torch.Tensor, group=None, *, splits=None, algorithm: str = "auto") -> torch.Tensor:
+    """Send rows of ``x`` to every rank and return the rows received, in source-rank order.
+
+    splits: None (x.shape[0] divisible by W, chunk j to rank j, like ``all_to_all_single``) or W ints,
+    the rows this rank sends to each rank (summing to x.shape[0]); the output's row count is the sum of
+    what the peers send here. Any dtype.
+    algorithm: "auto" or one of ``ALGORITHMS["all_to_all"]``.
+    """
+    return _pick("all_to_all", algorithm, "pull")(x, group, splits=splits)
+
+
+def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto") -> torch.Tensor:
+    """A new tensor equal to group rank ``src``'s ``x`` on every rank (other ranks' ``x`` gives only
+    the shape and dtype). Any dtype.
+
+    algorithm: "auto" or one of ``ALGORITHMS["broadcast"]``.
+    """
+    return _pick("broadcast", algorithm, "pull")(x, src, group)
 
 
 def check(group=None) -> None:

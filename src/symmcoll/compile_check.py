@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 # Modules whose kernels are compiled; each calls ``register`` at import.
 KERNEL_MODULES = [
     "symmcoll.comm.all_reduce",
+    "symmcoll.comm.reduce_scatter",
+    "symmcoll.comm.all_gather",
+    "symmcoll.comm.broadcast",
+    "symmcoll.comm.all_to_all",
 ]
 
 WORKSPACE_SIGNATURE = {"buffer_ptrs_dev": "i64", "signal_pad_ptrs_dev": "i64", "status_ptr": "i64",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -94,3 +95,62 @@ def finalize(acc, OP: tl.constexpr, WORLD: tl.constexpr):
         return acc / WORLD
     else:
         return acc
+
+
+# --- data movement: kernels move words, not values -------------------------------------------------
+
+# Integer word of each itemsize. A data-movement kernel sees any dtype of that itemsize (fp8, bool, ints,
+# bf16, complex64, ...) as these words, so one kernel per word size moves every dtype bit-exactly.
+WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+# GPU launch configs for data movement, by word size: about 16 KiB per block step whatever the word.
+GPU_MOVE_CONFIGS = {
+    1: LaunchConfig(block=16384, max_programs=64, num_warps=16),
+    2: LaunchConfig(block=8192, max_programs=64, num_warps=16),
+    4: LaunchConfig(block=4096, max_programs=64, num_warps=16),
+    8: LaunchConfig(block=2048, max_programs=64, num_warps=16),
+}
+
+logger = logging.getLogger("symmcoll")
+
+
+def as_words(t: torch.Tensor) -> torch.Tensor | None:
+    """Contiguous ``t`` flattened and viewed as integer words of the same itemsize (shares storage);
+    None when no word type fits (e.g. complex128), so the caller falls back to the process group."""
+    word = WORD_DTYPES.get(t.element_size())
+    if word is None:
+        return None
+    try:
+        return t.reshape(-1).view(word)
+    except (RuntimeError, TypeError):
+        return None
+
+
+def move_config(words: torch.Tensor) -> LaunchConfig:
+    return CPU_CONFIG if words.device.type == "cpu" else GPU_MOVE_CONFIGS[words.element_size()]
+
+
+def check_device(x: torch.Tensor, name: str) -> None:
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} is on {x.device}: symmcoll runs on cuda tensors "
+                         f"(and on cpu tensors under TRITON_INTERPRET=1)")
+
+
+def group_size(group) -> int:
+    """World size of ``group`` (default: the world group), for validation before any workspace."""
+    import torch.distributed as dist
+    if group is None and not dist.is_initialized():
+        raise RuntimeError("symmcoll: torch.distributed is not initialized (use symmcoll.launch or "
+                           "torch.distributed.init_process_group first)")
+    return dist.get_world_size(group)
+
+
+@triton.jit
+def copy_blocks(src, dst, n, BLOCK: tl.constexpr):
+    """Copy ``n`` elements src -> dst; this program takes blocks pid, pid + P, ... (P programs)."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    for start in range(pid * BLOCK, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)

@@ -1,0 +1,258 @@
+"""``symmcoll bench`` from the parent's side: resolve defaults for the machine, start the ranks (or join
+torchrun's), sweep op x size x implementation with a progress bar, then print, write and plot.
+
+Ranks are started with ``symmcoll.launch.RankPool`` (one process per GPU; on a machine without GPUs,
+processes + gloo + the Triton interpreter at small sizes). Under torchrun (RANK and WORLD_SIZE set) the
+sweep runs in-process on every rank and only rank 0 prints and writes. Either way the sweep is the same
+loop over ``worker.run_case``, each case collective and answered identically on every rank.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..launch import LaunchTimeout, RankError, RankPool, default_device_type
+from . import results as results_io
+from . import worker
+from .metrics import OPS, count_for, link_percent
+from .plan import Case, TimingPlan
+from .report import print_report
+from .results import SCHEMA, BenchResult, LinkLimit, Measurement, RunConfig
+from .sizes import format_size, size_sweep
+
+ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+CPU_NOTICE = ("CPU mode: kernels run under the Triton interpreter over emulated symmetric memory and "
+              "the baseline is gloo; these times check that the benchmark works and are NOT performance.")
+
+
+@dataclass(frozen=True)
+class MachineDefaults:
+    """What ``symmcoll bench`` does on a machine when not told otherwise."""
+
+    begin: int
+    end: int
+    warmup: int
+    iters: int
+    eager_iters: int
+    seconds_per_case: float
+
+
+DEFAULTS = {
+    # Small and few: the whole default CPU run takes seconds on two cores.
+    "cpu": MachineDefaults(begin=1 << 10, end=64 << 10, warmup=1, iters=5, eager_iters=5, seconds_per_case=60),
+    # 50 replays of 20 calls, or what fits in half a second: 4K..256M of every op at two world sizes
+    # stays within a few minutes.
+    "cuda": MachineDefaults(begin=4 << 10, end=256 << 20, warmup=3, iters=50, eager_iters=200,
+                            seconds_per_case=0.5),
+}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """The command line of ``symmcoll bench``; ``None`` means "the machine's default"."""
+
+    ops: tuple[str, ...]
+    begin: int | None
+    end: int | None
+    factor: float
+    dtype: str
+    algorithms: tuple[str, ...] | None
+    world_sizes: tuple[int, ...] | None
+    mode: str | None            # "graph" | "eager" | None (graph on GPU; always "cpu" on CPU)
+    iters: int | None
+    warmup: int | None
+    calls_per_graph: int
+    seconds_per_case: float | None
+    out_dir: Path
+    plot: bool
+    device: str                 # "auto" | "cpu" | "cuda"
+    link_bytes: int
+
+
+@dataclass(frozen=True)
+class Runner:
+    """Runs a worker function on every rank; returns rank 0's answer."""
+
+    call: Callable
+    world_size: int
+    device_type: str
+    launcher: str               # "pool" | "torchrun"
+    is_writer: bool             # prints and writes files (rank 0 / the parent)
+
+
+def timing_plan(options: BenchOptions, device_type: str) -> TimingPlan:
+    d = DEFAULTS[device_type]
+    mode = "cpu" if device_type == "cpu" else (options.mode or "graph")
+    default_iters = d.eager_iters if mode == "eager" else d.iters
+    iters = options.iters if options.iters is not None else default_iters
+    return TimingPlan(mode=mode, warmup=options.warmup if options.warmup is not None else d.warmup,
+                      iters=iters, min_iters=min(iters, 5), calls_per_graph=options.calls_per_graph,
+                      seconds_per_case=options.seconds_per_case or d.seconds_per_case)
+
+
+def sweep_sizes(options: BenchOptions, device_type: str) -> list[int]:
+    d = DEFAULTS[device_type]
+    return size_sweep(options.begin or d.begin, options.end or d.end, options.factor)
+
+
+def selected(name: str, patterns: tuple[str, ...] | None) -> bool:
+    """``--algorithms`` filter: a full name ("symmcoll:one_shot", "nccl"), a glob ("torch:*"), or the
+    part after the colon ("one_shot" selects every one_shot)."""
+    if not patterns:
+        return True
+    return any(fnmatch.fnmatchcase(name, p) or name.split(":")[-1] == p for p in patterns)
+
+
+def run_bench(options: BenchOptions, console: Console) -> int:
+    """Run the benchmark; returns the exit status (1 if a symmcoll implementation failed or was wrong,
+    or the run was cut short)."""
+    runner = _torchrun_runner(options, console)
+    if runner is not None:
+        return _finish([_sweep(runner, options, console)], options, console, runner.is_writer)
+    device_type = default_device_type() if options.device == "auto" else options.device
+    if device_type == "cuda":
+        import torch
+        world_sizes = options.world_sizes or (torch.cuda.device_count(),)
+    else:
+        world_sizes = options.world_sizes or (2,)
+    done = []
+    for world_size in world_sizes:
+        try:
+            with RankPool(world_size, device=device_type) as pool:
+                runner = Runner(lambda fn, *args, _pool=pool: _pool.run(fn, *args, timeout=600)[0],
+                                world_size, device_type, "pool", True)
+                done.append(_sweep(runner, options, console))
+        except (RankError, LaunchTimeout, ValueError) as exc:
+            console.print(f"[bold red]world size {world_size}: {exc}[/]")
+            _finish(done, options, console, True)
+            return 1
+    return _finish(done, options, console, True)
+
+
+def _torchrun_runner(options: BenchOptions, console: Console) -> Runner | None:
+    """A runner over torchrun's ranks when started by torchrun (RANK and WORLD_SIZE set)."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    from ..memory.cuda import disable_multicast_env
+    disable_multicast_env()
+    on_gpu = options.device != "cpu" and torch.cuda.is_available()
+    if not dist.is_initialized():
+        try:
+            if on_gpu:
+                local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(local)
+                dist.init_process_group("nccl", device_id=local)
+            else:
+                dist.init_process_group("gloo")
+        except Exception as exc:  # noqa: BLE001 - not a usable torchrun environment: launch our own
+            console.print(f"note: RANK/WORLD_SIZE set but torch.distributed could not start ({exc}); "
+                          f"starting ranks with symmcoll.launch instead")
+            return None
+    world = dist.get_world_size()
+    if options.world_sizes and options.world_sizes != (world,):
+        raise SystemExit(f"--world-size {options.world_sizes} contradicts torchrun's WORLD_SIZE={world}")
+    if not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("CPU ranks under torchrun need TRITON_INTERPRET=1 set before Python starts")
+    return Runner(lambda fn, *args: fn(*args), world, "cuda" if on_gpu else "cpu", "torchrun",
+                  dist.get_rank() == 0)
+
+
+def _sweep(runner: Runner, options: BenchOptions, console: Console) -> BenchResult:
+    plan = timing_plan(options, runner.device_type)
+    sizes = sweep_sizes(options, runner.device_type)
+    out = console if runner.is_writer else Console(quiet=True)
+    if runner.device_type == "cpu":
+        out.print(f"[bold yellow]{CPU_NOTICE}[/]")
+    info: worker.RankInfo = runner.call(worker.describe, options.ops)
+    notes = [CPU_NOTICE] if runner.device_type == "cpu" else []
+    notes += list(info.notes)
+    for note in info.notes:
+        out.print(f"note: {note}", highlight=False)
+    cases, skipped = _cases(info, options, plan, sizes, runner.world_size)
+    notes += skipped
+    link, measurements = None, []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, disable=not runner.is_writer) as progress:
+        task = progress.add_task(f"ws{runner.world_size} link", total=len(cases) + 1)
+        try:
+            link = runner.call(worker.measure_link, options.link_bytes)
+            progress.advance(task)
+            for case in cases:
+                progress.update(task, description=f"ws{runner.world_size} {case.op} "
+                                                  f"{format_size(case.size_bytes)} {case.implementation}")
+                measurements.append(runner.call(worker.run_case, case))
+                progress.advance(task)
+        except (RankError, LaunchTimeout) as exc:
+            notes.append(f"run aborted: {exc}")
+            out.print(f"[bold red]run aborted (partial results follow): {exc}[/]")
+    config = RunConfig(ops=tuple(options.ops), sizes=tuple(sizes), dtype=options.dtype,
+                       world_size=runner.world_size, plan=plan, algorithms=options.algorithms,
+                       launcher=runner.launcher)
+    return BenchResult(SCHEMA, info.provenance, config, link, tuple(_with_link(measurements, link)),
+                       tuple(notes))
+
+
+def _cases(info: worker.RankInfo, options: BenchOptions, plan: TimingPlan, sizes: list[int],
+           world: int) -> tuple[list[Case], list[str]]:
+    cases, notes = [], []
+    for op in options.ops:
+        names = [name for name, _ in info.implementations.get(op, ()) if selected(name, options.algorithms)]
+        if op in info.implementations and not names:
+            notes.append(f"{op}: no implementation matches --algorithms {' '.join(options.algorithms or ())}")
+        for size in sizes:
+            count = count_for(op, size, ITEMSIZE[options.dtype], world)
+            if count == 0:
+                notes.append(f"{op}: size {format_size(size)} holds no whole element per rank; skipped")
+                continue
+            cases += [Case(op, name, size, count, options.dtype, plan) for name in names]
+    return cases, notes
+
+
+def _with_link(measurements: list[Measurement], link: LinkLimit | None) -> list[Measurement]:
+    bound = link.bound_gbps if link is not None else None
+    if not bound:
+        return measurements
+    return [replace(m, link_percent=link_percent(m.busbw_gbps, bound)) if m.busbw_gbps else m
+            for m in measurements]
+
+
+def _finish(done: list[BenchResult], options: BenchOptions, console: Console, is_writer: bool) -> int:
+    written = []
+    for result in done:
+        if is_writer:
+            print_report(result, console)
+            path = _unused(options.out_dir / results_io.default_filename(result))
+            written.append(results_io.write(result, path))
+            console.print(f"result written: {path}", highlight=False)
+    if options.plot and written:
+        from .plot import plot_files
+        for png in plot_files(written, options.out_dir):
+            console.print(f"plot written: {png}", highlight=False)
+    return 1 if any(_failed(r) for r in done) else 0
+
+
+def _failed(result: BenchResult) -> bool:
+    aborted = any(n.startswith("run aborted") for n in result.notes)
+    return aborted or any(m.family == "symmcoll" and (m.error is not None or (m.wrong or 0) > 0)
+                          for m in result.measurements)
+
+
+def _unused(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists():
+        candidate, n = path.with_name(f"{path.stem}-{n}{path.suffix}"), n + 1
+    return candidate
+
+
+__all__ = ["BenchOptions", "DEFAULTS", "OPS", "run_bench", "selected", "sweep_sizes", "timing_plan"]

@@ -1,0 +1,146 @@
+"""The tables a run prints (rich): one nccl-tests table per implementation, a side-by-side comparison
+per op, and the link limit they are measured against. Everything is read from a ``BenchResult``, so a
+stored result prints the same tables as the run that made it."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from .metrics import REDUCTIONS, SIZE_CONVENTION
+from .results import BenchResult, Measurement
+from .sizes import format_size
+
+MISSING = "-"
+WRONG_MARK = " WRONG"
+
+
+def format_us(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.2f}"
+
+
+def format_gbps(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.2f}"
+
+
+def format_percent(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.1f}"
+
+
+def format_wrong(value: int | None) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def format_speedup(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.2f}x"
+
+
+def headline(result: BenchResult) -> str:
+    p, c = result.provenance, result.config
+    device = f"{p.gpu_name} x{p.gpu_count}" if p.gpu_name else "CPU (Triton interpreter)"
+    mode = f"graph, {c.plan.calls_per_graph} calls/graph" if c.plan.mode == "graph" else c.plan.mode
+    versions = f"torch {p.torch_version}, triton {p.triton_version}"
+    if p.nccl_version:
+        versions += f", NCCL {p.nccl_version}"
+    return (f"symmcoll bench: world size {c.world_size}, {device}, {mode}, {c.dtype}, {versions}, "
+            f"git {p.git_sha[:12]}")
+
+
+def link_line(result: BenchResult) -> str:
+    link = result.link
+    if link is None or link.bound_gbps is None:
+        why = link.note if link is not None and link.note else "not measured"
+        return f"Link limit: {why}; no '% link' figures."
+    parts = [f"copy engine {format_gbps(link.copy_engine_gbps)} GB/s",
+             f"SM pull {format_gbps(link.sm_pull_gbps)} GB/s"]
+    line = (f"Link limit (this run: every rank pulls {format_size(link.bytes)} from the next rank, all at "
+            f"once; slowest rank): {', '.join(parts)}; bound B = {format_gbps(link.bound_gbps)} GB/s. "
+            f"'% link' = busbw / B (bound time = algbw bytes * busbw factor / B).")
+    return line + (f" Note: {link.note}" if link.note else "")
+
+
+def implementation_table(result: BenchResult, op: str, implementation: str) -> Table:
+    rows = result.rows(op, implementation)
+    c = result.config
+    timing = sorted({m.timing for m in rows})
+    table = Table(title=f"{op} | {implementation} | ws {c.world_size} | {'/'.join(timing)}",
+                  caption=SIZE_CONVENTION[op] + "; time = slowest rank's median per call",
+                  box=box.SIMPLE_HEAD, title_justify="left", caption_justify="left")
+    for name in ("size", "count", "type", "redop", "time (us)", "p20-p80 (us)", "algbw (GB/s)",
+                 "busbw (GB/s)", "% link", "#wrong"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("note", justify="left")
+    for m in rows:
+        spread = MISSING if m.p20_us is None else f"{m.p20_us:.2f}-{m.p80_us:.2f}"
+        table.add_row(format_size(m.size_bytes), str(m.count), m.dtype, "sum" if op in REDUCTIONS else "none",
+                      format_us(m.median_us), spread, format_gbps(m.algbw_gbps), format_gbps(m.busbw_gbps),
+                      format_percent(m.link_percent), format_wrong(m.wrong), _row_note(m),
+                      style="bold red" if _flagged(m) else None)
+    return table
+
+
+def _flagged(m: Measurement) -> bool:
+    return m.error is not None or (m.wrong or 0) > 0
+
+
+def _row_note(m: Measurement) -> str:
+    notes = [m.note] if m.note else []
+    if (m.wrong or 0) > 0:
+        notes.insert(0, "WRONG RESULTS")
+    if m.error:
+        notes.append(m.error.splitlines()[0][:120])
+    return "; ".join(notes)
+
+
+def comparison_table(result: BenchResult, op: str) -> Table:
+    """Rows = sizes; a time column per implementation; the best (correct) one; its speedup over the
+    backend (NCCL); the best symmcoll time against the best non-symmcoll one."""
+    impls = result.implementations(op)
+    by_key = {(m.implementation, m.size_bytes): m for m in result.measurements if m.op == op}
+    families = {m.implementation: m.family for m in result.measurements if m.op == op}
+    backend = next((name for name in impls if families[name] == "backend"), None)
+    table = Table(title=f"{op}: time per call (us), ws {result.config.world_size}; "
+                        f"'{WRONG_MARK.strip()}' = wrong results, never 'best'",
+                  caption=f"best vs {backend or 'backend'} = {backend or 'backend'} time / best time; "
+                          f"symmcoll vs others = best non-symmcoll time / best symmcoll time (>1: symmcoll "
+                          f"faster). {SIZE_CONVENTION[op]}",
+                  box=box.SIMPLE_HEAD, title_justify="left", caption_justify="left")
+    table.add_column("size", justify="right", no_wrap=True)
+    for name in impls:
+        table.add_column(name, justify="right", no_wrap=True)
+    for name in ("best", f"best vs {backend or 'backend'}", "symmcoll vs others", "best % link"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for size in sorted({m.size_bytes for m in by_key.values()}):
+        row = [by_key.get((name, size)) for name in impls]
+        good = [m for m in row if m is not None and m.ok]
+        best = min(good, key=lambda m: m.median_us, default=None)
+        base = by_key.get((backend, size))
+        mine = min((m.median_us for m in good if m.family == "symmcoll"), default=None)
+        others = min((m.median_us for m in good if m.family != "symmcoll"), default=None)
+        table.add_row(
+            format_size(size), *(_cell(m) for m in row),
+            best.implementation if best else MISSING,
+            format_speedup(base.median_us / best.median_us if best and base and base.ok else None),
+            format_speedup(others / mine if mine and others else None),
+            format_percent(best.link_percent if best else None))
+    return table
+
+
+def _cell(m: Measurement | None) -> str:
+    if m is None:
+        return MISSING
+    if m.median_us is None:
+        return "error"
+    return format_us(m.median_us) + (WRONG_MARK if (m.wrong or 0) > 0 or m.error else "")
+
+
+def print_report(result: BenchResult, console: Console) -> None:
+    console.print(headline(result), highlight=False)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False)
+    console.print(link_line(result), highlight=False)
+    for op in result.ops():
+        for implementation in result.implementations(op):
+            console.print(implementation_table(result, op, implementation))
+        console.print(comparison_table(result, op))

@@ -1,0 +1,100 @@
+"""Timing one bound implementation on this rank (rank side), as DESIGN.md prescribes.
+
+* graph: ``calls_per_graph`` calls captured in one CUDA graph (launch overhead out of the figure);
+  every replay is timed with CUDA events and one sample is replay time / calls_per_graph.
+* eager: every call timed with CUDA events (launch overhead in: what an eager program pays).
+* cpu: every call timed with ``time.perf_counter`` between barriers; kernels run interpreted, so these
+  are checks that the harness works, not performance.
+
+The number of timed samples is the same on every rank (agreed with an all-reduce): a rank that
+replayed a graph of collectives more often than its peers would wait forever.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .plan import TimingPlan
+
+
+@dataclass(frozen=True)
+class Timing:
+    samples_us: tuple[float, ...]  # per call
+    mode: str                      # graph | eager | cpu
+    calls_per_sample: int
+
+
+class CapturedCalls:
+    """``calls`` calls of ``call`` in one CUDA graph; ``output`` is what the last one returned, and
+    is rewritten by every replay."""
+
+    def __init__(self, call: Callable[[], torch.Tensor], calls: int):
+        self.calls = calls
+        self.graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(self.graph):
+            for _ in range(calls):
+                output = call()
+        self.output = output
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def time_graph(captured: CapturedCalls, plan: TimingPlan, group) -> Timing:
+    for _ in range(plan.warmup):
+        captured.replay()
+    probe = _events_elapsed_us([captured.replay] * 2)
+    iters = agreed_iters(max(probe) * 1e-6, plan, group)
+    samples = _events_elapsed_us([captured.replay] * iters, group)
+    return Timing(tuple(s / captured.calls for s in samples), "graph", captured.calls)
+
+
+def time_eager(call: Callable[[], object], plan: TimingPlan, group) -> Timing:
+    for _ in range(plan.warmup):
+        call()
+    probe = _events_elapsed_us([call] * 2)
+    iters = agreed_iters(max(probe) * 1e-6, plan, group)
+    return Timing(tuple(_events_elapsed_us([call] * iters, group)), "eager", 1)
+
+
+def time_cpu(call: Callable[[], object], plan: TimingPlan, group) -> Timing:
+    for _ in range(plan.warmup):
+        call()
+    samples = []
+    for _ in range(plan.iters):
+        dist.barrier(group)  # start together: the figure should not include waiting for a late peer
+        start = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return Timing(tuple(samples), "cpu", 1)
+
+
+def agreed_iters(seconds_per_sample: float, plan: TimingPlan, group) -> int:
+    """Timed samples that fit the case's budget at the slowest rank's pace, within
+    [min_iters, iters]; the same number on every rank."""
+    pace = torch.tensor([seconds_per_sample], dtype=torch.float64,
+                        device=torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(pace, op=dist.ReduceOp.MAX, group=group)
+    affordable = int(plan.seconds_per_case / max(float(pace.item()), 1e-9))
+    return max(plan.min_iters, min(plan.iters, affordable))
+
+
+def _events_elapsed_us(steps: list[Callable[[], object]], group=None) -> list[float]:
+    """Run ``steps`` back to back, each between two CUDA events; their GPU times in microseconds.
+    With ``group``, ranks start together (barrier) so no rank's first sample includes a late peer."""
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in steps]
+    if group is not None:
+        dist.barrier(group)
+    torch.cuda.synchronize()
+    for step, (start, end) in zip(steps, pairs):
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e3 for start, end in pairs]

@@ -1,0 +1,216 @@
+"""The benchmark's rank-side entry points: what the parent runs on every rank.
+
+All three are collective (every rank calls them together, through ``RankPool.run`` or in-process under
+torchrun) and return the same answer on every rank, so the caller may read rank 0's.
+
+A case goes through stages (bind, check before timing, timing, check after timing). A failure in any
+rank ends the case on all ranks at the next stage boundary (the ranks agree on it with an
+all-gather), so one broken implementation is reported as such and the sweep goes on with the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+import symmcoll
+
+from . import checks, link, provenance
+from .baselines import backend_implementation, torch_symm_mem_implementations
+from .impls import Implementation, symmcoll_implementations
+from .metrics import bandwidth, summarize
+from .plan import Case
+from .results import LinkLimit, Measurement, Provenance
+from .timing import CapturedCalls, Timing, time_cpu, time_eager, time_graph
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What the ranks can run: implementation (name, family) per op, notes on what is left out."""
+
+    provenance: Provenance
+    world_size: int
+    implementations: dict[str, tuple[tuple[str, str], ...]]
+    notes: tuple[str, ...]
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+_REGISTRY: dict[str, dict[str, Implementation]] = {}
+
+
+def implementations(op: str) -> dict[str, Implementation]:
+    """Backend, torch symm_mem ops, then symmcoll's algorithms; empty if symmcoll lacks the op."""
+    if op not in _REGISTRY:
+        if not symmcoll.ALGORITHMS.get(op):
+            _REGISTRY[op] = {}
+        else:
+            found = [backend_implementation(op, dist.group.WORLD),
+                     *torch_symm_mem_implementations(op, _device()), *symmcoll_implementations(op)]
+            _REGISTRY[op] = {impl.name: impl for impl in found}
+    return _REGISTRY[op]
+
+
+def describe(ops: tuple[str, ...]) -> RankInfo:
+    notes = []
+    found = {}
+    for op in ops:
+        impls = implementations(op)
+        if not impls:
+            notes.append(f"{op}: not in symmcoll.ALGORITHMS yet; skipped")
+            continue
+        if not checks.has_reference(op):
+            notes.append(f"{op}: symmcoll.reference.{op} is missing; results are NOT checked")
+        found[op] = tuple((impl.name, impl.family) for impl in impls.values())
+    return RankInfo(provenance.collect(), dist.get_world_size(), found, tuple(notes))
+
+
+class _Stages:
+    """Runs the stages of one case on this rank; after each, the ranks agree whether any failed."""
+
+    def __init__(self, group):
+        self.group = group
+        self.error: str | None = None
+
+    def run(self, stage: str, fn: Callable[[], object]):
+        if self.error is not None:
+            return None
+        local = None
+        try:
+            value = fn()
+        except Exception as exc:  # noqa: BLE001 - reported in the result row, the sweep goes on
+            value, local = None, f"rank {dist.get_rank()}: {stage}: {type(exc).__name__}: {exc}"
+        errors = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(errors, local, group=self.group)
+        self.error = next((e for e in errors if e is not None), None)
+        return value if self.error is None else None
+
+
+def run_case(case: Case) -> Measurement:
+    group = dist.group.WORLD
+    device = _device()
+    impl = implementations(case.op)[case.implementation]
+    dtype = checks.TORCH_DTYPES[case.dtype]
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    stages = _Stages(group)
+    checked = checks.has_reference(case.op)
+
+    bound = stages.run("bind", lambda: impl.bind(
+        checks.coded_input(case.op, case.count, dtype, rank, world, 0, device), group))
+    wrong_before = stages.run("check before timing",
+                              lambda: _wrong_after_call(case, bound, 0, group, device) if checked else None)
+    timing, note, captured = stages.run("timing", lambda: _time(bound, case, group, device)) or (None,) * 3
+    wrong_after = stages.run("check after timing",
+                             lambda: _check_after(case, impl, bound, captured, group, device) if checked else None)
+    del captured
+    if stages.error is not None:
+        symmcoll.reset()  # a timed-out kernel leaves workspaces inconsistent; rebuilt on next use
+    return _measurement(case, impl, timing, wrong_before, wrong_after, stages.error, note, group)
+
+
+def _wrong_after_call(case: Case, bound, call_index: int, group, device) -> int:
+    x = checks.coded_input(case.op, case.count, checks.TORCH_DTYPES[case.dtype], dist.get_rank(group),
+                           dist.get_world_size(group), call_index, device)
+    want = checks.expected(case.op, x, group)
+    bound.load(x)
+    got = bound.call()
+    _synchronize(device)
+    symmcoll.check(group)
+    return checks.sum_over_ranks(checks.count_wrong(got, want), group, device)
+
+
+def _check_after(case: Case, impl: Implementation, bound, captured, group, device) -> int:
+    """Fresh data through an eager call, then (out-of-place ops in graph mode) through a replay."""
+    wrong = _wrong_after_call(case, bound, 1, group, device)
+    if captured is not None and not impl.in_place:
+        x = checks.coded_input(case.op, case.count, checks.TORCH_DTYPES[case.dtype], dist.get_rank(group),
+                               dist.get_world_size(group), 2, device)
+        want = checks.expected(case.op, x, group)
+        bound.load(x)
+        captured.replay()
+        _synchronize(device)
+        symmcoll.check(group)
+        wrong += checks.sum_over_ranks(checks.count_wrong(captured.output, want), group, device)
+    return wrong
+
+
+def _time(bound, case: Case, group, device) -> tuple[Timing, str | None, CapturedCalls | None]:
+    plan = case.plan
+    if device.type == "cpu" or plan.mode == "cpu":
+        return time_cpu(bound.call, plan, group), None, None
+    if plan.mode == "eager":
+        return time_eager(bound.call, plan, group), None, None
+    try:
+        captured = CapturedCalls(bound.call, plan.calls_per_graph)
+        failure = None
+    except Exception as exc:  # noqa: BLE001 - not every op can be captured; time it eagerly instead
+        captured, failure = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+    flags = [None] * dist.get_world_size(group)
+    dist.all_gather_object(flags, failure, group=group)
+    failure = next((f for f in flags if f is not None), None)
+    if failure is not None:
+        torch.cuda.synchronize()
+        return time_eager(bound.call, plan, group), f"graph capture failed ({failure}); eager", None
+    return time_graph(captured, plan, group), None, captured
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _measurement(case: Case, impl: Implementation, timing: Timing | None, wrong_before, wrong_after,
+                 error: str | None, note: str | None, group) -> Measurement:
+    world = dist.get_world_size(group)
+    rows = [None] * world
+    mine = summarize(timing.samples_us) if timing is not None else None
+    dist.all_gather_object(rows, mine, group=group)
+    medians = tuple(r.median_us for r in rows if r is not None)
+    slowest = max((r for r in rows if r is not None), key=lambda r: r.median_us, default=None)
+    bw = bandwidth(case.op, case.size_bytes, world, slowest.median_us) if slowest else None
+    wrong = None if wrong_before is None or wrong_after is None else wrong_before + wrong_after
+    if wrong is None and error is None:
+        note = "; ".join(filter(None, [note, "unchecked (no reference)"]))
+    return Measurement(
+        op=case.op, implementation=impl.name, family=impl.family, size_bytes=case.size_bytes,
+        count=case.count, dtype=case.dtype,
+        timing=timing.mode if timing else case.plan.mode,
+        calls_per_sample=timing.calls_per_sample if timing else 0,
+        samples=len(timing.samples_us) if timing else 0,
+        median_us=slowest.median_us if slowest else None,
+        p20_us=slowest.p20_us if slowest else None, p80_us=slowest.p80_us if slowest else None,
+        per_rank_median_us=medians if len(medians) == world else (),
+        algbw_gbps=bw.algbw_gbps if bw else None, busbw_gbps=bw.busbw_gbps if bw else None,
+        link_percent=None, wrong_before=wrong_before, wrong_after=wrong_after, wrong=wrong,
+        error=error, note=note or None,
+    )
+
+
+def measure_link(nbytes: int) -> LinkLimit:
+    """Peer-pull bandwidth (link.py), the slowest rank's; on CPU, nothing to measure."""
+    if _device().type != "cuda":
+        return LinkLimit(nbytes, None, None, "CPU run: no link to measure")
+    group = dist.group.WORLD
+    if dist.get_world_size(group) < 2:
+        return LinkLimit(nbytes, None, None, "one rank: no peer to pull from")
+    try:
+        result = (*link.peer_pull_gbps(group, nbytes), None)
+    except Exception as exc:  # noqa: BLE001 - the sweep is worth having without a link figure
+        result = (None, None, None, f"{type(exc).__name__}: {exc}")
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, result, group=group)
+    failures = [g[3] for g in gathered if g[3]]
+    if failures:
+        return LinkLimit(nbytes, None, None, f"link measurement failed: {failures[0]}")
+    copy_engine = min(g[0] for g in gathered)
+    pulls = [g[1] for g in gathered]
+    sm_pull = min(pulls) if all(p is not None for p in pulls) else None
+    notes = "; ".join(dict.fromkeys(g[2] for g in gathered if g[2])) or None
+    return LinkLimit(nbytes, copy_engine, sm_pull, notes)

@@ -1,0 +1,140 @@
+"""The ``symmcoll`` command (also ``python -m symmcoll``).
+
+    symmcoll bench [--op all_reduce|reduce_scatter|all_gather|all_to_all|all] [-b 4K -e 256M -f 2]
+                   [--dtype bf16] [--algorithms NAME ...] [--world-size N[,N...]] [--graph | --eager]
+                   [-n ITERS] [-w WARMUP] [--out DIR] [--plot]
+    symmcoll plot RESULT.json [RESULT.json ...] [--out DIR]
+    symmcoll info
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from .bench.metrics import OPS
+from .bench.plan import DTYPES
+from .bench.sizes import parse_size
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command is None:
+        _parser().print_help()
+        return 2
+    return args.handler(args)
+
+
+def _console() -> Console:
+    # Logs of GPU jobs are files, where rich would assume 80 columns and fold the tables.
+    return Console() if sys.stdout.isatty() else Console(width=220)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench.driver import BenchOptions, run_bench
+
+    ops = OPS if "all" in args.op else tuple(dict.fromkeys(args.op))
+    options = BenchOptions(
+        ops=ops, begin=args.minbytes, end=args.maxbytes, factor=args.stepfactor, dtype=args.dtype,
+        algorithms=tuple(_split(args.algorithms)) or None,
+        world_sizes=tuple(int(w) for w in _split(args.world_size)) or None,
+        mode=args.mode, iters=args.iters, warmup=args.warmup, calls_per_graph=args.calls_per_graph,
+        seconds_per_case=args.seconds_per_case, out_dir=Path(args.out), plot=args.plot, device=args.device,
+        link_bytes=args.link_bytes)
+    return run_bench(options, _console())
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .bench.plot import plot_files
+
+    console = _console()
+    for path in plot_files(args.results, args.out):
+        console.print(f"plot written: {path}", highlight=False)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import torch
+    import triton
+
+    import symmcoll
+    from .bench.provenance import nccl_version
+
+    console = _console()
+    console.print(f"symmcoll {symmcoll.__version__}, torch {torch.__version__}, triton {triton.__version__}, "
+                  f"NCCL {nccl_version() or 'n/a'}", highlight=False)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    devices = [torch.cuda.get_device_name(i) for i in range(count)]
+    console.print(f"GPUs: {count} {devices}" if count else "GPUs: none (CPU mode: Triton interpreter)",
+                  highlight=False)
+    for op, algorithms in symmcoll.ALGORITHMS.items():
+        console.print(f"{op}: {', '.join(algorithms)}", highlight=False)
+    return 0
+
+
+def _split(values: list[str] | None) -> list[str]:
+    """Repeated and comma-separated values alike: ['a,b', 'c'] -> ['a', 'b', 'c']."""
+    return [v for value in values or [] for v in value.split(",") if v]
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="symmcoll", description="symmcoll command-line tools")
+    parser.set_defaults(command=None)
+    commands = parser.add_subparsers(title="commands")
+
+    bench = commands.add_parser(
+        "bench", help="benchmark every implementation beside NCCL and torch symm_mem ops",
+        description="Sweep sizes for each op and implementation; print nccl-tests tables, a comparison "
+                    "and the link limit; write one JSON result per world size. Without GPUs it runs in "
+                    "CPU mode at small sizes (not performance). Defaults: GPU: world size = visible GPUs, "
+                    "-b 4K -e 256M -f 2, graph mode; CPU: world size 2, -b 1K -e 64K.")
+    bench.set_defaults(command="bench", handler=_bench)
+    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, "all"], help="collectives (default: all)")
+    bench.add_argument("-b", "--minbytes", type=_size, default=None, help="smallest size (4K, 1M, ...)")
+    bench.add_argument("-e", "--maxbytes", type=_size, default=None, help="largest size")
+    bench.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier (default 2)")
+    bench.add_argument("--dtype", choices=DTYPES, default="bf16")
+    bench.add_argument("--algorithms", nargs="+", default=None, metavar="NAME",
+                       help="only these implementations: full names (symmcoll:one_shot, nccl, torch:two_shot), "
+                            "globs (torch:*) or the part after ':' (one_shot)")
+    bench.add_argument("--world-size", nargs="+", default=None, metavar="N",
+                       help="ranks; several (4,2) run one after the other, one result file each")
+    mode = bench.add_mutually_exclusive_group()
+    mode.add_argument("--graph", dest="mode", action="store_const", const="graph",
+                      help="time CUDA-graph replays (default on GPU)")
+    mode.add_argument("--eager", dest="mode", action="store_const", const="eager", help="time eager calls")
+    bench.set_defaults(mode=None)
+    bench.add_argument("-n", "--iters", type=int, default=None,
+                       help="timed samples: graph replays or eager calls (GPU default 50 / 200; CPU 5)")
+    bench.add_argument("-w", "--warmup", type=int, default=None, help="untimed samples first")
+    bench.add_argument("--calls-per-graph", type=int, default=20, help="calls captured per CUDA graph")
+    bench.add_argument("--seconds-per-case", type=float, default=None,
+                       help="time budget for one case's timed samples (GPU default 0.5; min 5 samples)")
+    bench.add_argument("--out", default="bench-results", help="directory for result files (default ./bench-results)")
+    bench.add_argument("--plot", action="store_true", help="also draw PNGs from the result files")
+    bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    bench.add_argument("--link-bytes", type=_size, default=256 << 20,
+                       help="bytes per rank for the link measurement (default 256M)")
+
+    plot = commands.add_parser("plot", help="draw PNGs (latency and busbw vs size) from result files")
+    plot.set_defaults(command="plot", handler=_plot)
+    plot.add_argument("results", nargs="+", help="result JSON files")
+    plot.add_argument("--out", default=None, help="directory for PNGs (default: beside the first result)")
+
+    info = commands.add_parser("info", help="versions, devices, registered algorithms")
+    info.set_defaults(command="info", handler=_info)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Reduce-scatter over symmetric memory: dim-0 split, like ``reduce_scatter_tensor``.
+
+The input of every rank is W segments along dim 0 (x.shape[0] must be divisible by W); rank r's
+output is the reduction over all ranks of their segment r.
+
+pull
+    Every rank copies the segments its peers will reduce (all but its own) into its own symmetric
+    buffer; a barrier publishes them; then every rank reads its segment from every peer's buffer,
+    reduces in fp32 in rank order (its own contribution comes straight from its input) and stores its
+    output. An exit barrier keeps the next call from overwriting a buffer a peer is still reading::
+
+        rank r:   x_r[s] --copy--> buf_r[slot(s)]    for every s != r (local)
+                  barrier                            (program pid with program pid of every peer)
+                  out_r = op(x_0[r], ..., x_{W-1}[r]),  x_s[r] read from buf_s (NVLink) for s != r
+                  barrier                            (exit)
+
+    The buffer holds W-1 segment slots (own segment never staged): slot(s) = s - (s > r) in rank r's
+    buffer, so a reader r finds its segment at slot r - (r > s) of peer s's buffer.
+
+    Traffic: each rank reads (W-1) * S/W bytes over NVLink (S = input bytes), the minimum for a
+    reduce-scatter, plus a local copy of (W-1)/W of its input. Wins at small and medium sizes (two
+    barriers, one launch, no ring steps); at large sizes it is bound by NVLink read bandwidth.
+
+    Work split: program ``pid`` owns blocks pid, pid + P, ... of each segment, both when staging and
+    when reducing, so program ``pid`` only waits on program ``pid`` of its peers.
+
+bf16/fp16/fp32 with fp32 accumulation; op sum/avg/max/min. Inputs whose segments exceed the workspace
+are reduced in workspace-sized pieces of every segment, one launch per piece. Every rank must pass a
+tensor of the same shape and dtype (as with torch).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import compile_check
+from ..language import block_barrier, peer_ptr
+from ..memory import get_workspace, register_op
+from ._common import (CPU_CONFIG, LaunchConfig, check_device, check_reduction_dtype, check_tensor,
+                      chunks, combine, copy_blocks, finalize, finish, group_size, reduce_op_code)
+
+PULL = register_op("reduce_scatter.pull")
+
+GPU_PULL = LaunchConfig(block=4096, max_programs=64, num_warps=16)
+
+
+@triton.jit
+def _contribution(buffer_ptrs_dev, x_ptr, r, rank, numel, segment_stride):
+    """Where rank ``r``'s part of my segment lives: my own input when r is me, else the slot of my
+    segment in r's buffer."""
+    if r == rank:
+        src = x_ptr + tl.cast(rank, tl.int64) * segment_stride
+    else:
+        slot = rank - tl.cast(rank > r, tl.int32)
+        src = peer_ptr(buffer_ptrs_dev, r, x_ptr.dtype.element_ty) + tl.cast(slot, tl.int64) * numel
+    return src
+
+
+@triton.jit
+def _reduce_scatter_kernel(
+    # symmetric workspace: per-rank address tables, error record, wait budget
+    buffer_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
+    # this launch's piece: numel elements of each segment; segment s starts at x_ptr + s * segment_stride
+    x_ptr, out_ptr, numel, segment_stride,
+    # topology
+    rank, op_code,
+    WORLD: tl.constexpr,
+    # meta-parameters
+    REDUCE_OP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    elem = x_ptr.dtype.element_ty
+    my_buf = peer_ptr(buffer_ptrs_dev, rank, elem)
+
+    for s in tl.static_range(WORLD):
+        if s != rank:
+            slot = s - tl.cast(s > rank, tl.int32)
+            copy_blocks(x_ptr + tl.cast(segment_stride, tl.int64) * s,
+                        my_buf + tl.cast(slot, tl.int64) * numel, numel, BLOCK)
+
+    failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+    if failed == 0:
+        for start in range(pid * BLOCK, numel, step):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < numel
+            src = _contribution(buffer_ptrs_dev, x_ptr, 0, rank, numel, segment_stride)
+            acc = tl.load(src + offs, mask=mask).to(tl.float32)
+            for r in tl.static_range(1, WORLD):
+                src = _contribution(buffer_ptrs_dev, x_ptr, r, rank, numel, segment_stride)
+                acc = combine(acc, tl.load(src + offs, mask=mask).to(tl.float32), REDUCE_OP)
+            acc = finalize(acc, REDUCE_OP, WORLD)
+            tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        # Nobody may overwrite its buffer (next call) until every peer has read it.
+        block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+
+
+def output_shape(x: torch.Tensor, world: int) -> tuple:
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension to be split along dim 0 "
+                         "(got a 0-dim tensor)")
+    if x.shape[0] % world:
+        raise ValueError(f"x.shape[0] must be divisible by the world size: x has shape "
+                         f"{tuple(x.shape)}, world size {world}, so the output shape "
+                         f"({x.shape[0]}/{world}, ...) is not whole")
+    return (x.shape[0] // world, *x.shape[1:])
+
+
+def pull(x: torch.Tensor, group=None, *, op: str = "sum",
+         config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place reduce-scatter of ``x`` along dim 0: shape [x.shape[0] // W, ...]."""
+    check_tensor(x, "x")
+    check_device(x, "x")
+    check_reduction_dtype(x, "x")
+    code = reduce_op_code(op)
+    world = group_size(group)
+    out = torch.empty(output_shape(x, world), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    if world == 1:
+        return out.copy_(x)  # a reduction over one rank, avg included
+
+    ws = get_workspace(group, x.device)
+    check_tensor(x, "x", ws.device.type)
+    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else GPU_PULL)
+    flat, out_flat = x.reshape(-1), out.reshape(-1)
+    segment = out_flat.numel()
+    for start, n in chunks(segment, ws.capacity(x.dtype) // (world - 1)):
+        grid = cfg.grid(triton.cdiv(n, cfg.block))
+        _reduce_scatter_kernel[grid](
+            ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
+            flat[start:], out_flat[start:], n, segment,
+            ws.rank, PULL,
+            WORLD=ws.world_size, REDUCE_OP=code, BLOCK=cfg.block, num_warps=cfg.num_warps,
+        )
+    finish(ws)
+    return out
+
+
+for _dtype, _world, _op in (("bf16", 2, 0), ("bf16", 8, 1), ("fp16", 3, 2), ("fp32", 4, 3),
+                            ("fp32", 8, 0)):
+    compile_check.register(
+        _reduce_scatter_kernel,
+        {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}",
+         "numel": "i32", "segment_stride": "i32", "rank": "i32", "op_code": "i32"},
+        {"WORLD": _world, "REDUCE_OP": _op, "BLOCK": GPU_PULL.block},
+        num_warps=GPU_PULL.num_warps, label=f"{_dtype},")
+# Arguments equal to 1 are specialised as constexprs on GPU: rank 1, one-element segments.
+compile_check.register(
+    _reduce_scatter_kernel,
+    {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": "*bf16", "out_ptr": "*bf16", "op_code": "i32"},
+    {"numel": 1, "segment_stride": 1, "rank": 1, "WORLD": 4, "REDUCE_OP": 1, "BLOCK": GPU_PULL.block},
+    num_warps=GPU_PULL.num_warps, label="bf16,")
