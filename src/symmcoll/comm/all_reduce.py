@@ -49,6 +49,28 @@ GPU_TWO_SHOT = LaunchConfig(block=4096, max_programs=64, num_warps=16)
 
 
 @triton.jit
+def _copy(src, dst, offs, mask):
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _reduce_peers(buffer_ptrs_dev, offs, mask, ELEM: tl.constexpr, WORLD: tl.constexpr,
+                  REDUCE_OP: tl.constexpr):
+    """fp32 reduction of ``offs`` over every rank's buffer, in rank order (bit-identical everywhere)."""
+    acc = tl.load(peer_ptr(buffer_ptrs_dev, 0, ELEM) + offs, mask=mask).to(tl.float32)
+    for r in tl.static_range(1, WORLD):
+        v = tl.load(peer_ptr(buffer_ptrs_dev, r, ELEM) + offs, mask=mask).to(tl.float32)
+        acc = combine(acc, v, REDUCE_OP)
+    return finalize(acc, REDUCE_OP, WORLD)
+
+
+@triton.jit
+def _one_shot_block(buffer_ptrs_dev, out_ptr, offs, mask, WORLD: tl.constexpr, REDUCE_OP: tl.constexpr):
+    acc = _reduce_peers(buffer_ptrs_dev, offs, mask, out_ptr.dtype.element_ty, WORLD, REDUCE_OP)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _one_shot_kernel(
     # symmetric workspace: per-rank address tables, error record, wait budget
     buffer_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
@@ -62,27 +84,37 @@ def _one_shot_kernel(
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
-    elem = x_ptr.dtype.element_ty
-    my_buf = peer_ptr(buffer_ptrs_dev, rank, elem)
+    my_buf = peer_ptr(buffer_ptrs_dev, rank, x_ptr.dtype.element_ty)
+    lane = tl.arange(0, BLOCK)
+    # Whole blocks go unmasked (16-byte vector accesses); only the tail block is masked.
+    full = tl.full([BLOCK], 1, tl.int1)
 
     for start in range(pid * BLOCK, numel, step):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < numel
-        tl.store(my_buf + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+        offs = start + lane
+        if start + BLOCK <= numel:
+            _copy(x_ptr, my_buf, offs, full)
+        else:
+            _copy(x_ptr, my_buf, offs, offs < numel)
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
         for start in range(pid * BLOCK, numel, step):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < numel
-            acc = tl.load(peer_ptr(buffer_ptrs_dev, 0, elem) + offs, mask=mask).to(tl.float32)
-            for r in tl.static_range(1, WORLD):
-                v = tl.load(peer_ptr(buffer_ptrs_dev, r, elem) + offs, mask=mask).to(tl.float32)
-                acc = combine(acc, v, REDUCE_OP)
-            acc = finalize(acc, REDUCE_OP, WORLD)
-            tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            offs = start + lane
+            if start + BLOCK <= numel:
+                _one_shot_block(buffer_ptrs_dev, out_ptr, offs, full, WORLD, REDUCE_OP)
+            else:
+                _one_shot_block(buffer_ptrs_dev, out_ptr, offs, offs < numel, WORLD, REDUCE_OP)
         # Nobody may overwrite its buffer (next call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+
+
+@triton.jit
+def _two_shot_reduce_block(buffer_ptrs_dev, offs, mask, ELEM: tl.constexpr, WORLD: tl.constexpr,
+                           REDUCE_OP: tl.constexpr):
+    """Reduce my shard's block from every peer and push the result into every peer's buffer."""
+    reduced = _reduce_peers(buffer_ptrs_dev, offs, mask, ELEM, WORLD, REDUCE_OP).to(ELEM)
+    for r in tl.static_range(WORLD):
+        tl.store(peer_ptr(buffer_ptrs_dev, r, ELEM) + offs, reduced, mask=mask)
 
 
 @triton.jit
@@ -103,34 +135,39 @@ def _two_shot_kernel(
     elem = x_ptr.dtype.element_ty
     my_buf = peer_ptr(buffer_ptrs_dev, rank, elem)
     lane = tl.arange(0, BLOCK)
+    full = tl.full([BLOCK], 1, tl.int1)
 
     for b in range(pid, blocks_per_shard, nprog):
         for s in tl.static_range(WORLD):
-            offs = s * shard_len + b * BLOCK + lane
-            mask = (b * BLOCK + lane < shard_len) & (offs < numel)
-            tl.store(my_buf + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+            start = s * shard_len + b * BLOCK
+            offs = start + lane
+            if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
+                _copy(x_ptr, my_buf, offs, full)
+            else:
+                _copy(x_ptr, my_buf, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
-        # Reduce my shard from every peer, then push the result into that shard of every peer.
         for b in range(pid, blocks_per_shard, nprog):
-            offs = rank * shard_len + b * BLOCK + lane
-            mask = (b * BLOCK + lane < shard_len) & (offs < numel)
-            acc = tl.load(peer_ptr(buffer_ptrs_dev, 0, elem) + offs, mask=mask).to(tl.float32)
-            for r in tl.static_range(1, WORLD):
-                v = tl.load(peer_ptr(buffer_ptrs_dev, r, elem) + offs, mask=mask).to(tl.float32)
-                acc = combine(acc, v, REDUCE_OP)
-            reduced = finalize(acc, REDUCE_OP, WORLD).to(elem)
-            for r in tl.static_range(WORLD):
-                tl.store(peer_ptr(buffer_ptrs_dev, r, elem) + offs, reduced, mask=mask)
+            start = rank * shard_len + b * BLOCK
+            offs = start + lane
+            if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
+                _two_shot_reduce_block(buffer_ptrs_dev, offs, full, elem, WORLD, REDUCE_OP)
+            else:
+                _two_shot_reduce_block(buffer_ptrs_dev, offs,
+                                       (b * BLOCK + lane < shard_len) & (offs < numel),
+                                       elem, WORLD, REDUCE_OP)
 
         failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
         if failed == 0:
             for b in range(pid, blocks_per_shard, nprog):
                 for s in tl.static_range(WORLD):
-                    offs = s * shard_len + b * BLOCK + lane
-                    mask = (b * BLOCK + lane < shard_len) & (offs < numel)
-                    tl.store(out_ptr + offs, tl.load(my_buf + offs, mask=mask), mask=mask)
+                    start = s * shard_len + b * BLOCK
+                    offs = start + lane
+                    if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
+                        _copy(my_buf, out_ptr, offs, full)
+                    else:
+                        _copy(my_buf, out_ptr, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
 
 
 def _prepare(x: torch.Tensor, group, op: str, config: LaunchConfig | None, gpu_default: LaunchConfig):
@@ -169,8 +206,9 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
-        # Shards of a multiple of 16 bytes keep every shard start aligned for vector accesses.
-        align = max(1, 16 // x.element_size())
+        # Shard lengths divisible by 16 keep every shard start aligned for 16-byte accesses (Triton
+        # specialises integer arguments divisible by 16).
+        align = 16
         shard_len = triton.cdiv(triton.cdiv(n, ws.world_size), align) * align
         grid = cfg.grid(triton.cdiv(shard_len, cfg.block))
         _two_shot_kernel[grid](

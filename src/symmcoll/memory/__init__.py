@@ -54,6 +54,15 @@ def register_op(name: str) -> int:
 
 
 @dataclass
+class SymmetricRegion:
+    """One symmetric allocation: this rank's bytes and the address of the per-rank address table."""
+
+    local: torch.Tensor  # uint8
+    ptrs_dev: int
+    keepalive: list = field(default_factory=list, repr=False)
+
+
+@dataclass
 class Workspace:
     group: dist.ProcessGroup
     rank: int
@@ -67,6 +76,18 @@ class Workspace:
     max_spins: int
     _keepalive: list = field(default_factory=list, repr=False)
     broken: bool = False
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def region(self, name: str, nbytes: int) -> SymmetricRegion:
+        """A named extra symmetric region (zero-filled), created collectively on first use; for
+        algorithms that keep state in symmetric memory between calls."""
+        reg = self.extra.get(name)
+        if reg is None:
+            reg = _allocate(self.group, nbytes, self.device)
+            self.extra[name] = reg
+        if reg.local.numel() < nbytes:
+            raise ValueError(f"region {name!r} has {reg.local.numel()} bytes, asked for {nbytes}")
+        return reg
 
     @property
     def buffer_bytes(self) -> int:
@@ -139,14 +160,30 @@ def get_workspace(group=None, device: torch.device | None = None, min_bytes: int
     return ws
 
 
-def _create(group, device: torch.device, buffer_bytes: int) -> Workspace:
+def _allocate(group, nbytes: int, device: torch.device) -> SymmetricRegion:
     if device.type == "cuda":
-        from .cuda import create_cuda_workspace
-        return create_cuda_workspace(group, device, buffer_bytes)
+        from .cuda import allocate_cuda
+        return allocate_cuda(group, nbytes, device)
     if device.type == "cpu":
-        from .emulated import create_emulated_workspace
-        return create_emulated_workspace(group, buffer_bytes)
+        from .emulated import allocate_emulated
+        return allocate_emulated(group, nbytes)
     raise ValueError(f"symmcoll: no symmetric memory for device type {device.type!r}")
+
+
+def _create(group, device: torch.device, buffer_bytes: int) -> Workspace:
+    buffer = _allocate(group, buffer_bytes, device)
+    pad = _allocate(group, SIGNAL_PAD_INTS * 4, device)
+    # The error record must be readable by the host without synchronising: pinned host memory,
+    # which kernels reach through unified addressing.
+    status = torch.zeros(4, dtype=torch.int32)
+    if device.type == "cuda":
+        status = status.pin_memory()
+    return Workspace(
+        group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group), device=device,
+        buffer=buffer.local, signal_pad=pad.local.view(torch.int32),
+        buffer_ptrs_dev=buffer.ptrs_dev, signal_pad_ptrs_dev=pad.ptrs_dev,
+        status=status, max_spins=timeout_spins(device.type), _keepalive=[buffer, pad],
+    )
 
 
 def reset(group=None) -> None:

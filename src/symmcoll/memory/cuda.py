@@ -1,9 +1,8 @@
 """Symmetric workspace on CUDA GPUs, on top of ``torch.distributed._symmetric_memory``.
 
-Two symmetric allocations: the data buffer (uint8) and our own int32 signal pad (so its size is ours to
-choose, whatever the installed torch's default pad size). Their handles' ``buffer_ptrs_dev`` are the two
-address tables the kernels take. The error record is pinned host memory, which kernels reach through
-unified addressing and the host reads without synchronising the device.
+Every region (data buffer, our own int32 signal pad -- so its size is ours to choose, whatever the
+installed torch's default pad size -- and any extra region) is one symmetric allocation; its handle's
+``buffer_ptrs_dev`` is the address table kernels take.
 
 NVLink multicast is never used (no multimem, no NVLS): see DESIGN.md.
 """
@@ -16,7 +15,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from . import SIGNAL_PAD_INTS, Workspace, timeout_spins
+from . import SymmetricRegion
 
 _FORBIDDEN_MULTICAST = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0",
                         "NVSHMEM_DISABLE_NVLS": "1"}
@@ -28,7 +27,8 @@ def disable_multicast_env() -> None:
         os.environ[key] = value
 
 
-def create_cuda_workspace(group, device: torch.device, buffer_bytes: int) -> Workspace:
+def allocate_cuda(group, nbytes: int, device: torch.device) -> SymmetricRegion:
+    """A zero-filled symmetric region of ``nbytes`` on every rank of ``group`` (collective)."""
     disable_multicast_env()
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -37,20 +37,9 @@ def create_cuda_workspace(group, device: torch.device, buffer_bytes: int) -> Wor
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             symm_mem.enable_symm_mem_for_group(name)
-
-    buffer = symm_mem.empty(buffer_bytes, dtype=torch.uint8, device=device)
-    buffer_handle = symm_mem.rendezvous(buffer, name)
-    pad = symm_mem.empty(SIGNAL_PAD_INTS, dtype=torch.int32, device=device)
-    pad.zero_()
-    pad_handle = symm_mem.rendezvous(pad, name)
+    local = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+    handle = symm_mem.rendezvous(local, name)
+    local.zero_()
     torch.cuda.synchronize(device)
-    dist.barrier(group)  # every pad is zero before anybody signals
-
-    status = torch.zeros(4, dtype=torch.int32).pin_memory()
-    return Workspace(
-        group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group),
-        device=device, buffer=buffer, signal_pad=pad,
-        buffer_ptrs_dev=buffer_handle.buffer_ptrs_dev, signal_pad_ptrs_dev=pad_handle.buffer_ptrs_dev,
-        status=status, max_spins=timeout_spins("cuda"),
-        _keepalive=[buffer_handle, pad_handle],
-    )
+    dist.barrier(group)  # zero everywhere before anybody writes to a peer
+    return SymmetricRegion(local=local, ptrs_dev=handle.buffer_ptrs_dev, keepalive=[handle])
