@@ -37,7 +37,7 @@ from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import Workspace, get_workspace, register_op
 from ._common import (GPU_MOVE_CONFIGS, LaunchConfig, as_words, check_device, check_tensor, chunks,
-                      copy_blocks, finish, group_size, logger, move_config)
+                      copy_blocks, finish, group_size, logger, move_config, tee_blocks)
 
 PULL = register_op("all_gather.pull")
 
@@ -54,18 +54,9 @@ def _all_gather_kernel(
     # meta-parameters
     BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
     elem = x_ptr.dtype.element_ty
-    my_buf = peer_ptr(buffer_ptrs_dev, rank, elem)
     my_out = out_ptr + tl.cast(rank, tl.int64) * out_rank_stride
-
-    for start in range(pid * BLOCK, numel, step):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < numel
-        v = tl.load(x_ptr + offs, mask=mask)
-        tl.store(my_buf + offs, v, mask=mask)
-        tl.store(my_out + offs, v, mask=mask)
+    tee_blocks(x_ptr, peer_ptr(buffer_ptrs_dev, rank, elem), my_out, numel, BLOCK)
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
@@ -119,14 +110,14 @@ def pull(x: torch.Tensor, group=None, *, config: LaunchConfig | None = None) -> 
     return out
 
 
-for _word, _cfg in GPU_MOVE_CONFIGS.items():
-    for _world in ((2, 8) if _word != 1 else (2, 3, 4, 8)):
-        _ty = {1: "u8", 2: "i16", 4: "i32", 8: "i64"}[_word]
-        compile_check.register(
-            _all_gather_kernel,
-            {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_ty}", "out_ptr": f"*{_ty}",
-             "numel": "i32", "out_rank_stride": "i32", "rank": "i32", "op_code": "i32"},
-            {"WORLD": _world, "BLOCK": _cfg.block}, num_warps=_cfg.num_warps, label=f"{_ty},")
+for _word, _world in ((1, 2), (2, 3), (4, 4), (8, 8)):
+    _ty = {1: "u8", 2: "i16", 4: "i32", 8: "i64"}[_word]
+    _cfg = GPU_MOVE_CONFIGS[_word]
+    compile_check.register(
+        _all_gather_kernel,
+        {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_ty}", "out_ptr": f"*{_ty}",
+         "numel": "i32", "out_rank_stride": "i32", "rank": "i32", "op_code": "i32"},
+        {"WORLD": _world, "BLOCK": _cfg.block}, num_warps=_cfg.num_warps, label=f"{_ty},")
 # Arguments equal to 1 are specialised as constexprs on GPU: rank 1, one-element tensors.
 compile_check.register(
     _all_gather_kernel,

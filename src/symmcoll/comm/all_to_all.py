@@ -70,6 +70,16 @@ def _piece(n, piece_start, piece_len):
 
 
 @triton.jit
+def _aligned(v, ALIGN: tl.constexpr):
+    """``v`` (a word offset or length the host made a multiple of ALIGN), in a form from which the
+    compiler can see it: rounding down is exact here and, unlike ``tl.multiple_of`` on a scalar,
+    lets 16-byte vector accesses through."""
+    if ALIGN > 1:
+        v = v // ALIGN * ALIGN
+    return v
+
+
+@triton.jit
 def _all_to_all_kernel(
     # symmetric workspace: per-rank address tables, error record, wait budget
     buffer_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
@@ -81,8 +91,8 @@ def _all_to_all_kernel(
     # topology
     rank, op_code,
     WORLD: tl.constexpr,
-    # meta-parameters
-    BLOCK: tl.constexpr,
+    # meta-parameters: ALIGN (a power of two <= 16) divides every chunk offset and length, in words
+    BLOCK: tl.constexpr, ALIGN: tl.constexpr,
 ):
     elem = x_ptr.dtype.element_ty
     lanes = tl.arange(0, MAX_WORLD)
@@ -94,17 +104,17 @@ def _all_to_all_kernel(
 
     for k in tl.static_range(1, WORLD):
         dest = (rank + k) % WORLD
-        x_off = tl.sum(tl.where(lanes < dest, sent, 0), axis=0)
-        buf_off = tl.sum(tl.where(lanes < dest, staged, 0), axis=0)
-        n = tl.sum(tl.where(lanes == dest, staged, 0), axis=0)
-        copy_blocks(x_ptr + x_off + piece_start, my_buf + buf_off, n, BLOCK)
+        x_off = _aligned(tl.sum(tl.where(lanes < dest, sent, 0), axis=0), ALIGN)
+        buf_off = _aligned(tl.sum(tl.where(lanes < dest, staged, 0), axis=0), ALIGN)
+        n = _aligned(tl.sum(tl.where(lanes == dest, staged, 0), axis=0), ALIGN)
+        copy_blocks(x_ptr + _aligned(x_off + piece_start, ALIGN), my_buf + buf_off, n, BLOCK)
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
         # Words I receive from each rank; the output holds them in source-rank order.
         recv = tl.load(rows_ptr + lanes * WORLD + rank, mask=valid, other=0) * row_numel
-        x_self = tl.sum(tl.where(lanes < rank, sent, 0), axis=0)
-        out_self = tl.sum(tl.where(lanes < rank, recv, 0), axis=0)
+        x_self = _aligned(tl.sum(tl.where(lanes < rank, sent, 0), axis=0), ALIGN)
+        out_self = _aligned(tl.sum(tl.where(lanes < rank, recv, 0), axis=0), ALIGN)
         copy_blocks(x_ptr + x_self, out_ptr + out_self, self_len, BLOCK)
         for k in tl.static_range(1, WORLD):
             src = (rank + k) % WORLD
@@ -112,9 +122,9 @@ def _all_to_all_kernel(
             theirs = tl.load(rows_ptr + src * WORLD + lanes, mask=valid & (lanes != src),
                              other=0) * row_numel
             pieces = _piece(theirs, piece_start, piece_len)
-            buf_off = tl.sum(tl.where(lanes < rank, pieces, 0), axis=0)
-            n = tl.sum(tl.where(lanes == rank, pieces, 0), axis=0)
-            out_off = tl.sum(tl.where(lanes < src, recv, 0), axis=0) + piece_start
+            buf_off = _aligned(tl.sum(tl.where(lanes < rank, pieces, 0), axis=0), ALIGN)
+            n = _aligned(tl.sum(tl.where(lanes == rank, pieces, 0), axis=0), ALIGN)
+            out_off = _aligned(tl.sum(tl.where(lanes < src, recv, 0), axis=0) + piece_start, ALIGN)
             copy_blocks(peer_ptr(buffer_ptrs_dev, src, elem) + buf_off, out_ptr + out_off, n, BLOCK)
         # Nobody may overwrite its buffer (next call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
@@ -160,11 +170,12 @@ def exchange_splits(ws: Workspace, splits: list[int], row_numel: int, dtype: tor
     return [entry[:world] for entry in host], table[:, :world].contiguous()
 
 
-def plan_rounds(words: list[list[int]], capacity: int) -> tuple[int, int]:
+def plan_rounds(words: list[list[int]], capacity: int, align: int = 1) -> tuple[int, int]:
     """(piece_len, rounds) for chunk sizes ``words[s][j]`` (words rank s sends to rank j).
 
-    piece_len is the longest piece such that every rank's staged pieces (its chunks for peers, each
-    cut to piece_len) fit in ``capacity`` words; rounds covers the longest chunk."""
+    piece_len is the longest multiple of ``align`` such that every rank's staged pieces (its chunks
+    for peers, each cut to piece_len) fit in ``capacity`` words; rounds covers the longest chunk.
+    When every chunk is a multiple of ``align``, so is every piece and every offset."""
     world = len(words)
     peers = [[words[s][j] for j in range(world) if j != s] for s in range(world)]
     longest = max(max(p) for p in peers)
@@ -175,12 +186,13 @@ def plan_rounds(words: list[list[int]], capacity: int) -> tuple[int, int]:
     if staged(longest) <= capacity:
         piece = longest
     else:
-        lo, hi = capacity // (world - 1), longest  # staged(lo) <= capacity < staged(hi)
+        # In units of align: staged(lo * align) <= capacity < staged(hi * align).
+        lo, hi = capacity // (world - 1) // align, -(-longest // align)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if staged(mid) <= capacity else (lo, mid)
-        piece = lo
-    piece = max(piece, 1)
+            lo, hi = (mid, hi) if staged(mid * align) <= capacity else (lo, mid)
+        piece = lo * align
+    piece = max(piece, align)
     return piece, max(1, -(-longest // piece))
 
 
@@ -226,7 +238,10 @@ def pull(x: torch.Tensor, group=None, *, splits=None,
         return out
 
     cfg = config or move_config(words)
-    piece, rounds = plan_rounds(elems, ws.capacity(words.dtype))
+    # Every chunk, piece and offset is a multiple of align words (16 when rows are a multiple of 16
+    # words), which the kernel turns into vector accesses of up to 16 bytes.
+    align = math.gcd(row_numel, 16)
+    piece, rounds = plan_rounds(elems, ws.capacity(words.dtype), align)
     longest_self = max(elems[s][s] for s in range(world))
     grid = cfg.grid(triton.cdiv(max(piece, longest_self), cfg.block))
     out_words = as_words(out)
@@ -236,7 +251,7 @@ def pull(x: torch.Tensor, group=None, *, splits=None,
             words, out_words, rows_dev, row_numel,
             t * piece, piece, elems[ws.rank][ws.rank] if t == 0 else 0,
             ws.rank, PULL,
-            WORLD=world, BLOCK=cfg.block, num_warps=cfg.num_warps,
+            WORLD=world, BLOCK=cfg.block, ALIGN=align, num_warps=cfg.num_warps,
         )
     finish(ws)
     return out
@@ -250,12 +265,13 @@ for _word, _world in ((1, 2), (2, 3), (4, 4), (8, 8), (2, 8)):
         {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_ty}", "out_ptr": f"*{_ty}",
          "rows_ptr": "*i64", "row_numel": "i32", "piece_start": "i32", "piece_len": "i32",
          "self_len": "i32", "rank": "i32", "op_code": "i32"},
-        {"WORLD": _world, "BLOCK": _cfg.block}, num_warps=_cfg.num_warps, label=f"{_ty},")
+        {"WORLD": _world, "BLOCK": _cfg.block, "ALIGN": 16 if _world != 3 else 2},
+        num_warps=_cfg.num_warps, label=f"{_ty},")
 # Arguments equal to 1 are specialised as constexprs on GPU (rank 1, one-element rows and pieces).
 compile_check.register(
     _all_to_all_kernel,
     {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": "*i32", "out_ptr": "*i32", "rows_ptr": "*i64",
      "piece_start": "i32", "op_code": "i32"},
     {"row_numel": 1, "piece_len": 1, "self_len": 1, "rank": 1, "WORLD": 4,
-     "BLOCK": GPU_MOVE_CONFIGS[4].block},
+     "BLOCK": GPU_MOVE_CONFIGS[4].block, "ALIGN": 1},
     num_warps=GPU_MOVE_CONFIGS[4].num_warps, label="i32,")

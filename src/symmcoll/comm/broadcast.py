@@ -36,7 +36,7 @@ from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import get_workspace, register_op
 from ._common import (GPU_MOVE_CONFIGS, LaunchConfig, as_words, check_device, check_tensor, chunks,
-                      copy_blocks, finish, group_size, logger, move_config)
+                      copy_blocks, finish, group_size, logger, move_config, tee_blocks)
 
 PULL = register_op("broadcast.pull")
 
@@ -53,18 +53,9 @@ def _broadcast_kernel(
     # meta-parameters
     BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
     elem = x_ptr.dtype.element_ty
-
     if rank == src:
-        my_buf = peer_ptr(buffer_ptrs_dev, rank, elem)
-        for start in range(pid * BLOCK, numel, step):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < numel
-            v = tl.load(x_ptr + offs, mask=mask)
-            tl.store(my_buf + offs, v, mask=mask)
-            tl.store(out_ptr + offs, v, mask=mask)
+        tee_blocks(x_ptr, peer_ptr(buffer_ptrs_dev, rank, elem), out_ptr, numel, BLOCK)
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:

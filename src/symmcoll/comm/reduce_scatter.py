@@ -59,6 +59,19 @@ def _contribution(buffer_ptrs_dev, x_ptr, r, rank, numel, segment_stride):
 
 
 @triton.jit
+def _reduce_block(buffer_ptrs_dev, x_ptr, out_ptr, offs, mask, rank, numel, segment_stride,
+                  WORLD: tl.constexpr, REDUCE_OP: tl.constexpr):
+    """out[offs] = op over ranks of their part of my segment, fp32, in rank order."""
+    src = _contribution(buffer_ptrs_dev, x_ptr, 0, rank, numel, segment_stride)
+    acc = tl.load(src + offs, mask=mask).to(tl.float32)
+    for r in tl.static_range(1, WORLD):
+        src = _contribution(buffer_ptrs_dev, x_ptr, r, rank, numel, segment_stride)
+        acc = combine(acc, tl.load(src + offs, mask=mask).to(tl.float32), REDUCE_OP)
+    acc = finalize(acc, REDUCE_OP, WORLD)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _reduce_scatter_kernel(
     # symmetric workspace: per-rank address tables, error record, wait budget
     buffer_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
@@ -83,16 +96,16 @@ def _reduce_scatter_kernel(
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
+        lane = tl.arange(0, BLOCK)
         for start in range(pid * BLOCK, numel, step):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < numel
-            src = _contribution(buffer_ptrs_dev, x_ptr, 0, rank, numel, segment_stride)
-            acc = tl.load(src + offs, mask=mask).to(tl.float32)
-            for r in tl.static_range(1, WORLD):
-                src = _contribution(buffer_ptrs_dev, x_ptr, r, rank, numel, segment_stride)
-                acc = combine(acc, tl.load(src + offs, mask=mask).to(tl.float32), REDUCE_OP)
-            acc = finalize(acc, REDUCE_OP, WORLD)
-            tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            offs = start + lane
+            # Whole blocks go unmasked (16-byte vector accesses); only the tail block is masked.
+            if start + BLOCK <= numel:
+                _reduce_block(buffer_ptrs_dev, x_ptr, out_ptr, offs, tl.full([BLOCK], 1, tl.int1),
+                              rank, numel, segment_stride, WORLD, REDUCE_OP)
+            else:
+                _reduce_block(buffer_ptrs_dev, x_ptr, out_ptr, offs, offs < numel,
+                              rank, numel, segment_stride, WORLD, REDUCE_OP)
         # Nobody may overwrite its buffer (next call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
 
@@ -127,7 +140,8 @@ def pull(x: torch.Tensor, group=None, *, op: str = "sum",
     cfg = config or (CPU_CONFIG if x.device.type == "cpu" else GPU_PULL)
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     segment = out_flat.numel()
-    for start, n in chunks(segment, ws.capacity(x.dtype) // (world - 1)):
+    # Pieces of a multiple of 16 elements keep every staged slot aligned for 16-byte accesses.
+    for start, n in chunks(segment, ws.capacity(x.dtype) // (world - 1) // 16 * 16):
         grid = cfg.grid(triton.cdiv(n, cfg.block))
         _reduce_scatter_kernel[grid](
             ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,

@@ -1,0 +1,354 @@
+"""all_gather, broadcast, all_to_all: bit-exact against reference.py for every dtype the kernels move
+(as integer words), rank-coded inputs, three back-to-back calls with changing data and shapes, pads back
+to zero after each call, variable splits (zero rows included), shape rules, the process-group fallback
+for itemsizes with no kernel, and tensors larger than the workspace."""
+
+import logging
+import math
+import os
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmcoll
+from symmcoll import launch, reference
+from symmcoll.comm._common import CPU_CONFIG
+
+from rank_checks import assert_pads_zero, device
+
+DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
+
+BLOCK = CPU_CONFIG.block
+DTYPES = [torch.bfloat16, torch.float32, torch.int32, torch.int8, torch.uint8, torch.float8_e4m3fn,
+          torch.int64, torch.bool, torch.complex64]
+# Per-rank shapes: 0-dim, one row, odd and 2-d, a block plus a tail, ~10^4 elements, 3-d.
+SHAPES = [(), (1,), (7, 3), (BLOCK + 3,), (5, 2001), (3, 5, 7)]
+
+
+def coded(shape, dtype, rank, call):
+    """Values that depend on (rank, index, call) in as many bits as the dtype has."""
+    i = torch.arange(math.prod(shape), dtype=torch.int64)
+    h = (i * 2654435761 + rank * 40503 + call * 977 + 12345) % (1 << 31)
+    if dtype == torch.bool:
+        t = (h >> 7) % 2 == 1
+    elif dtype in (torch.int8, torch.uint8):
+        t = ((h >> 5) % 256).to(torch.uint8).view(dtype)
+    elif dtype == torch.int64:
+        t = h * (1 << 20) + rank
+    elif dtype == torch.complex64:
+        t = torch.complex(h.float(), torch.full_like(h, rank).float() - call)
+    elif dtype == torch.complex128:
+        t = torch.complex(h.double(), (h % 7).double() + rank)
+    elif dtype.is_floating_point:
+        t = ((h >> 8) % 61 - 30).to(torch.float32)
+    else:
+        t = h
+    return t.to(dtype).reshape(shape).to(device())
+
+
+def assert_same(got, want, what):
+    """Bit-exact comparison; a failure names the rank and the first wrong index."""
+    rank = dist.get_rank()
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise AssertionError(f"rank {rank}: {what}: got {got.dtype}{tuple(got.shape)}, "
+                             f"want {want.dtype}{tuple(want.shape)}")
+    size = got.element_size()
+    g = got.contiguous().reshape(-1).view(torch.uint8).reshape(-1, size).cpu()
+    w = want.contiguous().reshape(-1).view(torch.uint8).reshape(-1, size).cpu()
+    bad = (g != w).any(dim=1)
+    if bool(bad.any()):
+        idx = int(bad.nonzero()[0])
+        raise AssertionError(f"rank {rank}: {what}: {int(bad.sum())} of {bad.numel()} wrong, first at "
+                             f"index {idx}: got {got.reshape(-1)[idx].cpu()}, "
+                             f"want {want.reshape(-1)[idx].cpu()}")
+
+
+def _check(what, got, want, x, snapshot):
+    assert_same(got, want, what)
+    assert_same(x, snapshot, f"{what}: input must not change")
+    assert_pads_zero(f"after {what}")
+
+
+def _all_gather(dtypes):
+    rank = dist.get_rank()
+    for d, dtype in enumerate(dtypes):
+        for call in range(3):
+            shape = SHAPES[(d + call) % len(SHAPES)]
+            x = coded(shape, dtype, rank, call)
+            snapshot = x.clone()
+            _check(f"all_gather {dtype} {shape} call {call}", symmcoll.all_gather(x),
+                   reference.all_gather(x), x, snapshot)
+
+
+def _broadcast(dtypes):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for d, dtype in enumerate(dtypes):
+        for call in range(3):
+            shape = SHAPES[(d + call + 2) % len(SHAPES)]
+            src = (d + call) % world
+            x = coded(shape, dtype, rank, call)
+            snapshot = x.clone()
+            _check(f"broadcast {dtype} {shape} src {src} call {call}", symmcoll.broadcast(x, src),
+                   reference.broadcast(x, src), x, snapshot)
+
+
+def _all_to_all_equal(dtypes):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for d, dtype in enumerate(dtypes):
+        for call in range(3):
+            shape = SHAPES[1 + (d + call + 4) % (len(SHAPES) - 1)]  # no 0-dim
+            shape = (world * shape[0], *shape[1:])
+            x = coded(shape, dtype, rank, call)
+            snapshot = x.clone()
+            _check(f"all_to_all {dtype} {shape} call {call}", symmcoll.all_to_all(x),
+                   reference.all_to_all(x), x, snapshot)
+
+
+def _variable_splits(rank, world, case):
+    """Rows this rank sends to each rank, for a few patterns (zero rows included)."""
+    if case == 0:
+        return [(rank + 2 * j) % 4 for j in range(world)]           # some pairs send nothing
+    if case == 1:
+        return [5 + rank if j == 0 else 0 for j in range(world)]    # everything to rank 0
+    if case == 2:
+        return [0] * world if rank == 1 else [j + rank for j in range(world)]  # rank 1 sends nothing
+    return [1000 * (j + 1) + 7 * rank for j in range(world)]        # large, uneven
+
+
+def _all_to_all_splits(dtypes):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    row_shapes = [(3,), (), (2, 8), (2,)]  # (2, 8): rows of 16 elements, the 16-aligned path
+    for case in range(4):
+        dtype = dtypes[case % len(dtypes)]
+        splits = _variable_splits(rank, world, case)
+        x = coded((sum(splits), *row_shapes[case]), dtype, rank, case)
+        snapshot = x.clone()
+        got = symmcoll.all_to_all(x, splits=splits)
+        _check(f"all_to_all {dtype} splits {splits} rows {row_shapes[case]} case {case}", got,
+               reference.all_to_all(x, splits=splits), x, snapshot)
+
+
+def test_all_gather(pools, world_size):
+    pools(world_size).run(_all_gather, DTYPES)
+
+
+def test_broadcast(pools, world_size):
+    pools(world_size).run(_broadcast, DTYPES)
+
+
+def test_all_to_all_equal_splits(pools, world_size):
+    pools(world_size).run(_all_to_all_equal, DTYPES)
+
+
+def test_all_to_all_variable_splits(pools, world_size):
+    pools(world_size).run(_all_to_all_splits, [torch.bfloat16, torch.int64, torch.uint8,
+                                               torch.float8_e4m3fn])
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _fallback_and_rejections():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # complex128 (itemsize 16): no kernel; the process group's collective, logged, same result
+    logger = logging.getLogger("symmcoll")
+    records, level = _Records(), logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.DEBUG)
+    try:
+        x = coded((world * 2, 3), torch.complex128, rank, 0)
+        assert_same(symmcoll.all_gather(x), reference.all_gather(x), "all_gather complex128")
+        assert_same(symmcoll.broadcast(x, world - 1), reference.broadcast(x, world - 1),
+                    "broadcast complex128")
+        assert_same(symmcoll.all_to_all(x), reference.all_to_all(x), "all_to_all complex128")
+        splits = _variable_splits(rank, world, 0)
+        x = coded((sum(splits), 2), torch.complex128, rank, 1)
+        assert_same(symmcoll.all_to_all(x, splits=splits), reference.all_to_all(x, splits=splits),
+                    "all_to_all complex128 splits")
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    fallbacks = [m for m in records.messages if "no symmetric-memory kernel" in m]
+    assert len(fallbacks) == 4, records.messages
+
+    # bad input: ValueError naming the argument, before anything is launched
+    dev = device()
+    x = torch.ones(world, 2, device=dev)
+    for fn in (symmcoll.all_gather, lambda t: symmcoll.broadcast(t, 0), symmcoll.all_to_all):
+        with pytest.raises(ValueError, match="contiguous"):
+            fn(torch.ones(2, 2 * world).t())
+        with pytest.raises(ValueError, match="x is on meta"):
+            fn(torch.ones(world, device="meta"))
+    with pytest.raises(ValueError, match="algorithm"):
+        symmcoll.all_gather(x, algorithm="nope")
+    with pytest.raises(ValueError, match="src"):
+        symmcoll.broadcast(x, world)
+    with pytest.raises(ValueError, match="src"):
+        symmcoll.broadcast(x, "0")
+    with pytest.raises(ValueError, match=rf"shape \({world + 1}, 2\)"):
+        symmcoll.all_to_all(torch.ones(world + 1, 2, device=dev))
+    with pytest.raises(ValueError, match="dimension"):
+        symmcoll.all_to_all(torch.tensor(1.0, device=dev))
+    for bad in ([1] * (world + 1), [-1] + [1] * (world - 1), [0] * world, [0.5] * world, 3):
+        with pytest.raises(ValueError, match="splits"):
+            symmcoll.all_to_all(x, splits=bad)
+    # rows of different sizes on different ranks: every rank raises, nobody hangs
+    with pytest.raises(ValueError, match="rows of"):
+        symmcoll.all_to_all(torch.ones(world, 2 + (rank == 0), device=dev), splits=[1] * world)
+
+    # empty: the right shape, nothing moved
+    assert symmcoll.all_gather(torch.ones(0, 3, device=dev)).shape == (0, 3)
+    assert symmcoll.all_gather(torch.ones(2, 0, device=dev)).shape == (2 * world, 0)
+    assert symmcoll.broadcast(torch.ones(0, 3, device=dev), 0).shape == (0, 3)
+    assert symmcoll.all_to_all(torch.ones(0, 3, device=dev)).shape == (0, 3)
+    assert symmcoll.all_to_all(torch.ones(0, 3, device=dev), splits=[0] * world).shape == (0, 3)
+    assert_pads_zero("after rejections")
+
+
+def test_fallback_and_rejections(pools, world_size):
+    pools(world_size).run(_fallback_and_rejections)
+
+
+def _larger_than_workspace():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ws_bytes = 4096
+    for call in range(2):  # every call cut into several pieces (all_to_all: several rounds)
+        x = coded((700, 2), torch.float32, rank, call)
+        snapshot = x.clone()
+        _check(f"chunked all_gather call {call}", symmcoll.all_gather(x), reference.all_gather(x),
+               x, snapshot)
+        x = coded((3 * ws_bytes + 5,), torch.uint8, rank, call)
+        snapshot = x.clone()
+        _check(f"chunked broadcast call {call}", symmcoll.broadcast(x, call % world),
+               reference.broadcast(x, call % world), x, snapshot)
+        x = coded((world * 400, 3), torch.int32, rank, call)
+        snapshot = x.clone()
+        _check(f"chunked all_to_all call {call}", symmcoll.all_to_all(x),
+               reference.all_to_all(x), x, snapshot)
+        # one long chunk, some empty ones: rounds sized by the longest piece that fits; rows of 16
+        # words (call 0: the 16-aligned path) or 1 word
+        splits = [100 if j == (rank + 1 + call) % world else (j * rank) % 3 * 10 for j in range(world)]
+        if call == 1:
+            splits = [16 * n for n in splits]
+        x = coded((sum(splits), 16) if call == 0 else (sum(splits),), torch.int64, rank, call)
+        snapshot = x.clone()
+        _check(f"chunked all_to_all splits {splits} call {call}", symmcoll.all_to_all(x, splits=splits),
+               reference.all_to_all(x, splits=splits), x, snapshot)
+    assert symmcoll.memory.workspaces()[0].buffer_bytes == ws_bytes
+
+
+def test_larger_than_workspace(world_size, monkeypatch):
+    # The workspace size is read when a process creates its first workspace: fresh ranks.
+    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "4096")
+    launch.run(_larger_than_workspace, world_size, device=DEVICE)
+
+
+def test_plan_rounds():
+    from symmcoll.comm.all_to_all import plan_rounds
+
+    def staged(words, piece):
+        return max(sum(min(n, piece) for j, n in enumerate(row) if j != s) for s, row in enumerate(words))
+
+    assert plan_rounds([[0, 5], [7, 0]], 100) == (7, 1)  # everything fits: one round
+    assert plan_rounds([[9, 5], [7, 9]], 12) == (7, 1)   # own chunks are never staged
+    words = [[0, 1000, 10], [5, 0, 0], [0, 0, 0]]
+    piece, rounds = plan_rounds(words, 64)
+    assert staged(words, piece) <= 64 < staged(words, piece + 1) and rounds == -(-1000 // piece)
+    words = [[0, 160, 32], [16, 0, 0], [0, 0, 0]]
+    assert plan_rounds(words, 100, align=16) == (64, 3)
+
+
+# --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------
+
+STRESS_CALLS = int(os.environ.get("SYMMCOLL_STRESS_CALLS", "200"))
+STRESS_DTYPES = [torch.uint8, torch.bfloat16, torch.float32, torch.int64, torch.float8_e4m3fn]
+
+
+def _expected(op, shape, dtype, world, rank, call, src, all_splits):
+    """What ``op`` returns on ``rank``, from every rank's (deterministic) input: no communication."""
+    if op == "all_gather":
+        return torch.cat([coded(shape, dtype, r, call).reshape(-1, *shape[1:]) for r in range(world)])
+    if op == "broadcast":
+        return coded(shape, dtype, src, call)
+    parts = []
+    for s, splits in enumerate(all_splits):
+        x = coded((sum(splits), *shape[1:]), dtype, s, call)
+        start = sum(splits[:rank])
+        parts.append(x[start:start + splits[rank]])
+    return torch.cat(parts)
+
+
+def _stress(calls, seed):
+    rng = random.Random(seed)  # the same sequence on every rank
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wrong = 0
+    for call in range(calls):
+        op = rng.choice(["all_gather", "broadcast", "all_to_all", "all_to_all_splits"])
+        dtype = rng.choice(STRESS_DTYPES)
+        row = rng.choice([1, 3, 16, 4096])
+        rows = max(1, int(2 ** rng.uniform(0, 24)) // (row * dtype.itemsize * world))
+        src = rng.randrange(world)
+        all_splits = [[rows if op == "all_to_all" else rng.randrange(2 * rows) for _ in range(world)]
+                      for _ in range(world)]
+        shape = (sum(all_splits[rank]) if op.startswith("all_to_all") else rows, row)
+        x = coded(shape, dtype, rank, call)
+        if op == "all_gather":
+            got = symmcoll.all_gather(x)
+        elif op == "broadcast":
+            got = symmcoll.broadcast(x, src)
+        else:
+            got = symmcoll.all_to_all(x, splits=all_splits[rank] if op == "all_to_all_splits" else None)
+        want = _expected(op.replace("_splits", ""), shape, dtype, world, rank, call, src, all_splits)
+        wrong += int((got.reshape(-1).view(torch.uint8) != want.reshape(-1).view(torch.uint8)).sum())
+    torch.cuda.synchronize()
+    symmcoll.check()
+    assert_pads_zero("after stress")
+    return wrong
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ws", [2, 4])
+def test_data_movement_gpu_stress(pools, ws):
+    if ws > torch.cuda.device_count():
+        pytest.skip(f"NOT RUN: needs {ws} GPUs")
+    wrong = pools(ws).run(_stress, STRESS_CALLS, 4321 + ws, timeout=900)
+    assert wrong == [0] * ws, wrong
+
+
+def _graph_replay(numel, replays):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = coded((world * numel,), torch.bfloat16, rank, 0)
+    calls = [lambda: symmcoll.all_gather(x), lambda: symmcoll.broadcast(x, world - 1),
+             lambda: symmcoll.all_to_all(x)]
+    for fn in calls:  # workspace + compilation before capture
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [fn() for fn in calls]
+    for replay in range(1, replays + 1):
+        x.copy_(coded((world * numel,), torch.bfloat16, rank, replay))
+        graph.replay()
+        for name, out, want in zip(("all_gather", "broadcast", "all_to_all"), outs,
+                                   (reference.all_gather(x), reference.broadcast(x, world - 1),
+                                    reference.all_to_all(x))):
+            assert_same(out, want, f"{name} graph replay {replay}")
+    assert_pads_zero("after graph replays")
+    return replays
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ws", [2, 4])
+@pytest.mark.parametrize("numel", [1, 4097, 1 << 20])
+def test_data_movement_cuda_graph(pools, ws, numel):
+    if ws > torch.cuda.device_count():
+        pytest.skip(f"NOT RUN: needs {ws} GPUs")
+    assert pools(ws).run(_graph_replay, numel, 10) == [10] * ws
