@@ -4,6 +4,7 @@
                    [--dtype bf16] [--algorithms NAME ...] [--world-size N[,N...]] [--graph | --eager]
                    [-n ITERS] [-w WARMUP] [--out DIR] [--plot]
     symmcoll plot RESULT.json [RESULT.json ...] [--out DIR]
+    symmcoll tune [--world-size N...] [--out FILE]
     symmcoll info
 """
 
@@ -72,7 +73,57 @@ def _info(args: argparse.Namespace) -> int:
                   highlight=False)
     for op, algorithms in symmcoll.ALGORITHMS.items():
         console.print(f"{op}: {', '.join(algorithms)}", highlight=False)
+    _print_dispatch(console)
     return 0
+
+
+def _print_dispatch(console: Console) -> None:
+    from rich.table import Table as RichTable
+
+    from . import dispatch
+    from .bench.sizes import format_size
+
+    table = dispatch.active_table()
+    view = RichTable(title=f"algorithm='auto' dispatch table: {table.source}", title_justify="left")
+    for column in ("op", "world size", "dtype", "up to", "algorithm"):
+        view.add_column(column)
+    for r in sorted(table.rules, key=lambda r: (r.op, r.world_size, r.dtype, r.max_bytes)):
+        view.add_row(r.op, str(r.world_size), r.dtype, format_size(r.max_bytes), r.algorithm)
+    console.print(view)
+    console.print("past the last size of a case its last rule holds; unknown world sizes use the nearest",
+                  highlight=False)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """Benchmark symmcoll's algorithms and the backend here; write the dispatch table they imply."""
+    import tempfile
+
+    from . import dispatch
+    from .bench import results
+    from .bench.driver import BenchOptions, run_bench
+
+    console = _console()
+    with tempfile.TemporaryDirectory() as tmp:
+        options = BenchOptions(
+            ops=OPS, begin=args.minbytes, end=args.maxbytes, factor=None, dtype=args.dtype,
+            algorithms=("symmcoll:*", "nccl", "gloo"),
+            world_sizes=tuple(int(w) for w in _split(args.world_size)) or None,
+            mode=None, iters=None, warmup=None, calls_per_graph=20, seconds_per_case=None,
+            out_dir=Path(tmp), plot=False, device=args.device, link_bytes=16 << 20)
+        status = run_bench(options, console)
+        found = [results.load(p) for p in sorted(Path(tmp).glob("*.json"))]
+    if not found:
+        console.print("[bold red]tune: no results, nothing written[/]")
+        return 1
+    prov = found[0].provenance
+    table = dispatch.table_from_results(
+        found, f"symmcoll tune, {prov.created_utc}, {prov.gpu_name or prov.device_type} x{prov.gpu_count}, "
+               f"{args.dtype}, git {prov.git_sha}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table.to_json() + "\n")
+    console.print(f"dispatch table written: {out} ({len(table.rules)} rules)", highlight=False)
+    return status
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -97,16 +148,18 @@ def _parser() -> argparse.ArgumentParser:
         description="Sweep sizes for each op and implementation; print nccl-tests tables, a comparison "
                     "and the link limit; write one JSON result per world size. Without GPUs it runs in "
                     "CPU mode at small sizes (not performance). Defaults: GPU: world size = visible GPUs, "
-                    "-b 4K -e 256M -f 2, graph mode; CPU: world size 2, -b 1K -e 64K.")
+                    "-b 4K -e 256M -f 2, graph mode; CPU: world size 2, -b 1K -e 64K -f 4.")
     bench.set_defaults(command="bench", handler=_bench)
-    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, "all"], help="collectives (default: all)")
+    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, "all"], metavar="OP",
+                       help=f"collectives: {', '.join(OPS)} or all (default: all)")
     bench.add_argument("-b", "--minbytes", type=_size, default=None, help="smallest size (4K, 1M, ...)")
     bench.add_argument("-e", "--maxbytes", type=_size, default=None, help="largest size")
-    bench.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier (default 2)")
+    bench.add_argument("-f", "--stepfactor", type=float, default=None,
+                       help="size multiplier (default: 2 on GPU, 4 on CPU)")
     bench.add_argument("--dtype", choices=DTYPES, default="bf16")
     bench.add_argument("--algorithms", nargs="+", default=None, metavar="NAME",
-                       help="only these implementations: full names (symmcoll:one_shot, nccl, torch:two_shot), "
-                            "globs (torch:*) or the part after ':' (one_shot)")
+                       help="only these implementations: full names (symmcoll:one_shot, nccl, "
+                            "torch:two_shot), globs (torch:*) or the part after ':' (one_shot)")
     bench.add_argument("--world-size", nargs="+", default=None, metavar="N",
                        help="ranks; several (4,2) run one after the other, one result file each")
     mode = bench.add_mutually_exclusive_group()
@@ -115,12 +168,13 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--eager", dest="mode", action="store_const", const="eager", help="time eager calls")
     bench.set_defaults(mode=None)
     bench.add_argument("-n", "--iters", type=int, default=None,
-                       help="timed samples: graph replays or eager calls (GPU default 50 / 200; CPU 5)")
+                       help="timed samples: graph replays or eager calls (GPU default 50 / 200; CPU 3)")
     bench.add_argument("-w", "--warmup", type=int, default=None, help="untimed samples first")
     bench.add_argument("--calls-per-graph", type=int, default=20, help="calls captured per CUDA graph")
     bench.add_argument("--seconds-per-case", type=float, default=None,
                        help="time budget for one case's timed samples (GPU default 0.5; min 5 samples)")
-    bench.add_argument("--out", default="bench-results", help="directory for result files (default ./bench-results)")
+    bench.add_argument("--out", default="bench-results",
+                       help="directory for result files (default ./bench-results)")
     bench.add_argument("--plot", action="store_true", help="also draw PNGs from the result files")
     bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     bench.add_argument("--link-bytes", type=_size, default=256 << 20,
@@ -131,7 +185,21 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("results", nargs="+", help="result JSON files")
     plot.add_argument("--out", default=None, help="directory for PNGs (default: beside the first result)")
 
-    info = commands.add_parser("info", help="versions, devices, registered algorithms")
+    tune = commands.add_parser(
+        "tune", help="measure every algorithm here and write the algorithm='auto' dispatch table",
+        description="Benchmark symmcoll's algorithms and the backend's collective on this machine "
+                    "(same timing as bench) and write the fastest correct choice per (op, world size, "
+                    "dtype, size) to a table that algorithm='auto' then uses.")
+    tune.set_defaults(command="tune", handler=_tune)
+    tune.add_argument("-b", "--minbytes", type=_size, default=None)
+    tune.add_argument("-e", "--maxbytes", type=_size, default=None)
+    tune.add_argument("--dtype", choices=DTYPES, default="bf16")
+    tune.add_argument("--world-size", nargs="+", default=None, metavar="N")
+    tune.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    from .dispatch import USER_TABLE
+    tune.add_argument("--out", default=str(USER_TABLE), help=f"table file (default {USER_TABLE})")
+
+    info = commands.add_parser("info", help="versions, devices, algorithms, the dispatch table in use")
     info.set_defaults(command="info", handler=_info)
     return parser
 

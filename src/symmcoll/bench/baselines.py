@@ -37,9 +37,11 @@ def _bind_backend_all_reduce(x: torch.Tensor, group) -> Bound:
 
 def _bind_backend_reduce_scatter(x: torch.Tensor, group) -> Bound:
     out = x.new_empty(x.numel() // dist.get_world_size(group))
+    # torch 2.13 renamed reduce_scatter_tensor (and warns on every call); older torch has only that.
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
     def call():
-        dist.reduce_scatter_tensor(out, x, group=group)
+        reduce_scatter(out, x, group=group)
         return out
     return Bound(load=x.copy_, call=call)
 
@@ -66,19 +68,24 @@ _BACKEND_BINDERS = {"all_reduce": _bind_backend_all_reduce, "reduce_scatter": _b
                     "all_gather": _bind_backend_all_gather, "all_to_all": _bind_backend_all_to_all}
 
 
-def torch_symm_mem_implementations(op: str, device: torch.device) -> list[Implementation]:
-    """torch's symmetric-memory ops for ``op`` that this torch has (none off CUDA)."""
+def torch_symm_mem_implementations(op: str, device: torch.device) -> tuple[list[Implementation], list[str]]:
+    """(torch's symmetric-memory ops for ``op`` that this torch has, the names of those it lacks);
+    nothing off CUDA."""
     if device.type != "cuda":
-        return []
+        return [], []
     try:
         import torch.distributed._symmetric_memory  # noqa: F401  (registers torch.ops.symm_mem)
     except ImportError:
-        return []
-    found = []
+        return [], ["torch.distributed._symmetric_memory"]
+    found, missing = [], []
     for name, op_of, symm_op, in_place, binder in _TORCH_SYMM_MEM:
-        if op_of == op and hasattr(torch.ops.symm_mem, symm_op):
+        if op_of != op:
+            continue
+        if hasattr(torch.ops.symm_mem, symm_op):
             found.append(Implementation(f"torch:{name}", op, "torch_symm_mem", in_place, binder))
-    return found
+        else:
+            missing.append(f"torch.ops.symm_mem.{symm_op}")
+    return found, missing
 
 
 def _symmetric_input(x: torch.Tensor, group) -> torch.Tensor:

@@ -9,7 +9,6 @@ equality: no tolerance can hide a misplaced chunk.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from .. import reference
 from .metrics import input_numel
@@ -51,9 +50,3 @@ def count_wrong(got: torch.Tensor, want: torch.Tensor) -> int:
     if g.dtype != w.dtype:
         g, w = g.float(), w.float()
     return int((g != w).sum())
-
-
-def sum_over_ranks(value: int, group, device: torch.device) -> int:
-    total = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(total, group=group)
-    return int(total.item())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +40,7 @@ class MachineDefaults:
 
     begin: int
     end: int
+    factor: float
     warmup: int
     iters: int
     eager_iters: int
@@ -46,11 +48,12 @@ class MachineDefaults:
 
 
 DEFAULTS = {
-    # Small and few: the whole default CPU run takes seconds on two cores.
-    "cpu": MachineDefaults(begin=1 << 10, end=64 << 10, warmup=1, iters=5, eager_iters=5, seconds_per_case=60),
+    # Small and few: every op and algorithm in well under a minute on two cores.
+    "cpu": MachineDefaults(begin=1 << 10, end=64 << 10, factor=4, warmup=1, iters=3, eager_iters=3,
+                           seconds_per_case=60),
     # 50 replays of 20 calls, or what fits in half a second: 4K..256M of every op at two world sizes
     # stays within a few minutes.
-    "cuda": MachineDefaults(begin=4 << 10, end=256 << 20, warmup=3, iters=50, eager_iters=200,
+    "cuda": MachineDefaults(begin=4 << 10, end=256 << 20, factor=2, warmup=3, iters=50, eager_iters=200,
                             seconds_per_case=0.5),
 }
 
@@ -62,7 +65,7 @@ class BenchOptions:
     ops: tuple[str, ...]
     begin: int | None
     end: int | None
-    factor: float
+    factor: float | None
     dtype: str
     algorithms: tuple[str, ...] | None
     world_sizes: tuple[int, ...] | None
@@ -100,7 +103,7 @@ def timing_plan(options: BenchOptions, device_type: str) -> TimingPlan:
 
 def sweep_sizes(options: BenchOptions, device_type: str) -> list[int]:
     d = DEFAULTS[device_type]
-    return size_sweep(options.begin or d.begin, options.end or d.end, options.factor)
+    return size_sweep(options.begin or d.begin, options.end or d.end, options.factor or d.factor)
 
 
 def selected(name: str, patterns: tuple[str, ...] | None) -> bool:
@@ -114,33 +117,42 @@ def selected(name: str, patterns: tuple[str, ...] | None) -> bool:
 def run_bench(options: BenchOptions, console: Console) -> int:
     """Run the benchmark; returns the exit status (1 if a symmcoll implementation failed or was wrong,
     or the run was cut short)."""
-    runner = _torchrun_runner(options, console)
-    if runner is not None:
-        return _finish([_sweep(runner, options, console)], options, console, runner.is_writer)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        import torch.distributed as dist
+        started_here = not dist.is_initialized()
+        runner = _torchrun_runner(options, console)
+        if runner is not None:
+            try:
+                return _finish([_sweep(runner, options, console)], options, console, runner.is_writer)
+            finally:
+                if started_here:
+                    dist.destroy_process_group()
     device_type = default_device_type() if options.device == "auto" else options.device
     if device_type == "cuda":
         import torch
         world_sizes = options.world_sizes or (torch.cuda.device_count(),)
     else:
         world_sizes = options.world_sizes or (2,)
-    done = []
+    done, could_not_start = [], False
     for world_size in world_sizes:
         try:
             with RankPool(world_size, device=device_type) as pool:
-                runner = Runner(lambda fn, *args, _pool=pool: _pool.run(fn, *args, timeout=600)[0],
-                                world_size, device_type, "pool", True)
+                runner = Runner(partial(_rank0_answer, pool), world_size, device_type, "pool", True)
                 done.append(_sweep(runner, options, console))
-        except (RankError, LaunchTimeout, ValueError) as exc:
+        except (RankError, LaunchTimeout, ValueError) as exc:  # ranks did not start: try the next size
             console.print(f"[bold red]world size {world_size}: {exc}[/]")
-            _finish(done, options, console, True)
-            return 1
-    return _finish(done, options, console, True)
+            could_not_start = True
+    return max(_finish(done, options, console, True), int(could_not_start))
+
+
+def _rank0_answer(pool: RankPool, fn: Callable, *args):
+    # A case is seconds at most; ten minutes means a rank hangs, and the pool then names it.
+    return pool.run(fn, *args, timeout=600)[0]
 
 
 def _torchrun_runner(options: BenchOptions, console: Console) -> Runner | None:
-    """A runner over torchrun's ranks when started by torchrun (RANK and WORLD_SIZE set)."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return None
+    """A runner over torchrun's ranks (RANK and WORLD_SIZE are set); None if torch.distributed cannot
+    start from that environment."""
     import torch
     import torch.distributed as dist
 

@@ -55,9 +55,14 @@ class Implementation:
 
 
 def symmcoll_implementations(op: str) -> list[Implementation]:
-    """Every entry of ``symmcoll.ALGORITHMS[op]`` (empty if the op is not registered yet)."""
-    return [Implementation(f"symmcoll:{name}", op, "symmcoll", False, _symmcoll_binder(op, fn))
-            for name, fn in symmcoll.ALGORITHMS.get(op, {}).items()]
+    """Every entry of ``symmcoll.ALGORITHMS[op]`` (empty if the op is not registered yet), then
+    "symmcoll:auto": the public function with ``algorithm="auto"``, i.e. what users get."""
+    impls = [Implementation(f"symmcoll:{name}", op, "symmcoll", False, _symmcoll_binder(op, fn))
+             for name, fn in symmcoll.ALGORITHMS.get(op, {}).items()]
+    public = getattr(symmcoll, op, None)
+    if impls and public is not None:
+        impls.append(Implementation("symmcoll:auto", op, "symmcoll", False, _symmcoll_binder(op, public)))
+    return impls
 
 
 def _symmcoll_binder(op: str, fn: Callable) -> Callable[[torch.Tensor, object], Bound]:

@@ -9,6 +9,8 @@ from pathlib import Path
 from .results import BenchResult, load
 from .sizes import format_size
 
+LINE_STYLES = ("-", "--", ":", "-.")
+
 
 def plot_files(paths: list[str | Path], out_dir: str | Path | None = None) -> list[Path]:
     """One PNG per op found in the result files; returns the paths written."""
@@ -25,27 +27,34 @@ def plot_results(results: list[BenchResult], out_dir: Path, prefix: str) -> list
     import matplotlib
     matplotlib.use("Agg")  # files only: no display on GPU hosts or CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     out_dir.mkdir(parents=True, exist_ok=True)
     ops = list(dict.fromkeys(op for r in results for op in r.ops()))
-    several_worlds = len({r.config.world_size for r in results}) > 1 or len(results) > 1
+    several = len(results) > 1
     written = []
     for op in ops:
         fig, (latency, busbw) = plt.subplots(1, 2, figsize=(13, 5))
-        for result in results:
-            suffix = f" (ws{result.config.world_size})" if several_worlds else ""
+        # One colour per implementation and one line style per run, so ws4 and ws2 of the same
+        # implementation read as a pair.
+        names = list(dict.fromkeys(name for r in results for name in r.implementations(op)))
+        colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
+        for index, result in enumerate(results):
+            suffix = f" (ws{result.config.world_size})" if several else ""
+            style = LINE_STYLES[index % len(LINE_STYLES)]
             for name in result.implementations(op):
-                _draw(latency, busbw, result.rows(op, name), name + suffix)
+                _draw(latency, busbw, result.rows(op, name), name + suffix, colours[name], style)
             bound = result.link.bound_gbps if result.link else None
             if bound:
-                busbw.axhline(bound, linestyle="--", color="gray", linewidth=1)
-                busbw.annotate(f"link {bound:.0f} GB/s{suffix}", (0.01, bound), xycoords=("axes fraction", "data"),
-                               fontsize=8, color="gray", va="bottom")
+                busbw.axhline(bound, linestyle=style, color="gray", linewidth=1)
+                busbw.annotate(f"link {bound:.0f} GB/s{suffix}", (0.01 + 0.3 * index, bound),
+                               xycoords=("axes fraction", "data"), fontsize=8, color="gray", va="bottom")
         first = results[0]
         fig.suptitle(f"{op}: {first.config.dtype}, {first.config.plan.mode}, "
                      f"{first.provenance.gpu_name or 'CPU (interpreter: not performance)'}")
         latency.set(xscale="log", yscale="log", xlabel="size (bytes, see convention)",
                     ylabel="time per call (us)")
+        latency.yaxis.set_major_formatter(ScalarFormatter())  # 12.5 rather than 10^1 alone
         busbw.set(xscale="log", xlabel="size (bytes, see convention)", ylabel="busbw (GB/s)")
         for ax in (latency, busbw):
             ax.grid(True, which="both", alpha=0.3)
@@ -59,14 +68,14 @@ def plot_results(results: list[BenchResult], out_dir: Path, prefix: str) -> list
     return written
 
 
-def _draw(latency, busbw, rows, label: str) -> None:
+def _draw(latency, busbw, rows, label: str, colour, style: str) -> None:
     good = [m for m in rows if m.ok]
     bad = [m for m in rows if not m.ok and m.median_us is not None]
     if good:
-        line, = latency.plot([m.size_bytes for m in good], [m.median_us for m in good], marker="o",
-                             markersize=3, label=label)
-        busbw.plot([m.size_bytes for m in good], [m.busbw_gbps for m in good], marker="o", markersize=3,
-                   label=label, color=line.get_color())
+        sizes = [m.size_bytes for m in good]
+        line = dict(marker="o", markersize=3, label=label, color=colour, linestyle=style)
+        latency.plot(sizes, [m.median_us for m in good], **line)
+        busbw.plot(sizes, [m.busbw_gbps for m in good], **line)
     if bad:
         latency.scatter([m.size_bytes for m in bad], [m.median_us for m in bad], marker="x", color="red",
                         label=f"{label}: wrong")

@@ -43,8 +43,9 @@ def nccl_version() -> str | None:
     return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
 
 
-def collect(group=None) -> Provenance:
-    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+def collect(device_type: str) -> Provenance:
+    """Provenance of a run whose ranks compute on ``device_type`` ("cuda" | "cpu")."""
+    on_gpu = device_type == "cuda"
     return Provenance(
         git_sha=git_sha(),
         symmcoll_version=symmcoll.__version__,
@@ -56,6 +57,6 @@ def collect(group=None) -> Provenance:
         device_type="cuda" if on_gpu else "cpu",
         gpu_name=torch.cuda.get_device_name() if on_gpu else None,
         gpu_count=torch.cuda.device_count() if on_gpu else 0,
-        backend=str(dist.get_backend(group)).lower() if dist.is_initialized() else "none",
+        backend=str(dist.get_backend()).lower() if dist.is_initialized() else "none",
         created_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )

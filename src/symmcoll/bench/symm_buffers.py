@@ -15,7 +15,8 @@ import torch
 _ALLOCATIONS: dict[tuple[str, str], list[tuple[torch.Tensor, object]]] = {}
 
 
-def symmetric_view(group, device: torch.device, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, object]:
+def symmetric_view(group, device: torch.device, numel: int,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, object]:
     """(a tensor of ``numel`` ``dtype`` at offset 0 of a symmetric allocation, its handle).
 
     Collective when it has to allocate: every rank must ask for the same size at the same time."""

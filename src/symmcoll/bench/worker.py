@@ -3,9 +3,10 @@
 All three are collective (every rank calls them together, through ``RankPool.run`` or in-process under
 torchrun) and return the same answer on every rank, so the caller may read rank 0's.
 
-A case goes through stages (bind, check before timing, timing, check after timing). A failure in any
-rank ends the case on all ranks at the next stage boundary (the ranks agree on it with an
-all-gather), so one broken implementation is reported as such and the sweep goes on with the next.
+A case goes through stages: bind, check before timing (fresh rank-coded data against the oracle),
+timing, check after timing (fresh data again, eagerly and through a replay of the timed graph). A
+failure in any rank ends the case on all ranks at the next stage boundary (the ranks agree on it with
+an all-gather), so one broken implementation is reported as such and the sweep goes on with the next.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ class RankInfo:
 
 
 def _device() -> torch.device:
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+    """Where this rank's tensors live: its GPU under NCCL, the CPU under gloo (also on a GPU host)."""
+    if "nccl" in str(dist.get_backend()).lower():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 _REGISTRY: dict[str, dict[str, Implementation]] = {}
+_MISSING_TORCH_OPS: dict[str, list[str]] = {}
 
 
 def implementations(op: str) -> dict[str, Implementation]:
@@ -52,8 +55,8 @@ def implementations(op: str) -> dict[str, Implementation]:
         if not symmcoll.ALGORITHMS.get(op):
             _REGISTRY[op] = {}
         else:
-            found = [backend_implementation(op, dist.group.WORLD),
-                     *torch_symm_mem_implementations(op, _device()), *symmcoll_implementations(op)]
+            torch_ops, _MISSING_TORCH_OPS[op] = torch_symm_mem_implementations(op, _device())
+            found = [backend_implementation(op, dist.group.WORLD), *torch_ops, *symmcoll_implementations(op)]
             _REGISTRY[op] = {impl.name: impl for impl in found}
     return _REGISTRY[op]
 
@@ -66,79 +69,117 @@ def describe(ops: tuple[str, ...]) -> RankInfo:
         if not impls:
             notes.append(f"{op}: not in symmcoll.ALGORITHMS yet; skipped")
             continue
+        if _MISSING_TORCH_OPS.get(op):
+            notes.append(f"{op}: this torch lacks {', '.join(_MISSING_TORCH_OPS[op])}; not compared")
         if not checks.has_reference(op):
             notes.append(f"{op}: symmcoll.reference.{op} is missing; results are NOT checked")
         found[op] = tuple((impl.name, impl.family) for impl in impls.values())
-    return RankInfo(provenance.collect(), dist.get_world_size(), found, tuple(notes))
+    return RankInfo(provenance.collect(_device().type), dist.get_world_size(), found, tuple(notes))
 
 
 class _Stages:
-    """Runs the stages of one case on this rank; after each, the ranks agree whether any failed."""
+    """The stages of one case on this rank. After each stage the ranks exchange (error, value) in one
+    all-gather, so they agree on whether any failed and every later collective is reached by all ranks
+    or by none. Inside a stage, collectives that cannot fail on one rank alone (the oracle) come before
+    anything that can (the implementation, ``symmcoll.check``)."""
 
     def __init__(self, group):
         self.group = group
         self.error: str | None = None
 
-    def run(self, stage: str, fn: Callable[[], object]):
+    def run(self, stage: str, fn: Callable[[], object], share: bool = False):
+        """``fn()`` on this rank: its value, or with ``share`` every rank's value in rank order (it must
+        pickle); None once any rank has failed a stage."""
         if self.error is not None:
             return None
-        local = None
+        value, local_error = None, None
         try:
             value = fn()
         except Exception as exc:  # noqa: BLE001 - reported in the result row, the sweep goes on
-            value, local = None, f"rank {dist.get_rank()}: {stage}: {type(exc).__name__}: {exc}"
-        errors = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(errors, local, group=self.group)
-        self.error = next((e for e in errors if e is not None), None)
-        return value if self.error is None else None
+            local_error = f"rank {dist.get_rank()}: {stage}: {type(exc).__name__}: {exc}"
+        gathered = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, (local_error, value if share else None), group=self.group)
+        self.error = next((error for error, _ in gathered if error is not None), None)
+        if self.error is not None:
+            return None
+        return [v for _, v in gathered] if share else value
 
 
 def run_case(case: Case) -> Measurement:
     group = dist.group.WORLD
     device = _device()
     impl = implementations(case.op)[case.implementation]
-    dtype = checks.TORCH_DTYPES[case.dtype]
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
     stages = _Stages(group)
     checked = checks.has_reference(case.op)
+    inputs = _Inputs(case, group, device)
 
-    bound = stages.run("bind", lambda: impl.bind(
-        checks.coded_input(case.op, case.count, dtype, rank, world, 0, device), group))
-    wrong_before = stages.run("check before timing",
-                              lambda: _wrong_after_call(case, bound, 0, group, device) if checked else None)
+    bound = stages.run("bind", lambda: impl.bind(inputs.coded(0), group))
+    wrong_before = stages.run("check before timing", share=True,
+                              fn=lambda: _wrong_in_call(bound, inputs, 1) if checked else None)
     timing, note, captured = stages.run("timing", lambda: _time(bound, case, group, device)) or (None,) * 3
-    wrong_after = stages.run("check after timing",
-                             lambda: _check_after(case, impl, bound, captured, group, device) if checked else None)
+    replay_check = captured is not None and not impl.in_place
+    wrong_after = stages.run("check after timing", share=True,
+                             fn=lambda: _check_after(bound, inputs, captured if replay_check else None)
+                             if checked else None)
     del captured
     if stages.error is not None:
         symmcoll.reset()  # a timed-out kernel leaves workspaces inconsistent; rebuilt on next use
-    return _measurement(case, impl, timing, wrong_before, wrong_after, stages.error, note, group)
+    summaries = [None] * dist.get_world_size(group)  # every rank gets here with timing on all or none
+    dist.all_gather_object(summaries, summarize(timing.samples_us) if timing else None, group=group)
+    return _measurement(case, impl, timing, summaries, _total(wrong_before), _total(wrong_after),
+                        stages.error, note, dist.get_world_size(group))
 
 
-def _wrong_after_call(case: Case, bound, call_index: int, group, device) -> int:
-    x = checks.coded_input(case.op, case.count, checks.TORCH_DTYPES[case.dtype], dist.get_rank(group),
-                           dist.get_world_size(group), call_index, device)
-    want = checks.expected(case.op, x, group)
+class _Inputs:
+    """Rank-coded inputs of a case; call index k gives different data for every k."""
+
+    def __init__(self, case: Case, group, device: torch.device):
+        self.case, self.group, self.device = case, group, device
+
+    def coded(self, call_index: int) -> torch.Tensor:
+        return checks.coded_input(self.case.op, self.case.count, checks.TORCH_DTYPES[self.case.dtype],
+                                  dist.get_rank(self.group), dist.get_world_size(self.group), call_index,
+                                  self.device)
+
+    def with_expected(self, call_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, the oracle's output); collective."""
+        x = self.coded(call_index)
+        return x, checks.expected(self.case.op, x, self.group)
+
+
+def _wrong_in_call(bound, inputs: _Inputs, call_index: int) -> int:
+    x, want = inputs.with_expected(call_index)
     bound.load(x)
     got = bound.call()
-    _synchronize(device)
-    symmcoll.check(group)
-    return checks.sum_over_ranks(checks.count_wrong(got, want), group, device)
+    _synchronize(inputs.device)
+    symmcoll.check()
+    return checks.count_wrong(got, want)
 
 
-def _check_after(case: Case, impl: Implementation, bound, captured, group, device) -> int:
-    """Fresh data through an eager call, then (out-of-place ops in graph mode) through a replay."""
-    wrong = _wrong_after_call(case, bound, 1, group, device)
-    if captured is not None and not impl.in_place:
-        x = checks.coded_input(case.op, case.count, checks.TORCH_DTYPES[case.dtype], dist.get_rank(group),
-                               dist.get_world_size(group), 2, device)
-        want = checks.expected(case.op, x, group)
-        bound.load(x)
+def _check_after(bound, inputs: _Inputs, captured: CapturedCalls | None) -> int:
+    """Fresh data through an eager call, then (out-of-place ops in graph mode) through a replay of the
+    timed graph. Both oracle answers are computed first: a failure cannot skip a collective."""
+    x_eager, want_eager = inputs.with_expected(2)
+    x_replay, want_replay = inputs.with_expected(3) if captured is not None else (None, None)
+    bound.load(x_eager)
+    got = bound.call()
+    _synchronize(inputs.device)
+    symmcoll.check()
+    wrong = checks.count_wrong(got, want_eager)
+    if captured is not None:
+        bound.load(x_replay)
         captured.replay()
-        _synchronize(device)
-        symmcoll.check(group)
-        wrong += checks.sum_over_ranks(checks.count_wrong(captured.output, want), group, device)
+        _synchronize(inputs.device)
+        symmcoll.check()
+        wrong += checks.count_wrong(captured.output, want_replay)
     return wrong
+
+
+def _total(per_rank: list | None) -> int | None:
+    """#wrong summed over ranks; None if unchecked or the stage failed."""
+    if per_rank is None or any(v is None for v in per_rank):
+        return None
+    return sum(per_rank)
 
 
 def _time(bound, case: Case, group, device) -> tuple[Timing, str | None, CapturedCalls | None]:
@@ -166,14 +207,11 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _measurement(case: Case, impl: Implementation, timing: Timing | None, wrong_before, wrong_after,
-                 error: str | None, note: str | None, group) -> Measurement:
-    world = dist.get_world_size(group)
-    rows = [None] * world
-    mine = summarize(timing.samples_us) if timing is not None else None
-    dist.all_gather_object(rows, mine, group=group)
-    medians = tuple(r.median_us for r in rows if r is not None)
-    slowest = max((r for r in rows if r is not None), key=lambda r: r.median_us, default=None)
+def _measurement(case: Case, impl: Implementation, timing: Timing | None, summaries: list, wrong_before,
+                 wrong_after, error: str | None, note: str | None, world: int) -> Measurement:
+    timed = [r for r in summaries if r is not None]
+    medians = tuple(r.median_us for r in timed)
+    slowest = max(timed, key=lambda r: r.median_us, default=None)
     bw = bandwidth(case.op, case.size_bytes, world, slowest.median_us) if slowest else None
     wrong = None if wrong_before is None or wrong_after is None else wrong_before + wrong_after
     if wrong is None and error is None:

@@ -1,0 +1,256 @@
+"""The benchmark harness: sizes, busbw factors, table layout, the result file, plots, and a real CPU run
+of ``python -m symmcoll bench`` at world size 2."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+import symmcoll
+from symmcoll.bench import checks, results
+from symmcoll.bench.driver import selected
+from symmcoll.bench.metrics import OPS, bandwidth, busbw_factor, count_for, link_percent, summarize
+from symmcoll.bench.plan import TimingPlan
+from symmcoll.bench.plot import plot_files
+from symmcoll.bench.report import comparison_table, implementation_table
+from symmcoll.bench.sizes import format_size, parse_size, size_sweep
+
+import rank_checks
+
+# --- sizes -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, nbytes", [("4096", 4096), ("4K", 4 << 10), ("4k", 4 << 10),
+                                          ("256M", 256 << 20), ("1G", 1 << 30), ("1.5K", 1536),
+                                          ("4KB", 4 << 10), ("4KiB", 4 << 10)])
+def test_parse_size(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "K", "4X", "-4K", "0", "0.3"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_format_size_and_sweep():
+    assert [format_size(n) for n in (1000, 1024, 3 << 20, 1 << 30, 1536)] == \
+        ["1000", "1K", "3M", "1G", "1536"]
+    assert size_sweep(4 << 10, 32 << 10, 2) == [4096, 8192, 16384, 32768]
+    assert size_sweep(1 << 10, 1 << 20, 32) == [1 << 10, 32 << 10, 1 << 20]
+    assert size_sweep(1000, 1000, 2) == [1000]
+    with pytest.raises(ValueError):
+        size_sweep(8, 4, 2)
+
+
+# --- metrics -----------------------------------------------------------------------------------------
+
+# Written out, not computed: all_reduce 2(n-1)/n, the other three (n-1)/n (nccl-tests).
+BUSBW_FACTORS = {
+    "all_reduce": {2: 1.0, 4: 1.5, 8: 1.75},
+    "reduce_scatter": {2: 0.5, 4: 0.75, 8: 0.875},
+    "all_gather": {2: 0.5, 4: 0.75, 8: 0.875},
+    "all_to_all": {2: 0.5, 4: 0.75, 8: 0.875},
+}
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("op", OPS)
+def test_busbw_factor(op, world):
+    assert busbw_factor(op, world) == pytest.approx(BUSBW_FACTORS[op][world])
+
+
+@pytest.mark.parametrize("op, algbw_gbps", [("all_reduce", 10.0), ("all_to_all", 10.0),
+                                             ("all_gather", 40.0), ("reduce_scatter", 40.0)])
+def test_bandwidth_uses_nccl_tests_bytes(op, algbw_gbps):
+    # 1e6 bytes per rank in 100 us at 4 ranks; AG/RS count the whole gathered/scattered tensor.
+    bw = bandwidth(op, 1_000_000, 4, 100.0)
+    assert bw.algbw_gbps == pytest.approx(algbw_gbps)
+    assert bw.busbw_gbps == pytest.approx(algbw_gbps * BUSBW_FACTORS[op][4])
+    assert link_percent(bw.busbw_gbps, bw.busbw_gbps * 2) == pytest.approx(50.0)
+
+
+def test_count_and_summary():
+    assert count_for("all_to_all", 1000, 2, 3) == 498  # equal splits need a multiple of the world size
+    assert count_for("all_gather", 1000, 2, 3) == 500
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s.median_us, s.p20_us, s.p80_us) == pytest.approx((3.0, 1.8, 4.2))
+
+
+def test_rank_coded_matches_the_tests_recipe_and_counts_wrong():
+    ours = checks.rank_coded(30011, torch.float32, 3, 2, torch.device("cpu"))
+    assert torch.equal(ours, rank_checks.rank_coded(30011, torch.float32, 3, 2))
+    broken = ours.clone()
+    broken[[5, 20000]] += 1
+    assert checks.count_wrong(broken, ours) == 2
+    assert checks.count_wrong(ours[:10], ours) == 30011
+
+
+def test_algorithms_filter():
+    assert selected("symmcoll:one_shot", None)
+    assert selected("symmcoll:one_shot", ("one_shot",))
+    assert selected("torch:two_shot", ("torch:*",))
+    assert not selected("nccl", ("torch:*", "one_shot"))
+
+
+# --- a synthetic result --------------------------------------------------------------------------------
+
+PLAN = TimingPlan(mode="graph", warmup=3, iters=50, min_iters=5, calls_per_graph=20, seconds_per_case=0.5)
+SIZES = (4096, 1 << 20)
+# (implementation, family) -> time per call in us at each size; symmcoll:bad gives wrong results.
+TIMES = {("nccl", "backend"): (12.0, 40.0), ("torch:one_shot", "torch_symm_mem"): (7.0, 30.0),
+         ("symmcoll:one_shot", "symmcoll"): (6.0, 32.0), ("symmcoll:bad", "symmcoll"): (1.0, 1.0)}
+
+
+def _measurement(name, family, size, time_us, wrong):
+    bw = bandwidth("all_reduce", size, 4, time_us)
+    return results.Measurement(
+        op="all_reduce", implementation=name, family=family, size_bytes=size, count=size // 2, dtype="bf16",
+        timing="graph", calls_per_sample=20, samples=50, median_us=time_us, p20_us=time_us * 0.99,
+        p80_us=time_us * 1.01, per_rank_median_us=(time_us, time_us * 0.98, time_us * 0.97, time_us * 0.99),
+        algbw_gbps=bw.algbw_gbps, busbw_gbps=bw.busbw_gbps, link_percent=link_percent(bw.busbw_gbps, 360.0),
+        wrong_before=wrong, wrong_after=0, wrong=wrong, error=None, note=None)
+
+
+def synthetic_result() -> results.BenchResult:
+    rows = [_measurement(name, family, size, times[i], 7 if name == "symmcoll:bad" else 0)
+            for (name, family), times in TIMES.items() for i, size in enumerate(SIZES)]
+    provenance = results.Provenance(
+        git_sha="0123456789abcdef", symmcoll_version="0.1.0", torch_version="2.11.0", triton_version="3.6.0",
+        nccl_version="2.28.9", python_version="3.12.3", hostname="h", device_type="cuda",
+        gpu_name="NVIDIA H200", gpu_count=4, backend="nccl", created_utc="2026-01-01T00:00:00Z")
+    config = results.RunConfig(ops=("all_reduce",), sizes=SIZES, dtype="bf16", world_size=4, plan=PLAN,
+                               algorithms=None, launcher="pool")
+    link = results.LinkLimit(bytes=256 << 20, copy_engine_gbps=360.0, sm_pull_gbps=310.0, note=None)
+    return results.BenchResult(results.SCHEMA, provenance, config, link, tuple(rows), ("a note",))
+
+
+def _render(table) -> str:
+    console = Console(width=250, record=True, file=open(os.devnull, "w"))
+    console.print(table)
+    return console.export_text()
+
+
+def test_implementation_table_layout():
+    text = _render(implementation_table(synthetic_result(), "all_reduce", "symmcoll:one_shot"))
+    header = next(line for line in text.splitlines() if "size" in line and "#wrong" in line)
+    for column in ("size", "count", "type", "redop", "time (us)", "p20-p80 (us)", "algbw (GB/s)",
+                   "busbw (GB/s)", "% link", "#wrong"):
+        assert column in header
+    assert "2(n-1)/n" in text  # the convention is stated with the table
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["4K"], ["1M"])]
+    assert rows == [
+        ["4K", "2048", "bf16", "sum", "6.00", "5.94-6.06", "0.68", "1.02", "0.3", "0"],
+        ["1M", "524288", "bf16", "sum", "32.00", "31.68-32.32", "32.77", "49.15", "13.7", "0"],
+    ]
+
+
+def test_comparison_table_flags_wrong_and_picks_the_best_correct():
+    text = _render(comparison_table(synthetic_result(), "all_reduce"))
+    header = next(line for line in text.splitlines() if line.split()[:1] == ["size"])
+    assert header.split()[1:5] == ["nccl", "torch:one_shot", "symmcoll:one_shot", "symmcoll:bad"]
+    rows = {line.split()[0]: line.split() for line in text.splitlines()
+            if line.split()[:1] in (["4K"], ["1M"])}
+    # 4K: symmcoll:bad (1.00 us) is wrong, so the best is symmcoll:one_shot: 12/6 over NCCL, 7/6 over torch.
+    assert rows["4K"] == ["4K", "12.00", "7.00", "6.00", "1.00", "WRONG",
+                          "symmcoll:one_shot", "2.00x", "1.17x", "0.3"]
+    # 1M: torch one-shot is best; symmcoll's best against it is 30/32.
+    assert rows["1M"][6:] == ["torch:one_shot", "1.33x", "0.94x", "14.6"]
+
+
+# --- result file and plots -------------------------------------------------------------------------------
+
+
+def test_result_round_trip(tmp_path):
+    result = synthetic_result()
+    path = results.write(result, tmp_path / results.default_filename(result))
+    assert path.name == "20260101-000000-h200-ws4-graph-bf16.json"
+    loaded = results.load(path)
+    assert loaded == result
+    assert isinstance(loaded.measurements[0].per_rank_median_us, tuple)
+    data = json.loads(path.read_text())
+    assert data["provenance"]["git_sha"] == "0123456789abcdef"
+    assert data["measurements"][0]["wrong"] == 0 and data["config"]["plan"]["mode"] == "graph"
+    data["schema"] = "something else"
+    with pytest.raises(ValueError, match="schema"):
+        results.from_dict(data)
+
+
+def test_plot_from_stored_result(tmp_path):
+    path = results.write(synthetic_result(), tmp_path / "run.json")
+    written = plot_files([path], tmp_path / "plots")
+    assert written == [tmp_path / "plots" / "run-all_reduce.png"]
+    assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and written[0].stat().st_size > 10_000
+
+
+# --- the real command, CPU mode ------------------------------------------------------------------------
+
+
+def test_bench_cli_cpu_end_to_end(tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "symmcoll", "bench", "--op", "all_reduce", "-b", "1K", "-e", "4K", "-f", "2",
+           "--world-size", "2", "-n", "2", "-w", "0", "--out", str(tmp_path), "--plot"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "NOT performance" in out
+    # Rows of the per-implementation tables: size count type redop time p20-p80 algbw busbw %link #wrong
+    headers = [line for line in out.splitlines() if "#wrong" in line]
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+K\s+\d+\s+bf16\s", line)]
+    implementations = 2 + len(symmcoll.ALGORITHMS["all_reduce"])  # gloo + symmcoll's + symmcoll:auto
+    assert len(headers) == implementations
+    assert len(rows) == 3 * implementations
+    assert all(row[9] == "0" for row in rows), out
+
+    files = list(Path(tmp_path).glob("*.json"))
+    assert len(files) == 1
+    result = results.load(files[0])
+    assert result.config.world_size == 2 and result.provenance.backend == "gloo"
+    assert len(result.measurements) == 3 * implementations
+    assert all(m.wrong == 0 and m.median_us > 0 and len(m.per_rank_median_us) == 2
+               for m in result.measurements)
+    assert {m.implementation for m in result.measurements} == {
+        "gloo", *(f"symmcoll:{name}" for name in symmcoll.ALGORITHMS["all_reduce"])}
+    assert list(Path(tmp_path).glob("*-all_reduce.png"))
+
+
+# --- failures stay inside their row ------------------------------------------------------------------
+
+
+def _broken_implementations_then_a_good_one():
+    import torch.distributed as dist
+
+    from symmcoll.bench import worker
+    from symmcoll.bench.impls import Bound, Implementation
+    from symmcoll.bench.plan import Case
+
+    def bind_identity(x, group):  # returns its input: wrong wherever the other rank's value is not 0
+        return Bound(load=x.copy_, call=lambda: x.clone())
+
+    def bind_failing_on_rank1(x, group):
+        def call():
+            if dist.get_rank() == 1:
+                raise RuntimeError("deliberate failure")
+            return x.clone()
+        return Bound(load=x.copy_, call=call)
+
+    registry = worker.implementations("all_reduce")
+    for name, bind in (("test:identity", bind_identity), ("test:fails", bind_failing_on_rank1)):
+        registry[name] = Implementation(name, "all_reduce", "symmcoll", False, bind)
+    plan = TimingPlan(mode="cpu", warmup=0, iters=2, min_iters=1, calls_per_graph=1, seconds_per_case=60)
+    return [worker.run_case(Case("all_reduce", name, 2048, 1024, "bf16", plan))
+            for name in ("test:identity", "test:fails", "gloo")]
+
+
+def test_wrong_and_failing_implementations_are_reported_and_the_sweep_goes_on(pools):
+    identity, fails, gloo = pools(2).run(_broken_implementations_then_a_good_one)[0]
+    assert identity.error is None and identity.median_us is not None
+    assert identity.wrong_before > 1000 and identity.wrong_after > 1000 and not identity.ok
+    assert fails.median_us is None and "rank 1: check before timing: RuntimeError: deliberate" in fails.error
+    assert gloo.ok and len(gloo.per_rank_median_us) == 2
