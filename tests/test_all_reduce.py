@@ -72,3 +72,23 @@ def _rejects_bad_input():
 
 def test_all_reduce_rejects_bad_input(pools):
     pools(2).run(_rejects_bad_input)
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+def test_double_binary_tree_shape(world):
+    from symmcoll.comm.all_reduce_tree import double_binary_tree
+    trees = double_binary_tree(world)
+    inner = []
+    for parent, children in trees:
+        roots = [r for r in range(world) if parent[r] < 0]
+        assert len(roots) == 1
+        assert all(len(c) <= 2 for c in children)
+        for r in range(world):  # every rank reaches the root: one tree over all ranks
+            seen, v = set(), r
+            while parent[v] >= 0:
+                assert v not in seen
+                seen.add(v)
+                v = parent[v]
+            assert v == roots[0]
+        inner.append({r for r in range(world) if children[r]})
+    assert not inner[0] & inner[1], "a rank is an inner node of both trees"

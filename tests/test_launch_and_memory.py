@@ -12,6 +12,7 @@ from symmcoll import launch
 from symmcoll.memory import SymmcollTimeoutError
 from symmcoll.memory.emulated import leftover_files, shm_prefix
 
+import rank_checks
 from conftest import DEVICE
 
 
@@ -82,14 +83,16 @@ def test_shm_files_gone_after_mapping_and_after_crash():
         not p.startswith(f"/dev/shm/symmcoll-{os.getpid()}-") for p in leftover_files("symmcoll-"))
 
 
-def _absent_peer(absent_rank):
+def _absent_peer(absent_rank, algorithm):
     os.environ["SYMMCOLL_TIMEOUT_S"] = "1"
-    symmcoll.get_workspace()  # creating the workspace is collective: everybody does that
+    x = torch.ones(100, device=rank_checks.device())
+    # A first call together: workspaces and algorithm state are created collectively.
+    symmcoll.all_reduce(x, algorithm=algorithm)
     if dist.get_rank() == absent_rank:
         return None
     t0 = time.monotonic()
     try:
-        symmcoll.all_reduce(torch.ones(100, device=symmcoll.get_workspace().device))
+        symmcoll.all_reduce(x, algorithm=algorithm)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         symmcoll.check()
@@ -98,12 +101,13 @@ def _absent_peer(absent_rank):
     return "no error"
 
 
-def test_absent_peer_makes_others_raise_not_hang():
-    results = launch.run(_absent_peer, 3, 2, device=DEVICE, timeout=180)
+@pytest.mark.parametrize("algorithm", sorted(symmcoll.ALGORITHMS["all_reduce"]))
+def test_absent_peer_makes_others_raise_not_hang(algorithm):
+    results = launch.run(_absent_peer, 3, 2, algorithm, device=DEVICE, timeout=300)
     assert results[2] is None
     for rank in (0, 1):
         assert results[rank] != "no error", f"rank {rank} did not notice the absent peer"
         op, r, peer, seconds, message = results[rank]
-        assert (op, r, peer) == ("all_reduce.one_shot", rank, 2)
-        assert "rank 2" in message and "all_reduce.one_shot" in message
-        assert seconds < 60
+        assert (op, r, peer) == (f"all_reduce.{algorithm}", rank, 2)
+        assert "rank 2" in message and f"all_reduce.{algorithm}" in message
+        assert seconds < 150

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 # Modules whose kernels are compiled; each calls ``register`` at import.
 KERNEL_MODULES = [
     "symmcoll.comm.all_reduce",
+    "symmcoll.comm.all_reduce_low_latency",
+    "symmcoll.comm.all_reduce_tree",
     "symmcoll.comm.reduce_scatter",
     "symmcoll.comm.all_gather",
     "symmcoll.comm.broadcast",

@@ -63,18 +63,23 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, device_type: str, port: int, tasks, results) -> None:
+    import datetime
+
     import torch
     import torch.distributed as dist
 
+    # Host-side collectives (rendezvous of workspaces) give up after this long instead of 30 min.
+    pg_timeout = datetime.timedelta(seconds=float(os.environ.get("SYMMCOLL_PG_TIMEOUT_S", "300")))
     try:
         if device_type == "cuda":
             torch.cuda.set_device(rank)
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=world, device_id=torch.device("cuda", rank))
+                                    world_size=world, device_id=torch.device("cuda", rank),
+                                    timeout=pg_timeout)
         else:
             torch.set_num_threads(1)
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=world)
+                                    world_size=world, timeout=pg_timeout)
         results.put(("ready", rank, None))
     except BaseException:
         results.put(("err", rank, traceback.format_exc()))

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..memory import MAX_PROGRAMS, Workspace
+from ..memory import MAX_PROGRAMS, Workspace, get_workspace
 
 REDUCTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -61,6 +61,18 @@ def check_reduction_dtype(x: torch.Tensor, name: str) -> None:
     if x.dtype not in REDUCTION_DTYPES:
         raise ValueError(f"{name}.dtype {x.dtype} is not supported for reductions "
                          f"(supported: bf16, fp16, fp32)")
+
+
+def prepare_reduction(x: torch.Tensor, group, op: str, config: LaunchConfig | None,
+                      gpu_default: LaunchConfig):
+    """Validate a reduction's input, get the workspace, resolve the launch config."""
+    check_tensor(x, "x")
+    check_reduction_dtype(x, "x")
+    code = reduce_op_code(op)
+    ws = get_workspace(group, x.device)
+    check_tensor(x, "x", ws.device.type)
+    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else gpu_default)
+    return ws, code, cfg
 
 
 def finish(ws: Workspace) -> None:
@@ -146,11 +158,41 @@ def group_size(group) -> int:
 
 
 @triton.jit
+def _move(src, dst, offs, mask):
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+@triton.jit
 def copy_blocks(src, dst, n, BLOCK: tl.constexpr):
-    """Copy ``n`` elements src -> dst; this program takes blocks pid, pid + P, ... (P programs)."""
+    """Copy ``n`` elements src -> dst; this program takes blocks pid, pid + P, ... (P programs).
+    Whole blocks go unmasked (16-byte vector accesses where aligned); only the tail is masked."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
+    lane = tl.arange(0, BLOCK)
     for start in range(pid * BLOCK, n, step):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < n
-        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+        offs = start + lane
+        if start + BLOCK <= n:
+            _move(src, dst, offs, tl.full([BLOCK], 1, tl.int1))
+        else:
+            _move(src, dst, offs, offs < n)
+
+
+@triton.jit
+def _tee(src, dst_a, dst_b, offs, mask):
+    v = tl.load(src + offs, mask=mask)
+    tl.store(dst_a + offs, v, mask=mask)
+    tl.store(dst_b + offs, v, mask=mask)
+
+
+@triton.jit
+def tee_blocks(src, dst_a, dst_b, n, BLOCK: tl.constexpr):
+    """Copy ``n`` elements src -> dst_a and src -> dst_b in one pass; blocks split as copy_blocks."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    lane = tl.arange(0, BLOCK)
+    for start in range(pid * BLOCK, n, step):
+        offs = start + lane
+        if start + BLOCK <= n:
+            _tee(src, dst_a, dst_b, offs, tl.full([BLOCK], 1, tl.int1))
+        else:
+            _tee(src, dst_a, dst_b, offs, offs < n)

@@ -15,13 +15,14 @@ one_shot
 
 two_shot
     Reduce-scatter then all-gather inside one kernel. The tensor is cut into W shards; rank r owns
-    shard r. After copy-in and a barrier, rank r reads shard r from every peer, reduces it, and pushes
-    the result into shard r of every peer's buffer; after a second barrier each rank copies the whole,
-    now reduced, buffer to its output. No exit barrier is needed: a peer touches my buffer again only
-    after the next call's entry barrier, which I pass after my copy-out.
+    shard r. Each rank copies the W-1 shards it does not own into its buffer; after a barrier rank r
+    reduces shard r (its own part straight from its input, the peers' from their buffers) into its
+    output and into shard r of its buffer; after a second barrier every rank pulls the other reduced
+    shards from their owners' buffers into its output. No exit barrier is needed: a peer reads my
+    buffer again only after the next call's entry barrier, which it passes after its pulls.
 
-    Traffic: each rank reads (W-1)/W * S and writes (W-1)/W * S over NVLink, half of one-shot's reads
-    at W = 4: wins from a few hundred KB up, where bandwidth dominates.
+    Traffic: each rank reads 2 (W-1)/W * S over NVLink and copies (W-1)/W * S locally, against
+    one-shot's (W-1) * S remote reads: wins from a few hundred KB up, where bandwidth dominates.
 
     Work split: program ``pid`` owns blocks pid, pid + P, ... of *every* shard, on every rank, so again
     program ``pid`` only waits on program ``pid`` of its peers.
@@ -37,9 +38,8 @@ import triton.language as tl
 
 from .. import compile_check
 from ..language import block_barrier, peer_ptr
-from ..memory import get_workspace, register_op
-from ._common import (CPU_CONFIG, LaunchConfig, check_reduction_dtype, check_tensor, chunks,
-                      combine, finalize, finish, reduce_op_code)
+from ..memory import register_op
+from ._common import LaunchConfig, chunks, combine, finalize, finish, prepare_reduction
 
 ONE_SHOT = register_op("all_reduce.one_shot")
 TWO_SHOT = register_op("all_reduce.two_shot")
@@ -109,12 +109,19 @@ def _one_shot_kernel(
 
 
 @triton.jit
-def _two_shot_reduce_block(buffer_ptrs_dev, offs, mask, ELEM: tl.constexpr, WORLD: tl.constexpr,
-                           REDUCE_OP: tl.constexpr):
-    """Reduce my shard's block from every peer and push the result into every peer's buffer."""
-    reduced = _reduce_peers(buffer_ptrs_dev, offs, mask, ELEM, WORLD, REDUCE_OP).to(ELEM)
+def _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, out_ptr, offs, mask, rank,
+                           WORLD: tl.constexpr, REDUCE_OP: tl.constexpr):
+    """Reduce my shard's block (mine from x, the peers' from their buffers); the result goes to my
+    output and to my buffer, where the peers pull it from."""
+    elem = x_ptr.dtype.element_ty
+    acc = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     for r in tl.static_range(WORLD):
-        tl.store(peer_ptr(buffer_ptrs_dev, r, ELEM) + offs, reduced, mask=mask)
+        if r != rank:
+            v = tl.load(peer_ptr(buffer_ptrs_dev, r, elem) + offs, mask=mask).to(tl.float32)
+            acc = combine(acc, v, REDUCE_OP)
+    reduced = finalize(acc, REDUCE_OP, WORLD).to(elem)
+    tl.store(peer_ptr(buffer_ptrs_dev, rank, elem) + offs, reduced, mask=mask)
+    tl.store(out_ptr + offs, reduced, mask=mask)
 
 
 @triton.jit
@@ -137,14 +144,16 @@ def _two_shot_kernel(
     lane = tl.arange(0, BLOCK)
     full = tl.full([BLOCK], 1, tl.int1)
 
+    # Copy in every shard but mine: shard s is reduced by rank s, which reads it from here.
     for b in range(pid, blocks_per_shard, nprog):
         for s in tl.static_range(WORLD):
-            start = s * shard_len + b * BLOCK
-            offs = start + lane
-            if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
-                _copy(x_ptr, my_buf, offs, full)
-            else:
-                _copy(x_ptr, my_buf, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
+            if s != rank:
+                start = s * shard_len + b * BLOCK
+                offs = start + lane
+                if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
+                    _copy(x_ptr, my_buf, offs, full)
+                else:
+                    _copy(x_ptr, my_buf, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
@@ -152,39 +161,32 @@ def _two_shot_kernel(
             start = rank * shard_len + b * BLOCK
             offs = start + lane
             if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
-                _two_shot_reduce_block(buffer_ptrs_dev, offs, full, elem, WORLD, REDUCE_OP)
+                _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, out_ptr, offs, full, rank, WORLD,
+                                       REDUCE_OP)
             else:
-                _two_shot_reduce_block(buffer_ptrs_dev, offs,
-                                       (b * BLOCK + lane < shard_len) & (offs < numel),
-                                       elem, WORLD, REDUCE_OP)
+                _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, out_ptr, offs,
+                                       (b * BLOCK + lane < shard_len) & (offs < numel), rank, WORLD,
+                                       REDUCE_OP)
 
         failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
         if failed == 0:
+            # Pull every other reduced shard from its owner's buffer.
             for b in range(pid, blocks_per_shard, nprog):
                 for s in tl.static_range(WORLD):
-                    start = s * shard_len + b * BLOCK
-                    offs = start + lane
-                    if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
-                        _copy(my_buf, out_ptr, offs, full)
-                    else:
-                        _copy(my_buf, out_ptr, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
-
-
-def _prepare(x: torch.Tensor, group, op: str, config: LaunchConfig | None, gpu_default: LaunchConfig):
-    """Validate, get the workspace, resolve the launch config; returns what every wrapper needs."""
-    check_tensor(x, "x")
-    check_reduction_dtype(x, "x")
-    code = reduce_op_code(op)
-    ws = get_workspace(group, x.device)
-    check_tensor(x, "x", ws.device.type)
-    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else gpu_default)
-    return ws, code, cfg
+                    if s != rank:
+                        start = s * shard_len + b * BLOCK
+                        offs = start + lane
+                        owner = peer_ptr(buffer_ptrs_dev, s, elem)
+                        if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
+                            _copy(owner, out_ptr, offs, full)
+                        else:
+                            _copy(owner, out_ptr, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
 
 
 def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
              config: LaunchConfig | None = None) -> torch.Tensor:
     """Out-of-place one-shot all-reduce of ``x`` over ``group``; returns a new tensor."""
-    ws, code, cfg = _prepare(x, group, op, config, GPU_ONE_SHOT)
+    ws, code, cfg = prepare_reduction(x, group, op, config, GPU_ONE_SHOT)
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
@@ -202,7 +204,7 @@ def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
 def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
              config: LaunchConfig | None = None) -> torch.Tensor:
     """Out-of-place two-shot (reduce-scatter + all-gather) all-reduce; returns a new tensor."""
-    ws, code, cfg = _prepare(x, group, op, config, GPU_TWO_SHOT)
+    ws, code, cfg = prepare_reduction(x, group, op, config, GPU_TWO_SHOT)
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):

@@ -52,14 +52,41 @@ def peer_ptr(ptrs_dev, peer, ELEM_TY: tl.constexpr):
 
 
 @triton.jit
-def _record_timeout(status_ptr, pending, lanes, rank, op_code):
-    """Write (op, rank, first peer still pending) into the error record; the flag goes last."""
+def record_timeout(status_ptr, rank, peer, op_code):
+    """Write (op, rank, peer) into the error record; the flag goes last."""
     status = status_ptr.to(tl.pointer_type(tl.int32))
-    peer = tl.min(tl.where(pending, lanes, MAX_WORLD), axis=0)
     tl.store(status + STATUS_OP, op_code)
     tl.store(status + STATUS_RANK, rank)
     tl.store(status + STATUS_PEER, peer)
     tl.atomic_xchg(status + STATUS_FLAG, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def _record_timeout(status_ptr, pending, lanes, rank, op_code):
+    """Record the first peer still pending."""
+    peer = tl.min(tl.where(pending, lanes, MAX_WORLD), axis=0)
+    record_timeout(status_ptr, rank, peer, op_code)
+
+
+@triton.jit
+def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, op_code):
+    """Low-latency protocol wait: poll 8-byte slots ``(epoch << 32) | data`` until every slot under
+    ``mask`` carries ``epoch`` in its high half; data and flag arrive in one single-copy-atomic store,
+    so no fence or signal is needed. Volatile loads (never cached), bounded by ``spin_budget``.
+
+    Returns (slots, spins left): 0 spins left means the wait gave up (the error record names
+    ``peer``); callers pass it on so that later waits of the same program give up at once.
+    """
+    ready = epoch.to(tl.int64) << 32
+    slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
+    budget = spin_budget
+    while (tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0) & (budget > 0):
+        slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
+        budget -= 1
+    if tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0:
+        record_timeout(status_ptr, rank, peer, op_code)
+        budget = budget * 0
+    return slots, budget
 
 
 @triton.jit

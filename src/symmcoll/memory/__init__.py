@@ -24,9 +24,9 @@ MAX_PROGRAMS = 1024
 SIGNAL_PAD_INTS = 8192
 
 DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
-# Rough cost of one spin iteration, to turn a timeout in seconds into a spin budget. A remote
-# system-scope CAS on H200 takes about a microsecond; one interpreted iteration tens of microseconds.
-SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 20_000}
+# Rough cost of one spin iteration, to turn a timeout in seconds into a spin budget: a system-scope
+# CAS on H200 takes about a microsecond; one interpreted iteration about 2 ms (measured on 2 cores).
+SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 500}
 DEFAULT_TIMEOUT_S = 20.0
 
 
@@ -96,6 +96,15 @@ class Workspace:
     @property
     def status_ptr(self) -> int:
         return self.status.data_ptr()
+
+    def local_state(self, name: str, numel: int) -> torch.Tensor:
+        """A named zero-initialised int32 tensor on this rank's device, kept across calls (per-rank
+        counters that kernels update themselves, so graph replays need no host work)."""
+        state = self.extra.get(name)
+        if state is None:
+            state = torch.zeros(numel, dtype=torch.int32, device=self.device)
+            self.extra[name] = state
+        return state
 
     def capacity(self, dtype: torch.dtype) -> int:
         """How many elements of ``dtype`` fit in the buffer."""

@@ -1,0 +1,176 @@
+"""Double-binary-tree all-reduce.
+
+Two balanced binary trees over the ranks, built so that every rank is an inner node in at most one
+of them (tree 0 in rank order, tree 1 in reversed rank order, both heap-shaped). The tensor is cut in two halves; half t is reduced up
+tree t and broadcast back down it, so each rank does the inner-node work (receiving from two
+children) for at most one half.
+
+Per tree and per program, with point-to-point signals only (no all-peer barrier):
+
+    1. wait "partial ready" from my children            (their signal, acquire)
+    2. partial = x + partial(child 0) + partial(child 1) read from the children's buffers; partials
+       are fp32 end to end -> my partial region (root: the result, rounded once, into my result
+       region and my output)
+    3. not root: signal parent "partial ready"; wait parent "result ready";
+       result = parent's result region -> my output (and my result region if I have children)
+    4. inner node: signal children "result ready"; wait children "done"
+    5. not root: signal parent "done"
+
+Step 4's "done" keeps a parent from overwriting its result region (next call) while a child still
+reads it; a child can overwrite its partial region in the next call only after step 3, i.e. after the
+parent read it. Child -> parent "partial ready" and "done" reuse one self-resetting slot: the second
+send waits until the first was consumed, which step 3 already guarantees.
+
+Programs [0, P) work on half 0 / tree 0, programs [P, 2P) on half 1 / tree 1; program q only waits
+on program q of its tree neighbours. Buffer: fp32 partials at [0, n), results (input dtype) at
+elements [res_off, res_off + n).
+
+Traffic per rank: at most 2 * S/2 read from children plus S/2 from the parent: less than one-shot,
+but the depth (log2 W steps up and down) costs latency. On NVSwitch systems with few ranks the flat
+algorithms should win; the tree is here to measure that, and for larger world sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import compile_check
+from ..language import MAX_WORLD, peer_ptr, send_signals, wait_signals
+from ..memory import register_op
+from ._common import LaunchConfig, chunks, combine, finalize, finish, prepare_reduction
+
+TREE = register_op("all_reduce.tree")
+
+GPU_TREE = LaunchConfig(block=4096, max_programs=32, num_warps=16)
+
+
+def _heap_tree(order: list[int]) -> tuple[list[int], list[list[int]]]:
+    """A balanced binary tree with ``order[i]``'s children at ``order[2i+1]``, ``order[2i+2]``;
+    (parent, children) per rank. Its inner nodes are the first floor(W/2) ranks of ``order``."""
+    world = len(order)
+    parent, children = [-1] * world, [[] for _ in range(world)]
+    for i, rank in enumerate(order):
+        for j in (2 * i + 1, 2 * i + 2):
+            if j < world:
+                parent[order[j]] = rank
+                children[rank].append(order[j])
+    return parent, children
+
+
+def double_binary_tree(world: int) -> list[tuple[list[int], list[list[int]]]]:
+    """Two balanced trees in which every rank is an inner node of at most one: tree 0's inner nodes
+    are the lowest floor(W/2) ranks, tree 1's (the reversed order) the highest floor(W/2)."""
+    return [_heap_tree(list(range(world))), _heap_tree(list(range(world - 1, -1, -1)))]
+
+
+@triton.jit
+def _tree_kernel(
+    # symmetric workspace: per-rank address tables, error record, wait budget
+    buffer_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
+    # this call's tensors; the buffer holds partials at [0, numel), results at [res_off, res_off+numel)
+    x_ptr, out_ptr, numel, half_len, res_off,
+    # topology: my parent and children in tree 0 and tree 1 (-1: none)
+    rank, op_code, parent0, left0, right0, parent1, left1, right1,
+    WORLD: tl.constexpr,
+    # meta-parameters
+    REDUCE_OP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    q = tl.program_id(0)
+    per_tree = tl.num_programs(0) // 2
+    tree = q // per_tree
+    p = q % per_tree
+    parent = tl.where(tree == 0, parent0, parent1)
+    left = tl.where(tree == 0, left0, left1)
+    right = tl.where(tree == 0, right0, right1)
+    lanes = tl.arange(0, MAX_WORLD)
+    child_lanes = ((lanes == left) | (lanes == right)) & (lanes >= 0)
+    parent_lane = (lanes == parent) & (lanes >= 0)
+    elem = x_ptr.dtype.element_ty
+    my_results = peer_ptr(buffer_ptrs_dev, rank, elem) + res_off
+    my_partials = peer_ptr(buffer_ptrs_dev, rank, tl.float32)
+    lo = tree * half_len
+    hi = tl.minimum(numel, lo + half_len)
+    n_blocks = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK)
+    lane = tl.arange(0, BLOCK)
+
+    failed = tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
+                                 op_code, WORLD).to(tl.int32), axis=0)
+    tl.debug_barrier()
+    for b in range(p, n_blocks, per_tree):
+        offs = lo + b * BLOCK + lane
+        mask = offs < hi
+        acc = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+        if left >= 0:
+            acc = combine(acc, tl.load(peer_ptr(buffer_ptrs_dev, left, tl.float32) + offs, mask=mask),
+                          REDUCE_OP)
+        if right >= 0:
+            acc = combine(acc, tl.load(peer_ptr(buffer_ptrs_dev, right, tl.float32) + offs, mask=mask),
+                          REDUCE_OP)
+        if parent < 0:
+            result = finalize(acc, REDUCE_OP, WORLD).to(elem)
+            tl.store(my_results + offs, result, mask=mask)
+            tl.store(out_ptr + offs, result, mask=mask)
+        else:
+            tl.store(my_partials + offs, acc, mask=mask)
+
+    if parent >= 0:
+        tl.debug_barrier()
+        failed |= tl.max(send_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr, max_spins,
+                                      op_code, WORLD).to(tl.int32), axis=0)
+        failed |= tl.max(wait_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr, max_spins,
+                                      op_code, WORLD).to(tl.int32), axis=0)
+        tl.debug_barrier()
+        for b in range(p, n_blocks, per_tree):
+            offs = lo + b * BLOCK + lane
+            mask = offs < hi
+            result = tl.load(peer_ptr(buffer_ptrs_dev, parent, elem) + res_off + offs, mask=mask)
+            tl.store(out_ptr + offs, result, mask=mask)
+            if left >= 0:
+                tl.store(my_results + offs, result, mask=mask)
+    tl.debug_barrier()
+    failed |= tl.max(send_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
+                                  op_code, WORLD).to(tl.int32), axis=0)
+    failed |= tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
+                                  op_code, WORLD).to(tl.int32), axis=0)
+    if parent >= 0:
+        send_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr, max_spins, op_code, WORLD)
+
+
+def tree(x: torch.Tensor, group=None, *, op: str = "sum",
+         config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place double-binary-tree all-reduce; returns a new tensor."""
+    ws, code, cfg = prepare_reduction(x, group, op, config, GPU_TREE)
+    (parent0, children0), (parent1, children1) = double_binary_tree(ws.world_size)
+    kids = [c + [-1] * (2 - len(c)) for c in (children0[ws.rank], children1[ws.rank])]
+
+    flat = x.reshape(-1)
+    out = torch.empty_like(flat)
+    # fp32 partials then results in the input dtype: capacity elements of each.
+    capacity = ws.buffer_bytes // (4 + x.element_size())
+    capacity -= capacity % 16
+    results_at = capacity * 4 // x.element_size()
+    for start, n in chunks(flat.numel(), capacity):
+        half_len = triton.cdiv(triton.cdiv(n, 2), 16) * 16
+        per_tree = cfg.grid(triton.cdiv(half_len, cfg.block))[0]
+        _tree_kernel[(2 * per_tree,)](
+            ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
+            flat[start:], out[start:], n, half_len, results_at,
+            ws.rank, TREE, parent0[ws.rank], kids[0][0], kids[0][1],
+            parent1[ws.rank], kids[1][0], kids[1][1],
+            WORLD=ws.world_size, REDUCE_OP=code, BLOCK=cfg.block, num_warps=cfg.num_warps,
+        )
+    finish(ws)
+    return out.view(x.shape)
+
+
+for _dtype in ("bf16", "fp32"):
+    for _world in (2, 3, 4, 8):
+        compile_check.register(
+            _tree_kernel,
+            {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}",
+             "numel": "i32", "half_len": "i32", "res_off": "i32", "rank": "i32", "op_code": "i32",
+             **{k: "i32" for k in ("parent0", "left0", "right0", "parent1", "left1", "right1")}},
+            {"WORLD": _world, "REDUCE_OP": 0, "BLOCK": GPU_TREE.block},
+            num_warps=GPU_TREE.num_warps, label=f"{_dtype},")
