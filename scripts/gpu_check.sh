@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
-#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [bench]   (default: both)
+#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [bench]   (default: tests bench)
 # and call the device tool with carry=[".symmcoll-sha"].
 # Writes logs and result files under $OUT (default ./out). Installs nothing: uses the image's torch and
 # triton with src/ on PYTHONPATH. Every step runs under `timeout`; NVLink multicast stays off.
@@ -28,17 +28,22 @@ for stage in $stages; do
   case $stage in
     tests)
       sizes=2; [ "$ngpu" -ge 3 ] && sizes=2,3; [ "$ngpu" -ge 4 ] && sizes=2,3,4
-      SYMMCOLL_TEST_WORLD_SIZES=$sizes timeout 540 python3 -m pytest -q -rA -p no:cacheprovider \
+      SYMMCOLL_TEST_WORLD_SIZES=$sizes timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -q -rA -p no:cacheprovider \
         tests/ --ignore=tests/test_compile.py --ignore=tests/test_bench.py -x 2>&1 | tee "$OUT/gpu_tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
+    sweep)
+      sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
+      timeout ${SWEEP_TIMEOUT:-240} python3 benchmarks/sweep_configs.py --world-size $sizes \
+        --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
     bench)
-      for ws in 4 2; do
-        [ "$ws" -le "$ngpu" ] || continue
-        timeout 400 python3 -m symmcoll bench --op all --world-size "$ws" --out "$OUT" 2>&1 \
-          | tee "$OUT/bench_ws$ws.log"
-        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      done
+      sizes=2; [ "$ngpu" -ge 4 ] && sizes=4,2
+      # Result JSONs only: plots are drawn from them afterwards (symmcoll plot), off the GPU machine.
+      timeout ${BENCH_TIMEOUT:-500} python3 -m symmcoll bench --op all --world-size "$sizes" --out "$OUT" 2>&1 \
+        | tee "$OUT/bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     *) echo "unknown stage $stage" >&2; status=2 ;;
   esac

@@ -1,5 +1,6 @@
 """GPU-only checks (run by scripts/gpu_check.sh on the GPU machine; reported as NOT RUN elsewhere):
-a long stress of back-to-back calls with random sizes and changing data, and CUDA-graph replay."""
+a long stress of back-to-back calls of every collective with random sizes and changing data, and
+CUDA-graph replay of every all-reduce algorithm."""
 
 import os
 import random
@@ -26,36 +27,57 @@ def _expected_sum(numel, dtype, world, call):
     return acc.to(dtype)
 
 
-def _stress(op_name, algorithms, calls, seed):
+def _expected(op, numel, dtype, world, rank, call, src):
+    """The exact result of ``op`` on rank_coded inputs of every rank, computed locally."""
+    inputs = [rank_coded(numel, dtype, r, call) for r in range(world)]
+    if op == "all_reduce":
+        return _expected_sum(numel, dtype, world, call)
+    if op == "reduce_scatter":
+        seg = numel // world
+        return _expected_sum(numel, dtype, world, call)[rank * seg:(rank + 1) * seg]
+    if op == "all_gather":
+        return torch.cat(inputs)
+    if op == "all_to_all":
+        seg = numel // world
+        return torch.cat([inputs[r][rank * seg:(rank + 1) * seg] for r in range(world)])
+    return inputs[src]
+
+
+def _mixed_stress(calls, seed):
+    """Back-to-back calls of every collective and algorithm, random sizes and dtypes, new data."""
     rng = random.Random(seed)  # same sequence on every rank
     rank, world = dist.get_rank(), dist.get_world_size()
-    dtypes = [torch.bfloat16, torch.float16, torch.float32]
-    wrong, checked, total_bytes = 0, 0, 0
+    cases = [("all_reduce", a) for a in sorted(symmcoll.ALGORITHMS["all_reduce"])] + [("all_reduce", "auto")]
+    cases += [(op, "auto") for op in ("reduce_scatter", "all_gather", "all_to_all", "broadcast")]
+    wrong, per_op, total_bytes = 0, {}, 0
     for call in range(calls):
-        dtype = rng.choice(dtypes)
+        op, algorithm = rng.choice(cases)
+        dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32])
         nbytes = int(2 ** rng.uniform(1, 26))  # log-uniform, 2 B .. 64 MB
-        numel = max(1, min(nbytes, MAX_BYTES) // dtype.itemsize)
-        algorithm = rng.choice(algorithms)
+        numel = max(world, min(nbytes, MAX_BYTES) // dtype.itemsize // world * world)
+        if op == "all_gather":
+            numel = max(1, numel // world)
+        src = rng.randrange(world)
         x = rank_coded(numel, dtype, rank, call)
-        got = getattr(symmcoll, op_name)(x, algorithm=algorithm)
-        want = _expected_sum(numel, dtype, world, call)
-        wrong += int((got != want).sum())
-        checked += numel
+        fn = getattr(symmcoll, op)
+        got = fn(x, src, algorithm=algorithm) if op == "broadcast" else fn(x, algorithm=algorithm)
+        bad = int((got != _expected(op, numel, dtype, world, rank, call, src)).sum())
+        wrong += bad
+        per_op[f"{op}:{algorithm}"] = per_op.get(f"{op}:{algorithm}", 0) + 1
         total_bytes += numel * dtype.itemsize
     torch.cuda.synchronize()
     symmcoll.check()
     assert_pads_zero("after stress")
-    return wrong, checked, total_bytes
+    return wrong, per_op, total_bytes
 
 
 @pytest.mark.parametrize("ws", [2, 4])
-def test_all_reduce_stress(pools, ws):
+def test_mixed_collectives_stress(pools, ws):
     if ws > torch.cuda.device_count():
         pytest.skip(f"NOT RUN: needs {ws} GPUs")
-    algorithms = sorted(symmcoll.ALGORITHMS["all_reduce"])
-    results = pools(ws).run(_stress, "all_reduce", algorithms, STRESS_CALLS, 1234 + ws, timeout=900)
-    print(f"\nstress ws{ws}: {STRESS_CALLS} calls over {algorithms}: "
-          f"wrong={[r[0] for r in results]} elements checked={results[0][1]} bytes={results[0][2]}")
+    results = pools(ws).run(_mixed_stress, STRESS_CALLS, 1234 + ws, timeout=900)
+    print(f"\nstress ws{ws}: {STRESS_CALLS} calls {results[0][1]}: wrong per rank="
+          f"{[r[0] for r in results]}, bytes per rank={results[0][2]}")
     assert all(r[0] == 0 for r in results), results
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from . import memory
+from . import dispatch, memory
 from .comm import all_reduce as _all_reduce
+from .comm import all_reduce_low_latency as _all_reduce_ll
+from .comm import all_reduce_tree as _all_reduce_tree
 from .comm import all_gather as _all_gather
 from .comm import all_to_all as _all_to_all
 from .comm import broadcast as _broadcast
@@ -26,7 +28,8 @@ __all__ = ["ALGORITHMS", "all_reduce", "reduce_scatter", "all_gather", "all_to_a
            "check", "reset", "get_workspace", "SymmcollTimeoutError", "__version__"]
 
 ALGORITHMS: dict[str, dict] = {
-    "all_reduce": {"one_shot": _all_reduce.one_shot, "two_shot": _all_reduce.two_shot},
+    "all_reduce": {"one_shot": _all_reduce.one_shot, "two_shot": _all_reduce.two_shot,
+                   "low_latency": _all_reduce_ll.low_latency, "tree": _all_reduce_tree.tree},
     "reduce_scatter": {"pull": _reduce_scatter.pull},
     "all_gather": {"pull": _all_gather.pull},
     "all_to_all": {"pull": _all_to_all.pull},
@@ -34,23 +37,31 @@ ALGORITHMS: dict[str, dict] = {
 }
 
 
-def _pick(op: str, algorithm: str, default: str):
-    if algorithm == "auto":
-        algorithm = default
+def _pick(op: str, algorithm: str, x: torch.Tensor, group):
+    """The function that runs ``op``: ``algorithm`` by name, or the dispatcher's choice for "auto";
+    "nccl" is the process group's own collective (gloo on CPU)."""
+    algorithms = ALGORITHMS[op]
+    if algorithm == "auto" and isinstance(x, torch.Tensor):
+        algorithm = dispatch.choose(op, x, group, algorithms)
+        if algorithm == dispatch.FALLBACK and op not in dispatch.FALLBACKS:
+            algorithm = "pull"
+    if algorithm == dispatch.FALLBACK and op in dispatch.FALLBACKS:
+        return dispatch.FALLBACKS[op]
     try:
-        return ALGORITHMS[op][algorithm]
+        return algorithms[algorithm]
     except KeyError:
-        raise ValueError(f"algorithm must be 'auto' or one of {sorted(ALGORITHMS[op])}, "
-                         f"got {algorithm!r}") from None
+        names = sorted(algorithms) + ([dispatch.FALLBACK] if op in dispatch.FALLBACKS else [])
+        raise ValueError(f"algorithm must be 'auto' or one of {names}, got {algorithm!r}") from None
 
 
 def all_reduce(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
     """Reduce ``x`` across ``group`` (default: the world group); returns a new tensor.
 
     op: "sum" | "avg" | "max" | "min"; bf16/fp16/fp32 inputs, fp32 accumulation.
-    algorithm: "auto" or one of ``ALGORITHMS["all_reduce"]``.
+    algorithm: "auto" (the dispatcher's table: ``symmcoll info``), "nccl" (the process group's own
+    collective) or one of ``ALGORITHMS["all_reduce"]``.
     """
-    return _pick("all_reduce", algorithm, "one_shot")(x, group, op=op)
+    return _pick("all_reduce", algorithm, x, group)(x, group, op=op)
 
 
 def reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum",
@@ -61,7 +72,7 @@ def reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum",
     op: "sum" | "avg" | "max" | "min"; bf16/fp16/fp32 inputs, fp32 accumulation.
     algorithm: "auto" or one of ``ALGORITHMS["reduce_scatter"]``.
     """
-    return _pick("reduce_scatter", algorithm, "pull")(x, group, op=op)
+    return _pick("reduce_scatter", algorithm, x, group)(x, group, op=op)
 
 
 def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
@@ -70,7 +81,7 @@ def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch
 
     algorithm: "auto" or one of ``ALGORITHMS["all_gather"]``.
     """
-    return _pick("all_gather", algorithm, "pull")(x, group)
+    return _pick("all_gather", algorithm, x, group)(x, group)
 
 
 def all_to_all(x: torch.Tensor, group=None, *, splits=None, algorithm: str = "auto") -> torch.Tensor:
@@ -81,7 +92,7 @@ def all_to_all(x: torch.Tensor, group=None, *, splits=None, algorithm: str = "au
     what the peers send here. Any dtype.
     algorithm: "auto" or one of ``ALGORITHMS["all_to_all"]``.
     """
-    return _pick("all_to_all", algorithm, "pull")(x, group, splits=splits)
+    return _pick("all_to_all", algorithm, x, group)(x, group, splits=splits)
 
 
 def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto") -> torch.Tensor:
@@ -90,7 +101,7 @@ def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto")
 
     algorithm: "auto" or one of ``ALGORITHMS["broadcast"]``.
     """
-    return _pick("broadcast", algorithm, "pull")(x, src, group)
+    return _pick("broadcast", algorithm, x, group)(x, src, group)
 
 
 def check(group=None) -> None:

@@ -1,0 +1,107 @@
+"""Launch-config sweep for the all-reduce kernels (GPU machine): which LaunchConfig per size.
+
+    PYTHONPATH=src python3 benchmarks/sweep_configs.py --world-size 4 2 --out $OUT/sweep.json
+
+Every config is checked against the exact sum of rank-coded inputs before it is timed (a wrong config
+is reported, never timed); times are CUDA-graph replays (10 calls per graph), median of the replays,
+slowest rank. The chosen configs go into the modules' size tables by hand, with this file's output
+committed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from symmcoll import launch
+from symmcoll.comm import all_reduce, all_reduce_low_latency
+from symmcoll.comm._common import LaunchConfig
+
+CALLS_PER_GRAPH = 10
+REPLAYS = 15
+
+SWEEPS = {
+    "two_shot": (all_reduce.two_shot, [1 << 20, 16 << 20, 256 << 20],
+                 [LaunchConfig(b, p, w) for b, p, w in itertools.product((2048, 4096, 8192), (32, 64, 132),
+                                                                         (8, 16))]),
+    "one_shot": (all_reduce.one_shot, [256 << 10, 1 << 20, 16 << 20],
+                 [LaunchConfig(b, p, w) for b, p, w in itertools.product((2048, 4096), (16, 32, 64, 132),
+                                                                         (8, 16))]),
+    "low_latency": (all_reduce_low_latency.low_latency, [4 << 10, 64 << 10, 256 << 10],
+                    [LaunchConfig(b, p, w) for b, p, w in itertools.product((128, 256, 512, 1024),
+                                                                            (128, 256), (2, 4, 8))]),
+}
+
+
+def _time(fn, x, config) -> float:
+    fn(x, config=config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS_PER_GRAPH):
+            fn(x, config=config)
+    graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / CALLS_PER_GRAPH)
+    median = torch.tensor([statistics.median(times)], device="cuda")
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)
+    return float(median)
+
+
+def _sweep(algorithms: list[str]) -> list[dict]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for name in algorithms:
+        fn, sizes, configs = SWEEPS[name]
+        for nbytes in sizes:
+            numel = nbytes // 2
+            i = torch.arange(numel, device="cuda")
+            x = ((i * 7 + rank * 13) % 17 - 8).to(torch.bfloat16)
+            want = sum(((i * 7 + r * 13) % 17 - 8) for r in range(world)).to(torch.bfloat16)
+            for config in configs:
+                row = {"algorithm": name, "bytes": nbytes, "world_size": world, "block": config.block,
+                       "max_programs": config.max_programs, "num_warps": config.num_warps}
+                wrong = torch.tensor([int((fn(x, config=config) != want).sum())], device="cuda")
+                dist.all_reduce(wrong)
+                row["wrong"] = int(wrong)
+                row["us"] = _time(fn, x, config) if row["wrong"] == 0 else None
+                rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--world-size", nargs="+", type=int, default=[4, 2])
+    parser.add_argument("--algorithms", nargs="+", default=list(SWEEPS))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rows = []
+    for world in args.world_size:
+        rows += launch.run(_sweep, world, args.algorithms, device="cuda", timeout=500)[0]
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=0)
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["algorithm"], r["world_size"], r["bytes"])
+        if r["us"] is not None and (key not in best or r["us"] < best[key]["us"]):
+            best[key] = r
+        if r["wrong"]:
+            print("WRONG", r)
+    for key, r in sorted(best.items()):
+        print(f"{key}: best {r['us']:.2f} us block={r['block']} programs={r['max_programs']} "
+              f"warps={r['num_warps']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""``algorithm="auto"``: the fastest measured algorithm per (op, world size, dtype, size).
+
+The table is a list of rules ``(op, world_size, dtype, max_bytes) -> algorithm``: for a call of
+``nbytes`` the first rule of its (op, world size, dtype) with ``nbytes <= max_bytes`` wins, and past the
+last rule the last one holds. Rules come from benchmark results (``table_from_results``): at each
+measured size the fastest correct implementation among symmcoll's algorithms and the backend (NCCL),
+consecutive sizes with the same winner merged into one rule.
+
+Which table is used, first found: ``$SYMMCOLL_DISPATCH_FILE``; the file ``symmcoll tune`` writes
+(``~/.cache/symmcoll/dispatch.json``); the table shipped with the package, measured on our H200 runs
+(``data/dispatch_h200.json``). A case the table does not know (another world size) uses the nearest
+world size of the same op; an unsupported case (dtype without a symmetric-memory kernel, world size
+above MAX_WORLD) goes to the process group's own collective ("nccl"; gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .comm._common import REDUCTION_DTYPES
+from .language.signals import MAX_WORLD
+
+log = logging.getLogger("symmcoll")
+
+FALLBACK = "nccl"
+USER_TABLE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "symmcoll" / "dispatch.json"
+PACKAGED_TABLE = Path(__file__).parent / "data" / "dispatch_h200.json"
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    op: str
+    world_size: int
+    dtype: str
+    max_bytes: int
+    algorithm: str
+
+
+@dataclass(frozen=True)
+class Table:
+    rules: tuple[Rule, ...]
+    source: str
+
+    def choose(self, op: str, world_size: int, dtype: str, nbytes: int) -> str | None:
+        """The algorithm for this case, or None if the table has no rule for ``op``."""
+        candidates = [r for r in self.rules if r.op == op]
+        if not candidates:
+            return None
+        sizes = {r.world_size for r in candidates}
+        world = min(sizes, key=lambda w: (abs(w - world_size), -w))
+        same = [r for r in candidates if r.world_size == world]
+        rules = [r for r in same if r.dtype == dtype] or [r for r in same if r.dtype == "bf16"] or same
+        rules = sorted(rules, key=lambda r: r.max_bytes)
+        for rule in rules:
+            if nbytes <= rule.max_bytes:
+                return rule.algorithm
+        return rules[-1].algorithm
+
+    def to_json(self) -> str:
+        return json.dumps({"source": self.source, "rules": [asdict(r) for r in self.rules]}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Table":
+        data = json.loads(text)
+        return cls(tuple(Rule(**r) for r in data["rules"]), data.get("source", "?"))
+
+
+def table_from_results(results, source: str) -> Table:
+    """Rules from ``bench.results.BenchResult``s: the fastest correct symmcoll algorithm or backend
+    collective at each measured size, merged over consecutive sizes."""
+    rules = []
+    for result in results:
+        world = result.config.world_size
+        by_case: dict[tuple[str, str], dict[int, tuple[float, str]]] = {}
+        for m in result.measurements:
+            if not m.ok or m.family not in ("symmcoll", "backend"):
+                continue
+            name = m.implementation.split(":", 1)[1] if m.family == "symmcoll" else FALLBACK
+            if name == "auto":
+                continue
+            best = by_case.setdefault((m.op, m.dtype), {})
+            if m.size_bytes not in best or m.median_us < best[m.size_bytes][0]:
+                best[m.size_bytes] = (m.median_us, name)
+        for (op, dtype), winners in by_case.items():
+            sizes = sorted(winners)
+            for i, size in enumerate(sizes):
+                name = winners[size][1]
+                if i + 1 < len(sizes) and winners[sizes[i + 1]][1] == name:
+                    continue  # merged into the next size's rule
+                rules.append(Rule(op, world, dtype, size, name))
+    return Table(tuple(rules), source)
+
+
+@lru_cache(maxsize=1)
+def active_table() -> Table:
+    for path in (os.environ.get("SYMMCOLL_DISPATCH_FILE"), USER_TABLE, PACKAGED_TABLE):
+        if path and Path(path).is_file():
+            table = Table.from_json(Path(path).read_text())
+            return Table(table.rules, f"{path} ({table.source})")
+    return Table((), "none (built-in defaults)")
+
+
+def _default(op: str, nbytes: int) -> str:
+    if op == "all_reduce":
+        return "low_latency" if nbytes <= 64 << 10 else "two_shot"
+    return "pull"
+
+
+def choose(op: str, x: torch.Tensor, group, algorithms: dict) -> str:
+    """The algorithm ``algorithm="auto"`` runs for this call."""
+    world = dist.get_world_size(group)
+    if world > MAX_WORLD or x.device.type not in ("cuda", "cpu"):
+        return FALLBACK
+    if op in ("all_reduce", "reduce_scatter") and x.dtype not in REDUCTION_DTYPES:
+        return FALLBACK
+    nbytes = x.numel() * x.element_size()
+    name = active_table().choose(op, world, _DTYPE_NAMES.get(x.dtype, "other"), nbytes)
+    if name is None or (name != FALLBACK and name not in algorithms):
+        name = _default(op, nbytes)
+    return name
+
+
+# The process group's own collectives: same results, used where symmcoll has no kernel (or is slower).
+
+def _dist_op(op: str, group):
+    if op == "avg" and dist.get_backend(group) == "nccl":
+        return dist.ReduceOp.AVG, False
+    return {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN}[op], op == "avg"
+
+
+def fallback_all_reduce(x: torch.Tensor, group=None, *, op: str = "sum") -> torch.Tensor:
+    log.debug("all_reduce of %s %s: process group collective", x.dtype, tuple(x.shape))
+    reduce_op, divide = _dist_op(op, group)
+    out = x.clone()
+    dist.all_reduce(out, op=reduce_op, group=group)
+    if divide:
+        out /= dist.get_world_size(group)
+    return out
+
+
+def fallback_reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum") -> torch.Tensor:
+    world = dist.get_world_size(group)
+    if x.dim() == 0 or x.shape[0] % world:
+        raise ValueError(f"reduce_scatter: x.shape[0] must be divisible by the world size {world}, "
+                         f"got shape {tuple(x.shape)}")
+    reduce_op, divide = _dist_op(op, group)
+    out = x.new_empty((x.shape[0] // world, *x.shape[1:]))
+    dist.reduce_scatter_tensor(out, x.contiguous(), op=reduce_op, group=group)
+    if divide:
+        out /= world
+    return out
+
+
+def fallback_all_gather(x: torch.Tensor, group=None) -> torch.Tensor:
+    world = dist.get_world_size(group)
+    x = x.reshape(1) if x.dim() == 0 else x.contiguous()
+    out = x.new_empty((world * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x, group=group)
+    return out
+
+
+FALLBACKS = {"all_reduce": fallback_all_reduce, "reduce_scatter": fallback_reduce_scatter,
+             "all_gather": fallback_all_gather}
