@@ -29,7 +29,7 @@ for stage in $stages; do
     tests)
       sizes=2; [ "$ngpu" -ge 3 ] && sizes=2,3; [ "$ngpu" -ge 4 ] && sizes=2,3,4
       SYMMCOLL_TEST_WORLD_SIZES=$sizes timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -q -rA -p no:cacheprovider \
-        tests/ --ignore=tests/test_compile.py --ignore=tests/test_bench.py -x 2>&1 | tee "$OUT/gpu_tests.log"
+        tests/ --ignore=tests/test_compile.py --ignore=tests/test_bench.py 2>&1 | tee "$OUT/gpu_tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     sweep)

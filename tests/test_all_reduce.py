@@ -57,7 +57,10 @@ def test_all_reduce_random_data(pools, world_size, dtype, algorithm):
 def _rejects_bad_input():
     dev = device()
     with pytest.raises(ValueError, match="dtype"):
-        symmcoll.all_reduce(torch.ones(4, dtype=torch.int32, device=dev))
+        symmcoll.all_reduce(torch.ones(4, dtype=torch.int32, device=dev), algorithm="one_shot")
+    # "auto" sends what no kernel supports to the process group's collective: same answer.
+    ints = torch.full((5,), dist.get_rank() + 1, dtype=torch.int32, device=dev)
+    assert symmcoll.all_reduce(ints).tolist() == [sum(range(1, dist.get_world_size() + 1))] * 5
     with pytest.raises(ValueError, match="contiguous"):
         symmcoll.all_reduce(torch.ones(4, 4, device=dev).t())
     with pytest.raises(ValueError, match="algorithm"):

@@ -37,6 +37,24 @@ class LaunchConfig:
         return (max(1, min(self.max_programs, work_items)),)
 
 
+@dataclass(frozen=True)
+class SizedConfigs:
+    """Launch configs by message size: ``(max_bytes, config)`` ascending; the last one holds beyond.
+    Chosen from measurements (benchmarks/sweep_configs.py on the GPU machine)."""
+
+    table: tuple[tuple[int, LaunchConfig], ...]
+
+    def pick(self, nbytes: int) -> LaunchConfig:
+        for max_bytes, config in self.table:
+            if nbytes <= max_bytes:
+                return config
+        return self.table[-1][1]
+
+    @property
+    def largest(self) -> LaunchConfig:
+        return self.table[-1][1]
+
+
 # On CPU every program instance costs ~0.7 ms of interpreter overhead: few programs, big blocks.
 CPU_CONFIG = LaunchConfig(block=16384, max_programs=4, num_warps=4)
 
@@ -64,14 +82,15 @@ def check_reduction_dtype(x: torch.Tensor, name: str) -> None:
 
 
 def prepare_reduction(x: torch.Tensor, group, op: str, config: LaunchConfig | None,
-                      gpu_default: LaunchConfig):
-    """Validate a reduction's input, get the workspace, resolve the launch config."""
+                      gpu_configs: SizedConfigs):
+    """Validate a reduction's input, get the workspace, resolve the launch config (by size)."""
     check_tensor(x, "x")
     check_reduction_dtype(x, "x")
     code = reduce_op_code(op)
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
-    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else gpu_default)
+    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
+                     gpu_configs.pick(x.numel() * x.element_size()))
     return ws, code, cfg
 
 
@@ -138,8 +157,19 @@ def as_words(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+# Above a few MB: 32 KiB per block step and a program per SM keep more NVLink traffic in flight
+# (the trend of the all-reduce config sweep).
+GPU_MOVE_LARGE_BYTES_PER_STEP = 32 << 10
+GPU_MOVE_LARGE = LaunchConfig(block=8192, max_programs=132, num_warps=16)  # block set per word size
+
+
 def move_config(words: torch.Tensor) -> LaunchConfig:
-    return CPU_CONFIG if words.device.type == "cpu" else GPU_MOVE_CONFIGS[words.element_size()]
+    if words.device.type == "cpu":
+        return CPU_CONFIG
+    if words.numel() * words.element_size() > 4 << 20:
+        return LaunchConfig(GPU_MOVE_LARGE_BYTES_PER_STEP // words.element_size(),
+                            GPU_MOVE_LARGE.max_programs, GPU_MOVE_LARGE.num_warps)
+    return GPU_MOVE_CONFIGS[words.element_size()]
 
 
 def check_device(x: torch.Tensor, name: str) -> None:

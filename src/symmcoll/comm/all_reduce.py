@@ -39,13 +39,18 @@ import triton.language as tl
 from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import register_op
-from ._common import LaunchConfig, chunks, combine, finalize, finish, prepare_reduction
+from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
 
 ONE_SHOT = register_op("all_reduce.one_shot")
 TWO_SHOT = register_op("all_reduce.two_shot")
 
-GPU_ONE_SHOT = LaunchConfig(block=4096, max_programs=64, num_warps=16)
-GPU_TWO_SHOT = LaunchConfig(block=4096, max_programs=64, num_warps=16)
+# From benchmarks/sweep_configs.py on 4x H200 (benchmarks/results/2026-11-21-sweep/sweep.json).
+GPU_ONE_SHOT = SizedConfigs(((256 << 10, LaunchConfig(4096, 64, 8)),
+                             (1 << 20, LaunchConfig(4096, 64, 16)),
+                             (1 << 40, LaunchConfig(4096, 132, 8))))
+GPU_TWO_SHOT = SizedConfigs(((1 << 20, LaunchConfig(4096, 64, 8)),
+                             (16 << 20, LaunchConfig(8192, 64, 16)),
+                             (1 << 40, LaunchConfig(8192, 132, 16))))
 
 
 @triton.jit
@@ -230,8 +235,10 @@ for _dtype in ("bf16", "fp16", "fp32"):
         _meta = {"WORLD": _world, "REDUCE_OP": 0 if _world != 3 else 2}
         compile_check.register(
             _one_shot_kernel, {**compile_check.WORKSPACE_SIGNATURE, **_tensors, **_topology},
-            {**_meta, "BLOCK": GPU_ONE_SHOT.block}, num_warps=GPU_ONE_SHOT.num_warps, label=f"{_dtype},")
+            {**_meta, "BLOCK": GPU_ONE_SHOT.largest.block}, num_warps=GPU_ONE_SHOT.largest.num_warps,
+            label=f"{_dtype},")
         compile_check.register(
             _two_shot_kernel,
             {**compile_check.WORKSPACE_SIGNATURE, **_tensors, "shard_len": "i32", **_topology},
-            {**_meta, "BLOCK": GPU_TWO_SHOT.block}, num_warps=GPU_TWO_SHOT.num_warps, label=f"{_dtype},")
+            {**_meta, "BLOCK": GPU_TWO_SHOT.largest.block}, num_warps=GPU_TWO_SHOT.largest.num_warps,
+            label=f"{_dtype},")

@@ -31,13 +31,16 @@ import triton.language as tl
 from .. import compile_check
 from ..language import peer_ptr, wait_flagged
 from ..memory import MAX_PROGRAMS, register_op
-from ._common import LaunchConfig, chunks, combine, finalize, finish, prepare_reduction
+from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
 
 LOW_LATENCY = register_op("all_reduce.low_latency")
 
 LL_MAX_BYTES = 512 << 10
 LL_MAX_WORDS = LL_MAX_BYTES // 4
-GPU_LL = LaunchConfig(block=512, max_programs=128, num_warps=4)
+# Block = int32 words per program step. From benchmarks/sweep_configs.py on 4x H200.
+GPU_LL = SizedConfigs(((8 << 10, LaunchConfig(256, 256, 2)),
+                       (64 << 10, LaunchConfig(256, 128, 4)),
+                       (1 << 40, LaunchConfig(512, 256, 4))))
 
 # How a 4-byte word holds data: two bf16, two fp16, or one fp32.
 _WORD_FORMAT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
@@ -153,5 +156,5 @@ for _format in (0, 1, 2):
             {"ll_ptrs_dev": "i64", "epochs_ptr": "*i32", "status_ptr": "i64", "max_spins": "i32",
              "x_ptr": "*i32", "out_ptr": "*i32", "n_words": "i32", "rank": "i32", "op_code": "i32"},
             {"WORLD": _world, "REDUCE_OP": 0 if _world != 3 else 3, "FORMAT": _format,
-             "SLOTS": LL_MAX_WORDS, "BLOCK": GPU_LL.block},
-            num_warps=GPU_LL.num_warps, label=f"format{_format},")
+             "SLOTS": LL_MAX_WORDS, "BLOCK": GPU_LL.largest.block},
+            num_warps=GPU_LL.largest.num_warps, label=f"format{_format},")

@@ -39,11 +39,11 @@ import triton.language as tl
 from .. import compile_check
 from ..language import MAX_WORLD, peer_ptr, send_signals, wait_signals
 from ..memory import register_op
-from ._common import LaunchConfig, chunks, combine, finalize, finish, prepare_reduction
+from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
 
 TREE = register_op("all_reduce.tree")
 
-GPU_TREE = LaunchConfig(block=4096, max_programs=32, num_warps=16)
+GPU_TREE = SizedConfigs(((1 << 40, LaunchConfig(block=4096, max_programs=64, num_warps=16)),))
 
 
 def _heap_tree(order: list[int]) -> tuple[list[int], list[list[int]]]:
@@ -172,5 +172,5 @@ for _dtype in ("bf16", "fp32"):
             {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}",
              "numel": "i32", "half_len": "i32", "res_off": "i32", "rank": "i32", "op_code": "i32",
              **{k: "i32" for k in ("parent0", "left0", "right0", "parent1", "left1", "right1")}},
-            {"WORLD": _world, "REDUCE_OP": 0, "BLOCK": GPU_TREE.block},
-            num_warps=GPU_TREE.num_warps, label=f"{_dtype},")
+            {"WORLD": _world, "REDUCE_OP": 0, "BLOCK": GPU_TREE.largest.block},
+            num_warps=GPU_TREE.largest.num_warps, label=f"{_dtype},")

@@ -44,6 +44,7 @@ from ._common import (CPU_CONFIG, LaunchConfig, check_device, check_reduction_dt
 PULL = register_op("reduce_scatter.pull")
 
 GPU_PULL = LaunchConfig(block=4096, max_programs=64, num_warps=16)
+GPU_PULL_LARGE = LaunchConfig(block=8192, max_programs=132, num_warps=16)  # above 4 MB (sweep trend)
 
 
 @triton.jit
@@ -137,7 +138,8 @@ def pull(x: torch.Tensor, group=None, *, op: str = "sum",
 
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
-    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else GPU_PULL)
+    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
+                     GPU_PULL_LARGE if x.numel() * x.element_size() > 4 << 20 else GPU_PULL)
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     segment = out_flat.numel()
     # Pieces of a multiple of 16 elements keep every staged slot aligned for 16-byte accesses.
