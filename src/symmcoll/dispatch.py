@@ -118,7 +118,7 @@ def _default(op: str, nbytes: int) -> str:
 def choose(op: str, x: torch.Tensor, group, algorithms: dict) -> str:
     """The algorithm ``algorithm="auto"`` runs for this call."""
     world = dist.get_world_size(group)
-    if world > MAX_WORLD or x.device.type not in ("cuda", "cpu"):
+    if world > MAX_WORLD:
         return FALLBACK
     if op in ("all_reduce", "reduce_scatter") and x.dtype not in REDUCTION_DTYPES:
         return FALLBACK

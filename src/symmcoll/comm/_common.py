@@ -163,10 +163,12 @@ GPU_MOVE_LARGE_BYTES_PER_STEP = 32 << 10
 GPU_MOVE_LARGE = LaunchConfig(block=8192, max_programs=132, num_warps=16)  # block set per word size
 
 
-def move_config(words: torch.Tensor) -> LaunchConfig:
+def move_config(words: torch.Tensor, nbytes: int) -> LaunchConfig:
+    """The launch config for moving ``words``; ``nbytes`` must be the same on every rank (every rank
+    must launch the same grid and blocks: program p waits on program p of its peers)."""
     if words.device.type == "cpu":
         return CPU_CONFIG
-    if words.numel() * words.element_size() > 4 << 20:
+    if nbytes > 4 << 20:
         return LaunchConfig(GPU_MOVE_LARGE_BYTES_PER_STEP // words.element_size(),
                             GPU_MOVE_LARGE.max_programs, GPU_MOVE_LARGE.num_warps)
     return GPU_MOVE_CONFIGS[words.element_size()]

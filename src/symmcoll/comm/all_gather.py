@@ -72,7 +72,7 @@ def gather_words(ws: Workspace, words: torch.Tensor, out_words: torch.Tensor,
                  config: LaunchConfig | None = None) -> None:
     """Gather flat word tensors (same numel on every rank) into ``out_words`` (W * numel), in
     workspace-sized pieces. Also used by all_to_all to exchange its split sizes."""
-    cfg = config or move_config(words)
+    cfg = config or move_config(words, words.numel() * words.element_size())
     total = words.numel()
     for start, n in chunks(total, ws.capacity(words.dtype)):
         grid = cfg.grid(triton.cdiv(n, cfg.block))

@@ -237,7 +237,8 @@ def pull(x: torch.Tensor, group=None, *, splits=None,
                                input_split_sizes=matrix[ws.rank], group=group)
         return out
 
-    cfg = config or move_config(words)
+    # Sized by the average bytes per rank of the whole exchange: the same number on every rank.
+    cfg = config or move_config(words, sum(map(sum, elems)) * words.element_size() // world)
     # Every chunk, piece and offset is a multiple of align words (16 when rows are a multiple of 16
     # words), which the kernel turns into vector accesses of up to 16 bytes.
     align = math.gcd(row_numel, 16)

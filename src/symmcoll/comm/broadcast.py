@@ -93,7 +93,7 @@ def pull(x: torch.Tensor, src: int, group=None, *, config: LaunchConfig | None =
 
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
-    cfg = config or move_config(words)
+    cfg = config or move_config(words, words.numel() * words.element_size())
     out_words = as_words(out)
     for start, n in chunks(words.numel(), ws.capacity(words.dtype)):
         grid = cfg.grid(triton.cdiv(n, cfg.block))
