@@ -216,7 +216,7 @@ def test_bench_cli_cpu_end_to_end(tmp_path):
     assert all(m.wrong == 0 and m.median_us > 0 and len(m.per_rank_median_us) == 2
                for m in result.measurements)
     assert {m.implementation for m in result.measurements} == {
-        "gloo", *(f"symmcoll:{name}" for name in symmcoll.ALGORITHMS["all_reduce"])}
+        "gloo", "symmcoll:auto", *(f"symmcoll:{name}" for name in symmcoll.ALGORITHMS["all_reduce"])}
     assert list(Path(tmp_path).glob("*-all_reduce.png"))
 
 

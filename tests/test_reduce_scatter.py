@@ -66,7 +66,10 @@ def _rejects_bad_input():
     with pytest.raises(ValueError, match="dimension"):
         symmcoll.reduce_scatter(torch.tensor(1.0))
     with pytest.raises(ValueError, match="dtype"):
-        symmcoll.reduce_scatter(torch.ones(world, dtype=torch.int32))
+        symmcoll.reduce_scatter(torch.ones(world, dtype=torch.int32), algorithm="pull")
+    # "auto" sends what no kernel supports to the process group's collective: same answer.
+    ints = torch.full((2 * world,), dist.get_rank() + 1, dtype=torch.int32)
+    assert symmcoll.reduce_scatter(ints).tolist() == [world * (world + 1) // 2] * 2
     with pytest.raises(ValueError, match="contiguous"):
         symmcoll.reduce_scatter(torch.ones(4, 2 * world).t())
     with pytest.raises(ValueError, match="op"):

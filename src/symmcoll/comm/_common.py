@@ -190,7 +190,7 @@ def group_size(group) -> int:
 
 
 @triton.jit
-def _move(src, dst, offs, mask):
+def move_block(src, dst, offs, mask):
     tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
 
@@ -204,9 +204,9 @@ def copy_blocks(src, dst, n, BLOCK: tl.constexpr):
     for start in range(pid * BLOCK, n, step):
         offs = start + lane
         if start + BLOCK <= n:
-            _move(src, dst, offs, tl.full([BLOCK], 1, tl.int1))
+            move_block(src, dst, offs, tl.full([BLOCK], 1, tl.int1))
         else:
-            _move(src, dst, offs, offs < n)
+            move_block(src, dst, offs, offs < n)
 
 
 @triton.jit

@@ -39,7 +39,8 @@ import triton.language as tl
 from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import register_op
-from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
+from ._common import (LaunchConfig, SizedConfigs, chunks, combine, copy_blocks, finalize, finish,
+                      move_block, prepare_reduction)
 
 ONE_SHOT = register_op("all_reduce.one_shot")
 TWO_SHOT = register_op("all_reduce.two_shot")
@@ -51,11 +52,6 @@ GPU_ONE_SHOT = SizedConfigs(((256 << 10, LaunchConfig(4096, 64, 8)),
 GPU_TWO_SHOT = SizedConfigs(((1 << 20, LaunchConfig(4096, 64, 8)),
                              (16 << 20, LaunchConfig(8192, 64, 16)),
                              (1 << 40, LaunchConfig(8192, 132, 16))))
-
-
-@triton.jit
-def _copy(src, dst, offs, mask):
-    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
 
 @triton.jit
@@ -94,12 +90,7 @@ def _one_shot_kernel(
     # Whole blocks go unmasked (16-byte vector accesses); only the tail block is masked.
     full = tl.full([BLOCK], 1, tl.int1)
 
-    for start in range(pid * BLOCK, numel, step):
-        offs = start + lane
-        if start + BLOCK <= numel:
-            _copy(x_ptr, my_buf, offs, full)
-        else:
-            _copy(x_ptr, my_buf, offs, offs < numel)
+    copy_blocks(x_ptr, my_buf, numel, BLOCK)
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
@@ -156,9 +147,9 @@ def _two_shot_kernel(
                 start = s * shard_len + b * BLOCK
                 offs = start + lane
                 if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
-                    _copy(x_ptr, my_buf, offs, full)
+                    move_block(x_ptr, my_buf, offs, full)
                 else:
-                    _copy(x_ptr, my_buf, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
+                    move_block(x_ptr, my_buf, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
@@ -183,9 +174,9 @@ def _two_shot_kernel(
                         offs = start + lane
                         owner = peer_ptr(buffer_ptrs_dev, s, elem)
                         if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
-                            _copy(owner, out_ptr, offs, full)
+                            move_block(owner, out_ptr, offs, full)
                         else:
-                            _copy(owner, out_ptr, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
+                            move_block(owner, out_ptr, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
 
 
 def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
