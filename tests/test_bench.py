@@ -203,7 +203,8 @@ def test_bench_cli_cpu_end_to_end(tmp_path):
     # Rows of the per-implementation tables: size count type redop time p20-p80 algbw busbw %link #wrong
     headers = [line for line in out.splitlines() if "#wrong" in line]
     rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+K\s+\d+\s+bf16\s", line)]
-    implementations = 2 + len(symmcoll.ALGORITHMS["all_reduce"])  # gloo + symmcoll's + symmcoll:auto
+    # gloo + symmcoll's algorithms + symmcoll:auto + symmcoll:nccl (the fallback, out of place)
+    implementations = 3 + len(symmcoll.ALGORITHMS["all_reduce"])
     assert len(headers) == implementations
     assert len(rows) == 3 * implementations
     assert all(row[9] == "0" for row in rows), out
@@ -216,7 +217,8 @@ def test_bench_cli_cpu_end_to_end(tmp_path):
     assert all(m.wrong == 0 and m.median_us > 0 and len(m.per_rank_median_us) == 2
                for m in result.measurements)
     assert {m.implementation for m in result.measurements} == {
-        "gloo", "symmcoll:auto", *(f"symmcoll:{name}" for name in symmcoll.ALGORITHMS["all_reduce"])}
+        "gloo", "symmcoll:auto", "symmcoll:nccl",
+        *(f"symmcoll:{name}" for name in symmcoll.ALGORITHMS["all_reduce"])}
     assert list(Path(tmp_path).glob("*-all_reduce.png"))
 
 

@@ -80,9 +80,14 @@ def table_from_results(results, source: str) -> Table:
     rules = []
     for result in results:
         world = result.config.world_size
+        # The fallback as symmcoll runs it ("symmcoll:nccl", out of place) where the run measured it;
+        # otherwise the backend's own (in-place) row stands in for it.
+        measured_fallback = {m.op for m in result.measurements if m.implementation == f"symmcoll:{FALLBACK}"}
         by_case: dict[tuple[str, str], dict[int, tuple[float, str]]] = {}
         for m in result.measurements:
             if not m.ok or m.family not in ("symmcoll", "backend"):
+                continue
+            if m.family == "backend" and m.op in measured_fallback:
                 continue
             name = m.implementation.split(":", 1)[1] if m.family == "symmcoll" else FALLBACK
             if name == "auto":

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 import symmcoll
+from symmcoll import dispatch
 
 from .metrics import REDUCTIONS
 
@@ -56,12 +57,19 @@ class Implementation:
 
 def symmcoll_implementations(op: str) -> list[Implementation]:
     """Every entry of ``symmcoll.ALGORITHMS[op]`` (empty if the op is not registered yet), then
-    "symmcoll:auto": the public function with ``algorithm="auto"``, i.e. what users get."""
+    "symmcoll:auto": the public function with ``algorithm="auto"``, i.e. what users get, and
+    "symmcoll:nccl": the fallback to the process group's collective, as symmcoll calls it."""
     impls = [Implementation(f"symmcoll:{name}", op, "symmcoll", False, _symmcoll_binder(op, fn))
              for name, fn in symmcoll.ALGORITHMS.get(op, {}).items()]
     public = getattr(symmcoll, op, None)
     if impls and public is not None:
         impls.append(Implementation("symmcoll:auto", op, "symmcoll", False, _symmcoll_binder(op, public)))
+    fallback = dispatch.FALLBACKS.get(op)
+    if impls and fallback is not None:
+        # The process group's collective as algorithm="nccl" runs it (out of place: one more copy
+        # than the in-place backend row), which is what the dispatch table must weigh.
+        impls.append(Implementation(f"symmcoll:{dispatch.FALLBACK}", op, "symmcoll", False,
+                                    _symmcoll_binder(op, fallback)))
     return impls
 
 

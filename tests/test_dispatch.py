@@ -1,0 +1,110 @@
+"""The algorithm='auto' dispatcher: table lookup, tables made from benchmark results, routing."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmcoll
+from symmcoll import dispatch
+from symmcoll.dispatch import Rule, Table
+
+from test_bench import synthetic_result
+
+
+def _table():
+    return Table((Rule("all_reduce", 4, "bf16", 64 << 10, "low_latency"),
+                  Rule("all_reduce", 4, "bf16", 8 << 20, "two_shot"),
+                  Rule("all_reduce", 4, "bf16", 256 << 20, "nccl"),
+                  Rule("all_reduce", 2, "bf16", 1 << 20, "one_shot"),
+                  Rule("all_reduce", 4, "fp32", 1 << 30, "one_shot")), "test")
+
+
+def test_choose_by_size_world_and_dtype():
+    t = _table()
+    assert t.choose("all_reduce", 4, "bf16", 1) == "low_latency"
+    assert t.choose("all_reduce", 4, "bf16", 64 << 10) == "low_latency"
+    assert t.choose("all_reduce", 4, "bf16", (64 << 10) + 1) == "two_shot"
+    assert t.choose("all_reduce", 4, "bf16", 1 << 40) == "nccl"  # past the last rule: the last holds
+    assert t.choose("all_reduce", 4, "fp32", 1) == "one_shot"
+    assert t.choose("all_reduce", 4, "fp16", 1) == "low_latency"  # unknown dtype: the bf16 rules
+    assert t.choose("all_reduce", 3, "bf16", 1) == "low_latency"  # nearest world size (ties: larger)
+    assert t.choose("all_reduce", 2, "bf16", 1 << 30) == "one_shot"
+    assert t.choose("all_gather", 4, "bf16", 1) is None
+
+
+def test_table_json_round_trip_and_file_override(tmp_path, monkeypatch):
+    t = _table()
+    assert Table.from_json(t.to_json()) == t
+    path = tmp_path / "table.json"
+    path.write_text(t.to_json())
+    monkeypatch.setenv("SYMMCOLL_DISPATCH_FILE", str(path))
+    dispatch.active_table.cache_clear()
+    try:
+        assert dispatch.active_table().rules == t.rules
+        assert str(path) in dispatch.active_table().source
+    finally:
+        monkeypatch.delenv("SYMMCOLL_DISPATCH_FILE")
+        dispatch.active_table.cache_clear()
+
+
+def test_packaged_table_covers_every_op_at_4_and_2_ranks():
+    table = Table.from_json(dispatch.PACKAGED_TABLE.read_text())
+    for op in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
+        for world in (2, 4):
+            assert any(r.op == op and r.world_size == world for r in table.rules), (op, world)
+    for rule in table.rules:
+        assert rule.algorithm == dispatch.FALLBACK or rule.algorithm in symmcoll.ALGORITHMS[rule.op]
+
+
+def test_table_from_results_picks_the_fastest_correct_and_merges():
+    result = synthetic_result()  # nccl 12/40 us, torch 7/30, symmcoll:one_shot 6/32, symmcoll:bad wrong
+    rules = dispatch.table_from_results([result], "synthetic").rules
+    # torch's ops are not candidates; the wrong implementation never wins however fast
+    assert [(r.max_bytes, r.algorithm) for r in rules] == [(1 << 20, "one_shot")]
+    slower = [dataclasses.replace(m, median_us=m.median_us * 10) if m.implementation == "symmcoll:one_shot"
+              and m.size_bytes == 1 << 20 else m for m in result.measurements]
+    rules = dispatch.table_from_results([dataclasses.replace(result, measurements=tuple(slower))], "s").rules
+    assert [(r.max_bytes, r.algorithm) for r in rules] == [(4096, "one_shot"), (1 << 20, "nccl")]
+
+
+def test_measured_fallback_replaces_the_backend_row():
+    result = synthetic_result()
+    nccl_rows = [m for m in result.measurements if m.implementation == "nccl"]
+    as_called = [dataclasses.replace(m, implementation="symmcoll:nccl", family="symmcoll",
+                                     median_us=m.median_us + 100) for m in nccl_rows]
+    slower = [dataclasses.replace(m, median_us=m.median_us * 10) if m.implementation == "symmcoll:one_shot"
+              and m.size_bytes == 1 << 20 else m for m in result.measurements]
+    result = dataclasses.replace(result, measurements=tuple(slower + as_called))
+    rules = dispatch.table_from_results([result], "s").rules
+    # At 1 MB one_shot takes 320 us: NCCL as symmcoll calls it (140 us) still wins there ...
+    assert [(r.max_bytes, r.algorithm) for r in rules] == [(4096, "one_shot"), (1 << 20, "nccl")]
+    result = dataclasses.replace(result, measurements=tuple(
+        dataclasses.replace(m, median_us=m.median_us + 1000) if m.implementation == "symmcoll:nccl" else m
+        for m in result.measurements))
+    rules = dispatch.table_from_results([result], "s").rules
+    # ... but at 1140 us it loses, although the in-place backend row (40 us) would have won.
+    assert [(r.max_bytes, r.algorithm) for r in rules] == [(1 << 20, "one_shot")]
+
+
+def _routing():
+    dev = torch.device("cpu")
+    ints = torch.ones(8, dtype=torch.int32, device=dev)
+    algorithms = symmcoll.ALGORITHMS["all_reduce"]
+    assert dispatch.choose("all_reduce", ints, None, algorithms) == dispatch.FALLBACK
+    assert dispatch.choose("reduce_scatter", ints, None, symmcoll.ALGORITHMS["reduce_scatter"]) == "nccl"
+    small = torch.ones(8, dtype=torch.bfloat16, device=dev)
+    assert dispatch.choose("all_reduce", small, None, algorithms) in algorithms
+    # the fallback gives the same answer as the kernels, out of place
+    x = torch.full((6,), float(dist.get_rank() + 1))
+    for op in ("sum", "avg", "max", "min"):
+        got = symmcoll.all_reduce(x, op=op, algorithm="nccl")
+        want = symmcoll.all_reduce(x, op=op, algorithm="one_shot")
+        assert torch.equal(got, want), (op, got, want)
+    assert torch.equal(x, torch.full((6,), float(dist.get_rank() + 1)))
+    return True
+
+
+def test_routing_and_fallback(pools):
+    assert pools(2).run(_routing) == [True, True]
