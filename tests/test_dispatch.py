@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import pytest
 import torch
 import torch.distributed as dist
 

@@ -148,8 +148,9 @@ class RankPool:
         results: dict[int, Any] = {}
         failures: dict[int, str] = {}
         deadline = time.monotonic() + timeout
+        first_failure: float | None = None
         while len(results) + len(failures) < self.world_size:
-            if failures:  # the others get a grace period to finish or fail, then are killed
+            if first_failure is not None:  # the others get a grace period to finish or fail
                 deadline = min(deadline, first_failure + _GRACE_AFTER_ERROR_S)
             remaining = deadline - time.monotonic()
             dead = [r for r, p in enumerate(self._procs)
@@ -158,8 +159,7 @@ class RankPool:
                 kind, rank, payload = self._results.get(timeout=max(0.0, min(remaining, 1.0)))
             except queue.Empty:
                 for r in dead:  # died without reporting (segfault, os._exit, killed)
-                    if not failures:
-                        first_failure = time.monotonic()
+                    first_failure = first_failure or time.monotonic()
                     failures[r] = f"rank {r} process exited with code {self._procs[r].exitcode}"
                 if remaining <= 0:
                     unfinished = sorted(set(range(self.world_size)) - set(results) - set(failures))
@@ -169,8 +169,7 @@ class RankPool:
                     raise LaunchTimeout(timeout, unfinished) from None
                 continue
             if kind == "err":
-                if not failures:
-                    first_failure = time.monotonic()
+                first_failure = first_failure or time.monotonic()
                 failures[rank] = payload
             else:
                 results[rank] = payload

@@ -121,7 +121,7 @@ def run_case(case: Case) -> Measurement:
     wrong_after = stages.run("check after timing", share=True,
                              fn=lambda: _check_after(bound, inputs, captured if replay_check else None)
                              if checked else None)
-    del captured
+    captured = None  # release the captured graph before the next case
     if stages.error is not None:
         symmcoll.reset()  # a timed-out kernel leaves workspaces inconsistent; rebuilt on next use
     summaries = [None] * dist.get_world_size(group)  # every rank gets here with timing on all or none
