@@ -352,3 +352,35 @@ def test_data_movement_cuda_graph(pools, ws, numel):
     if ws > torch.cuda.device_count():
         pytest.skip(f"NOT RUN: needs {ws} GPUs")
     assert pools(ws).run(_graph_replay, numel, 10) == [10] * ws
+
+
+def _launch_sizes_agree():
+    """Every rank must launch the same grid (program p waits on program p of its peers): the size a
+    data-movement launch config is chosen from must be the same on every rank, also when the ranks'
+    inputs differ in size (variable splits)."""
+    from symmcoll.comm import all_to_all as a2a
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seen = []
+    original = a2a.move_config
+
+    def recording(words, nbytes):
+        seen.append(nbytes)
+        return original(words, nbytes)
+
+    a2a.move_config = recording
+    try:
+        splits = _variable_splits(rank, world, 3)  # ranks send different amounts
+        x = coded((sum(splits), 3), torch.bfloat16, rank, 0)
+        assert_same(symmcoll.all_to_all(x, splits=splits), reference.all_to_all(x, splits=splits),
+                    "all_to_all variable splits")
+    finally:
+        a2a.move_config = original
+    everyone = [None] * world
+    dist.all_gather_object(everyone, seen)
+    assert all(s == everyone[0] for s in everyone), f"ranks chose configs from different sizes: {everyone}"
+    assert x.numel() != 0 and len(seen) == 1
+    return True
+
+
+def test_launch_config_size_is_rank_independent(pools):
+    assert pools(3).run(_launch_sizes_agree) == [True] * 3
