@@ -64,3 +64,11 @@ def _check_pads(what: str) -> None:
         if nonzero.numel():
             raise AssertionError(f"rank {ws.rank}: {what}: signal pad not zero at slots "
                                  f"{nonzero.reshape(-1)[:8].tolist()}")
+
+
+def assert_clean_finish(what: str) -> None:
+    """After a run of calls: no kernel of this rank timed out, and every signal pad is zero again."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    symmcoll.check()
+    assert_pads_zero(what)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import symmcoll
 
-from rank_checks import assert_close, assert_pads_zero, rank_coded
+from rank_checks import assert_clean_finish, assert_close, assert_pads_zero, rank_coded
 
 pytestmark = pytest.mark.gpu
 
@@ -65,9 +65,7 @@ def _mixed_stress(calls, seed):
         wrong += bad
         per_op[f"{op}:{algorithm}"] = per_op.get(f"{op}:{algorithm}", 0) + 1
         total_bytes += numel * dtype.itemsize
-    torch.cuda.synchronize()
-    symmcoll.check()
-    assert_pads_zero("after stress")
+    assert_clean_finish("after stress")
     return wrong, per_op, total_bytes
 
 
