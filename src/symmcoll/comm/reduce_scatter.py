@@ -38,13 +38,14 @@ import triton.language as tl
 from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import get_workspace, register_op
-from ._common import (CPU_CONFIG, LaunchConfig, check_device, check_reduction_dtype, check_tensor,
+from ._common import (CPU_CONFIG, LaunchConfig, SizedConfigs, check_device, check_reduction_dtype, check_tensor,
                       chunks, combine, copy_blocks, finalize, finish, group_size, reduce_op_code)
 
 PULL = register_op("reduce_scatter.pull")
 
-GPU_PULL = LaunchConfig(block=4096, max_programs=64, num_warps=16)
-GPU_PULL_LARGE = LaunchConfig(block=8192, max_programs=132, num_warps=16)  # above 4 MB (sweep trend)
+# Above 4 MB: bigger blocks, a program per SM (the trend of the all-reduce config sweep).
+GPU_PULL = SizedConfigs(((4 << 20, LaunchConfig(block=4096, max_programs=64, num_warps=16)),
+                         (1 << 40, LaunchConfig(block=8192, max_programs=132, num_warps=16))))
 
 
 @triton.jit
@@ -139,7 +140,7 @@ def pull(x: torch.Tensor, group=None, *, op: str = "sum",
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
     cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     GPU_PULL_LARGE if x.numel() * x.element_size() > 4 << 20 else GPU_PULL)
+                     GPU_PULL.pick(x.numel() * x.element_size()))
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     segment = out_flat.numel()
     # Pieces of a multiple of 16 elements keep every staged slot aligned for 16-byte accesses.
@@ -161,11 +162,11 @@ for _dtype, _world, _op in (("bf16", 2, 0), ("bf16", 8, 1), ("fp16", 3, 2), ("fp
         _reduce_scatter_kernel,
         {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}",
          "numel": "i32", "segment_stride": "i32", "rank": "i32", "op_code": "i32"},
-        {"WORLD": _world, "REDUCE_OP": _op, "BLOCK": GPU_PULL.block},
-        num_warps=GPU_PULL.num_warps, label=f"{_dtype},")
+        {"WORLD": _world, "REDUCE_OP": _op, "BLOCK": GPU_PULL.largest.block},
+        num_warps=GPU_PULL.largest.num_warps, label=f"{_dtype},")
 # Arguments equal to 1 are specialised as constexprs on GPU: rank 1, one-element segments.
 compile_check.register(
     _reduce_scatter_kernel,
     {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": "*bf16", "out_ptr": "*bf16", "op_code": "i32"},
-    {"numel": 1, "segment_stride": 1, "rank": 1, "WORLD": 4, "REDUCE_OP": 1, "BLOCK": GPU_PULL.block},
-    num_warps=GPU_PULL.num_warps, label="bf16,")
+    {"numel": 1, "segment_stride": 1, "rank": 1, "WORLD": 4, "REDUCE_OP": 1, "BLOCK": GPU_PULL.largest.block},
+    num_warps=GPU_PULL.largest.num_warps, label="bf16,")
