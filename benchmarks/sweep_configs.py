@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from symmcoll import launch
-from symmcoll.comm import all_reduce, all_reduce_low_latency
+from symmcoll.comm import all_reduce, all_reduce_low_latency, all_reduce_sentinel
 from symmcoll.comm._common import LaunchConfig
 
 CALLS_PER_GRAPH = 10
@@ -35,6 +35,17 @@ SWEEPS = {
     "low_latency": (all_reduce_low_latency.low_latency, [4 << 10, 64 << 10, 256 << 10],
                     [LaunchConfig(b, p, w) for b, p, w in itertools.product((128, 256, 512, 1024),
                                                                             (128, 256), (2, 4, 8))]),
+    "sentinel_one_shot": (all_reduce_sentinel.sentinel_one_shot,
+                          [4 << 10, 32 << 10, 128 << 10, 256 << 10, 1 << 20],
+                          [LaunchConfig(b, p, w) for b, p, w in itertools.product((256, 512, 1024),
+                                                                                  (64, 128, 256), (4, 8))]),
+    "sentinel_two_shot": (all_reduce_sentinel.sentinel_two_shot,
+                          [128 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
+                          [LaunchConfig(b, p, w) for b, p, w in itertools.product((512, 1024, 2048, 4096),
+                                                                                  (64, 132, 264), (4, 8, 16))]),
+    # Larger blocks / more programs than the first sweep tried, where its trend had not flattened.
+    "two_shot_large": (all_reduce.two_shot, [16 << 20, 64 << 20, 256 << 20],
+                       [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384), (132, 264))]),
 }
 
 
@@ -77,6 +88,8 @@ def _sweep(algorithms: list[str]) -> list[dict]:
                 row["wrong"] = int(wrong)
                 row["us"] = _time(fn, x, config) if row["wrong"] == 0 else None
                 rows.append(row)
+                if rank == 0:
+                    print(json.dumps(row), flush=True)
     return rows
 
 
@@ -89,8 +102,8 @@ def main() -> None:
     rows = []
     for world in args.world_size:
         rows += launch.run(_sweep, world, args.algorithms, device="cuda", timeout=500)[0]
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=0)
+        with open(args.out, "w") as f:  # after every world size: a later failure keeps these
+            json.dump(rows, f, indent=0)
     best: dict[tuple, dict] = {}
     for r in rows:
         key = (r["algorithm"], r["world_size"], r["bytes"])

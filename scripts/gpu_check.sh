@@ -4,6 +4,7 @@
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
 # 10-minute call allows: split it with TEST_PATHS (e.g. "tests/test_all_reduce.py" in one call,
 # "tests/test_data_movement.py tests/test_reduce_scatter.py tests/test_gpu.py ..." in the next).
+# SWEEP_ALGORITHMS (names in benchmarks/sweep_configs.py) and BENCH_OPS (e.g. all_reduce) narrow a run.
 # Writes logs and result files under $OUT (default ./out). Installs nothing: uses the image's torch and
 # triton with src/ on PYTHONPATH. Every step runs under `timeout`; NVLink multicast stays off.
 set -uo pipefail
@@ -38,13 +39,13 @@ for stage in $stages; do
     sweep)
       sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
       timeout ${SWEEP_TIMEOUT:-240} python3 benchmarks/sweep_configs.py --world-size $sizes \
-        --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
+        ${SWEEP_ALGORITHMS:+--algorithms $SWEEP_ALGORITHMS} --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     bench)
       sizes=2; [ "$ngpu" -ge 4 ] && sizes=4,2
       # Result JSONs only: plots are drawn from them afterwards (symmcoll plot), off the GPU machine.
-      timeout ${BENCH_TIMEOUT:-500} python3 -m symmcoll bench --op all --world-size "$sizes" --out "$OUT" 2>&1 \
+      timeout ${BENCH_TIMEOUT:-500} python3 -m symmcoll bench --op ${BENCH_OPS:-all} --world-size "$sizes" --out "$OUT" 2>&1 \
         | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;

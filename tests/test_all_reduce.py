@@ -95,3 +95,34 @@ def test_double_binary_tree_shape(world):
             assert v == roots[0]
         inner.append({r for r in range(world) if children[r]})
     assert not inner[0] & inner[1], "a rank is an inner node of both trees"
+
+
+def _sentinel_bit_patterns(algorithm):
+    """Inputs made of the values the sentinel protocol must never send (negative zeros, and for fp32
+    the EMPTY word itself) still arrive, and every slot is EMPTY again after the call."""
+    from symmcoll.comm.all_reduce_sentinel import EMPTY
+    dev, world = device(), dist.get_world_size()
+    for dtype in DTYPES:
+        x = torch.full((BLOCK + 5,), -0.0, dtype=dtype, device=dev)
+        x[1::2] = dist.get_rank() + 1
+        got = symmcoll.all_reduce(x, algorithm=algorithm)
+        want = torch.zeros_like(x)
+        want[1::2] = world * (world + 1) / 2
+        assert_close(got, want, f"{algorithm} {dtype} negative zeros", exact=True)
+    empty_word = torch.full((999,), EMPTY.value, dtype=torch.int32, device=dev).view(torch.float32)
+    got = symmcoll.all_reduce(empty_word, algorithm=algorithm)
+    assert bool((got.abs() <= world * 5e-41).all()), f"{algorithm}: fp32 EMPTY words: {got[:4].tolist()}"
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
+    ws = symmcoll.get_workspace()
+    for name, region in ws.extra.items():
+        if name.startswith("all_reduce.sentinel_") and not name.endswith(".epochs"):
+            words = region.local[: region.local.numel() // 4 * 4].view(torch.int32)
+            left = (words != EMPTY.value).nonzero().reshape(-1)
+            assert left.numel() == 0, f"rank {ws.rank}: {name}: slots not EMPTY at {left[:8].tolist()}"
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a.startswith("sentinel_")])
+def test_sentinel_bit_patterns(pools, world_size, algorithm):
+    pools(world_size).run(_sentinel_bit_patterns, algorithm)

@@ -15,6 +15,7 @@ import torch
 from . import dispatch, memory
 from .comm import all_reduce as _all_reduce
 from .comm import all_reduce_low_latency as _all_reduce_ll
+from .comm import all_reduce_sentinel as _all_reduce_sentinel
 from .comm import all_reduce_tree as _all_reduce_tree
 from .comm import all_gather as _all_gather
 from .comm import all_to_all as _all_to_all
@@ -29,7 +30,9 @@ __all__ = ["ALGORITHMS", "all_reduce", "reduce_scatter", "all_gather", "all_to_a
 
 ALGORITHMS: dict[str, dict] = {
     "all_reduce": {"one_shot": _all_reduce.one_shot, "two_shot": _all_reduce.two_shot,
-                   "low_latency": _all_reduce_ll.low_latency, "tree": _all_reduce_tree.tree},
+                   "low_latency": _all_reduce_ll.low_latency, "tree": _all_reduce_tree.tree,
+                   "sentinel_one_shot": _all_reduce_sentinel.sentinel_one_shot,
+                   "sentinel_two_shot": _all_reduce_sentinel.sentinel_two_shot},
     "reduce_scatter": {"pull": _reduce_scatter.pull},
     "all_gather": {"pull": _all_gather.pull},
     "all_to_all": {"pull": _all_to_all.pull},

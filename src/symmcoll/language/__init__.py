@@ -5,8 +5,10 @@ from .signals import (
     block_barrier,
     peer_ptr,
     send_signals,
+    wait_filled,
     wait_flagged,
     wait_signals,
 )
 
-__all__ = ["MAX_WORLD", "block_barrier", "peer_ptr", "send_signals", "wait_flagged", "wait_signals"]
+__all__ = ["MAX_WORLD", "block_barrier", "peer_ptr", "send_signals", "wait_filled", "wait_flagged",
+           "wait_signals"]

@@ -90,6 +90,24 @@ def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, op_code
 
 
 @triton.jit
+def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, peer, op_code):
+    """Sentinel protocol wait: poll int32 words until none under ``mask`` still holds ``EMPTY``, a
+    value senders never write. Each aligned 4-byte word lands whole (single-copy atomic), so a word that
+    is not ``EMPTY`` is the sender's final value: no flag, no fence. Volatile loads, bounded by
+    ``spin_budget``; returns (words, spins left) like ``wait_flagged``.
+    """
+    words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    budget = spin_budget
+    while (tl.max((words == EMPTY).to(tl.int32), axis=0) > 0) & (budget > 0):
+        words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        budget -= 1
+    if tl.max((words == EMPTY).to(tl.int32), axis=0) > 0:
+        record_timeout(status_ptr, rank, peer, op_code)
+        budget = budget * 0
+    return words, budget
+
+
+@triton.jit
 def _peer_slots(signal_pad_ptrs_dev, slot, is_peer, rank):
     """Pointers to ``slot`` in every peer's pad. Non-peer lanes point at slot 0 of my own pad; the
     callers give those lanes a comparand no slot ever holds (-1), so their CAS never writes."""

@@ -78,12 +78,18 @@ class Workspace:
     broken: bool = False
     extra: dict = field(default_factory=dict, repr=False)
 
-    def region(self, name: str, nbytes: int) -> SymmetricRegion:
-        """A named extra symmetric region (zero-filled), created collectively on first use; for
-        algorithms that keep state in symmetric memory between calls."""
+    def region(self, name: str, nbytes: int, fill_int32: int = 0) -> SymmetricRegion:
+        """A named extra symmetric region, created collectively on first use; for algorithms that keep
+        state in symmetric memory between calls. Every int32 word starts as ``fill_int32`` on every
+        rank before any rank can write to a peer's copy."""
         reg = self.extra.get(name)
         if reg is None:
             reg = _allocate(self.group, nbytes, self.device)
+            if fill_int32 != 0:
+                reg.local[: nbytes // 4 * 4].view(torch.int32).fill_(fill_int32)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                dist.barrier(self.group)
             self.extra[name] = reg
         if reg.local.numel() < nbytes:
             raise ValueError(f"region {name!r} has {reg.local.numel()} bytes, asked for {nbytes}")

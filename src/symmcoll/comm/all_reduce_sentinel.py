@@ -1,0 +1,274 @@
+"""Barrier-free all-reduce with a sentinel in the data (the Lamport scheme): one-shot and two-shot.
+
+Receive slots in a symmetric region start out holding ``EMPTY`` (0x80008000: two bf16/fp16 negative
+zeros; for fp32 a negative denormal). Senders never write ``EMPTY``: before sending, every 16-bit
+negative zero becomes +0, and an fp32 word equal to ``EMPTY`` becomes -0.0 (a change of 4.6e-41). A
+receiver polls its slots with volatile loads until no word is ``EMPTY`` (``wait_filled``): an aligned
+4-byte word lands whole, so any other value is the sender's final value. No signal, no fence, no
+barrier, and no flag inflating the data (the flag protocol in all_reduce_low_latency.py doubles it).
+After reading, the receiver writes ``EMPTY`` back into the slots it consumed.
+
+sentinel_one_shot
+    Every rank stores its (sanitised) input into its row of every peer's slots, then waits for every
+    peer's row and reduces all ranks in rank order (fp32; bit-identical results everywhere).
+    Traffic: (W-1) * S bytes written to peers per rank. Latency: one NVLink hop.
+
+sentinel_two_shot
+    Reduce-scatter then all-gather, both by pushing: shard s of my input goes to rank s's slots; rank s
+    reduces its shard (rank order) and pushes the result into every peer's gather slots; every rank
+    copies the gathered shards into its output. Traffic: 2 (W-1)/W * S per rank, all remote stores (no
+    round trip waited on). Latency: two hops.
+
+Rotating slots keep it graph-safe: program ``p`` keeps a per-rank epoch counter on the device
+(``local_state``) and uses slot set ``epoch % PHASES``. Program p of every rank takes part in the same
+calls (the grid depends only on the size), so the counters agree across ranks; only program p of a peer
+reads what program p wrote. A rank reuses a slot set PHASES calls later, and it can be at most one call
+ahead of any peer (finishing call k+1 needs every peer's call k+1 data, sent after that peer finished
+call k, resets included), so a slot is reset before anybody writes it again.
+
+Messages above the size limit of the region go in pieces (one launch each).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import compile_check
+from ..language import peer_ptr, wait_filled
+from ..memory import MAX_PROGRAMS, register_op
+from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
+from .all_reduce_low_latency import _WORD_FORMAT, _pack, _unpack
+
+ONE_SHOT = register_op("all_reduce.sentinel_one_shot")
+TWO_SHOT = register_op("all_reduce.sentinel_two_shot")
+
+EMPTY: tl.constexpr = tl.constexpr(-2147450880)  # 0x80008000 as int32
+_NEG_ZERO_F32: tl.constexpr = tl.constexpr(-2147483648)  # 0x80000000
+_HIGH_HALF: tl.constexpr = tl.constexpr(-65536)  # 0xFFFF0000
+PHASES: tl.constexpr = tl.constexpr(3)
+
+# Largest message per launch, by device (CPU: keeps the /dev/shm regions small and chunking tested).
+MAX_BYTES = {"one_shot": {"cuda": 2 << 20, "cpu": 64 << 10},
+             "two_shot": {"cuda": 16 << 20, "cpu": 128 << 10}}
+# Block = int32 words per program step. Starting points; benchmarks/sweep_configs.py measures.
+GPU_ONE_SHOT = SizedConfigs(((64 << 10, LaunchConfig(256, 128, 4)),
+                             (1 << 40, LaunchConfig(512, 256, 4))))
+GPU_TWO_SHOT = SizedConfigs(((1 << 20, LaunchConfig(512, 128, 4)),
+                             (1 << 40, LaunchConfig(2048, 132, 8))))
+
+
+@triton.jit
+def _sanitize(words, FORMAT: tl.constexpr):
+    """Make sure no word equals EMPTY: 16-bit negative zeros -> +0; fp32 EMPTY -> -0.0."""
+    if FORMAT == 2:
+        return tl.where(words == EMPTY, _NEG_ZERO_F32, words)
+    else:
+        words = tl.where((words & 0xFFFF) == 0x8000, words & _HIGH_HALF, words)
+        return tl.where((words & _HIGH_HALF) == _NEG_ZERO_F32, words & 0xFFFF, words)
+
+
+@triton.jit
+def _receive(x_ptr, slots, offs, slot_offs, mask, src, rank, budget, status_ptr, op_code,
+             FORMAT: tl.constexpr):
+    """``src``'s words: my own from ``x_ptr``, a peer's from my slots once filled (then emptied)."""
+    if src == rank:
+        words = _sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
+    else:
+        words, budget = wait_filled(slots + slot_offs, mask, EMPTY, budget, status_ptr, rank, src,
+                                    op_code)
+        tl.store(slots + slot_offs, tl.zeros_like(words) + EMPTY, mask=mask)
+    return words, budget
+
+
+@triton.jit
+def _reduce_sources(x_ptr, slots, row_words, offs, slot_offs, mask, rank, budget, status_ptr, op_code,
+                    WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr):
+    """Reduce one block over every rank in rank order; source ``src`` sits at slots + src * row_words.
+    Returns the packed, sanitised words and the spin budget left."""
+    words, budget = _receive(x_ptr, slots, offs, slot_offs, mask, 0, rank, budget, status_ptr,
+                             op_code, FORMAT)
+    acc_lo, acc_hi = _unpack(words, FORMAT)
+    for src in tl.static_range(1, WORLD):
+        words, budget = _receive(x_ptr, slots, offs, src * row_words + slot_offs, mask, src, rank,
+                                 budget, status_ptr, op_code, FORMAT)
+        lo, hi = _unpack(words, FORMAT)
+        acc_lo = combine(acc_lo, lo, REDUCE_OP)
+        acc_hi = combine(acc_hi, hi, REDUCE_OP)
+    acc_lo = finalize(acc_lo, REDUCE_OP, WORLD)
+    acc_hi = finalize(acc_hi, REDUCE_OP, WORLD)
+    return _sanitize(_pack(acc_lo, acc_hi, FORMAT), FORMAT), budget
+
+
+@triton.jit
+def _one_shot_kernel(
+    # symmetric slot region (address table), per-program epochs of this rank, error record, wait budget
+    slot_ptrs_dev, epochs_ptr, status_ptr, max_spins,
+    # this call's tensors, as int32 words
+    x_ptr, out_ptr, n_words,
+    # topology
+    rank, op_code,
+    WORLD: tl.constexpr,
+    # meta-parameters: ROW = slots per source row
+    REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    epoch = tl.load(epochs_ptr + pid) + 1
+    phase_base = (epoch % PHASES) * WORLD * ROW
+    lane = tl.arange(0, BLOCK)
+
+    # Push my words into my row of every peer's slots.
+    for start in range(pid * BLOCK, n_words, step):
+        offs = start + lane
+        mask = offs < n_words
+        words = _sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
+        for r in tl.static_range(WORLD):
+            if r != rank:
+                tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + phase_base + rank * ROW + offs, words,
+                         mask=mask)
+
+    slots = peer_ptr(slot_ptrs_dev, rank, tl.int32) + phase_base
+    budget = max_spins
+    for start in range(pid * BLOCK, n_words, step):
+        offs = start + lane
+        mask = offs < n_words
+        words, budget = _reduce_sources(x_ptr, slots, ROW, offs, offs, mask, rank, budget, status_ptr,
+                                        op_code, WORLD, REDUCE_OP, FORMAT)
+        tl.store(out_ptr + offs, words, mask=mask)
+    tl.store(epochs_ptr + pid, epoch)
+
+
+@triton.jit
+def _two_shot_kernel(
+    # symmetric slot region (address table), per-program epochs of this rank, error record, wait budget
+    slot_ptrs_dev, epochs_ptr, status_ptr, max_spins,
+    # this call's tensors, as int32 words; shard s = words [s * shard_words, (s + 1) * shard_words)
+    x_ptr, out_ptr, n_words, shard_words,
+    # topology
+    rank, op_code,
+    WORLD: tl.constexpr,
+    # meta-parameters: ROW = slots per source row (>= shard_words)
+    REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = tl.load(epochs_ptr + pid) + 1
+    # Slot set layout: [stage 0: contributions to my shard, by source][stage 1: shards, by owner].
+    scatter_base = (epoch % PHASES) * 2 * WORLD * ROW
+    gather_base = scatter_base + WORLD * ROW
+    blocks = tl.cdiv(shard_words, BLOCK)
+    lane = tl.arange(0, BLOCK)
+
+    # Stage 0: shard s of my input -> my row of rank s's scatter slots.
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        for s in tl.static_range(WORLD):
+            if s != rank:
+                offs = s * shard_words + in_shard
+                mask = (in_shard < shard_words) & (offs < n_words)
+                words = _sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
+                tl.store(peer_ptr(slot_ptrs_dev, s, tl.int32) + scatter_base + rank * ROW + in_shard,
+                         words, mask=mask)
+
+    # Stage 1: reduce my shard, keep it and push it into my row of every peer's gather slots.
+    slots = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+    budget = max_spins
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        offs = rank * shard_words + in_shard
+        mask = (in_shard < shard_words) & (offs < n_words)
+        words, budget = _reduce_sources(x_ptr, slots + scatter_base, ROW, offs, in_shard, mask, rank,
+                                        budget, status_ptr, op_code, WORLD, REDUCE_OP, FORMAT)
+        tl.store(out_ptr + offs, words, mask=mask)
+        for r in tl.static_range(WORLD):
+            if r != rank:
+                tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + gather_base + rank * ROW + in_shard,
+                         words, mask=mask)
+
+    # Stage 2: every other shard from my gather slots into my output.
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        for s in tl.static_range(WORLD):
+            if s != rank:
+                offs = s * shard_words + in_shard
+                mask = (in_shard < shard_words) & (offs < n_words)
+                row = slots + gather_base + s * ROW + in_shard
+                words, budget = wait_filled(row, mask, EMPTY, budget, status_ptr, rank, s, op_code)
+                tl.store(row, tl.zeros_like(words) + EMPTY, mask=mask)
+                tl.store(out_ptr + offs, words, mask=mask)
+    tl.store(epochs_ptr + pid, epoch)
+
+
+def _as_words(x: torch.Tensor):
+    """x flattened to int32 words (a 16-bit tensor of odd length gets one spare element)."""
+    flat = x.reshape(-1)
+    padded = (flat.numel() * flat.element_size()) % 4 != 0
+    if padded:
+        flat = torch.cat([flat, flat.new_zeros(1)])
+    return flat, padded
+
+
+def _row_words(kind: str, device_type: str, world: int) -> int:
+    words = MAX_BYTES[kind][device_type] // 4
+    return words if kind == "one_shot" else triton.cdiv(triton.cdiv(words, world), 4) * 4
+
+
+def _run(kind: str, x: torch.Tensor, group, op: str, config: LaunchConfig | None) -> torch.Tensor:
+    ws, code, cfg = prepare_reduction(x, group, op, config,
+                                      GPU_ONE_SHOT if kind == "one_shot" else GPU_TWO_SHOT)
+    world = ws.world_size
+    row = _row_words(kind, ws.device.type, world)
+    region_words = PHASES.value * world * row * (1 if kind == "one_shot" else 2)
+    region = ws.region(f"all_reduce.sentinel_{kind}", region_words * 4, fill_int32=EMPTY.value)
+    epochs = ws.local_state(f"all_reduce.sentinel_{kind}.epochs", MAX_PROGRAMS)
+    flat, padded = _as_words(x)
+    out = torch.empty_like(flat)
+    src_words, out_words = flat.view(torch.int32), out.view(torch.int32)
+    common = dict(WORLD=world, REDUCE_OP=code, FORMAT=_WORD_FORMAT[x.dtype], ROW=row, BLOCK=cfg.block,
+                  num_warps=cfg.num_warps)
+    piece = MAX_BYTES[kind][ws.device.type] // 4
+    for start, n in chunks(src_words.numel(), piece):
+        if kind == "one_shot":
+            _one_shot_kernel[cfg.grid(triton.cdiv(n, cfg.block))](
+                region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
+                src_words[start:], out_words[start:], n, ws.rank, ONE_SHOT, **common)
+        else:
+            # 16-byte aligned shards (Triton specialises integer arguments divisible by 16).
+            shard = triton.cdiv(triton.cdiv(n, world), 4) * 4
+            _two_shot_kernel[cfg.grid(triton.cdiv(shard, cfg.block))](
+                region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
+                src_words[start:], out_words[start:], n, shard, ws.rank, TWO_SHOT, **common)
+    finish(ws)
+    if padded:
+        out = out[:-1]
+    return out.view(x.shape)
+
+
+def sentinel_one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
+                      config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place barrier-free one-shot all-reduce; returns a new tensor."""
+    return _run("one_shot", x, group, op, config)
+
+
+def sentinel_two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
+                      config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place barrier-free two-shot (push reduce-scatter + push all-gather); returns a new
+    tensor."""
+    return _run("two_shot", x, group, op, config)
+
+
+_SIGNATURE = {"slot_ptrs_dev": "i64", "epochs_ptr": "*i32", "status_ptr": "i64", "max_spins": "i32",
+              "x_ptr": "*i32", "out_ptr": "*i32", "n_words": "i32"}
+for _format in (0, 1, 2):
+    for _world in (2, 3, 4, 8):
+        _meta = {"WORLD": _world, "REDUCE_OP": 0 if _world != 3 else 3, "FORMAT": _format}
+        compile_check.register(
+            _one_shot_kernel, {**_SIGNATURE, "rank": "i32", "op_code": "i32"},
+            {**_meta, "ROW": _row_words("one_shot", "cuda", _world), "BLOCK": GPU_ONE_SHOT.largest.block},
+            num_warps=GPU_ONE_SHOT.largest.num_warps, label=f"format{_format},")
+        compile_check.register(
+            _two_shot_kernel, {**_SIGNATURE, "shard_words": "i32", "rank": "i32", "op_code": "i32"},
+            {**_meta, "ROW": _row_words("two_shot", "cuda", _world), "BLOCK": GPU_TWO_SHOT.largest.block},
+            num_warps=GPU_TWO_SHOT.largest.num_warps, label=f"format{_format},")
