@@ -71,15 +71,15 @@ def _check(what, got, want, x, snapshot):
     assert_pads_zero(f"after {what}")
 
 
-def _all_gather(dtypes):
+def _all_gather(dtypes, algorithm="auto"):
     rank = dist.get_rank()
     for d, dtype in enumerate(dtypes):
         for call in range(3):
             shape = SHAPES[(d + call) % len(SHAPES)]
             x = coded(shape, dtype, rank, call)
             snapshot = x.clone()
-            _check(f"all_gather {dtype} {shape} call {call}", symmcoll.all_gather(x),
-                   reference.all_gather(x), x, snapshot)
+            _check(f"all_gather {algorithm} {dtype} {shape} call {call}",
+                   symmcoll.all_gather(x, algorithm=algorithm), reference.all_gather(x), x, snapshot)
 
 
 def _broadcast(dtypes):
@@ -130,8 +130,9 @@ def _all_to_all_splits(dtypes):
                reference.all_to_all(x, splits=splits), x, snapshot)
 
 
-def test_all_gather(pools, world_size):
-    pools(world_size).run(_all_gather, DTYPES)
+@pytest.mark.parametrize("algorithm", ["auto", *sorted(symmcoll.ALGORITHMS["all_gather"])])
+def test_all_gather(pools, world_size, algorithm):
+    pools(world_size).run(_all_gather, DTYPES, algorithm)
 
 
 def test_broadcast(pools, world_size):
@@ -225,6 +226,8 @@ def _larger_than_workspace():
         snapshot = x.clone()
         _check(f"chunked all_gather call {call}", symmcoll.all_gather(x), reference.all_gather(x),
                x, snapshot)
+        _check(f"chunked all_gather copy_engine call {call}",
+               symmcoll.all_gather(x, algorithm="copy_engine"), reference.all_gather(x), x, snapshot)
         x = coded((3 * ws_bytes + 5,), torch.uint8, rank, call)
         snapshot = x.clone()
         _check(f"chunked broadcast call {call}", symmcoll.broadcast(x, call % world),
@@ -325,7 +328,7 @@ def _graph_replay(numel, replays):
     rank, world = dist.get_rank(), dist.get_world_size()
     x = coded((world * numel,), torch.bfloat16, rank, 0)
     calls = [lambda: symmcoll.all_gather(x), lambda: symmcoll.broadcast(x, world - 1),
-             lambda: symmcoll.all_to_all(x)]
+             lambda: symmcoll.all_to_all(x), lambda: symmcoll.all_gather(x, algorithm="copy_engine")]
     for fn in calls:  # workspace + compilation before capture
         fn()
     torch.cuda.synchronize()
@@ -335,9 +338,9 @@ def _graph_replay(numel, replays):
     for replay in range(1, replays + 1):
         x.copy_(coded((world * numel,), torch.bfloat16, rank, replay))
         graph.replay()
-        for name, out, want in zip(("all_gather", "broadcast", "all_to_all"), outs,
-                                   (reference.all_gather(x), reference.broadcast(x, world - 1),
-                                    reference.all_to_all(x))):
+        for name, out, want in zip(("all_gather", "broadcast", "all_to_all", "all_gather copy_engine"),
+                                   outs, (reference.all_gather(x), reference.broadcast(x, world - 1),
+                                          reference.all_to_all(x), reference.all_gather(x))):
             assert_same(out, want, f"{name} graph replay {replay}")
     assert_pads_zero("after graph replays")
     return replays

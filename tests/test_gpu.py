@@ -49,6 +49,7 @@ def _mixed_stress(calls, seed):
     rank, world = dist.get_rank(), dist.get_world_size()
     cases = [("all_reduce", a) for a in sorted(symmcoll.ALGORITHMS["all_reduce"])] + [("all_reduce", "auto")]
     cases += [(op, "auto") for op in ("reduce_scatter", "all_gather", "all_to_all", "broadcast")]
+    cases += [(op, a) for op in ("reduce_scatter", "all_gather") for a in sorted(symmcoll.ALGORITHMS[op])]
     wrong, per_op, total_bytes = 0, {}, 0
     for call in range(calls):
         op, algorithm = rng.choice(cases)

@@ -20,7 +20,7 @@ DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 BLOCK = CPU_CONFIG.block
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 OPS = ["sum", "avg", "max", "min"]
-ALGORITHMS = ["pull"]
+ALGORITHMS = sorted(symmcoll.ALGORITHMS["reduce_scatter"])
 # Output shapes (x has W times as many rows): one element, odd and 2-d, a block plus a tail,
 # ~10^4 elements, 3-d.
 SHAPES = [(1,), (7, 3), (BLOCK + 3,), (5, 2001), (3, 5, 7)]
@@ -128,7 +128,7 @@ def _stress(calls, seed):
         row = rng.choice([1, 7, 4096])
         rows = max(1, int(2 ** rng.uniform(1, 26)) // (row * dtype.itemsize * world))
         x = _input((rows, row), dtype, rank, call, world)
-        got = symmcoll.reduce_scatter(x, op=op)
+        got = symmcoll.reduce_scatter(x, op=op, algorithm=rng.choice(["auto", *ALGORITHMS]))
         wrong += int((got != _expected((rows, row), dtype, op, world, rank, call)).sum())
     assert_clean_finish("after stress")
     return wrong
@@ -143,20 +143,20 @@ def test_reduce_scatter_gpu_stress(pools, ws):
     assert wrong == [0] * ws, wrong
 
 
-def _graph_replay(out_shape, replays):
+def _graph_replay(out_shape, replays, algorithm):
     rank, world = dist.get_rank(), dist.get_world_size()
     x = _input(out_shape, torch.bfloat16, rank, 0, world)
-    symmcoll.reduce_scatter(x)  # workspace + compilation before capture
+    symmcoll.reduce_scatter(x, algorithm=algorithm)  # workspace + compilation before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = [symmcoll.reduce_scatter(x, op=op) for op in ("sum", "max")]
+        outs = [symmcoll.reduce_scatter(x, op=op, algorithm=algorithm) for op in ("sum", "max")]
     for replay in range(1, replays + 1):
         x.copy_(_input(out_shape, torch.bfloat16, rank, replay, world))
         graph.replay()
         for op, out in zip(("sum", "max"), outs):
             assert_close(out, _expected(out_shape, torch.bfloat16, op, world, rank, replay),
-                         f"{op} graph replay {replay}", exact=True)
+                         f"{algorithm} {op} graph replay {replay}", exact=True)
     assert_pads_zero("after graph replays")
     return replays
 
@@ -164,7 +164,8 @@ def _graph_replay(out_shape, replays):
 @pytest.mark.gpu
 @pytest.mark.parametrize("ws", [2, 4])
 @pytest.mark.parametrize("out_shape", [(1,), (4097,), (1024, 1024)])
-def test_reduce_scatter_cuda_graph(pools, ws, out_shape):
+@pytest.mark.parametrize("algorithm", ["auto", *ALGORITHMS])
+def test_reduce_scatter_cuda_graph(pools, ws, out_shape, algorithm):
     if ws > torch.cuda.device_count():
         pytest.skip(f"NOT RUN: needs {ws} GPUs")
-    assert pools(ws).run(_graph_replay, out_shape, 10) == [10] * ws
+    assert pools(ws).run(_graph_replay, out_shape, 10, algorithm) == [10] * ws

@@ -33,8 +33,8 @@ ALGORITHMS: dict[str, dict] = {
                    "low_latency": _all_reduce_ll.low_latency, "tree": _all_reduce_tree.tree,
                    "sentinel_one_shot": _all_reduce_sentinel.sentinel_one_shot,
                    "sentinel_two_shot": _all_reduce_sentinel.sentinel_two_shot},
-    "reduce_scatter": {"pull": _reduce_scatter.pull},
-    "all_gather": {"pull": _all_gather.pull},
+    "reduce_scatter": {"pull": _reduce_scatter.pull, "sentinel": _reduce_scatter.sentinel},
+    "all_gather": {"pull": _all_gather.pull, "copy_engine": _all_gather.copy_engine},
     "all_to_all": {"pull": _all_to_all.pull},
     "broadcast": {"pull": _broadcast.pull},
 }

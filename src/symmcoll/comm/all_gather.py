@@ -19,6 +19,14 @@ pull
     Work split: program ``pid`` owns blocks pid, pid + P, ... of the input on every rank, both when it
     copies in and when it reads peers, so program ``pid`` only waits on program ``pid`` of its peers.
 
+copy_engine
+    The same exchange with the GPU's copy engines instead of SMs, for large inputs: my input is copied
+    into my buffer, a one-program barrier kernel publishes it, then W-1 ``copy_`` calls pull each
+    peer's buffer straight into the output (peers in the order rank+1, rank+2, ...), and an exit
+    barrier follows. A copy engine pulls from a peer at the link rate (357-368 GB/s measured) where SM
+    loads reach 310-327 GB/s, and the launches cost a few microseconds more: it pays off from tens of
+    MB per rank. Graph-safe (copies between fixed addresses, self-resetting barrier slots).
+
 The kernel moves words, not values: any dtype of itemsize 1, 2, 4 or 8 is viewed as the integer type
 of that size (fp8, bool, ints, bf16, complex64 ...). Other itemsizes fall back to the process group's
 own all-gather. Inputs larger than the workspace are gathered in workspace-sized pieces, one launch per
@@ -40,6 +48,7 @@ from ._common import (GPU_MOVE_CONFIGS, LaunchConfig, as_words, check_device, ch
                       copy_blocks, finish, group_size, logger, move_config, tee_blocks)
 
 PULL = register_op("all_gather.pull")
+COPY_ENGINE = register_op("all_gather.copy_engine")
 
 
 @triton.jit
@@ -85,28 +94,66 @@ def gather_words(ws: Workspace, words: torch.Tensor, out_words: torch.Tensor,
     finish(ws)
 
 
-def pull(x: torch.Tensor, group=None, *, config: LaunchConfig | None = None) -> torch.Tensor:
-    """Out-of-place all-gather of ``x`` along dim 0 over ``group``: shape [W * x.shape[0], ...]."""
+@triton.jit
+def _barrier_kernel(signal_pad_ptrs_dev, status_ptr, max_spins, rank, op_code, WORLD: tl.constexpr):
+    block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+
+
+def barrier(ws: Workspace, op_code: int) -> None:
+    """A one-program barrier over the workspace's group, in stream order (graph-safe)."""
+    _barrier_kernel[(1,)](ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins, ws.rank, op_code,
+                          WORLD=ws.world_size, num_warps=1)
+
+
+def _prepare(x: torch.Tensor, group):
+    """Validate; returns (out, words of x or None when out is already complete)."""
     check_tensor(x, "x")
     check_device(x, "x")
     world = group_size(group)
     shape = tuple(x.shape) if x.dim() > 0 else (1,)
     out = torch.empty((world * shape[0], *shape[1:]), dtype=x.dtype, device=x.device)
     if x.numel() == 0:
-        return out
+        return out, None
     if world == 1:
-        return out.copy_(x.reshape(shape))
-
+        return out.copy_(x.reshape(shape)), None
     words = as_words(x)
     if words is None:
         logger.debug("symmcoll.all_gather: no symmetric-memory kernel for %s (itemsize %d); "
                      "using the process group's all_gather", x.dtype, x.element_size())
         dist.all_gather(list(out.chunk(world)), x.reshape(shape), group=group)  # fills out in place
-        return out
+        return out, None
+    return out, words
 
+
+def pull(x: torch.Tensor, group=None, *, config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place all-gather of ``x`` along dim 0 over ``group``: shape [W * x.shape[0], ...]."""
+    out, words = _prepare(x, group)
+    if words is None:
+        return out
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
     gather_words(ws, words, as_words(out), config)
+    return out
+
+
+def copy_engine(x: torch.Tensor, group=None) -> torch.Tensor:
+    """All-gather like ``pull``, the data moved by ``copy_`` (copy engines on GPU)."""
+    out, words = _prepare(x, group)
+    if words is None:
+        return out
+    ws = get_workspace(group, x.device)
+    check_tensor(x, "x", ws.device.type)
+    src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
+    total = src.numel()
+    for start, n in chunks(total, ws.buffer_bytes):
+        ws.buffer[:n].copy_(src[start:start + n])
+        dst[ws.rank * total + start:][:n].copy_(src[start:start + n])
+        barrier(ws, COPY_ENGINE)
+        for k in range(1, ws.world_size):
+            peer = (ws.rank + k) % ws.world_size
+            dst[peer * total + start:][:n].copy_(ws.peer_buffer(peer)[:n])
+        barrier(ws, COPY_ENGINE)  # nobody refills its buffer while a peer still copies from it
+    finish(ws)
     return out
 
 
@@ -118,6 +165,9 @@ for _word, _world in ((1, 2), (2, 3), (4, 4), (8, 8)):
         {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_ty}", "out_ptr": f"*{_ty}",
          "numel": "i32", "out_rank_stride": "i32", "rank": "i32", "op_code": "i32"},
         {"WORLD": _world, "BLOCK": _cfg.block}, num_warps=_cfg.num_warps, label=f"{_ty},")
+compile_check.register(
+    _barrier_kernel, {"signal_pad_ptrs_dev": "i64", "status_ptr": "i64", "max_spins": "i32", "rank": "i32",
+                      "op_code": "i32"}, {"WORLD": 4}, num_warps=1, label="")
 # Arguments equal to 1 are specialised as constexprs on GPU: rank 1, one-element tensors.
 compile_check.register(
     _all_gather_kernel,

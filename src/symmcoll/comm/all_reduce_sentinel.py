@@ -43,6 +43,7 @@ from .all_reduce_low_latency import _WORD_FORMAT, _pack, _unpack
 
 ONE_SHOT = register_op("all_reduce.sentinel_one_shot")
 TWO_SHOT = register_op("all_reduce.sentinel_two_shot")
+REDUCE_SCATTER = register_op("reduce_scatter.sentinel")
 
 EMPTY: tl.constexpr = tl.constexpr(-2147450880)  # 0x80008000 as int32
 _NEG_ZERO_F32: tl.constexpr = tl.constexpr(-2147483648)  # 0x80000000
@@ -144,13 +145,16 @@ def _one_shot_kernel(
 def _two_shot_kernel(
     # symmetric slot region (address table), per-program epochs of this rank, error record, wait budget
     slot_ptrs_dev, epochs_ptr, status_ptr, max_spins,
-    # this call's tensors, as int32 words; shard s = words [s * shard_words, (s + 1) * shard_words)
-    x_ptr, out_ptr, n_words, shard_words,
+    # this call's tensors, as int32 words: shard s of x = x[s * x_stride :][:shard_words], valid
+    # below n_words
+    x_ptr, out_ptr, n_words, shard_words, x_stride,
     # topology
     rank, op_code,
     WORLD: tl.constexpr,
-    # meta-parameters: ROW = slots per source row (>= shard_words)
+    # meta-parameters: ROW = slots per source row (>= shard_words); GATHER: all-reduce (out shaped
+    # like x) rather than reduce-scatter (out = my reduced shard)
     REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -166,7 +170,7 @@ def _two_shot_kernel(
         in_shard = b * BLOCK + lane
         for s in tl.static_range(WORLD):
             if s != rank:
-                offs = s * shard_words + in_shard
+                offs = s * x_stride + in_shard
                 mask = (in_shard < shard_words) & (offs < n_words)
                 words = _sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
                 tl.store(peer_ptr(slot_ptrs_dev, s, tl.int32) + scatter_base + rank * ROW + in_shard,
@@ -177,27 +181,31 @@ def _two_shot_kernel(
     budget = max_spins
     for b in range(pid, blocks, nprog):
         in_shard = b * BLOCK + lane
-        offs = rank * shard_words + in_shard
+        offs = rank * x_stride + in_shard
         mask = (in_shard < shard_words) & (offs < n_words)
         words, budget = _reduce_sources(x_ptr, slots + scatter_base, ROW, offs, in_shard, mask, rank,
                                         budget, status_ptr, op_code, WORLD, REDUCE_OP, FORMAT)
-        tl.store(out_ptr + offs, words, mask=mask)
-        for r in tl.static_range(WORLD):
-            if r != rank:
-                tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + gather_base + rank * ROW + in_shard,
-                         words, mask=mask)
+        if GATHER:
+            tl.store(out_ptr + offs, words, mask=mask)
+            for r in tl.static_range(WORLD):
+                if r != rank:
+                    tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + gather_base + rank * ROW + in_shard,
+                             words, mask=mask)
+        else:
+            tl.store(out_ptr + in_shard, words, mask=mask)
 
     # Stage 2: every other shard from my gather slots into my output.
-    for b in range(pid, blocks, nprog):
-        in_shard = b * BLOCK + lane
-        for s in tl.static_range(WORLD):
-            if s != rank:
-                offs = s * shard_words + in_shard
-                mask = (in_shard < shard_words) & (offs < n_words)
-                row = slots + gather_base + s * ROW + in_shard
-                words, budget = wait_filled(row, mask, EMPTY, budget, status_ptr, rank, s, op_code)
-                tl.store(row, tl.zeros_like(words) + EMPTY, mask=mask)
-                tl.store(out_ptr + offs, words, mask=mask)
+    if GATHER:
+        for b in range(pid, blocks, nprog):
+            in_shard = b * BLOCK + lane
+            for s in tl.static_range(WORLD):
+                if s != rank:
+                    offs = s * shard_words + in_shard
+                    mask = (in_shard < shard_words) & (offs < n_words)
+                    row = slots + gather_base + s * ROW + in_shard
+                    words, budget = wait_filled(row, mask, EMPTY, budget, status_ptr, rank, s, op_code)
+                    tl.store(row, tl.zeros_like(words) + EMPTY, mask=mask)
+                    tl.store(out_ptr + offs, words, mask=mask)
     tl.store(epochs_ptr + pid, epoch)
 
 
@@ -215,14 +223,36 @@ def _row_words(kind: str, device_type: str, world: int) -> int:
     return words if kind == "one_shot" else triton.cdiv(triton.cdiv(words, world), 4) * 4
 
 
-def _run(kind: str, x: torch.Tensor, group, op: str, config: LaunchConfig | None) -> torch.Tensor:
-    ws, code, cfg = prepare_reduction(x, group, op, config,
-                                      GPU_ONE_SHOT if kind == "one_shot" else GPU_TWO_SHOT)
+def _slots(ws, kind: str):
+    """The slot region and per-program epochs of ``kind``, and the slots per source row."""
     world = ws.world_size
     row = _row_words(kind, ws.device.type, world)
     region_words = PHASES.value * world * row * (1 if kind == "one_shot" else 2)
     region = ws.region(f"all_reduce.sentinel_{kind}", region_words * 4, fill_int32=EMPTY.value)
     epochs = ws.local_state(f"all_reduce.sentinel_{kind}.epochs", MAX_PROGRAMS)
+    return region, epochs, row
+
+
+def reduce_scatter_words(ws, x: torch.Tensor, out: torch.Tensor, code: int, cfg: LaunchConfig) -> None:
+    """Reduce-scatter by pushing (stages 0 and 1 of the two-shot kernel): ``x`` holds W segments of
+    ``out.numel()`` elements along dim 0, each a whole number of int32 words."""
+    region, epochs, row = _slots(ws, "two_shot")
+    x_words, out_words = x.reshape(-1).view(torch.int32), out.reshape(-1).view(torch.int32)
+    segment = out_words.numel()
+    for start, n in chunks(segment, row):
+        _two_shot_kernel[cfg.grid(triton.cdiv(n, cfg.block))](
+            region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
+            x_words[start:], out_words[start:], (ws.world_size - 1) * segment + n, n, segment,
+            ws.rank, REDUCE_SCATTER, WORLD=ws.world_size, REDUCE_OP=code, FORMAT=_WORD_FORMAT[x.dtype],
+            ROW=row, BLOCK=cfg.block, num_warps=cfg.num_warps, GATHER=False)
+    finish(ws)
+
+
+def _run(kind: str, x: torch.Tensor, group, op: str, config: LaunchConfig | None) -> torch.Tensor:
+    ws, code, cfg = prepare_reduction(x, group, op, config,
+                                      GPU_ONE_SHOT if kind == "one_shot" else GPU_TWO_SHOT)
+    world = ws.world_size
+    region, epochs, row = _slots(ws, kind)
     flat, padded = _as_words(x)
     out = torch.empty_like(flat)
     src_words, out_words = flat.view(torch.int32), out.view(torch.int32)
@@ -239,7 +269,8 @@ def _run(kind: str, x: torch.Tensor, group, op: str, config: LaunchConfig | None
             shard = triton.cdiv(triton.cdiv(n, world), 4) * 4
             _two_shot_kernel[cfg.grid(triton.cdiv(shard, cfg.block))](
                 region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
-                src_words[start:], out_words[start:], n, shard, ws.rank, TWO_SHOT, **common)
+                src_words[start:], out_words[start:], n, shard, shard, ws.rank, TWO_SHOT, **common,
+                GATHER=True)
     finish(ws)
     if padded:
         out = out[:-1]
@@ -268,7 +299,10 @@ for _format in (0, 1, 2):
             _one_shot_kernel, {**_SIGNATURE, "rank": "i32", "op_code": "i32"},
             {**_meta, "ROW": _row_words("one_shot", "cuda", _world), "BLOCK": GPU_ONE_SHOT.largest.block},
             num_warps=GPU_ONE_SHOT.largest.num_warps, label=f"format{_format},")
-        compile_check.register(
-            _two_shot_kernel, {**_SIGNATURE, "shard_words": "i32", "rank": "i32", "op_code": "i32"},
-            {**_meta, "ROW": _row_words("two_shot", "cuda", _world), "BLOCK": GPU_TWO_SHOT.largest.block},
-            num_warps=GPU_TWO_SHOT.largest.num_warps, label=f"format{_format},")
+        for _gather in (True, False):
+            compile_check.register(
+                _two_shot_kernel,
+                {**_SIGNATURE, "shard_words": "i32", "x_stride": "i32", "rank": "i32", "op_code": "i32"},
+                {**_meta, "ROW": _row_words("two_shot", "cuda", _world),
+                 "BLOCK": GPU_TWO_SHOT.largest.block, "GATHER": _gather},
+                num_warps=GPU_TWO_SHOT.largest.num_warps, label=f"format{_format},")

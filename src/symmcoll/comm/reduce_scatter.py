@@ -24,6 +24,12 @@ pull
     Work split: program ``pid`` owns blocks pid, pid + P, ... of each segment, both when staging and
     when reducing, so program ``pid`` only waits on program ``pid`` of its peers.
 
+sentinel
+    Barrier-free push (stages 0 and 1 of all_reduce_sentinel's two-shot kernel): every rank stores
+    segment s of its input straight into its row of rank s's slots, and rank s polls them for the
+    sentinel, reduces in rank order and writes its output. No staging copy and no barrier; remote
+    stores are never waited on. Needs segments of whole 4-byte words; others go to ``pull``.
+
 bf16/fp16/fp32 with fp32 accumulation; op sum/avg/max/min. Inputs whose segments exceed the workspace
 are reduced in workspace-sized pieces of every segment, one launch per piece. Every rank must pass a
 tensor of the same shape and dtype (as with torch).
@@ -38,8 +44,9 @@ import triton.language as tl
 from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import get_workspace, register_op
+from . import all_reduce_sentinel
 from ._common import (CPU_CONFIG, LaunchConfig, SizedConfigs, check_device, check_reduction_dtype, check_tensor,
-                      chunks, combine, copy_blocks, finalize, finish, group_size, reduce_op_code)
+                      chunks, combine, copy_blocks, finalize, finish, group_size, logger, reduce_op_code)
 
 PULL = register_op("reduce_scatter.pull")
 
@@ -123,9 +130,8 @@ def output_shape(x: torch.Tensor, world: int) -> tuple:
     return (x.shape[0] // world, *x.shape[1:])
 
 
-def pull(x: torch.Tensor, group=None, *, op: str = "sum",
-         config: LaunchConfig | None = None) -> torch.Tensor:
-    """Out-of-place reduce-scatter of ``x`` along dim 0: shape [x.shape[0] // W, ...]."""
+def _prepare(x: torch.Tensor, group, op: str):
+    """Validate; the output, op code and workspace (None when there is nothing to exchange)."""
     check_tensor(x, "x")
     check_device(x, "x")
     check_reduction_dtype(x, "x")
@@ -133,18 +139,42 @@ def pull(x: torch.Tensor, group=None, *, op: str = "sum",
     world = group_size(group)
     out = torch.empty(output_shape(x, world), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
-        return out
+        return out, code, None
     if world == 1:
-        return out.copy_(x)  # a reduction over one rank, avg included
-
+        return out.copy_(x), code, None  # a reduction over one rank, avg included
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
+    return out, code, ws
+
+
+def sentinel(x: torch.Tensor, group=None, *, op: str = "sum",
+             config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place barrier-free (push) reduce-scatter of ``x`` along dim 0."""
+    out, code, ws = _prepare(x, group, op)
+    if ws is None:
+        return out
+    if (out.numel() * out.element_size()) % 4:
+        logger.debug("reduce_scatter.sentinel: segments of %d bytes are not whole words; using pull",
+                     out.numel() * out.element_size())
+        return pull(x, group, op=op, config=config)
+    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
+                     all_reduce_sentinel.GPU_TWO_SHOT.pick(x.numel() * x.element_size()))
+    all_reduce_sentinel.reduce_scatter_words(ws, x, out, code, cfg)
+    return out
+
+
+def pull(x: torch.Tensor, group=None, *, op: str = "sum",
+         config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place reduce-scatter of ``x`` along dim 0: shape [x.shape[0] // W, ...]."""
+    out, code, ws = _prepare(x, group, op)
+    if ws is None:
+        return out
     cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
                      GPU_PULL.pick(x.numel() * x.element_size()))
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     segment = out_flat.numel()
     # Pieces of a multiple of 16 elements keep every staged slot aligned for 16-byte accesses.
-    for start, n in chunks(segment, ws.capacity(x.dtype) // (world - 1) // 16 * 16):
+    for start, n in chunks(segment, ws.capacity(x.dtype) // (ws.world_size - 1) // 16 * 16):
         grid = cfg.grid(triton.cdiv(n, cfg.block))
         _reduce_scatter_kernel[grid](
             ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,

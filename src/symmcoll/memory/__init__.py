@@ -60,6 +60,9 @@ class SymmetricRegion:
     local: torch.Tensor  # uint8
     ptrs_dev: int
     keepalive: list = field(default_factory=list, repr=False)
+    # Every rank's bytes as a uint8 tensor of this process (peers' mapped memory), for copy-engine
+    # copies (``Tensor.copy_``) straight from a peer.
+    peers: list = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -77,6 +80,11 @@ class Workspace:
     _keepalive: list = field(default_factory=list, repr=False)
     broken: bool = False
     extra: dict = field(default_factory=dict, repr=False)
+
+    def peer_buffer(self, peer: int) -> torch.Tensor:
+        """``peer``'s data buffer (uint8), mapped into this process: a source or target for
+        ``copy_`` (the copy engine on GPU)."""
+        return self._keepalive[0].peers[peer]
 
     def region(self, name: str, nbytes: int, fill_int32: int = 0) -> SymmetricRegion:
         """A named extra symmetric region, created collectively on first use; for algorithms that keep

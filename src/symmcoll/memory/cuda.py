@@ -42,4 +42,6 @@ def allocate_cuda(group, nbytes: int, device: torch.device) -> SymmetricRegion:
     local.zero_()
     torch.cuda.synchronize(device)
     dist.barrier(group)  # zero everywhere before anybody writes to a peer
-    return SymmetricRegion(local=local, ptrs_dev=handle.buffer_ptrs_dev, keepalive=[handle])
+    peers = [local if r == handle.rank else handle.get_buffer(r, (nbytes,), torch.uint8)
+             for r in range(handle.world_size)]
+    return SymmetricRegion(local=local, ptrs_dev=handle.buffer_ptrs_dev, keepalive=[handle], peers=peers)

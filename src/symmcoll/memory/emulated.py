@@ -56,7 +56,8 @@ def allocate_emulated(group, nbytes: int) -> SymmetricRegion:
 
     views = [torch.frombuffer(m, dtype=torch.uint8)[:nbytes] for m in maps]
     table = torch.tensor([v.data_ptr() for v in views], dtype=torch.int64)
-    return SymmetricRegion(local=views[rank], ptrs_dev=table.data_ptr(), keepalive=[maps, views, table])
+    return SymmetricRegion(local=views[rank], ptrs_dev=table.data_ptr(), keepalive=[maps, views, table],
+                           peers=views)
 
 
 def leftover_files(prefix: str) -> list[str]:
