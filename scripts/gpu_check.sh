@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
-#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [bench]   (default: tests bench)
+#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [tune] [bench]   (default: tests bench)
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
 # 10-minute call allows: split it with TEST_PATHS (e.g. "tests/test_all_reduce.py" in one call,
 # "tests/test_data_movement.py tests/test_reduce_scatter.py tests/test_gpu.py ..." in the next).
@@ -31,7 +31,7 @@ for stage in $stages; do
   case $stage in
     tests)
       sizes=2; [ "$ngpu" -ge 3 ] && sizes=2,3; [ "$ngpu" -ge 4 ] && sizes=2,3,4
-      SYMMCOLL_TEST_WORLD_SIZES=$sizes timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -q -rA -p no:cacheprovider \
+      SYMMCOLL_TEST_WORLD_SIZES=${TEST_WORLD_SIZES:-$sizes} timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -v -rA -p no:cacheprovider \
         ${TEST_PATHS:-tests/} --ignore=tests/test_compile.py --ignore=tests/test_bench.py 2>&1 \
         | tee "$OUT/gpu_tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -41,6 +41,14 @@ for stage in $stages; do
       timeout ${SWEEP_TIMEOUT:-240} python3 benchmarks/sweep_configs.py --world-size $sizes \
         ${SWEEP_ALGORITHMS:+--algorithms $SWEEP_ALGORITHMS} --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    tune)
+      sizes=2; [ "$ngpu" -ge 4 ] && sizes=4,2
+      # Writes the dispatch table the bench stage after it uses (~/.cache/symmcoll/dispatch.json).
+      timeout ${TUNE_TIMEOUT:-300} python3 -m symmcoll tune --op ${TUNE_OPS:-all_reduce all_gather reduce_scatter} \
+        --world-size "$sizes" 2>&1 | tee "$OUT/tune.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      cp ~/.cache/symmcoll/dispatch.json "$OUT/dispatch_tuned.json" 2>/dev/null
       ;;
     bench)
       sizes=2; [ "$ngpu" -ge 4 ] && sizes=4,2

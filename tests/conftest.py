@@ -25,6 +25,13 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def pytest_runtest_logreport(report):
+    """On the GPU machine a run may be cut by its time limit before pytest's summary: print every
+    failure as it happens."""
+    if DEVICE == "cuda" and report.failed:
+        print(f"\nFAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n", flush=True)
+
+
 class Pools:
     def __init__(self):
         self._pools: dict[int, RankPool] = {}

@@ -126,3 +126,23 @@ def _sentinel_bit_patterns(algorithm):
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a.startswith("sentinel_")])
 def test_sentinel_bit_patterns(pools, world_size, algorithm):
     pools(world_size).run(_sentinel_bit_patterns, algorithm)
+
+
+def _interleaved(calls):
+    """two_shot between collectives that write the shared buffer before their entry barrier, with
+    changing sizes: a rank that has finished must not overwrite what a slower peer still reads."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for call in range(calls):
+        numel = [3 * BLOCK + 17, 2 * BLOCK, 5 * BLOCK + 1][call % 3]
+        x = rank_coded(numel, torch.float32, rank, call)
+        got = symmcoll.all_reduce(x, algorithm="two_shot")
+        assert_close(got, reference.all_reduce(x), f"two_shot call {call}", exact=True)
+        y = rank_coded(numel // 2 + call, torch.float32, rank, call + 100)
+        other = [lambda: symmcoll.all_reduce(y, algorithm="one_shot"),
+                 lambda: symmcoll.all_gather(y)][call % 2]()
+        want = reference.all_reduce(y) if call % 2 == 0 else reference.all_gather(y)
+        assert_close(other, want, f"collective after two_shot, call {call}", exact=True)
+
+
+def test_two_shot_interleaved_with_other_collectives(pools, world_size):
+    pools(world_size).run(_interleaved, 12)

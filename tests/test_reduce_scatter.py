@@ -14,7 +14,7 @@ import symmcoll
 from symmcoll import launch, reference
 from symmcoll.comm._common import CPU_CONFIG
 
-from rank_checks import assert_clean_finish, assert_close, assert_pads_zero, random_input, rank_coded
+from rank_checks import assert_clean_finish, assert_close, assert_pads_zero, device, random_input, rank_coded
 
 DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 BLOCK = CPU_CONFIG.block
@@ -68,7 +68,7 @@ def _rejects_bad_input():
     with pytest.raises(ValueError, match="dtype"):
         symmcoll.reduce_scatter(torch.ones(world, dtype=torch.int32), algorithm="pull")
     # "auto" sends what no kernel supports to the process group's collective: same answer.
-    ints = torch.full((2 * world,), dist.get_rank() + 1, dtype=torch.int32)
+    ints = torch.full((2 * world,), dist.get_rank() + 1, dtype=torch.int32, device=device())
     assert symmcoll.reduce_scatter(ints).tolist() == [world * (world + 1) // 2] * 2
     with pytest.raises(ValueError, match="contiguous"):
         symmcoll.reduce_scatter(torch.ones(4, 2 * world).t())

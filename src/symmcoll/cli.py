@@ -103,9 +103,10 @@ def _tune(args: argparse.Namespace) -> int:
     from .bench.driver import BenchOptions, run_bench
 
     console = _console()
+    ops = tuple(_split(args.op)) or OPS
     with tempfile.TemporaryDirectory() as tmp:
         options = BenchOptions(
-            ops=OPS, begin=args.minbytes, end=args.maxbytes, factor=None, dtype=args.dtype,
+            ops=ops, begin=args.minbytes, end=args.maxbytes, factor=None, dtype=args.dtype,
             algorithms=("symmcoll:*", "nccl", "gloo"),
             world_sizes=tuple(int(w) for w in _split(args.world_size)) or None,
             mode=None, iters=None, warmup=None, calls_per_graph=20, seconds_per_case=None,
@@ -119,6 +120,10 @@ def _tune(args: argparse.Namespace) -> int:
     table = dispatch.table_from_results(
         found, f"symmcoll tune, {prov.created_utc}, {prov.gpu_name or prov.device_type} x{prov.gpu_count}, "
                f"{args.dtype}, git {prov.git_sha}")
+    # Ops not measured now keep the rules of the table in use.
+    kept = tuple(r for r in dispatch.active_table().rules if r.op not in ops)
+    table = dispatch.Table(kept + table.rules, table.source + (
+        f"; {', '.join(sorted({r.op for r in kept}))} from {dispatch.active_table().source}" if kept else ""))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table.to_json() + "\n")
@@ -193,6 +198,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.set_defaults(command="tune", handler=_tune)
     tune.add_argument("-b", "--minbytes", type=_size, default=None)
     tune.add_argument("-e", "--maxbytes", type=_size, default=None)
+    tune.add_argument("--op", nargs="+", default=None, metavar="OP",
+                      help=f"collectives to measure: {', '.join(OPS)} (default: all); the others keep "
+                           f"the rules of the table in use")
     tune.add_argument("--dtype", choices=DTYPES, default="bf16")
     tune.add_argument("--world-size", nargs="+", default=None, metavar="N")
     tune.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")

@@ -17,9 +17,11 @@ two_shot
     Reduce-scatter then all-gather inside one kernel. The tensor is cut into W shards; rank r owns
     shard r. Each rank copies the W-1 shards it does not own into its buffer; after a barrier rank r
     reduces shard r (its own part straight from its input, the peers' from their buffers) into its
-    output and into shard r of its buffer; after a second barrier every rank pulls the other reduced
-    shards from their owners' buffers into its output. No exit barrier is needed: a peer reads my
-    buffer again only after the next call's entry barrier, which it passes after its pulls.
+    output and into its "reduced" region; after a second barrier every rank pulls the other reduced
+    shards from their owners' reduced regions into its output. No exit barrier is needed: the reduced
+    region belongs to two_shot alone and is written only after the entry barrier of the next two_shot
+    call, which a peer passes only after its pulls. (The shared buffer would not do: every other
+    collective, and a two_shot of another size, writes it before its entry barrier.)
 
     Traffic: each rank reads 2 (W-1)/W * S over NVLink and copies (W-1)/W * S locally, against
     one-shot's (W-1) * S remote reads: wins from a few hundred KB up, where bandwidth dominates.
@@ -105,10 +107,10 @@ def _one_shot_kernel(
 
 
 @triton.jit
-def _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, out_ptr, offs, mask, rank,
+def _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, reduced_ptr, out_ptr, offs, in_shard, mask, rank,
                            WORLD: tl.constexpr, REDUCE_OP: tl.constexpr):
     """Reduce my shard's block (mine from x, the peers' from their buffers); the result goes to my
-    output and to my buffer, where the peers pull it from."""
+    output and to my reduced region, where the peers pull it from."""
     elem = x_ptr.dtype.element_ty
     acc = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     for r in tl.static_range(WORLD):
@@ -116,14 +118,15 @@ def _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, out_ptr, offs, mask, rank,
             v = tl.load(peer_ptr(buffer_ptrs_dev, r, elem) + offs, mask=mask).to(tl.float32)
             acc = combine(acc, v, REDUCE_OP)
     reduced = finalize(acc, REDUCE_OP, WORLD).to(elem)
-    tl.store(peer_ptr(buffer_ptrs_dev, rank, elem) + offs, reduced, mask=mask)
+    tl.store(reduced_ptr + in_shard, reduced, mask=mask)
     tl.store(out_ptr + offs, reduced, mask=mask)
 
 
 @triton.jit
 def _two_shot_kernel(
-    # symmetric workspace: per-rank address tables, error record, wait budget
-    buffer_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
+    # symmetric workspace: per-rank address tables (buffer, signals, reduced shards), error record,
+    # wait budget
+    buffer_ptrs_dev, signal_pad_ptrs_dev, reduced_ptrs_dev, status_ptr, max_spins,
     # this call's tensors; the tensor is cut into WORLD shards of shard_len elements (last one short)
     x_ptr, out_ptr, numel, shard_len,
     # topology
@@ -153,30 +156,32 @@ def _two_shot_kernel(
 
     failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
     if failed == 0:
+        my_reduced = peer_ptr(reduced_ptrs_dev, rank, elem)
         for b in range(pid, blocks_per_shard, nprog):
             start = rank * shard_len + b * BLOCK
             offs = start + lane
+            in_shard = b * BLOCK + lane
             if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
-                _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, out_ptr, offs, full, rank, WORLD,
-                                       REDUCE_OP)
+                _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, my_reduced, out_ptr, offs, in_shard, full,
+                                       rank, WORLD, REDUCE_OP)
             else:
-                _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, out_ptr, offs,
-                                       (b * BLOCK + lane < shard_len) & (offs < numel), rank, WORLD,
-                                       REDUCE_OP)
+                _two_shot_reduce_block(x_ptr, buffer_ptrs_dev, my_reduced, out_ptr, offs, in_shard,
+                                       (in_shard < shard_len) & (offs < numel), rank, WORLD, REDUCE_OP)
 
         failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
         if failed == 0:
-            # Pull every other reduced shard from its owner's buffer.
+            # Pull every other reduced shard from its owner's reduced region.
             for b in range(pid, blocks_per_shard, nprog):
                 for s in tl.static_range(WORLD):
                     if s != rank:
                         start = s * shard_len + b * BLOCK
-                        offs = start + lane
-                        owner = peer_ptr(buffer_ptrs_dev, s, elem)
+                        in_shard = b * BLOCK + lane
+                        owner = peer_ptr(reduced_ptrs_dev, s, elem)
                         if (b + 1) * BLOCK <= shard_len and start + BLOCK <= numel:
-                            move_block(owner, out_ptr, offs, full)
+                            tl.store(out_ptr + start + lane, tl.load(owner + in_shard))
                         else:
-                            move_block(owner, out_ptr, offs, (b * BLOCK + lane < shard_len) & (offs < numel))
+                            mask = (in_shard < shard_len) & (start + lane < numel)
+                            tl.store(out_ptr + start + lane, tl.load(owner + in_shard, mask=mask), mask=mask)
 
 
 def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
@@ -201,6 +206,8 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
              config: LaunchConfig | None = None) -> torch.Tensor:
     """Out-of-place two-shot (reduce-scatter + all-gather) all-reduce; returns a new tensor."""
     ws, code, cfg = prepare_reduction(x, group, op, config, GPU_TWO_SHOT)
+    # Room for the largest shard of any dtype: a buffer-sized piece's shard, plus alignment.
+    reduced = ws.region("all_reduce.two_shot.reduced", ws.buffer_bytes // ws.world_size + 1024)
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
@@ -210,7 +217,7 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
         shard_len = triton.cdiv(triton.cdiv(n, ws.world_size), align) * align
         grid = cfg.grid(triton.cdiv(shard_len, cfg.block))
         _two_shot_kernel[grid](
-            ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
+            ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, reduced.ptrs_dev, ws.status_ptr, ws.max_spins,
             flat[start:], out[start:], n, shard_len,
             ws.rank, TWO_SHOT,
             WORLD=ws.world_size, REDUCE_OP=code, BLOCK=cfg.block, num_warps=cfg.num_warps,
@@ -230,6 +237,7 @@ for _dtype in ("bf16", "fp16", "fp32"):
             label=f"{_dtype},")
         compile_check.register(
             _two_shot_kernel,
-            {**compile_check.WORKSPACE_SIGNATURE, **_tensors, "shard_len": "i32", **_topology},
+            {"buffer_ptrs_dev": "i64", "signal_pad_ptrs_dev": "i64", "reduced_ptrs_dev": "i64",
+             "status_ptr": "i64", "max_spins": "i32", **_tensors, "shard_len": "i32", **_topology},
             {**_meta, "BLOCK": GPU_TWO_SHOT.largest.block}, num_warps=GPU_TWO_SHOT.largest.num_warps,
             label=f"{_dtype},")
