@@ -6,13 +6,13 @@ buffer until every slot carries this call's epoch, reduces (fp32, in rank order)
 There is no signal, no fence and no exit barrier: data and flag arrive in one single-copy-atomic store,
 and the flag of a stale slot (an older epoch) never matches.
 
-Graph safety: epochs live on the device, one counter per program id (``local_state``): program p
-reads its counter, uses counter + 1 and stores it back, so replays need no host work and no atomics.
-Program p of every rank takes part in the same calls (the grid depends only on the size), so the
-counters agree across ranks, and only program p of a peer reads what program p wrote. Two regions
-alternate by epoch parity: a rank can be at most one call ahead of a peer still reading (it cannot
-finish call k+1 before every peer has started it, i.e. finished call k), so call k+1's pushes never
-overwrite call k's slots.
+Graph safety: the epoch lives on the device, one counter per rank (``launch_epoch`` / ``end_launch``:
+every program of a launch reads the same epoch, the last one to finish advances it), so replays need
+no host work. Every rank makes the same launches, so the counters agree across ranks. Two regions
+alternate by epoch parity: a rank can be at most one launch ahead of a peer still reading (it cannot
+finish launch k+1 before every peer has started it, i.e. finished launch k), so launch k+1's pushes
+never overwrite launch k's slots. (Per-program counters, the first version, broke when the launch
+config changed between calls: a slot then belongs to different programs, whose counters disagree.)
 
 Traffic: each rank writes 2 * (W-1) * S bytes (data + flags) to peers, reads nothing remotely.
 Wins at small sizes (a few KB up to ~256 KB), where one-shot's two barriers dominate; the 2x inflation
@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from .. import compile_check
-from ..language import peer_ptr, wait_flagged
-from ..memory import MAX_PROGRAMS, register_op
+from ..language import end_launch, launch_epoch, peer_ptr, wait_flagged
+from ..memory import register_op
 from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
 
 LOW_LATENCY = register_op("all_reduce.low_latency")
@@ -71,7 +71,7 @@ def _pack(lo, hi, FORMAT: tl.constexpr):
 
 @triton.jit
 def _low_latency_kernel(
-    # symmetric LL region (address table), per-program epochs of this rank, error record, wait budget
+    # symmetric LL region (address table), this rank's launch epoch, error record, wait budget
     ll_ptrs_dev, epochs_ptr, status_ptr, max_spins,
     # this call's tensors, as int32 words
     x_ptr, out_ptr, n_words,
@@ -83,7 +83,7 @@ def _low_latency_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch = tl.load(epochs_ptr + pid) + 1
+    epoch = launch_epoch(epochs_ptr)
     phase = epoch % 2
     flag = epoch.to(tl.int64) << 32
     lane = tl.arange(0, BLOCK)
@@ -117,7 +117,7 @@ def _low_latency_kernel(
         acc_hi = finalize(acc_hi, REDUCE_OP, WORLD)
         tl.store(out_ptr + offs, _pack(acc_lo, acc_hi, FORMAT), mask=mask)
 
-    tl.store(epochs_ptr + pid, epoch)
+    end_launch(epochs_ptr, epoch)
 
 
 def low_latency(x: torch.Tensor, group=None, *, op: str = "sum",
@@ -125,7 +125,7 @@ def low_latency(x: torch.Tensor, group=None, *, op: str = "sum",
     """Out-of-place barrier-free all-reduce for small tensors; returns a new tensor."""
     ws, code, cfg = prepare_reduction(x, group, op, config, GPU_LL)
     region = ws.region("all_reduce.ll", 2 * ws.world_size * LL_MAX_WORDS * 8)
-    epochs = ws.local_state("all_reduce.ll.epochs", MAX_PROGRAMS)
+    epochs = ws.local_state("all_reduce.ll.epoch", 2)
 
     flat = x.reshape(-1)
     nbytes = flat.numel() * flat.element_size()

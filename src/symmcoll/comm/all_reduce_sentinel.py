@@ -19,12 +19,13 @@ sentinel_two_shot
     copies the gathered shards into its output. Traffic: 2 (W-1)/W * S per rank, all remote stores (no
     round trip waited on). Latency: two hops.
 
-Rotating slots keep it graph-safe: program ``p`` keeps a per-rank epoch counter on the device
-(``local_state``) and uses slot set ``epoch % PHASES``. Program p of every rank takes part in the same
-calls (the grid depends only on the size), so the counters agree across ranks; only program p of a peer
-reads what program p wrote. A rank reuses a slot set PHASES calls later, and it can be at most one call
-ahead of any peer (finishing call k+1 needs every peer's call k+1 data, sent after that peer finished
-call k, resets included), so a slot is reset before anybody writes it again.
+Rotating slot sets keep it graph-safe: each rank keeps a launch counter on the device (``launch_epoch``
+/ ``end_launch``: every program of a launch reads the same epoch, the last one to finish advances it)
+and a launch uses slot set ``epoch % PHASES``. Every rank makes the same launches, so the counters
+agree across ranks. A rank can be at most one launch ahead of any peer (finishing launch k+1 needs
+every peer's launch k+1 data, sent after that peer finished launch k, resets included), so a slot set
+is empty again before anybody writes it again. The counter is per rank, not per program: launch
+configs change with the size, so a slot belongs to different programs in different launches.
 
 Messages above the size limit of the region go in pieces (one launch each).
 """
@@ -36,8 +37,8 @@ import triton
 import triton.language as tl
 
 from .. import compile_check
-from ..language import peer_ptr, wait_filled
-from ..memory import MAX_PROGRAMS, register_op
+from ..language import end_launch, launch_epoch, peer_ptr, wait_filled
+from ..memory import register_op
 from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
 from .all_reduce_low_latency import _WORD_FORMAT, _pack, _unpack
 
@@ -104,7 +105,7 @@ def _reduce_sources(x_ptr, slots, row_words, offs, slot_offs, mask, rank, budget
 
 @triton.jit
 def _one_shot_kernel(
-    # symmetric slot region (address table), per-program epochs of this rank, error record, wait budget
+    # symmetric slot region (address table), this rank's launch epoch, error record, wait budget
     slot_ptrs_dev, epochs_ptr, status_ptr, max_spins,
     # this call's tensors, as int32 words
     x_ptr, out_ptr, n_words,
@@ -116,7 +117,7 @@ def _one_shot_kernel(
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
-    epoch = tl.load(epochs_ptr + pid) + 1
+    epoch = launch_epoch(epochs_ptr)
     phase_base = (epoch % PHASES) * WORLD * ROW
     lane = tl.arange(0, BLOCK)
 
@@ -138,12 +139,12 @@ def _one_shot_kernel(
         words, budget = _reduce_sources(x_ptr, slots, ROW, offs, offs, mask, rank, budget, status_ptr,
                                         op_code, WORLD, REDUCE_OP, FORMAT)
         tl.store(out_ptr + offs, words, mask=mask)
-    tl.store(epochs_ptr + pid, epoch)
+    end_launch(epochs_ptr, epoch)
 
 
 @triton.jit
 def _two_shot_kernel(
-    # symmetric slot region (address table), per-program epochs of this rank, error record, wait budget
+    # symmetric slot region (address table), this rank's launch epoch, error record, wait budget
     slot_ptrs_dev, epochs_ptr, status_ptr, max_spins,
     # this call's tensors, as int32 words: shard s of x = x[s * x_stride :][:shard_words], valid
     # below n_words
@@ -158,7 +159,7 @@ def _two_shot_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch = tl.load(epochs_ptr + pid) + 1
+    epoch = launch_epoch(epochs_ptr)
     # Slot set layout: [stage 0: contributions to my shard, by source][stage 1: shards, by owner].
     scatter_base = (epoch % PHASES) * 2 * WORLD * ROW
     gather_base = scatter_base + WORLD * ROW
@@ -206,7 +207,7 @@ def _two_shot_kernel(
                     words, budget = wait_filled(row, mask, EMPTY, budget, status_ptr, rank, s, op_code)
                     tl.store(row, tl.zeros_like(words) + EMPTY, mask=mask)
                     tl.store(out_ptr + offs, words, mask=mask)
-    tl.store(epochs_ptr + pid, epoch)
+    end_launch(epochs_ptr, epoch)
 
 
 def _as_words(x: torch.Tensor):
@@ -224,12 +225,12 @@ def _row_words(kind: str, device_type: str, world: int) -> int:
 
 
 def _slots(ws, kind: str):
-    """The slot region and per-program epochs of ``kind``, and the slots per source row."""
+    """The slot region and launch-epoch counter of ``kind``, and the slots per source row."""
     world = ws.world_size
     row = _row_words(kind, ws.device.type, world)
     region_words = PHASES.value * world * row * (1 if kind == "one_shot" else 2)
     region = ws.region(f"all_reduce.sentinel_{kind}", region_words * 4, fill_int32=EMPTY.value)
-    epochs = ws.local_state(f"all_reduce.sentinel_{kind}.epochs", MAX_PROGRAMS)
+    epochs = ws.local_state(f"all_reduce.sentinel_{kind}.epoch", 2)
     return region, epochs, row
 
 

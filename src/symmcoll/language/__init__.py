@@ -3,6 +3,8 @@
 from .signals import (
     MAX_WORLD,
     block_barrier,
+    end_launch,
+    launch_epoch,
     peer_ptr,
     send_signals,
     wait_filled,
@@ -10,5 +12,5 @@ from .signals import (
     wait_signals,
 )
 
-__all__ = ["MAX_WORLD", "block_barrier", "peer_ptr", "send_signals", "wait_filled", "wait_flagged",
+__all__ = ["MAX_WORLD", "block_barrier", "end_launch", "launch_epoch", "peer_ptr", "send_signals", "wait_filled", "wait_flagged",
            "wait_signals"]

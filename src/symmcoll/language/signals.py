@@ -108,6 +108,25 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
 
 
 @triton.jit
+def launch_epoch(state_ptr):
+    """This launch's epoch, the same for every program: 1 + the counter at ``state_ptr`` (int32[2] per
+    rank, device memory; ``end_launch`` advances it). One counter per rank, not per program: a launch
+    config that changes between calls hands a slot to different programs, so per-program counters
+    would disagree about which slot set a slot belongs to."""
+    return tl.load(state_ptr) + 1
+
+
+@triton.jit
+def end_launch(state_ptr, epoch):
+    """Called by every program last: the last one to finish stores ``epoch`` for the next launch (no
+    program of this launch can read the counter after that: they all arrived here first)."""
+    done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) - 1:
+        tl.store(state_ptr + 1, 0)
+        tl.store(state_ptr, epoch)
+
+
+@triton.jit
 def _peer_slots(signal_pad_ptrs_dev, slot, is_peer, rank):
     """Pointers to ``slot`` in every peer's pad. Non-peer lanes point at slot 0 of my own pad; the
     callers give those lanes a comparand no slot ever holds (-1), so their CAS never writes."""
