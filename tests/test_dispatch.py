@@ -107,3 +107,24 @@ def _routing():
 
 def test_routing_and_fallback(pools):
     assert pools(2).run(_routing) == [True, True]
+
+
+def _reduce_scatter_keyed_by_output():
+    table = dispatch.Table((dispatch.Rule("reduce_scatter", 2, "bf16", 1024, "sentinel"),
+                            dispatch.Rule("reduce_scatter", 2, "bf16", 1 << 40, "pull")), "test")
+    original = dispatch.active_table
+    dispatch.active_table = lambda: table
+    try:
+        algorithms = symmcoll.ALGORITHMS["reduce_scatter"]
+        # 2048 bytes in, 1024 out per rank at world size 2: the bench reports (and tables key) 1024.
+        assert dispatch.choose("reduce_scatter", torch.ones(1024, dtype=torch.bfloat16), None,
+                               algorithms) == "sentinel"
+        assert dispatch.choose("reduce_scatter", torch.ones(1028, dtype=torch.bfloat16), None,
+                               algorithms) == "pull"
+    finally:
+        dispatch.active_table = original
+    return True
+
+
+def test_reduce_scatter_table_keyed_by_output_bytes(pools):
+    assert pools(2).run(_reduce_scatter_keyed_by_output) == [True, True]

@@ -1,6 +1,7 @@
 """``algorithm="auto"``: the fastest measured algorithm per (op, world size, dtype, size).
 
-The table is a list of rules ``(op, world_size, dtype, max_bytes) -> algorithm``: for a call of
+The table is a list of rules ``(op, world_size, dtype, max_bytes) -> algorithm``, sizes as ``symmcoll
+bench`` reports them (bytes per rank of the input; of the output for reduce_scatter): for a call of
 ``nbytes`` the first rule of its (op, world size, dtype) with ``nbytes <= max_bytes`` wins, and past the
 last rule the last one holds. Rules come from benchmark results (``table_from_results``): at each
 measured size the fastest correct implementation among symmcoll's algorithms and the backend (NCCL),
@@ -128,6 +129,8 @@ def choose(op: str, x: torch.Tensor, group, algorithms: dict) -> str:
     if op in ("all_reduce", "reduce_scatter") and x.dtype not in REDUCTION_DTYPES:
         return FALLBACK
     nbytes = x.numel() * x.element_size()
+    if op == "reduce_scatter":
+        nbytes //= world  # tables are keyed as `symmcoll bench` reports sizes: output bytes per rank
     name = active_table().choose(op, world, _DTYPE_NAMES.get(x.dtype, "other"), nbytes)
     if name is None or (name != FALLBACK and name not in algorithms):
         name = _default(op, nbytes)
