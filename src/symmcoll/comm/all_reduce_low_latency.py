@@ -120,6 +120,16 @@ def _low_latency_kernel(
     end_launch(epochs_ptr, epoch)
 
 
+def padded_words(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``x`` flattened to a whole number of int32 words (a 16-bit tensor of odd length gets one
+    spare element), and whether it was padded."""
+    flat = x.reshape(-1)
+    padded = (flat.numel() * flat.element_size()) % 4 != 0
+    if padded:
+        flat = torch.cat([flat, flat.new_zeros(1)])
+    return flat, padded
+
+
 def low_latency(x: torch.Tensor, group=None, *, op: str = "sum",
                 config: LaunchConfig | None = None) -> torch.Tensor:
     """Out-of-place barrier-free all-reduce for small tensors; returns a new tensor."""
@@ -127,11 +137,7 @@ def low_latency(x: torch.Tensor, group=None, *, op: str = "sum",
     region = ws.region("all_reduce.ll", 2 * ws.world_size * LL_MAX_WORDS * 8)
     epochs = ws.local_state("all_reduce.ll.epoch", 2)
 
-    flat = x.reshape(-1)
-    nbytes = flat.numel() * flat.element_size()
-    padded = nbytes % 4 != 0
-    if padded:  # whole words only: one spare 16-bit element
-        flat = torch.cat([flat, flat.new_zeros(1)])
+    flat, padded = padded_words(x)
     out = torch.empty_like(flat)
     src_words, out_words = flat.view(torch.int32), out.view(torch.int32)
     for start, n in chunks(src_words.numel(), LL_MAX_WORDS):

@@ -40,7 +40,7 @@ from .. import compile_check
 from ..language import end_launch, launch_epoch, peer_ptr, wait_filled
 from ..memory import register_op
 from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
-from .all_reduce_low_latency import _WORD_FORMAT, _pack, _unpack
+from .all_reduce_low_latency import _WORD_FORMAT, _pack, _unpack, padded_words
 
 ONE_SHOT = register_op("all_reduce.sentinel_one_shot")
 TWO_SHOT = register_op("all_reduce.sentinel_two_shot")
@@ -72,15 +72,21 @@ def _sanitize(words, FORMAT: tl.constexpr):
 
 
 @triton.jit
+def _take(ptrs, mask, src, rank, budget, status_ptr, op_code):
+    """``src``'s words from my slots at ``ptrs`` once filled; the slots are emptied for reuse."""
+    words, budget = wait_filled(ptrs, mask, EMPTY, budget, status_ptr, rank, src, op_code)
+    tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
+    return words, budget
+
+
+@triton.jit
 def _receive(x_ptr, slots, offs, slot_offs, mask, src, rank, budget, status_ptr, op_code,
              FORMAT: tl.constexpr):
-    """``src``'s words: my own from ``x_ptr``, a peer's from my slots once filled (then emptied)."""
+    """``src``'s words: my own from ``x_ptr``, a peer's from my slots (``_take``)."""
     if src == rank:
         words = _sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
     else:
-        words, budget = wait_filled(slots + slot_offs, mask, EMPTY, budget, status_ptr, rank, src,
-                                    op_code)
-        tl.store(slots + slot_offs, tl.zeros_like(words) + EMPTY, mask=mask)
+        words, budget = _take(slots + slot_offs, mask, src, rank, budget, status_ptr, op_code)
     return words, budget
 
 
@@ -201,22 +207,12 @@ def _two_shot_kernel(
             in_shard = b * BLOCK + lane
             for s in tl.static_range(WORLD):
                 if s != rank:
-                    offs = s * shard_words + in_shard
+                    offs = s * x_stride + in_shard
                     mask = (in_shard < shard_words) & (offs < n_words)
-                    row = slots + gather_base + s * ROW + in_shard
-                    words, budget = wait_filled(row, mask, EMPTY, budget, status_ptr, rank, s, op_code)
-                    tl.store(row, tl.zeros_like(words) + EMPTY, mask=mask)
+                    words, budget = _take(slots + gather_base + s * ROW + in_shard, mask, s, rank, budget,
+                                          status_ptr, op_code)
                     tl.store(out_ptr + offs, words, mask=mask)
     end_launch(epochs_ptr, epoch)
-
-
-def _as_words(x: torch.Tensor):
-    """x flattened to int32 words (a 16-bit tensor of odd length gets one spare element)."""
-    flat = x.reshape(-1)
-    padded = (flat.numel() * flat.element_size()) % 4 != 0
-    if padded:
-        flat = torch.cat([flat, flat.new_zeros(1)])
-    return flat, padded
 
 
 def _row_words(kind: str, device_type: str, world: int) -> int:
@@ -254,7 +250,7 @@ def _run(kind: str, x: torch.Tensor, group, op: str, config: LaunchConfig | None
                                       GPU_ONE_SHOT if kind == "one_shot" else GPU_TWO_SHOT)
     world = ws.world_size
     region, epochs, row = _slots(ws, kind)
-    flat, padded = _as_words(x)
+    flat, padded = padded_words(x)
     out = torch.empty_like(flat)
     src_words, out_words = flat.view(torch.int32), out.view(torch.int32)
     common = dict(WORLD=world, REDUCE_OP=code, FORMAT=_WORD_FORMAT[x.dtype], ROW=row, BLOCK=cfg.block,
