@@ -6,9 +6,9 @@ buffer until every slot carries this call's epoch, reduces (fp32, in rank order)
 There is no signal, no fence and no exit barrier: data and flag arrive in one single-copy-atomic store,
 and the flag of a stale slot (an older epoch) never matches.
 
-Graph safety: the epoch lives on the device, one counter per rank (``launch_epoch`` / ``end_launch``:
-every program of a launch reads the same epoch, the last one to finish advances it), so replays need
-no host work. Every rank makes the same launches, so the counters agree across ranks. Two regions
+Graph safety: the epoch lives on the device, in a per-rank table that every launch advances once
+(``launch_epoch`` / ``end_launch``: every program of a launch reads the same epoch, whatever the grid;
+plain stores, no atomic), so replays need no host work. Every rank makes the same launches, so the counters agree across ranks. Two regions
 alternate by epoch parity: a rank can be at most one launch ahead of a peer still reading (it cannot
 finish launch k+1 before every peer has started it, i.e. finished launch k), so launch k+1's pushes
 never overwrite launch k's slots. (Per-program counters, the first version, broke when the launch
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .. import compile_check
-from ..language import end_launch, launch_epoch, peer_ptr, wait_flagged
+from ..language import EPOCH_SLOTS, end_launch, launch_epoch, peer_ptr, wait_flagged
 from ..memory import register_op
 from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
 
@@ -135,7 +135,7 @@ def low_latency(x: torch.Tensor, group=None, *, op: str = "sum",
     """Out-of-place barrier-free all-reduce for small tensors; returns a new tensor."""
     ws, code, cfg = prepare_reduction(x, group, op, config, GPU_LL)
     region = ws.region("all_reduce.ll", 2 * ws.world_size * LL_MAX_WORDS * 8)
-    epochs = ws.local_state("all_reduce.ll.epoch", 2)
+    epochs = ws.local_state("all_reduce.ll.epochs", EPOCH_SLOTS.value)
 
     flat, padded = padded_words(x)
     out = torch.empty_like(flat)

@@ -20,12 +20,13 @@ sentinel_two_shot
     round trip waited on). Latency: two hops.
 
 Rotating slot sets keep it graph-safe: each rank keeps a launch counter on the device (``launch_epoch``
-/ ``end_launch``: every program of a launch reads the same epoch, the last one to finish advances it)
+/ ``end_launch``: every program of a launch reads the same epoch, every launch advances it once)
 and a launch uses slot set ``epoch % PHASES``. Every rank makes the same launches, so the counters
 agree across ranks. A rank can be at most one launch ahead of any peer (finishing launch k+1 needs
 every peer's launch k+1 data, sent after that peer finished launch k, resets included), so a slot set
-is empty again before anybody writes it again. The counter is per rank, not per program: launch
-configs change with the size, so a slot belongs to different programs in different launches.
+is empty again before anybody writes it again. The epoch is the same for every program of a launch
+(not a per-program count): launch configs change with the size, so a slot belongs to different
+programs in different launches.
 
 Messages above the size limit of the region go in pieces (one launch each).
 """
@@ -37,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import compile_check
-from ..language import end_launch, launch_epoch, peer_ptr, wait_filled
+from ..language import EPOCH_SLOTS, end_launch, launch_epoch, peer_ptr, wait_filled
 from ..memory import register_op
 from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
 from .all_reduce_low_latency import _WORD_FORMAT, _pack, _unpack, padded_words
@@ -226,7 +227,7 @@ def _slots(ws, kind: str):
     row = _row_words(kind, ws.device.type, world)
     region_words = PHASES.value * world * row * (1 if kind == "one_shot" else 2)
     region = ws.region(f"all_reduce.sentinel_{kind}", region_words * 4, fill_int32=EMPTY.value)
-    epochs = ws.local_state(f"all_reduce.sentinel_{kind}.epoch", 2)
+    epochs = ws.local_state(f"all_reduce.sentinel_{kind}.epochs", EPOCH_SLOTS.value)
     return region, epochs, row
 
 

@@ -1,6 +1,7 @@
 """@triton.jit building blocks: peer pointers, signals, barriers (see signals.py)."""
 
 from .signals import (
+    EPOCH_SLOTS,
     MAX_WORLD,
     block_barrier,
     end_launch,
@@ -12,5 +13,5 @@ from .signals import (
     wait_signals,
 )
 
-__all__ = ["MAX_WORLD", "block_barrier", "end_launch", "launch_epoch", "peer_ptr", "send_signals", "wait_filled", "wait_flagged",
+__all__ = ["EPOCH_SLOTS", "MAX_WORLD", "block_barrier", "end_launch", "launch_epoch", "peer_ptr", "send_signals", "wait_filled", "wait_flagged",
            "wait_signals"]

@@ -107,23 +107,29 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
     return words, budget
 
 
+# Entries of a launch-epoch table (``EPOCH_SLOTS`` int32 per rank): one per possible program id.
+EPOCH_SLOTS: tl.constexpr = tl.constexpr(1024)
+
+
 @triton.jit
 def launch_epoch(state_ptr):
-    """This launch's epoch, the same for every program: 1 + the counter at ``state_ptr`` (int32[2] per
-    rank, device memory; ``end_launch`` advances it). One counter per rank, not per program: a launch
-    config that changes between calls hands a slot to different programs, so per-program counters
-    would disagree about which slot set a slot belongs to."""
-    return tl.load(state_ptr) + 1
+    """This launch's epoch, the same for every program: 1 + entry ``pid`` of the table at
+    ``state_ptr`` (``EPOCH_SLOTS`` int32 per rank, device memory). ``end_launch`` advances *every*
+    entry once per launch, whatever the grid, so all entries always agree: a launch config that
+    changes between calls hands a slot to a different program, and that program still sees the same
+    epoch (per-program counters advanced only by their own program would disagree)."""
+    return tl.load(state_ptr + tl.program_id(0)) + 1
 
 
 @triton.jit
 def end_launch(state_ptr, epoch):
-    """Called by every program last: the last one to finish stores ``epoch`` for the next launch (no
-    program of this launch can read the counter after that: they all arrived here first)."""
-    done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if done == tl.num_programs(0) - 1:
-        tl.store(state_ptr + 1, 0)
-        tl.store(state_ptr, epoch)
+    """Called by every program last: program ``pid`` of P stores ``epoch`` into entries pid, pid + P,
+    pid + 2P, ..., so each entry is written once per launch. No program reads an entry another program
+    of the same launch writes (program q reads entry q, written only by program q), and the next launch
+    sees every store (kernel boundary): plain stores, no atomic and no fence, which would wait for this
+    program's outstanding NVLink stores."""
+    entries = tl.program_id(0) + tl.num_programs(0) * tl.arange(0, EPOCH_SLOTS)
+    tl.store(state_ptr + entries, tl.zeros([EPOCH_SLOTS], tl.int32) + epoch, mask=entries < EPOCH_SLOTS)
 
 
 @triton.jit
