@@ -1,4 +1,4 @@
-"""Launch-config sweep for the all-reduce kernels (GPU machine): which LaunchConfig per size.
+"""Launch-config sweep for the all-reduce and reduce-scatter kernels (GPU machine): which LaunchConfig per size.
 
     PYTHONPATH=src python3 benchmarks/sweep_configs.py --world-size 4 2 --out $OUT/sweep.json
 
@@ -19,11 +19,15 @@ import torch
 import torch.distributed as dist
 
 from symmcoll import launch
-from symmcoll.comm import all_reduce, all_reduce_low_latency, all_reduce_sentinel
+from symmcoll.comm import all_reduce, all_reduce_low_latency, all_reduce_sentinel, reduce_scatter
 from symmcoll.comm._common import LaunchConfig
 
 CALLS_PER_GRAPH = 10
 REPLAYS = 15
+
+_PUSH_SIZES = [4 << 20, 16 << 20, 64 << 20, 256 << 20]  # all-reduce: tensor bytes; rs_: output bytes
+_PUSH_CONFIGS = [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384, 32768), (132, 264))] + [
+    LaunchConfig(16384, 264, 8)]
 
 SWEEPS = {
     "two_shot": (all_reduce.two_shot, [1 << 20, 16 << 20, 256 << 20],
@@ -43,6 +47,16 @@ SWEEPS = {
                           [128 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
                           [LaunchConfig(b, p, w) for b, p, w in itertools.product((512, 1024, 2048, 4096),
                                                                                   (64, 132, 264), (4, 8, 16))]),
+    # Focused re-sweeps of the sentinel kernels where the targets were missed (256 KB, 4 MB on 4 ranks).
+    "sentinel_one_shot_small": (all_reduce_sentinel.sentinel_one_shot, [128 << 10, 256 << 10],
+                                [LaunchConfig(b, p, w) for b, p, w in itertools.product(
+                                    (256, 512, 1024), (64, 128, 256), (4, 8))]),
+    "sentinel_two_shot_mid": (all_reduce_sentinel.sentinel_two_shot, [256 << 10, 1 << 20, 4 << 20, 16 << 20],
+                              [LaunchConfig(b, p, w) for b, p, w in itertools.product(
+                                  (512, 1024, 2048), (132, 264), (4, 8))]),
+    # Push reduce-scatter (rounds of one block per program) alone and as the all-reduce's first half.
+    "push_copy_engine": (all_reduce.push_copy_engine, _PUSH_SIZES, _PUSH_CONFIGS),
+    "rs_push": (reduce_scatter.push, _PUSH_SIZES, _PUSH_CONFIGS),
     # Larger blocks / more programs than the first sweep tried, where its trend had not flattened.
     "two_shot_large": (all_reduce.two_shot, [16 << 20, 64 << 20, 256 << 20],
                        [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384), (132, 264))]),
@@ -76,10 +90,13 @@ def _sweep(algorithms: list[str]) -> list[dict]:
     for name in algorithms:
         fn, sizes, configs = SWEEPS[name]
         for nbytes in sizes:
-            numel = nbytes // 2
+            # Reduce-scatter sweeps (rs_*) take sizes as output bytes per rank, like the bench.
+            numel = nbytes // 2 * (world if name.startswith("rs_") else 1)
             i = torch.arange(numel, device="cuda")
             x = ((i * 7 + rank * 13) % 17 - 8).to(torch.bfloat16)
             want = sum(((i * 7 + r * 13) % 17 - 8) for r in range(world)).to(torch.bfloat16)
+            if name.startswith("rs_"):
+                want = want.chunk(world)[rank]
             for config in configs:
                 row = {"algorithm": name, "bytes": nbytes, "world_size": world, "block": config.block,
                        "max_programs": config.max_programs, "num_warps": config.num_warps}

@@ -4,7 +4,7 @@
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
 # 10-minute call allows: split it with TEST_PATHS (e.g. "tests/test_all_reduce.py" in one call,
 # "tests/test_data_movement.py tests/test_reduce_scatter.py tests/test_gpu.py ..." in the next).
-# SWEEP_ALGORITHMS (names in benchmarks/sweep_configs.py) and BENCH_OPS (e.g. all_reduce) narrow a run.
+# TEST_FILTER is pytest's -k expression. SWEEP_ALGORITHMS (names in benchmarks/sweep_configs.py) and BENCH_OPS (e.g. all_reduce) narrow a run.
 # Writes logs and result files under $OUT (default ./out). Installs nothing: uses the image's torch and
 # triton with src/ on PYTHONPATH. Every step runs under `timeout`; NVLink multicast stays off.
 set -uo pipefail
@@ -32,7 +32,7 @@ for stage in $stages; do
     tests)
       sizes=2; [ "$ngpu" -ge 3 ] && sizes=2,3; [ "$ngpu" -ge 4 ] && sizes=2,3,4
       SYMMCOLL_TEST_WORLD_SIZES=${TEST_WORLD_SIZES:-$sizes} timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -v -rA -p no:cacheprovider \
-        ${TEST_PATHS:-tests/} --ignore=tests/test_compile.py --ignore=tests/test_bench.py 2>&1 \
+        ${TEST_FILTER:+-k "$TEST_FILTER"} ${TEST_PATHS:-tests/} --ignore=tests/test_compile.py --ignore=tests/test_bench.py 2>&1 \
         | tee "$OUT/gpu_tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;

@@ -1,9 +1,11 @@
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import reference
+from symmcoll import launch, reference
 from symmcoll.comm._common import CPU_CONFIG
 
 from rank_checks import assert_close, assert_pads_zero, device, random_input, rank_coded
@@ -146,6 +148,24 @@ def _interleaved(calls):
 
 def test_two_shot_interleaved_with_other_collectives(pools, world_size):
     pools(world_size).run(_interleaved, 12)
+
+
+def _larger_than_workspace(workspace_bytes):
+    rank = dist.get_rank()
+    for call, (numel, dtype, op) in enumerate([(3 * 1024 + 5, torch.float32, "sum"),
+                                               (5000, torch.bfloat16, "max")]):
+        x = rank_coded(numel, dtype, rank, call)
+        for algorithm in ALGORITHMS:
+            got = symmcoll.all_reduce(x, op=op, algorithm=algorithm)
+            assert_close(got, reference.all_reduce(x, op=op), f"chunked {algorithm} {op} {dtype} call {call}",
+                         exact=True)
+    assert symmcoll.memory.workspaces()[0].buffer_bytes == workspace_bytes  # so the calls were cut
+
+
+def test_all_reduce_larger_than_workspace(world_size, monkeypatch):
+    # The workspace size is read when a process creates its first workspace: fresh ranks.
+    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "4096")
+    launch.run(_larger_than_workspace, world_size, 4096, device=os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu"))
 
 
 def _changing_configs(algorithm, calls):

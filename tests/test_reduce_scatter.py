@@ -94,7 +94,8 @@ def _larger_than_workspace():
                                                (torch.bfloat16, "max", (700, 3)),
                                                (torch.float16, "avg", (2049,))]):
         x = _input(shape, dtype, rank, call, world)
-        _check(x, op, "pull", f"chunked {op} {dtype} out{shape} call {call}")
+        for algorithm in ALGORITHMS:
+            _check(x, op, algorithm, f"chunked {algorithm} {op} {dtype} out{shape} call {call}")
     ws = symmcoll.memory.workspaces()[0]
     assert ws.buffer_bytes == 4096, ws.buffer_bytes  # so the calls above were cut into pieces
 

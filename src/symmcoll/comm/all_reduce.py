@@ -29,6 +29,21 @@ two_shot
     Work split: program ``pid`` owns blocks pid, pid + P, ... of *every* shard, on every rank, so again
     program ``pid`` only waits on program ``pid`` of its peers.
 
+push_copy_engine
+    For large tensors: the reduce-scatter half is ``reduce_scatter.push`` (every rank stores shard s of
+    its input into rank s's staging region, in rounds handed over by per-program barriers, and reduces
+    its shard from local memory: no copy-in, no NVLink reads), writing its shard into its output and
+    into its reduced region; a one-program barrier kernel then publishes the reduced shards and W-1
+    ``copy_`` calls pull them with the copy engines (the link rate, above what SM loads reach)::
+
+        push_kernel (TEE): shard s of x_r --store--> staging_s;  reduce shard r -> out[r], reduced_r
+        barrier (one program)
+        reduced_s --copy engine--> out[s]   for s = r+1, r+2, ...
+
+    No exit barrier: a rank refills the staging regions and its reduced region only in its next call,
+    after that call's first round barrier with every peer, and a peer enters its next call only after
+    its copies. Traffic: 2 (W-1)/W * S per rank over NVLink, all by stores or copy engines.
+
 Tensors larger than the workspace are reduced in workspace-sized pieces, one launch per piece.
 """
 
@@ -41,11 +56,14 @@ import triton.language as tl
 from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import register_op
+from . import reduce_scatter
+from .all_gather import barrier
 from ._common import (LaunchConfig, SizedConfigs, chunks, combine, copy_blocks, finalize, finish,
                       move_block, prepare_reduction)
 
 ONE_SHOT = register_op("all_reduce.one_shot")
 TWO_SHOT = register_op("all_reduce.two_shot")
+PUSH_COPY_ENGINE = register_op("all_reduce.push_copy_engine")
 
 # From benchmarks/sweep_configs.py on 4x H200 (benchmarks/results/2026-11-21-sweep/sweep.json).
 GPU_ONE_SHOT = SizedConfigs(((256 << 10, LaunchConfig(4096, 64, 8)),
@@ -222,6 +240,38 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
             ws.rank, TWO_SHOT,
             WORLD=ws.world_size, REDUCE_OP=code, BLOCK=cfg.block, num_warps=cfg.num_warps,
         )
+    finish(ws)
+    return out.view(x.shape)
+
+
+def push_copy_engine(x: torch.Tensor, group=None, *, op: str = "sum",
+                     config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place all-reduce: push reduce-scatter kernel, then a copy-engine all-gather."""
+    ws, code, cfg = prepare_reduction(x, group, op, config, reduce_scatter.GPU_PUSH)
+    world, rank = ws.world_size, ws.rank
+    staging = reduce_scatter.staging(ws)
+    # Room for the largest shard of any dtype (plus alignment), whole 16-byte words for any dtype view.
+    reduced = ws.region("all_reduce.push_copy_engine.reduced", (ws.buffer_bytes // world // 16 + 64) * 16)
+    flat = x.reshape(-1)
+    out = torch.empty_like(flat)
+    for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
+        # Shards of a multiple of 16 elements keep every shard aligned for 16-byte accesses.
+        shard_len = triton.cdiv(triton.cdiv(n, world), 16) * 16
+        grid = cfg.grid(triton.cdiv(shard_len, cfg.block))
+        reduce_scatter.push_kernel[grid](
+            staging.ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
+            flat[start:], out[start + rank * shard_len:], reduced.peers[rank].view(x.dtype),
+            n, shard_len, shard_len,
+            rank, PUSH_COPY_ENGINE,
+            WORLD=world, REDUCE_OP=code, BLOCK=cfg.block, TEE=True, EXIT_BARRIER=False,
+            num_warps=cfg.num_warps,
+        )
+        barrier(ws, PUSH_COPY_ENGINE)
+        for k in range(1, world):
+            peer = (rank + k) % world
+            length = max(0, min(shard_len, n - peer * shard_len))
+            if length:
+                out[start + peer * shard_len:][:length].copy_(reduced.peers[peer].view(x.dtype)[:length])
     finish(ws)
     return out.view(x.shape)
 

@@ -30,6 +30,23 @@ sentinel
     sentinel, reduces in rank order and writes its output. No staging copy and no barrier; remote
     stores are never waited on. Needs segments of whole 4-byte words; others go to ``pull``.
 
+push
+    For large inputs: no copy-in and no NVLink reads. Every rank stores segment s of its input straight
+    into its slot of rank s's staging region (a symmetric region of its own, not the shared buffer:
+    other collectives leave peers' buffers in use when they end). The work goes in rounds of one block
+    per program; after each round a barrier between program pid of every rank hands the round over,
+    and every rank reduces that round's block of its segment from its staging region (local reads,
+    fp32, rank order; its own contribution straight from its input)::
+
+        rank r, program p, round b:  x_r[s][b] --store--> staging_s[slot(r)][b]   for every s != r
+                                     barrier (program p with program p of every peer)
+                                     out_r[b] = op(staging_r[..][b], x_r[r][b])   (local)
+                  after the last round: barrier (exit)
+
+    Remote stores need no round trip per access, and the reduce of one round overlaps the other
+    programs' pushes. Traffic: (W-1) * S/W bytes stored to peers per rank (S = input bytes), nothing
+    copied locally. ``all_reduce.push_copy_engine`` runs the same kernel for its reduce-scatter half.
+
 bf16/fp16/fp32 with fp32 accumulation; op sum/avg/max/min. Inputs whose segments exceed the workspace
 are reduced in workspace-sized pieces of every segment, one launch per piece. Every rank must pass a
 tensor of the same shape and dtype (as with torch).
@@ -49,6 +66,7 @@ from ._common import (CPU_CONFIG, LaunchConfig, SizedConfigs, check_device, chec
                       chunks, combine, copy_blocks, finalize, finish, group_size, logger, reduce_op_code)
 
 PULL = register_op("reduce_scatter.pull")
+PUSH = register_op("reduce_scatter.push")
 
 # Above 4 MB: bigger blocks, a program per SM (the trend of the all-reduce config sweep).
 GPU_PULL = SizedConfigs(((4 << 20, LaunchConfig(block=4096, max_programs=64, num_warps=16)),
@@ -119,6 +137,96 @@ def _reduce_scatter_kernel(
         block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
 
 
+# Measured in benchmarks/sweep_configs.py (push sweep); first guesses until then.
+GPU_PUSH = SizedConfigs(((4 << 20, LaunchConfig(block=4096, max_programs=132, num_warps=16)),
+                         (1 << 40, LaunchConfig(block=16384, max_programs=132, num_warps=16))))
+
+
+@triton.jit
+def _push_segment_block(x_ptr, buffer_ptrs_dev, offs, mask, s, rank, seg_len, seg_stride):
+    """Store block ``offs`` of my segment ``s`` into my slot of rank s's staging region."""
+    slot = rank - tl.cast(rank > s, tl.int32)
+    dst = peer_ptr(buffer_ptrs_dev, s, x_ptr.dtype.element_ty) + tl.cast(slot, tl.int64) * seg_len
+    tl.store(dst + offs, tl.load(x_ptr + tl.cast(s, tl.int64) * seg_stride + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _reduce_staged_block(x_ptr, my_staging, out_ptr, copy_ptr, offs, mask, rank, seg_len, seg_stride,
+                         WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, TEE: tl.constexpr):
+    """out[offs] (and copy[offs] if TEE) = op over ranks of their part of my segment: rank r's part
+    from slot r - (r > rank) of my staging region, mine from my input; fp32, rank order."""
+    acc = tl.zeros(offs.shape, tl.float32)
+    for r in tl.static_range(WORLD):
+        if r == rank:
+            v = tl.load(x_ptr + tl.cast(rank, tl.int64) * seg_stride + offs, mask=mask)
+        else:
+            slot = r - tl.cast(r > rank, tl.int32)
+            v = tl.load(my_staging + tl.cast(slot, tl.int64) * seg_len + offs, mask=mask)
+        if r == 0:
+            acc = v.to(tl.float32)
+        else:
+            acc = combine(acc, v.to(tl.float32), REDUCE_OP)
+    result = finalize(acc, REDUCE_OP, WORLD).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + offs, result, mask=mask)
+    if TEE:
+        tl.store(copy_ptr + offs, result, mask=mask)
+
+
+@triton.jit
+def push_kernel(
+    # symmetric workspace: staging region's address table, signals, error record, wait budget
+    staging_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
+    # this launch's piece: segment s is x[s * seg_stride + i] for i < seg_len and s * seg_stride + i <
+    # numel (an all-reduce's last shard may be short or empty); my result goes to out[i] (and copy[i])
+    x_ptr, out_ptr, copy_ptr, numel, seg_len, seg_stride,
+    # topology
+    rank, op_code,
+    WORLD: tl.constexpr,
+    # meta-parameters
+    REDUCE_OP: tl.constexpr, BLOCK: tl.constexpr, TEE: tl.constexpr, EXIT_BARRIER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    elem = x_ptr.dtype.element_ty
+    my_staging = peer_ptr(staging_ptrs_dev, rank, elem)
+    lane = tl.arange(0, BLOCK)
+    full = tl.full([BLOCK], 1, tl.int1)
+    # Every segment is whole in this block exactly when the last one is.
+    last_seg_len = tl.minimum(seg_len, numel - (WORLD - 1) * seg_stride)
+    my_seg_len = tl.minimum(seg_len, numel - rank * seg_stride)
+    failed = 0
+    for b in range(pid, tl.cdiv(seg_len, BLOCK), tl.num_programs(0)):
+        offs = b * BLOCK + lane
+        whole = (b + 1) * BLOCK <= last_seg_len
+        # Peers in the order rank+1, rank+2, ...: the ranks do not all store into rank 0 first.
+        for k in tl.static_range(1, WORLD):
+            s = (rank + k) % WORLD
+            if whole:
+                _push_segment_block(x_ptr, staging_ptrs_dev, offs, full, s, rank, seg_len, seg_stride)
+            else:
+                s_len = tl.minimum(seg_len, numel - s * seg_stride)
+                _push_segment_block(x_ptr, staging_ptrs_dev, offs, offs < s_len, s, rank, seg_len,
+                                    seg_stride)
+        if failed == 0:
+            failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+        if failed == 0:
+            if whole:
+                _reduce_staged_block(x_ptr, my_staging, out_ptr, copy_ptr, offs, full, rank, seg_len,
+                                     seg_stride, WORLD, REDUCE_OP, TEE)
+            else:
+                _reduce_staged_block(x_ptr, my_staging, out_ptr, copy_ptr, offs, offs < my_seg_len, rank,
+                                     seg_len, seg_stride, WORLD, REDUCE_OP, TEE)
+    if EXIT_BARRIER:
+        # Nobody may push into a staging region (next call) until its owner has reduced from it.
+        if failed == 0:
+            block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+
+
+def staging(ws):
+    """The push staging region (shared by reduce_scatter.push and all_reduce.push_copy_engine): as
+    large as the shared buffer."""
+    return ws.region("push.staging", ws.buffer_bytes)
+
+
 def output_shape(x: torch.Tensor, world: int) -> tuple:
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension to be split along dim 0 "
@@ -163,6 +271,32 @@ def sentinel(x: torch.Tensor, group=None, *, op: str = "sum",
     return out
 
 
+def push(x: torch.Tensor, group=None, *, op: str = "sum",
+         config: LaunchConfig | None = None) -> torch.Tensor:
+    """Out-of-place reduce-scatter of ``x`` along dim 0 by remote stores (see the module docstring)."""
+    out, code, ws = _prepare(x, group, op)
+    if ws is None:
+        return out
+    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
+                     GPU_PUSH.pick(x.numel() * x.element_size()))
+    region = staging(ws)
+    flat, out_flat = x.reshape(-1), out.reshape(-1)
+    segment = out_flat.numel()
+    world = ws.world_size
+    # Pieces of a multiple of 16 elements keep every staged slot aligned for 16-byte accesses.
+    for start, n in chunks(segment, ws.capacity(x.dtype) // (world - 1) // 16 * 16):
+        grid = cfg.grid(triton.cdiv(n, cfg.block))
+        push_kernel[grid](
+            region.ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
+            flat[start:], out_flat[start:], out_flat[start:], world * segment - start, n, segment,
+            ws.rank, PUSH,
+            WORLD=world, REDUCE_OP=code, BLOCK=cfg.block, TEE=False, EXIT_BARRIER=True,
+            num_warps=cfg.num_warps,
+        )
+    finish(ws)
+    return out
+
+
 def pull(x: torch.Tensor, group=None, *, op: str = "sum",
          config: LaunchConfig | None = None) -> torch.Tensor:
     """Out-of-place reduce-scatter of ``x`` along dim 0: shape [x.shape[0] // W, ...]."""
@@ -200,3 +334,12 @@ compile_check.register(
     {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": "*bf16", "out_ptr": "*bf16", "op_code": "i32"},
     {"numel": 1, "segment_stride": 1, "rank": 1, "WORLD": 4, "REDUCE_OP": 1, "BLOCK": GPU_PULL.largest.block},
     num_warps=GPU_PULL.largest.num_warps, label="bf16,")
+for _dtype, _world, _op, _tee in (("bf16", 4, 0, False), ("fp32", 3, 1, True), ("fp16", 8, 2, True)):
+    compile_check.register(
+        push_kernel,
+        {"staging_ptrs_dev": "i64", "signal_pad_ptrs_dev": "i64", "status_ptr": "i64", "max_spins": "i32",
+         "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}", "copy_ptr": f"*{_dtype}", "numel": "i32",
+         "seg_len": "i32", "seg_stride": "i32", "rank": "i32", "op_code": "i32"},
+        {"WORLD": _world, "REDUCE_OP": _op, "BLOCK": GPU_PUSH.largest.block, "TEE": _tee,
+         "EXIT_BARRIER": not _tee},
+        num_warps=GPU_PUSH.largest.num_warps, label=f"{_dtype},")
