@@ -128,3 +128,12 @@ def _reduce_scatter_keyed_by_output():
 
 def test_reduce_scatter_table_keyed_by_output_bytes(pools):
     assert pools(2).run(_reduce_scatter_keyed_by_output) == [True, True]
+
+
+def test_sized_configs_per_world_size():
+    from symmcoll.comm._common import LaunchConfig, SizedConfigs
+    small, large, two = LaunchConfig(256, 8, 4), LaunchConfig(1024, 16, 8), LaunchConfig(2048, 32, 8)
+    configs = SizedConfigs(((1 << 20, small), (1 << 40, large)), per_world=((2, ((1 << 40, two),)),))
+    assert configs.pick(1 << 20, 4) == small and configs.pick((1 << 20) + 1, 4) == large
+    assert configs.pick(1 << 10, 2) == two and configs.pick(1 << 50, 2) == two
+    assert configs.pick(1 << 10) == small  # no world size: the default table

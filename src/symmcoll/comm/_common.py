@@ -43,12 +43,15 @@ class SizedConfigs:
     Chosen from measurements (benchmarks/sweep_configs.py on the GPU machine)."""
 
     table: tuple[tuple[int, LaunchConfig], ...]
+    # Tables for particular world sizes, where the best config differs: ((world, table), ...).
+    per_world: tuple[tuple[int, tuple[tuple[int, LaunchConfig], ...]], ...] = ()
 
-    def pick(self, nbytes: int) -> LaunchConfig:
-        for max_bytes, config in self.table:
+    def pick(self, nbytes: int, world: int | None = None) -> LaunchConfig:
+        table = dict(self.per_world).get(world, self.table)
+        for max_bytes, config in table:
             if nbytes <= max_bytes:
                 return config
-        return self.table[-1][1]
+        return table[-1][1]
 
     @property
     def largest(self) -> LaunchConfig:
@@ -90,7 +93,7 @@ def prepare_reduction(x: torch.Tensor, group, op: str, config: LaunchConfig | No
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
     cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     gpu_configs.pick(x.numel() * x.element_size()))
+                     gpu_configs.pick(x.numel() * x.element_size(), ws.world_size))
     return ws, code, cfg
 
 

@@ -247,7 +247,7 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
 def push_copy_engine(x: torch.Tensor, group=None, *, op: str = "sum",
                      config: LaunchConfig | None = None) -> torch.Tensor:
     """Out-of-place all-reduce: push reduce-scatter kernel, then a copy-engine all-gather."""
-    ws, code, cfg = prepare_reduction(x, group, op, config, reduce_scatter.GPU_PUSH)
+    ws, code, cfg = prepare_reduction(x, group, op, config, reduce_scatter.GPU_PUSH_ALL_REDUCE)
     world, rank = ws.world_size, ws.rank
     staging = reduce_scatter.staging(ws)
     # Room for the largest shard of any dtype (plus alignment), whole 16-byte words for any dtype view.

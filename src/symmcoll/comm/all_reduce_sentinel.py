@@ -55,11 +55,19 @@ PHASES: tl.constexpr = tl.constexpr(3)
 # Largest message per launch, by device (CPU: keeps the /dev/shm regions small and chunking tested).
 MAX_BYTES = {"one_shot": {"cuda": 2 << 20, "cpu": 64 << 10},
              "two_shot": {"cuda": 16 << 20, "cpu": 128 << 10}}
-# Block = int32 words per program step. Starting points; benchmarks/sweep_configs.py measures.
+# Block = int32 words per program step. From benchmarks/sweep_configs.py (sentinel_*_small/_mid,
+# benchmarks/results/2026-11-21-sweep-2); 4 ranks want smaller blocks than 2 from 1 MB up.
 GPU_ONE_SHOT = SizedConfigs(((64 << 10, LaunchConfig(256, 128, 4)),
-                             (1 << 40, LaunchConfig(512, 256, 4))))
-GPU_TWO_SHOT = SizedConfigs(((1 << 20, LaunchConfig(512, 128, 4)),
-                             (1 << 40, LaunchConfig(2048, 132, 8))))
+                             (1 << 40, LaunchConfig(256, 256, 4))))
+GPU_TWO_SHOT = SizedConfigs(
+    ((256 << 10, LaunchConfig(512, 132, 4)),
+     (1 << 20, LaunchConfig(512, 264, 8)),
+     (4 << 20, LaunchConfig(1024, 132, 4)),
+     (1 << 40, LaunchConfig(1024, 264, 4))),
+    per_world=((2, ((256 << 10, LaunchConfig(512, 132, 4)),
+                    (1 << 20, LaunchConfig(1024, 132, 8)),
+                    (4 << 20, LaunchConfig(2048, 132, 8)),
+                    (1 << 40, LaunchConfig(2048, 264, 8)))),))
 
 
 @triton.jit

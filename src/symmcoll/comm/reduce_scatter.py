@@ -137,9 +137,17 @@ def _reduce_scatter_kernel(
         block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
 
 
-# Measured in benchmarks/sweep_configs.py (push sweep); first guesses until then.
-GPU_PUSH = SizedConfigs(((4 << 20, LaunchConfig(block=4096, max_programs=132, num_warps=16)),
-                         (1 << 40, LaunchConfig(block=16384, max_programs=132, num_warps=16))))
+# By input bytes, from benchmarks/sweep_configs.py (rs_push; benchmarks/results/2026-11-21-sweep-2):
+# two programs per SM win from 16 MB of output per rank (the round barriers of one overlap the other's
+# stores); on 2 ranks bigger blocks.
+GPU_PUSH = SizedConfigs(
+    ((16 << 20, LaunchConfig(block=16384, max_programs=132, num_warps=16)),
+     (1 << 40, LaunchConfig(block=8192, max_programs=264, num_warps=16))),
+    per_world=((2, ((1 << 40, LaunchConfig(block=16384, max_programs=264, num_warps=8)),)),))
+# The all-reduce's reduce-scatter half (all_reduce.push_copy_engine), by tensor bytes (same sweep).
+GPU_PUSH_ALL_REDUCE = SizedConfigs(
+    ((1 << 40, LaunchConfig(block=8192, max_programs=264, num_warps=16)),),
+    per_world=((2, ((1 << 40, LaunchConfig(block=16384, max_programs=264, num_warps=16)),)),))
 
 
 @triton.jit
@@ -266,7 +274,7 @@ def sentinel(x: torch.Tensor, group=None, *, op: str = "sum",
                      out.numel() * out.element_size())
         return pull(x, group, op=op, config=config)
     cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     all_reduce_sentinel.GPU_TWO_SHOT.pick(x.numel() * x.element_size()))
+                     all_reduce_sentinel.GPU_TWO_SHOT.pick(x.numel() * x.element_size(), ws.world_size))
     all_reduce_sentinel.reduce_scatter_words(ws, x, out, code, cfg)
     return out
 
@@ -278,7 +286,7 @@ def push(x: torch.Tensor, group=None, *, op: str = "sum",
     if ws is None:
         return out
     cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     GPU_PUSH.pick(x.numel() * x.element_size()))
+                     GPU_PUSH.pick(x.numel() * x.element_size(), ws.world_size))
     region = staging(ws)
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     segment = out_flat.numel()
@@ -304,7 +312,7 @@ def pull(x: torch.Tensor, group=None, *, op: str = "sum",
     if ws is None:
         return out
     cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     GPU_PULL.pick(x.numel() * x.element_size()))
+                     GPU_PULL.pick(x.numel() * x.element_size(), ws.world_size))
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     segment = out_flat.numel()
     # Pieces of a multiple of 16 elements keep every staged slot aligned for 16-byte accesses.
