@@ -57,6 +57,15 @@ SWEEPS = {
     # Push reduce-scatter (rounds of one block per program) alone and as the all-reduce's first half.
     "push_copy_engine": (all_reduce.push_copy_engine, _PUSH_SIZES, _PUSH_CONFIGS),
     "rs_push": (reduce_scatter.push, _PUSH_SIZES, _PUSH_CONFIGS),
+    # Third round, where the perf-3 bench still missed: 256 KB and 16-64 MB (more programs per SM).
+    "sentinel_one_shot_256k": (all_reduce_sentinel.sentinel_one_shot, [256 << 10],
+                               [LaunchConfig(b, p, 4) for b, p in itertools.product((128, 256), (256, 384, 512))]),
+    "sentinel_two_shot_large": (all_reduce_sentinel.sentinel_two_shot, [16 << 20, 32 << 20],
+                                [LaunchConfig(1024, 264, 4), LaunchConfig(2048, 264, 8), LaunchConfig(1024, 396, 4),
+                                 LaunchConfig(1024, 528, 4), LaunchConfig(2048, 396, 4), LaunchConfig(512, 528, 4)]),
+    "push_copy_engine_mid": (all_reduce.push_copy_engine, [32 << 20, 64 << 20],
+                             [LaunchConfig(16384, 264, 16), LaunchConfig(8192, 264, 16), LaunchConfig(32768, 264, 8),
+                              LaunchConfig(16384, 396, 8), LaunchConfig(8192, 396, 8)]),
     # Larger blocks / more programs than the first sweep tried, where its trend had not flattened.
     "two_shot_large": (all_reduce.two_shot, [16 << 20, 64 << 20, 256 << 20],
                        [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384), (132, 264))]),
