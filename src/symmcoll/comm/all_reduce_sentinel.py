@@ -55,19 +55,20 @@ PHASES: tl.constexpr = tl.constexpr(3)
 # Largest message per launch, by device (CPU: keeps the /dev/shm regions small and chunking tested).
 MAX_BYTES = {"one_shot": {"cuda": 2 << 20, "cpu": 64 << 10},
              "two_shot": {"cuda": 16 << 20, "cpu": 128 << 10}}
-# Block = int32 words per program step. From benchmarks/sweep_configs.py (sentinel_*_small/_mid,
-# benchmarks/results/2026-11-21-sweep-2); 4 ranks want smaller blocks than 2 from 1 MB up.
+# Block = int32 words per program step. From benchmarks/sweep_configs.py (sentinel_*_small/_mid/_256k/_large,
+# benchmarks/results/2026-11-21-sweep-2 and -sweep-3); 4 ranks want smaller blocks than 2 from 1 MB up.
 GPU_ONE_SHOT = SizedConfigs(((64 << 10, LaunchConfig(256, 128, 4)),
-                             (1 << 40, LaunchConfig(256, 256, 4))))
+                             (128 << 10, LaunchConfig(256, 256, 4)),
+                             (1 << 40, LaunchConfig(128, 512, 4))))
 GPU_TWO_SHOT = SizedConfigs(
     ((256 << 10, LaunchConfig(512, 132, 4)),
      (1 << 20, LaunchConfig(512, 264, 8)),
      (4 << 20, LaunchConfig(1024, 132, 4)),
-     (1 << 40, LaunchConfig(1024, 264, 4))),
+     (1 << 40, LaunchConfig(512, 528, 4))),
     per_world=((2, ((256 << 10, LaunchConfig(512, 132, 4)),
                     (1 << 20, LaunchConfig(1024, 132, 8)),
                     (4 << 20, LaunchConfig(2048, 132, 8)),
-                    (1 << 40, LaunchConfig(2048, 264, 8)))),))
+                    (1 << 40, LaunchConfig(1024, 528, 4)))),))
 
 
 @triton.jit
