@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import compile_check
+from ..language import block_barrier
 from ..memory import MAX_PROGRAMS, Workspace, get_workspace
 
 REDUCTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -84,6 +86,17 @@ def check_reduction_dtype(x: torch.Tensor, name: str) -> None:
                          f"(supported: bf16, fp16, fp32)")
 
 
+def resolve_config(x: torch.Tensor, ws: Workspace, config: LaunchConfig | None,
+                   gpu_configs: SizedConfigs) -> LaunchConfig:
+    """``config`` if given, else CPU_CONFIG on CPU, else ``gpu_configs``' pick for x's size and the
+    workspace's world size."""
+    if config is not None:
+        return config
+    if x.device.type == "cpu":
+        return CPU_CONFIG
+    return gpu_configs.pick(x.numel() * x.element_size(), ws.world_size)
+
+
 def prepare_reduction(x: torch.Tensor, group, op: str, config: LaunchConfig | None,
                       gpu_configs: SizedConfigs):
     """Validate a reduction's input, get the workspace, resolve the launch config (by size)."""
@@ -92,8 +105,7 @@ def prepare_reduction(x: torch.Tensor, group, op: str, config: LaunchConfig | No
     code = reduce_op_code(op)
     ws = get_workspace(group, x.device)
     check_tensor(x, "x", ws.device.type)
-    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     gpu_configs.pick(x.numel() * x.element_size(), ws.world_size))
+    cfg = resolve_config(x, ws, config, gpu_configs)
     return ws, code, cfg
 
 
@@ -231,3 +243,19 @@ def tee_blocks(src, dst_a, dst_b, n, BLOCK: tl.constexpr):
             _tee(src, dst_a, dst_b, offs, tl.full([BLOCK], 1, tl.int1))
         else:
             _tee(src, dst_a, dst_b, offs, offs < n)
+
+
+@triton.jit
+def _barrier_kernel(signal_pad_ptrs_dev, status_ptr, max_spins, rank, op_code, WORLD: tl.constexpr):
+    block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
+
+
+def barrier(ws: Workspace, op_code: int) -> None:
+    """A one-program barrier over the workspace's group, in stream order (graph-safe)."""
+    _barrier_kernel[(1,)](ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins, ws.rank, op_code,
+                          WORLD=ws.world_size, num_warps=1)
+
+
+compile_check.register(
+    _barrier_kernel, {"signal_pad_ptrs_dev": "i64", "status_ptr": "i64", "max_spins": "i32", "rank": "i32",
+                      "op_code": "i32"}, {"WORLD": 4}, num_warps=1, label="")

@@ -44,8 +44,8 @@ import triton.language as tl
 from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import Workspace, get_workspace, register_op
-from ._common import (GPU_MOVE_CONFIGS, LaunchConfig, as_words, check_device, check_tensor, chunks,
-                      copy_blocks, finish, group_size, logger, move_config, tee_blocks)
+from ._common import (GPU_MOVE_CONFIGS, LaunchConfig, as_words, barrier, check_device, check_tensor,
+                      chunks, copy_blocks, finish, group_size, logger, move_config, tee_blocks)
 
 PULL = register_op("all_gather.pull")
 COPY_ENGINE = register_op("all_gather.copy_engine")
@@ -92,17 +92,6 @@ def gather_words(ws: Workspace, words: torch.Tensor, out_words: torch.Tensor,
             WORLD=ws.world_size, BLOCK=cfg.block, num_warps=cfg.num_warps,
         )
     finish(ws)
-
-
-@triton.jit
-def _barrier_kernel(signal_pad_ptrs_dev, status_ptr, max_spins, rank, op_code, WORLD: tl.constexpr):
-    block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
-
-
-def barrier(ws: Workspace, op_code: int) -> None:
-    """A one-program barrier over the workspace's group, in stream order (graph-safe)."""
-    _barrier_kernel[(1,)](ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins, ws.rank, op_code,
-                          WORLD=ws.world_size, num_warps=1)
 
 
 def _prepare(x: torch.Tensor, group):
@@ -165,9 +154,6 @@ for _word, _world in ((1, 2), (2, 3), (4, 4), (8, 8)):
         {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_ty}", "out_ptr": f"*{_ty}",
          "numel": "i32", "out_rank_stride": "i32", "rank": "i32", "op_code": "i32"},
         {"WORLD": _world, "BLOCK": _cfg.block}, num_warps=_cfg.num_warps, label=f"{_ty},")
-compile_check.register(
-    _barrier_kernel, {"signal_pad_ptrs_dev": "i64", "status_ptr": "i64", "max_spins": "i32", "rank": "i32",
-                      "op_code": "i32"}, {"WORLD": 4}, num_warps=1, label="")
 # Arguments equal to 1 are specialised as constexprs on GPU: rank 1, one-element tensors.
 compile_check.register(
     _all_gather_kernel,

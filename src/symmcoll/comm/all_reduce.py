@@ -57,8 +57,7 @@ from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import register_op
 from . import reduce_scatter
-from .all_gather import barrier
-from ._common import (LaunchConfig, SizedConfigs, chunks, combine, copy_blocks, finalize, finish,
+from ._common import (LaunchConfig, SizedConfigs, barrier, chunks, combine, copy_blocks, finalize, finish,
                       move_block, prepare_reduction)
 
 ONE_SHOT = register_op("all_reduce.one_shot")
@@ -202,6 +201,13 @@ def _two_shot_kernel(
                             tl.store(out_ptr + start + lane, tl.load(owner + in_shard, mask=mask), mask=mask)
 
 
+def _aligned_shard_len(n: int, world: int) -> int:
+    """Elements per shard of an n-element piece: ceil(n / W) rounded up to a multiple of 16, which keeps
+    every shard start aligned for 16-byte accesses (Triton specialises integer arguments divisible by
+    16); the last shard may be short or empty."""
+    return triton.cdiv(triton.cdiv(n, world), 16) * 16
+
+
 def one_shot(x: torch.Tensor, group=None, *, op: str = "sum",
              config: LaunchConfig | None = None) -> torch.Tensor:
     """Out-of-place one-shot all-reduce of ``x`` over ``group``; returns a new tensor."""
@@ -229,10 +235,7 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
-        # Shard lengths divisible by 16 keep every shard start aligned for 16-byte accesses (Triton
-        # specialises integer arguments divisible by 16).
-        align = 16
-        shard_len = triton.cdiv(triton.cdiv(n, ws.world_size), align) * align
+        shard_len = _aligned_shard_len(n, ws.world_size)
         grid = cfg.grid(triton.cdiv(shard_len, cfg.block))
         _two_shot_kernel[grid](
             ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, reduced.ptrs_dev, ws.status_ptr, ws.max_spins,
@@ -255,8 +258,7 @@ def push_copy_engine(x: torch.Tensor, group=None, *, op: str = "sum",
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
-        # Shards of a multiple of 16 elements keep every shard aligned for 16-byte accesses.
-        shard_len = triton.cdiv(triton.cdiv(n, world), 16) * 16
+        shard_len = _aligned_shard_len(n, world)
         grid = cfg.grid(triton.cdiv(shard_len, cfg.block))
         reduce_scatter.push_kernel[grid](
             staging.ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,

@@ -62,8 +62,8 @@ from .. import compile_check
 from ..language import block_barrier, peer_ptr
 from ..memory import get_workspace, register_op
 from . import all_reduce_sentinel
-from ._common import (CPU_CONFIG, LaunchConfig, SizedConfigs, check_device, check_reduction_dtype, check_tensor,
-                      chunks, combine, copy_blocks, finalize, finish, group_size, logger, reduce_op_code)
+from ._common import (LaunchConfig, SizedConfigs, check_device, check_reduction_dtype, check_tensor, chunks,
+                      combine, copy_blocks, finalize, finish, group_size, logger, reduce_op_code, resolve_config)
 
 PULL = register_op("reduce_scatter.pull")
 PUSH = register_op("reduce_scatter.push")
@@ -151,6 +151,12 @@ GPU_PUSH_ALL_REDUCE = SizedConfigs(
 
 
 @triton.jit
+def _segment_len(s, numel, seg_len, seg_stride):
+    """Elements of segment ``s`` in this piece (an all-reduce's last shards may be short or empty)."""
+    return tl.minimum(seg_len, numel - s * seg_stride)
+
+
+@triton.jit
 def _push_segment_block(x_ptr, buffer_ptrs_dev, offs, mask, s, rank, seg_len, seg_stride):
     """Store block ``offs`` of my segment ``s`` into my slot of rank s's staging region."""
     slot = rank - tl.cast(rank > s, tl.int32)
@@ -199,8 +205,8 @@ def push_kernel(
     lane = tl.arange(0, BLOCK)
     full = tl.full([BLOCK], 1, tl.int1)
     # Every segment is whole in this block exactly when the last one is.
-    last_seg_len = tl.minimum(seg_len, numel - (WORLD - 1) * seg_stride)
-    my_seg_len = tl.minimum(seg_len, numel - rank * seg_stride)
+    last_seg_len = _segment_len(WORLD - 1, numel, seg_len, seg_stride)
+    my_seg_len = _segment_len(rank, numel, seg_len, seg_stride)
     failed = 0
     for b in range(pid, tl.cdiv(seg_len, BLOCK), tl.num_programs(0)):
         offs = b * BLOCK + lane
@@ -211,7 +217,7 @@ def push_kernel(
             if whole:
                 _push_segment_block(x_ptr, staging_ptrs_dev, offs, full, s, rank, seg_len, seg_stride)
             else:
-                s_len = tl.minimum(seg_len, numel - s * seg_stride)
+                s_len = _segment_len(s, numel, seg_len, seg_stride)
                 _push_segment_block(x_ptr, staging_ptrs_dev, offs, offs < s_len, s, rank, seg_len,
                                     seg_stride)
         if failed == 0:
@@ -233,6 +239,12 @@ def staging(ws):
     """The push staging region (shared by reduce_scatter.push and all_reduce.push_copy_engine): as
     large as the shared buffer."""
     return ws.region("push.staging", ws.buffer_bytes)
+
+
+def _segment_pieces(ws, dtype: torch.dtype, segment: int):
+    """(start, length) pieces of every segment such that W-1 staged slots of a piece fit the buffer;
+    lengths a multiple of 16 elements keep every slot aligned for 16-byte accesses."""
+    return chunks(segment, ws.capacity(dtype) // (ws.world_size - 1) // 16 * 16)
 
 
 def output_shape(x: torch.Tensor, world: int) -> tuple:
@@ -273,8 +285,7 @@ def sentinel(x: torch.Tensor, group=None, *, op: str = "sum",
         logger.debug("reduce_scatter.sentinel: segments of %d bytes are not whole words; using pull",
                      out.numel() * out.element_size())
         return pull(x, group, op=op, config=config)
-    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     all_reduce_sentinel.GPU_TWO_SHOT.pick(x.numel() * x.element_size(), ws.world_size))
+    cfg = resolve_config(x, ws, config, all_reduce_sentinel.GPU_TWO_SHOT)
     all_reduce_sentinel.reduce_scatter_words(ws, x, out, code, cfg)
     return out
 
@@ -285,14 +296,12 @@ def push(x: torch.Tensor, group=None, *, op: str = "sum",
     out, code, ws = _prepare(x, group, op)
     if ws is None:
         return out
-    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     GPU_PUSH.pick(x.numel() * x.element_size(), ws.world_size))
+    cfg = resolve_config(x, ws, config, GPU_PUSH)
     region = staging(ws)
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     segment = out_flat.numel()
     world = ws.world_size
-    # Pieces of a multiple of 16 elements keep every staged slot aligned for 16-byte accesses.
-    for start, n in chunks(segment, ws.capacity(x.dtype) // (world - 1) // 16 * 16):
+    for start, n in _segment_pieces(ws, x.dtype, segment):
         grid = cfg.grid(triton.cdiv(n, cfg.block))
         push_kernel[grid](
             region.ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
@@ -311,12 +320,10 @@ def pull(x: torch.Tensor, group=None, *, op: str = "sum",
     out, code, ws = _prepare(x, group, op)
     if ws is None:
         return out
-    cfg = config or (CPU_CONFIG if x.device.type == "cpu" else
-                     GPU_PULL.pick(x.numel() * x.element_size(), ws.world_size))
+    cfg = resolve_config(x, ws, config, GPU_PULL)
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     segment = out_flat.numel()
-    # Pieces of a multiple of 16 elements keep every staged slot aligned for 16-byte accesses.
-    for start, n in chunks(segment, ws.capacity(x.dtype) // (ws.world_size - 1) // 16 * 16):
+    for start, n in _segment_pieces(ws, x.dtype, segment):
         grid = cfg.grid(triton.cdiv(n, cfg.block))
         _reduce_scatter_kernel[grid](
             ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
