@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
-#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [tune] [bench]   (default: tests bench)
+#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench]   (default: tests bench)
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
 # 10-minute call allows: split it with TEST_PATHS (e.g. "tests/test_all_reduce.py" in one call,
 # "tests/test_data_movement.py tests/test_reduce_scatter.py tests/test_gpu.py ..." in the next).
@@ -55,6 +55,12 @@ for stage in $stages; do
       # Result JSONs only: plots are drawn from them afterwards (symmcoll plot), off the GPU machine.
       timeout ${BENCH_TIMEOUT:-500} python3 -m symmcoll bench --op ${BENCH_OPS:-all} --world-size "$sizes" --out "$OUT" 2>&1 \
         | tee "$OUT/bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    probe)
+      sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
+      timeout ${PROBE_TIMEOUT:-300} python3 benchmarks/probe_copy_engine.py --world-size $sizes --out "$OUT/probe.json" 2>&1 \
+        | tee "$OUT/probe.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     *) echo "unknown stage $stage" >&2; status=2 ;;

@@ -186,3 +186,39 @@ def _changing_configs(algorithm, calls):
 @pytest.mark.parametrize("algorithm", ["low_latency", "sentinel_one_shot", "sentinel_two_shot"])
 def test_barrier_free_with_changing_configs(pools, world_size, algorithm):
     pools(world_size).run(_changing_configs, algorithm, 12)
+
+
+def _push_copy_engine_pieces(pieces, parallel_copies, workspace_bytes):
+    """Pieces of a push_copy_engine call use their own staging slots and reduced shards; with parallel
+    copies (GPU) the gathers of one piece run on side streams while the next piece is reduced. Sizes
+    that leave short and empty shards; back-to-back calls; on GPU also replays of a captured graph."""
+    from symmcoll.comm import all_reduce
+    rank = dist.get_rank()
+    capacity = workspace_bytes // 2
+    for call, numel in enumerate([1, 97, 4 * 16 * 3 + 5, capacity - 3, 2 * capacity + 333]):
+        x = rank_coded(numel, torch.bfloat16, rank, call)
+        got = all_reduce.push_copy_engine(x, pieces=pieces, parallel_copies=parallel_copies)
+        assert_close(got, reference.all_reduce(x), f"pieces={pieces} numel={numel} call {call}", exact=True)
+    assert_pads_zero(f"after push_copy_engine pieces={pieces}")
+    if x.device.type != "cuda":
+        return
+    static_x = rank_coded(capacity + 77, torch.bfloat16, rank, 0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [all_reduce.push_copy_engine(static_x, pieces=pieces, parallel_copies=parallel_copies)
+                for _ in range(2)]
+    for replay in range(1, 6):
+        static_x.copy_(rank_coded(static_x.numel(), torch.bfloat16, rank, replay))
+        graph.replay()
+        for i, out in enumerate(outs):
+            assert_close(out, reference.all_reduce(static_x), f"pieces={pieces} replay {replay} call {i}",
+                         exact=True)
+    assert_pads_zero(f"after push_copy_engine pieces={pieces} graph replays")
+
+
+@pytest.mark.parametrize("pieces,parallel_copies", [(1, True), (3, True), (4, False)])
+def test_push_copy_engine_pieces(world_size, pieces, parallel_copies, monkeypatch):
+    # Small workspace: the calls are cut into workspace-sized pieces as well (fresh ranks).
+    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", str(1 << 16))
+    launch.run(_push_copy_engine_pieces, world_size, pieces, parallel_copies, 1 << 16,
+               device=os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu"))

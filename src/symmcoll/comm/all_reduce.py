@@ -247,33 +247,89 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
     return out.view(x.shape)
 
 
-def push_copy_engine(x: torch.Tensor, group=None, *, op: str = "sum",
-                     config: LaunchConfig | None = None) -> torch.Tensor:
-    """Out-of-place all-reduce: push reduce-scatter kernel, then a copy-engine all-gather."""
+# Pieces a push_copy_engine call is cut into, by tensor bytes: the copy engines gather piece k while the
+# push kernel reduces piece k+1 (benchmarks/probe_copy_engine.py).
+GPU_PUSH_COPY_ENGINE_PIECES = ((1 << 40, 1),)
+CPU_PUSH_COPY_ENGINE_PIECES = 2
+
+
+def _side_streams(ws, n: int) -> list:
+    """``n`` CUDA streams kept with the workspace, for copy-engine copies that run side by side."""
+    streams = ws.extra.setdefault("all_reduce.side_streams", [])
+    while len(streams) < n:
+        streams.append(torch.cuda.Stream(ws.device))
+    return streams[:n]
+
+
+def _pieces(ws, nbytes: int, pieces: int | None) -> int:
+    if pieces is not None:
+        if pieces < 1:
+            raise ValueError(f"pieces must be >= 1, got {pieces}")
+        return pieces
+    if ws.device.type == "cpu":
+        return CPU_PUSH_COPY_ENGINE_PIECES
+    return next(p for max_bytes, p in GPU_PUSH_COPY_ENGINE_PIECES if nbytes <= max_bytes)
+
+
+def push_copy_engine(x: torch.Tensor, group=None, *, op: str = "sum", config: LaunchConfig | None = None,
+                     pieces: int | None = None, parallel_copies: bool = True) -> torch.Tensor:
+    """Out-of-place all-reduce: push reduce-scatter kernel, then a copy-engine all-gather.
+
+    ``pieces`` (default: by size) cuts the tensor so that the gather of one piece overlaps the
+    reduce-scatter of the next; ``parallel_copies`` puts the W-1 copies of a piece on W-1 streams."""
     ws, code, cfg = prepare_reduction(x, group, op, config, reduce_scatter.GPU_PUSH_ALL_REDUCE)
     world, rank = ws.world_size, ws.rank
+    n_pieces = _pieces(ws, x.numel() * x.element_size(), pieces)
     staging = reduce_scatter.staging(ws)
     # Room for the largest shard of any dtype (plus alignment), whole 16-byte words for any dtype view.
     reduced = ws.region("all_reduce.push_copy_engine.reduced", (ws.buffer_bytes // world // 16 + 64) * 16)
+    my_reduced = reduced.peers[rank].view(x.dtype)
     flat = x.reshape(-1)
     out = torch.empty_like(flat)
-    for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
-        shard_len = _aligned_shard_len(n, world)
-        grid = cfg.grid(triton.cdiv(shard_len, cfg.block))
-        reduce_scatter.push_kernel[grid](
-            staging.ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
-            flat[start:], out[start + rank * shard_len:], reduced.peers[rank].view(x.dtype),
-            n, shard_len, shard_len,
-            rank, PUSH_COPY_ENGINE,
-            WORLD=world, REDUCE_OP=code, BLOCK=cfg.block, TEE=True, EXIT_BARRIER=False,
-            num_warps=cfg.num_warps,
-        )
-        barrier(ws, PUSH_COPY_ENGINE)
-        for k in range(1, world):
-            peer = (rank + k) % world
-            length = max(0, min(shard_len, n - peer * shard_len))
-            if length:
-                out[start + peer * shard_len:][:length].copy_(reduced.peers[peer].view(x.dtype)[:length])
+    on_gpu = ws.device.type == "cuda"
+    main = torch.cuda.current_stream(ws.device) if on_gpu else None
+    streams = _side_streams(ws, world - 1) if on_gpu and parallel_copies else []
+    # Pieces are whole multiples of 16 * W elements: every shard of every piece stays 16-byte aligned.
+    # Leave room for that rounding: the pieces' staging slots and reduced shards follow each other.
+    capacity = ws.capacity(x.dtype) - n_pieces * world * 16
+    if capacity < world * 16:
+        capacity, n_pieces = ws.capacity(x.dtype), 1
+    for start, n in chunks(flat.numel(), capacity):
+        piece = triton.cdiv(triton.cdiv(n, n_pieces), 16 * world) * 16 * world
+        staging_offset = reduced_offset = 0
+        for p_start in range(start, start + n, piece):
+            m = min(piece, start + n - p_start)
+            shard_len = _aligned_shard_len(m, world)
+            grid = cfg.grid(triton.cdiv(shard_len, cfg.block))
+            reduce_scatter.push_kernel[grid](
+                staging.ptrs_dev, staging_offset, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
+                flat[p_start:], out[p_start + rank * shard_len:], my_reduced[reduced_offset:],
+                m, shard_len, shard_len,
+                rank, PUSH_COPY_ENGINE,
+                WORLD=world, REDUCE_OP=code, BLOCK=cfg.block, TEE=True, EXIT_BARRIER=False,
+                num_warps=cfg.num_warps,
+            )
+            barrier(ws, PUSH_COPY_ENGINE)
+            for k in range(1, world):
+                peer = (rank + k) % world
+                length = max(0, min(shard_len, m - peer * shard_len))
+                if not length:
+                    continue
+                dst = out[p_start + peer * shard_len:][:length]
+                src = reduced.peers[peer].view(x.dtype)[reduced_offset:][:length]
+                if streams:
+                    side = streams[k - 1]
+                    side.wait_stream(main)
+                    with torch.cuda.stream(side):
+                        dst.copy_(src)
+                else:
+                    dst.copy_(src)
+            staging_offset += (world - 1) * shard_len
+            reduced_offset += shard_len
+        # The next workspace-sized piece refills the reduced region from its start: peers pass its
+        # first round barrier only once every copy here is done.
+        for side in streams:
+            main.wait_stream(side)
     finish(ws)
     return out.view(x.shape)
 

@@ -157,10 +157,11 @@ def _segment_len(s, numel, seg_len, seg_stride):
 
 
 @triton.jit
-def _push_segment_block(x_ptr, buffer_ptrs_dev, offs, mask, s, rank, seg_len, seg_stride):
+def _push_segment_block(x_ptr, buffer_ptrs_dev, staging_offset, offs, mask, s, rank, seg_len, seg_stride):
     """Store block ``offs`` of my segment ``s`` into my slot of rank s's staging region."""
     slot = rank - tl.cast(rank > s, tl.int32)
-    dst = peer_ptr(buffer_ptrs_dev, s, x_ptr.dtype.element_ty) + tl.cast(slot, tl.int64) * seg_len
+    dst = (peer_ptr(buffer_ptrs_dev, s, x_ptr.dtype.element_ty) + staging_offset
+           + tl.cast(slot, tl.int64) * seg_len)
     tl.store(dst + offs, tl.load(x_ptr + tl.cast(s, tl.int64) * seg_stride + offs, mask=mask), mask=mask)
 
 
@@ -188,8 +189,9 @@ def _reduce_staged_block(x_ptr, my_staging, out_ptr, copy_ptr, offs, mask, rank,
 
 @triton.jit
 def push_kernel(
-    # symmetric workspace: staging region's address table, signals, error record, wait budget
-    staging_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
+    # symmetric workspace: staging region's address table and where this launch's slots start in it
+    # (elements), signals, error record, wait budget
+    staging_ptrs_dev, staging_offset, signal_pad_ptrs_dev, status_ptr, max_spins,
     # this launch's piece: segment s is x[s * seg_stride + i] for i < seg_len and s * seg_stride + i <
     # numel (an all-reduce's last shard may be short or empty); my result goes to out[i] (and copy[i])
     x_ptr, out_ptr, copy_ptr, numel, seg_len, seg_stride,
@@ -201,7 +203,7 @@ def push_kernel(
 ):
     pid = tl.program_id(0)
     elem = x_ptr.dtype.element_ty
-    my_staging = peer_ptr(staging_ptrs_dev, rank, elem)
+    my_staging = peer_ptr(staging_ptrs_dev, rank, elem) + staging_offset
     lane = tl.arange(0, BLOCK)
     full = tl.full([BLOCK], 1, tl.int1)
     # Every segment is whole in this block exactly when the last one is.
@@ -215,10 +217,10 @@ def push_kernel(
         for k in tl.static_range(1, WORLD):
             s = (rank + k) % WORLD
             if whole:
-                _push_segment_block(x_ptr, staging_ptrs_dev, offs, full, s, rank, seg_len, seg_stride)
+                _push_segment_block(x_ptr, staging_ptrs_dev, staging_offset, offs, full, s, rank, seg_len, seg_stride)
             else:
                 s_len = _segment_len(s, numel, seg_len, seg_stride)
-                _push_segment_block(x_ptr, staging_ptrs_dev, offs, offs < s_len, s, rank, seg_len,
+                _push_segment_block(x_ptr, staging_ptrs_dev, staging_offset, offs, offs < s_len, s, rank, seg_len,
                                     seg_stride)
         if failed == 0:
             failed = block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code, WORLD)
@@ -304,7 +306,7 @@ def push(x: torch.Tensor, group=None, *, op: str = "sum",
     for start, n in _segment_pieces(ws, x.dtype, segment):
         grid = cfg.grid(triton.cdiv(n, cfg.block))
         push_kernel[grid](
-            region.ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
+            region.ptrs_dev, 0, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
             flat[start:], out_flat[start:], out_flat[start:], world * segment - start, n, segment,
             ws.rank, PUSH,
             WORLD=world, REDUCE_OP=code, BLOCK=cfg.block, TEE=False, EXIT_BARRIER=True,
@@ -352,7 +354,7 @@ compile_check.register(
 for _dtype, _world, _op, _tee in (("bf16", 4, 0, False), ("fp32", 3, 1, True), ("fp16", 8, 2, True)):
     compile_check.register(
         push_kernel,
-        {"staging_ptrs_dev": "i64", "signal_pad_ptrs_dev": "i64", "status_ptr": "i64", "max_spins": "i32",
+        {"staging_ptrs_dev": "i64", "staging_offset": "i32", "signal_pad_ptrs_dev": "i64", "status_ptr": "i64", "max_spins": "i32",
          "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}", "copy_ptr": f"*{_dtype}", "numel": "i32",
          "seg_len": "i32", "seg_stride": "i32", "rank": "i32", "op_code": "i32"},
         {"WORLD": _world, "REDUCE_OP": _op, "BLOCK": GPU_PUSH.largest.block, "TEE": _tee,
