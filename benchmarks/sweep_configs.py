@@ -29,6 +29,19 @@ _PUSH_SIZES = [4 << 20, 16 << 20, 64 << 20, 256 << 20]  # all-reduce: tensor byt
 _PUSH_CONFIGS = [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384, 32768), (132, 264))] + [
     LaunchConfig(16384, 264, 8)]
 
+def _sentinel(kind: str, tiles: bool):
+    """A sentinel all-reduce with the per-peer kernels or the peer-tile ones (all_reduce_sentinel.PEER_TILES)."""
+    fn = all_reduce_sentinel.sentinel_one_shot if kind == "one_shot" else all_reduce_sentinel.sentinel_two_shot
+
+    def call(x, config):
+        all_reduce_sentinel.PEER_TILES = tiles
+        return fn(x, config=config)
+    return call
+
+
+_SENTINEL_ONE_SHOT_SIZES = [4 << 10, 32 << 10, 128 << 10, 256 << 10, 1 << 20]
+_SENTINEL_TWO_SHOT_SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 32 << 20, 64 << 20]
+
 SWEEPS = {
     "two_shot": (all_reduce.two_shot, [1 << 20, 16 << 20, 256 << 20],
                  [LaunchConfig(b, p, w) for b, p, w in itertools.product((2048, 4096, 8192), (32, 64, 132),
@@ -66,6 +79,18 @@ SWEEPS = {
     "push_copy_engine_mid": (all_reduce.push_copy_engine, [32 << 20, 64 << 20],
                              [LaunchConfig(16384, 264, 16), LaunchConfig(8192, 264, 16), LaunchConfig(32768, 264, 8),
                               LaunchConfig(16384, 396, 8), LaunchConfig(8192, 396, 8)]),
+    # Peer tiles (one load/poll for all peers of a block) against the per-peer kernels and their tables.
+    "sentinel_one_shot_tiles": (_sentinel("one_shot", True), _SENTINEL_ONE_SHOT_SIZES,
+                                [LaunchConfig(b, p, 4) for b, p in ((128, 512), (256, 256), (256, 128), (512, 128),
+                                                                    (128, 256))]),
+    "sentinel_one_shot_base": (_sentinel("one_shot", False), _SENTINEL_ONE_SHOT_SIZES,
+                               [LaunchConfig(256, 128, 4), LaunchConfig(256, 256, 4), LaunchConfig(128, 512, 4)]),
+    "sentinel_two_shot_tiles": (_sentinel("two_shot", True), _SENTINEL_TWO_SHOT_SIZES,
+                                [LaunchConfig(b, p, w) for b, p, w in ((512, 132, 4), (512, 264, 4), (512, 528, 4),
+                                                                       (1024, 264, 4), (1024, 528, 4), (2048, 264, 8))]),
+    "sentinel_two_shot_base": (_sentinel("two_shot", False), _SENTINEL_TWO_SHOT_SIZES,
+                               [LaunchConfig(512, 132, 4), LaunchConfig(512, 528, 4), LaunchConfig(1024, 132, 4),
+                                LaunchConfig(1024, 528, 4)]),
     # Larger blocks / more programs than the first sweep tried, where its trend had not flattened.
     "two_shot_large": (all_reduce.two_shot, [16 << 20, 64 << 20, 256 << 20],
                        [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384), (132, 264))]),

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import compile_check
-from ..language import EPOCH_SLOTS, end_launch, launch_epoch, peer_ptr, wait_filled
+from ..language import EPOCH_SLOTS, end_launch, launch_epoch, peer_ptr, wait_filled, wait_filled_rows
 from ..memory import register_op
 from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
 from .all_reduce_low_latency import _WORD_FORMAT, _pack, _unpack, padded_words
@@ -225,6 +225,161 @@ def _two_shot_kernel(
     end_launch(epochs_ptr, epoch)
 
 
+# ---- Peer tiles: every peer's row of a block in one [PEERS, BLOCK] tile, so a block's loads from
+# all peers go out together and one poll (one block-wide reduction) covers them all, instead of one
+# dependent load-and-poll per peer.
+
+@triton.jit
+def _peer_row_ptrs(ptrs_dev, rows, is_peer):
+    """[PEERS, 1] int32 pointers: row i -> the region of peer ``rows[i]`` (non-peer rows: my own
+    table entry 0; they are always masked off)."""
+    table = ptrs_dev.to(tl.pointer_type(tl.uint64))
+    bases = tl.load(table + tl.where(is_peer, rows, 0))
+    return tl.multiple_of(bases.to(tl.pointer_type(tl.int32)), 16)[:, None]
+
+
+@triton.jit
+def _take_rows(ptrs, mask, rows, rank, budget, status_ptr, op_code):
+    """A [PEERS, BLOCK] tile of my slots once filled (row i from peer ``rows[i]``); the slots are
+    emptied for reuse."""
+    words, budget = wait_filled_rows(ptrs, mask, rows, EMPTY, budget, status_ptr, rank, op_code)
+    tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
+    return words, budget
+
+
+@triton.jit
+def _reduce_rows(values, valid, OP: tl.constexpr, WORLD: tl.constexpr):
+    """op over the valid rows of a [PEERS, BLOCK] fp32 tile (the same order on every rank)."""
+    if OP == 2:
+        acc = tl.max(tl.where(valid, values, float("-inf")), axis=0)
+    elif OP == 3:
+        acc = tl.min(tl.where(valid, values, float("inf")), axis=0)
+    else:
+        acc = tl.sum(tl.where(valid, values, 0.0), axis=0)
+    return finalize(acc, OP, WORLD)
+
+
+@triton.jit
+def _reduce_tile(tile, own, rows, rank, WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr):
+    """Packed, sanitised op over every rank of a block: peers' words in ``tile``, mine in ``own``."""
+    words = tl.where(rows[:, None] == rank, own[None, :], tile)
+    lo, hi = _unpack(words, FORMAT)
+    valid = rows[:, None] < WORLD
+    acc_lo = _reduce_rows(lo, valid, REDUCE_OP, WORLD)
+    acc_hi = _reduce_rows(hi, valid, REDUCE_OP, WORLD)
+    return _sanitize(_pack(acc_lo, acc_hi, FORMAT), FORMAT)
+
+
+@triton.jit
+def _one_shot_tiles_kernel(
+    # symmetric slot region (address table), this rank's launch epoch, error record, wait budget
+    slot_ptrs_dev, epochs_ptr, status_ptr, max_spins,
+    # this call's tensors, as int32 words
+    x_ptr, out_ptr, n_words,
+    # topology
+    rank, op_code,
+    WORLD: tl.constexpr,
+    # meta-parameters: ROW = slots per source row; PEERS = WORLD rounded up to a power of two
+    REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+    PEERS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    epoch = launch_epoch(epochs_ptr)
+    phase_base = (epoch % PHASES) * WORLD * ROW
+    lane = tl.arange(0, BLOCK)
+    rows = tl.arange(0, PEERS)
+    is_peer = (rows < WORLD) & (rows != rank)
+    peer_rows = _peer_row_ptrs(slot_ptrs_dev, rows, is_peer)
+
+    # Push my words into my row of every peer's slots (one store per peer, all in flight together).
+    for start in range(pid * BLOCK, n_words, step):
+        offs = start + lane
+        mask = offs < n_words
+        words = _sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
+        tl.store(peer_rows + phase_base + rank * ROW + offs[None, :], tl.broadcast_to(words[None, :], (PEERS, BLOCK)),
+                 mask=is_peer[:, None] & mask[None, :])
+
+    slots = peer_ptr(slot_ptrs_dev, rank, tl.int32) + phase_base
+    budget = max_spins
+    for start in range(pid * BLOCK, n_words, step):
+        offs = start + lane
+        mask = offs < n_words
+        tile, budget = _take_rows(slots + rows[:, None] * ROW + offs[None, :], is_peer[:, None] & mask[None, :],
+                                  rows, rank, budget, status_ptr, op_code)
+        own = _sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
+        tl.store(out_ptr + offs, _reduce_tile(tile, own, rows, rank, WORLD, REDUCE_OP, FORMAT), mask=mask)
+    end_launch(epochs_ptr, epoch)
+
+
+@triton.jit
+def _two_shot_tiles_kernel(
+    # symmetric slot region (address table), this rank's launch epoch, error record, wait budget
+    slot_ptrs_dev, epochs_ptr, status_ptr, max_spins,
+    # this call's tensors, as int32 words: shard s of x = x[s * x_stride :][:shard_words], valid
+    # below n_words
+    x_ptr, out_ptr, n_words, shard_words, x_stride,
+    # topology
+    rank, op_code,
+    WORLD: tl.constexpr,
+    # meta-parameters: as _two_shot_kernel; PEERS = WORLD rounded up to a power of two
+    REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+    GATHER: tl.constexpr, PEERS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = launch_epoch(epochs_ptr)
+    scatter_base = (epoch % PHASES) * 2 * WORLD * ROW
+    gather_base = scatter_base + WORLD * ROW
+    blocks = tl.cdiv(shard_words, BLOCK)
+    lane = tl.arange(0, BLOCK)
+    rows = tl.arange(0, PEERS)
+    is_peer = (rows < WORLD) & (rows != rank)
+    peer_rows = _peer_row_ptrs(slot_ptrs_dev, rows, is_peer)
+    slots = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+
+    # Stage 0: shard s of my input -> my row of rank s's scatter slots, every s at once.
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        offs = rows[:, None] * x_stride + in_shard[None, :]
+        mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
+        words = _sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
+        tl.store(peer_rows + scatter_base + rank * ROW + in_shard[None, :], words, mask=mask)
+
+    # Stage 1: reduce my shard; keep it and push it into my row of every peer's gather slots.
+    budget = max_spins
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        offs = rank * x_stride + in_shard
+        mask = (in_shard < shard_words) & (offs < n_words)
+        tile_mask = is_peer[:, None] & mask[None, :]
+        tile, budget = _take_rows(slots + scatter_base + rows[:, None] * ROW + in_shard[None, :], tile_mask,
+                                  rows, rank, budget, status_ptr, op_code)
+        own = _sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
+        words = _reduce_tile(tile, own, rows, rank, WORLD, REDUCE_OP, FORMAT)
+        if GATHER:
+            tl.store(out_ptr + offs, words, mask=mask)
+            tl.store(peer_rows + gather_base + rank * ROW + in_shard[None, :],
+                     tl.broadcast_to(words[None, :], (PEERS, BLOCK)), mask=tile_mask)
+        else:
+            tl.store(out_ptr + in_shard, words, mask=mask)
+
+    # Stage 2: every other shard from my gather slots into my output.
+    if GATHER:
+        for b in range(pid, blocks, nprog):
+            in_shard = b * BLOCK + lane
+            offs = rows[:, None] * x_stride + in_shard[None, :]
+            mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
+            tile, budget = _take_rows(slots + gather_base + rows[:, None] * ROW + in_shard[None, :], mask,
+                                      rows, rank, budget, status_ptr, op_code)
+            tl.store(out_ptr + offs, tile, mask=mask)
+    end_launch(epochs_ptr, epoch)
+
+
+# Which kernels the wrappers launch (the per-peer ones or the peer-tile ones; a switch for measuring).
+PEER_TILES = True
+
+
 def _row_words(kind: str, device_type: str, world: int) -> int:
     words = MAX_BYTES[kind][device_type] // 4
     return words if kind == "one_shot" else triton.cdiv(triton.cdiv(words, world), 4) * 4
@@ -240,18 +395,27 @@ def _slots(ws, kind: str):
     return region, epochs, row
 
 
+def _kernel(kind: str, world: int):
+    """The kernel to launch for ``kind`` and its extra meta-parameters."""
+    if PEER_TILES:
+        kernel = _one_shot_tiles_kernel if kind == "one_shot" else _two_shot_tiles_kernel
+        return kernel, {"PEERS": triton.next_power_of_2(world)}
+    return (_one_shot_kernel if kind == "one_shot" else _two_shot_kernel), {}
+
+
 def reduce_scatter_words(ws, x: torch.Tensor, out: torch.Tensor, code: int, cfg: LaunchConfig) -> None:
     """Reduce-scatter by pushing (stages 0 and 1 of the two-shot kernel): ``x`` holds W segments of
     ``out.numel()`` elements along dim 0, each a whole number of int32 words."""
     region, epochs, row = _slots(ws, "two_shot")
     x_words, out_words = x.reshape(-1).view(torch.int32), out.reshape(-1).view(torch.int32)
     segment = out_words.numel()
+    kernel, extra = _kernel("two_shot", ws.world_size)
     for start, n in chunks(segment, row):
-        _two_shot_kernel[cfg.grid(triton.cdiv(n, cfg.block))](
+        kernel[cfg.grid(triton.cdiv(n, cfg.block))](
             region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
             x_words[start:], out_words[start:], (ws.world_size - 1) * segment + n, n, segment,
             ws.rank, REDUCE_SCATTER, WORLD=ws.world_size, REDUCE_OP=code, FORMAT=_WORD_FORMAT[x.dtype],
-            ROW=row, BLOCK=cfg.block, num_warps=cfg.num_warps, GATHER=False)
+            ROW=row, BLOCK=cfg.block, num_warps=cfg.num_warps, GATHER=False, **extra)
     finish(ws)
 
 
@@ -263,18 +427,19 @@ def _run(kind: str, x: torch.Tensor, group, op: str, config: LaunchConfig | None
     flat, padded = padded_words(x)
     out = torch.empty_like(flat)
     src_words, out_words = flat.view(torch.int32), out.view(torch.int32)
+    kernel, extra = _kernel(kind, world)
     common = dict(WORLD=world, REDUCE_OP=code, FORMAT=_WORD_FORMAT[x.dtype], ROW=row, BLOCK=cfg.block,
-                  num_warps=cfg.num_warps)
+                  num_warps=cfg.num_warps, **extra)
     piece = MAX_BYTES[kind][ws.device.type] // 4
     for start, n in chunks(src_words.numel(), piece):
         if kind == "one_shot":
-            _one_shot_kernel[cfg.grid(triton.cdiv(n, cfg.block))](
+            kernel[cfg.grid(triton.cdiv(n, cfg.block))](
                 region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
                 src_words[start:], out_words[start:], n, ws.rank, ONE_SHOT, **common)
         else:
             # 16-byte aligned shards (Triton specialises integer arguments divisible by 16).
             shard = triton.cdiv(triton.cdiv(n, world), 4) * 4
-            _two_shot_kernel[cfg.grid(triton.cdiv(shard, cfg.block))](
+            kernel[cfg.grid(triton.cdiv(shard, cfg.block))](
                 region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
                 src_words[start:], out_words[start:], n, shard, shard, ws.rank, TWO_SHOT, **common,
                 GATHER=True)

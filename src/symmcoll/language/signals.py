@@ -107,6 +107,24 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
     return words, budget
 
 
+@triton.jit
+def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, op_code):
+    """``wait_filled`` over a [PEERS, BLOCK] tile whose row i comes from peer ``rows[i]``: one poll
+    (one block-wide reduction) covers every peer, and the loads of all rows are in flight together.
+    On timeout the error record names the first row still pending."""
+    words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
+    budget = spin_budget
+    while (tl.max(pending, axis=0) > 0) & (budget > 0):
+        words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
+        budget -= 1
+    if tl.max(pending, axis=0) > 0:
+        record_timeout(status_ptr, rank, tl.min(tl.where(pending > 0, rows, MAX_WORLD), axis=0), op_code)
+        budget = budget * 0
+    return words, budget
+
+
 # Entries of a launch-epoch table (``EPOCH_SLOTS`` int32 per rank): one per possible program id.
 EPOCH_SLOTS: tl.constexpr = tl.constexpr(1024)
 
