@@ -55,19 +55,23 @@ PHASES: tl.constexpr = tl.constexpr(3)
 # Largest message per launch, by device (CPU: keeps the /dev/shm regions small and chunking tested).
 MAX_BYTES = {"one_shot": {"cuda": 2 << 20, "cpu": 64 << 10},
              "two_shot": {"cuda": 16 << 20, "cpu": 128 << 10}}
-# Block = int32 words per program step. From benchmarks/sweep_configs.py (sentinel_*_small/_mid/_256k/_large,
-# benchmarks/results/2026-11-21-sweep-2 and -sweep-3); 4 ranks want smaller blocks than 2 from 1 MB up.
-GPU_ONE_SHOT = SizedConfigs(((64 << 10, LaunchConfig(256, 128, 4)),
-                             (128 << 10, LaunchConfig(256, 256, 4)),
-                             (1 << 40, LaunchConfig(128, 512, 4))))
+# Block = int32 words per program step. From benchmarks/sweep_configs.py (sentinel_*_tiles against
+# sentinel_*_base, benchmarks/results/2026-11-22-sweep; earlier rounds in 2026-11-21-sweep-2 and -3).
+# One-shot on 2 ranks keeps the per-peer kernel (one peer: nothing to batch; measured faster).
+GPU_ONE_SHOT = SizedConfigs(((128 << 10, LaunchConfig(512, 128, 4)),
+                             (256 << 10, LaunchConfig(256, 256, 4)),
+                             (1 << 40, LaunchConfig(512, 128, 4))),
+                            per_world=((2, ((64 << 10, LaunchConfig(256, 128, 4)),
+                                            (128 << 10, LaunchConfig(256, 256, 4)),
+                                            (1 << 40, LaunchConfig(128, 512, 4)))),))
 GPU_TWO_SHOT = SizedConfigs(
     ((256 << 10, LaunchConfig(512, 132, 4)),
-     (1 << 20, LaunchConfig(512, 264, 8)),
-     (4 << 20, LaunchConfig(1024, 132, 4)),
+     (1 << 20, LaunchConfig(512, 528, 4)),
+     (4 << 20, LaunchConfig(512, 264, 4)),
      (1 << 40, LaunchConfig(512, 528, 4))),
     per_world=((2, ((256 << 10, LaunchConfig(512, 132, 4)),
-                    (1 << 20, LaunchConfig(1024, 132, 8)),
-                    (4 << 20, LaunchConfig(2048, 132, 8)),
+                    (1 << 20, LaunchConfig(512, 264, 4)),
+                    (4 << 20, LaunchConfig(1024, 264, 4)),
                     (1 << 40, LaunchConfig(1024, 528, 4)))),))
 
 
@@ -376,8 +380,9 @@ def _two_shot_tiles_kernel(
     end_launch(epochs_ptr, epoch)
 
 
-# Which kernels the wrappers launch (the per-peer ones or the peer-tile ones; a switch for measuring).
-PEER_TILES = True
+# Which kernels the wrappers launch: None = peer tiles except for the one-shot on 2 ranks; True/False
+# forces one kind (for measuring them against each other).
+PEER_TILES: bool | None = None
 
 
 def _row_words(kind: str, device_type: str, world: int) -> int:
@@ -397,7 +402,8 @@ def _slots(ws, kind: str):
 
 def _kernel(kind: str, world: int):
     """The kernel to launch for ``kind`` and its extra meta-parameters."""
-    if PEER_TILES:
+    tiles = PEER_TILES if PEER_TILES is not None else (kind == "two_shot" or world > 2)
+    if tiles:
         kernel = _one_shot_tiles_kernel if kind == "one_shot" else _two_shot_tiles_kernel
         return kernel, {"PEERS": triton.next_power_of_2(world)}
     return (_one_shot_kernel if kind == "one_shot" else _two_shot_kernel), {}
@@ -478,3 +484,14 @@ for _format in (0, 1, 2):
                 {**_meta, "ROW": _row_words("two_shot", "cuda", _world),
                  "BLOCK": GPU_TWO_SHOT.largest.block, "GATHER": _gather},
                 num_warps=GPU_TWO_SHOT.largest.num_warps, label=f"format{_format},")
+            compile_check.register(
+                _two_shot_tiles_kernel,
+                {**_SIGNATURE, "shard_words": "i32", "x_stride": "i32", "rank": "i32", "op_code": "i32"},
+                {**_meta, "ROW": _row_words("two_shot", "cuda", _world), "BLOCK": GPU_TWO_SHOT.largest.block,
+                 "GATHER": _gather, "PEERS": triton.next_power_of_2(_world)},
+                num_warps=GPU_TWO_SHOT.largest.num_warps, label=f"format{_format},")
+        compile_check.register(
+            _one_shot_tiles_kernel, {**_SIGNATURE, "rank": "i32", "op_code": "i32"},
+            {**_meta, "ROW": _row_words("one_shot", "cuda", _world), "BLOCK": GPU_ONE_SHOT.largest.block,
+             "PEERS": triton.next_power_of_2(_world)},
+            num_warps=GPU_ONE_SHOT.largest.num_warps, label=f"format{_format},")

@@ -53,12 +53,14 @@ def peer_ptr(ptrs_dev, peer, ELEM_TY: tl.constexpr):
 
 @triton.jit
 def record_timeout(status_ptr, rank, peer, op_code):
-    """Write (op, rank, peer) into the error record; the flag goes last."""
+    """Write (op, rank, peer) into the error record unless a wait already gave up: the first timeout
+    names the cause (later ones, in the same or other programs, are its consequences). The host reads
+    the record only after the kernel has finished."""
     status = status_ptr.to(tl.pointer_type(tl.int32))
-    tl.store(status + STATUS_OP, op_code)
-    tl.store(status + STATUS_RANK, rank)
-    tl.store(status + STATUS_PEER, peer)
-    tl.atomic_xchg(status + STATUS_FLAG, 1, sem="release", scope="sys")
+    if tl.atomic_cas(status + STATUS_FLAG, 0, 1, sem="acq_rel", scope="sys") == 0:
+        tl.store(status + STATUS_OP, op_code)
+        tl.store(status + STATUS_RANK, rank)
+        tl.store(status + STATUS_PEER, peer)
 
 
 @triton.jit
