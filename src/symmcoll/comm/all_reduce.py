@@ -247,8 +247,10 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
     return out.view(x.shape)
 
 
-# Pieces a push_copy_engine call is cut into, by tensor bytes: the copy engines gather piece k while the
-# push kernel reduces piece k+1 (benchmarks/probe_copy_engine.py).
+# Pieces a push_copy_engine call is cut into, by tensor bytes (the copy engines could gather piece k
+# while the push kernel reduces piece k+1). Measured (benchmarks/results/2026-11-22-probe): one piece
+# wins at every size from 4 MB to 128 MB on 2 and 4 ranks; so do copies one after another on one
+# stream (W-1 copies side by side on 4 ranks: 445 against 332 us at 64 MB).
 GPU_PUSH_COPY_ENGINE_PIECES = ((1 << 40, 1),)
 CPU_PUSH_COPY_ENGINE_PIECES = 2
 
@@ -272,7 +274,7 @@ def _pieces(ws, nbytes: int, pieces: int | None) -> int:
 
 
 def push_copy_engine(x: torch.Tensor, group=None, *, op: str = "sum", config: LaunchConfig | None = None,
-                     pieces: int | None = None, parallel_copies: bool = True) -> torch.Tensor:
+                     pieces: int | None = None, parallel_copies: bool = False) -> torch.Tensor:
     """Out-of-place all-reduce: push reduce-scatter kernel, then a copy-engine all-gather.
 
     ``pieces`` (default: by size) cuts the tensor so that the gather of one piece overlaps the
