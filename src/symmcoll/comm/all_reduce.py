@@ -292,8 +292,9 @@ def push_copy_engine(x: torch.Tensor, group=None, *, op: str = "sum", config: La
     main = torch.cuda.current_stream(ws.device) if on_gpu else None
     streams = _side_streams(ws, world - 1) if on_gpu and parallel_copies else []
     # Pieces are whole multiples of 16 * W elements: every shard of every piece stays 16-byte aligned.
-    # Leave room for that rounding: the pieces' staging slots and reduced shards follow each other.
-    capacity = ws.capacity(x.dtype) - n_pieces * world * 16
+    # With several pieces, leave room for that rounding (their staging slots and reduced shards follow
+    # each other); one piece fits as it is (a workspace-sized tensor stays one launch).
+    capacity = ws.capacity(x.dtype) - (n_pieces * world * 16 if n_pieces > 1 else 0)
     if capacity < world * 16:
         capacity, n_pieces = ws.capacity(x.dtype), 1
     for start, n in chunks(flat.numel(), capacity):
