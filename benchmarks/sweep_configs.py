@@ -30,7 +30,8 @@ _PUSH_CONFIGS = [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 163
     LaunchConfig(16384, 264, 8)]
 
 def _sentinel(kind: str, tiles: bool):
-    """A sentinel all-reduce with the per-peer kernels or the peer-tile ones (all_reduce_sentinel.PEER_TILES)."""
+    """A sentinel all-reduce with the per-peer or the peer-tile one-shot kernel (all_reduce_sentinel.PEER_TILES;
+    the two-shot has only the tile kernel since 2026-11-22: its ``_base`` entry now measures that too)."""
     fn = all_reduce_sentinel.sentinel_one_shot if kind == "one_shot" else all_reduce_sentinel.sentinel_two_shot
 
     def call(x, config):

@@ -15,7 +15,7 @@ sentinel_one_shot
 
 sentinel_two_shot
     Reduce-scatter then all-gather, both by pushing: shard s of my input goes to rank s's slots; rank s
-    reduces its shard (rank order) and pushes the result into every peer's gather slots; every rank
+    reduces its shard and pushes the result into every peer's gather slots; every rank
     copies the gathered shards into its output. Traffic: 2 (W-1)/W * S per rank, all remote stores (no
     round trip waited on). Latency: two hops.
 
@@ -27,6 +27,12 @@ every peer's launch k+1 data, sent after that peer finished launch k, resets inc
 is empty again before anybody writes it again. The epoch is the same for every program of a launch
 (not a per-program count): launch configs change with the size, so a slot belongs to different
 programs in different launches.
+
+Peer tiles: both kernels handle all peers of a block at once, as one [PEERS, BLOCK] tile (row i = rank
+i; a pointer per row from the address table): one store sends a block to every peer, one volatile load
+of every peer's row is polled with one block-wide reduction, and the rows are reduced in a fixed order
+(the same on every rank). Per peer, the loads and polls formed a dependent chain; the tiles took the
+two-shot from 92 to 81 us at 16 MB on 4 ranks. On 2 ranks the one-shot keeps its per-peer kernel.
 
 Messages above the size limit of the region go in pieces (one launch each).
 """
@@ -162,73 +168,6 @@ def _one_shot_kernel(
     end_launch(epochs_ptr, epoch)
 
 
-@triton.jit
-def _two_shot_kernel(
-    # symmetric slot region (address table), this rank's launch epoch, error record, wait budget
-    slot_ptrs_dev, epochs_ptr, status_ptr, max_spins,
-    # this call's tensors, as int32 words: shard s of x = x[s * x_stride :][:shard_words], valid
-    # below n_words
-    x_ptr, out_ptr, n_words, shard_words, x_stride,
-    # topology
-    rank, op_code,
-    WORLD: tl.constexpr,
-    # meta-parameters: ROW = slots per source row (>= shard_words); GATHER: all-reduce (out shaped
-    # like x) rather than reduce-scatter (out = my reduced shard)
-    REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
-    GATHER: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    epoch = launch_epoch(epochs_ptr)
-    # Slot set layout: [stage 0: contributions to my shard, by source][stage 1: shards, by owner].
-    scatter_base = (epoch % PHASES) * 2 * WORLD * ROW
-    gather_base = scatter_base + WORLD * ROW
-    blocks = tl.cdiv(shard_words, BLOCK)
-    lane = tl.arange(0, BLOCK)
-
-    # Stage 0: shard s of my input -> my row of rank s's scatter slots.
-    for b in range(pid, blocks, nprog):
-        in_shard = b * BLOCK + lane
-        for s in tl.static_range(WORLD):
-            if s != rank:
-                offs = s * x_stride + in_shard
-                mask = (in_shard < shard_words) & (offs < n_words)
-                words = _sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
-                tl.store(peer_ptr(slot_ptrs_dev, s, tl.int32) + scatter_base + rank * ROW + in_shard,
-                         words, mask=mask)
-
-    # Stage 1: reduce my shard, keep it and push it into my row of every peer's gather slots.
-    slots = peer_ptr(slot_ptrs_dev, rank, tl.int32)
-    budget = max_spins
-    for b in range(pid, blocks, nprog):
-        in_shard = b * BLOCK + lane
-        offs = rank * x_stride + in_shard
-        mask = (in_shard < shard_words) & (offs < n_words)
-        words, budget = _reduce_sources(x_ptr, slots + scatter_base, ROW, offs, in_shard, mask, rank,
-                                        budget, status_ptr, op_code, WORLD, REDUCE_OP, FORMAT)
-        if GATHER:
-            tl.store(out_ptr + offs, words, mask=mask)
-            for r in tl.static_range(WORLD):
-                if r != rank:
-                    tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + gather_base + rank * ROW + in_shard,
-                             words, mask=mask)
-        else:
-            tl.store(out_ptr + in_shard, words, mask=mask)
-
-    # Stage 2: every other shard from my gather slots into my output.
-    if GATHER:
-        for b in range(pid, blocks, nprog):
-            in_shard = b * BLOCK + lane
-            for s in tl.static_range(WORLD):
-                if s != rank:
-                    offs = s * x_stride + in_shard
-                    mask = (in_shard < shard_words) & (offs < n_words)
-                    words, budget = _take(slots + gather_base + s * ROW + in_shard, mask, s, rank, budget,
-                                          status_ptr, op_code)
-                    tl.store(out_ptr + offs, words, mask=mask)
-    end_launch(epochs_ptr, epoch)
-
-
 # ---- Peer tiles: every peer's row of a block in one [PEERS, BLOCK] tile, so a block's loads from
 # all peers go out together and one poll (one block-wide reduction) covers them all, instead of one
 # dependent load-and-poll per peer.
@@ -326,7 +265,8 @@ def _two_shot_tiles_kernel(
     # topology
     rank, op_code,
     WORLD: tl.constexpr,
-    # meta-parameters: as _two_shot_kernel; PEERS = WORLD rounded up to a power of two
+    # meta-parameters: ROW = slots per source row (>= shard_words); GATHER: all-reduce (out shaped
+    # like x) rather than reduce-scatter (out = my reduced shard); PEERS = WORLD rounded up to a power of 2
     REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
     GATHER: tl.constexpr, PEERS: tl.constexpr,
 ):
@@ -380,8 +320,9 @@ def _two_shot_tiles_kernel(
     end_launch(epochs_ptr, epoch)
 
 
-# Which kernels the wrappers launch: None = peer tiles except for the one-shot on 2 ranks; True/False
-# forces one kind (for measuring them against each other).
+# Which one-shot kernel the wrappers launch: None = peer tiles except on 2 ranks (one peer: the per-peer
+# kernel measured faster); True/False forces one kind (for measuring them against each other). The
+# two-shot always uses peer tiles (faster at every size and world size measured, 2026-11-22-sweep).
 PEER_TILES: bool | None = None
 
 
@@ -402,11 +343,12 @@ def _slots(ws, kind: str):
 
 def _kernel(kind: str, world: int):
     """The kernel to launch for ``kind`` and its extra meta-parameters."""
-    tiles = PEER_TILES if PEER_TILES is not None else (kind == "two_shot" or world > 2)
+    if kind == "two_shot":
+        return _two_shot_tiles_kernel, {"PEERS": triton.next_power_of_2(world)}
+    tiles = PEER_TILES if PEER_TILES is not None else world > 2
     if tiles:
-        kernel = _one_shot_tiles_kernel if kind == "one_shot" else _two_shot_tiles_kernel
-        return kernel, {"PEERS": triton.next_power_of_2(world)}
-    return (_one_shot_kernel if kind == "one_shot" else _two_shot_kernel), {}
+        return _one_shot_tiles_kernel, {"PEERS": triton.next_power_of_2(world)}
+    return _one_shot_kernel, {}
 
 
 def reduce_scatter_words(ws, x: torch.Tensor, out: torch.Tensor, code: int, cfg: LaunchConfig) -> None:
@@ -478,12 +420,6 @@ for _format in (0, 1, 2):
             {**_meta, "ROW": _row_words("one_shot", "cuda", _world), "BLOCK": GPU_ONE_SHOT.largest.block},
             num_warps=GPU_ONE_SHOT.largest.num_warps, label=f"format{_format},")
         for _gather in (True, False):
-            compile_check.register(
-                _two_shot_kernel,
-                {**_SIGNATURE, "shard_words": "i32", "x_stride": "i32", "rank": "i32", "op_code": "i32"},
-                {**_meta, "ROW": _row_words("two_shot", "cuda", _world),
-                 "BLOCK": GPU_TWO_SHOT.largest.block, "GATHER": _gather},
-                num_warps=GPU_TWO_SHOT.largest.num_warps, label=f"format{_format},")
             compile_check.register(
                 _two_shot_tiles_kernel,
                 {**_SIGNATURE, "shard_words": "i32", "x_stride": "i32", "rank": "i32", "op_code": "i32"},
