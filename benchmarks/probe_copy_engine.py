@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/probe_copy_engine.py --world-size 4 2 --out $OUT/probe.json
 
-Measures, in CUDA graphs (10 calls per graph, median of 15 replays, slowest rank):
+Measures, in CUDA graphs (sweep_configs.graph_us: 10 calls per graph, median of 15 replays, slowest rank):
 * ``pull1``: every rank copies N bytes from the next rank's buffer (one copy, one stream);
 * ``pull_serial`` / ``pull_parallel``: from each of the W-1 peers, N bytes each, on one stream / on
   W-1 streams; ``push_parallel``: N bytes into each peer's buffer, W-1 streams;
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -26,32 +25,9 @@ from symmcoll import launch
 from symmcoll.comm import all_reduce, all_reduce_sentinel, reduce_scatter
 from symmcoll.comm._common import barrier
 from symmcoll.memory import get_workspace
+from sweep_configs import graph_us  # benchmarks/ is on sys.path when run as a script
 
-CALLS_PER_GRAPH = 10
-REPLAYS = 15
 MB = 1 << 20
-
-
-def _time(step) -> float:
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            step()
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        dist.barrier()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS_PER_GRAPH)
-    median = torch.tensor([statistics.median(times)], device="cuda")
-    dist.all_reduce(median, op=dist.ReduceOp.MAX)
-    return float(median)
 
 
 def _on_side_streams(streams, copies):
@@ -83,23 +59,23 @@ def _probe() -> list[dict]:
     dst = torch.empty(64 * MB * (world - 1), dtype=torch.uint8, device="cuda")
     src = torch.randint(0, 255, (64 * MB,), dtype=torch.uint8, device="cuda")
     for n in (1 * MB, 4 * MB, 16 * MB, 64 * MB):
-        record("pull1", n, _time(lambda: dst[:n].copy_(ws.peer_buffer(peers[0])[:n])))
+        record("pull1", n, graph_us(lambda: dst[:n].copy_(ws.peer_buffer(peers[0])[:n])))
     for n in (1 * MB, 2 * MB, 4 * MB, 8 * MB, 16 * MB):
         pulls = [lambda p=p, i=i: dst[i * n:(i + 1) * n].copy_(ws.peer_buffer(p)[:n]) for i, p in enumerate(peers)]
         pushes = [lambda p=p: ws.peer_buffer(p)[rank * n:(rank + 1) * n].copy_(src[:n]) for p in peers]
         total = n * (world - 1)
-        record("pull_serial", total, _time(lambda: [c() for c in pulls]))
-        record("pull_parallel", total, _time(lambda: _on_side_streams(streams, pulls)))
-        record("push_parallel", total, _time(lambda: _on_side_streams(streams, pushes)))
-    record("barrier", 0, _time(lambda: barrier(ws, 0)))
+        record("pull_serial", total, graph_us(lambda: [c() for c in pulls]))
+        record("pull_parallel", total, graph_us(lambda: _on_side_streams(streams, pulls)))
+        record("push_parallel", total, graph_us(lambda: _on_side_streams(streams, pushes)))
+    record("barrier", 0, graph_us(lambda: barrier(ws, 0)))
 
     # SM stores (push reduce-scatter of a 16 MB input) and copy-engine pulls at the same time.
     x = torch.randn(8 * MB, dtype=torch.bfloat16, device="cuda")
     n = 4 * MB
     # (reduce_scatter.push stages in its own region: the pulls from the shared buffer do not race it)
     pulls = [lambda p=p, i=i: dst[i * n:(i + 1) * n].copy_(ws.peer_buffer(p)[:n]) for i, p in enumerate(peers)]
-    record("rs_push_16M", 16 * MB, _time(lambda: reduce_scatter.push(x)))
-    record("pull_parallel_4M", n * (world - 1), _time(lambda: _on_side_streams(streams, pulls)))
+    record("rs_push_16M", 16 * MB, graph_us(lambda: reduce_scatter.push(x)))
+    record("pull_parallel_4M", n * (world - 1), graph_us(lambda: _on_side_streams(streams, pulls)))
 
     def both():
         main = torch.cuda.current_stream()
@@ -110,7 +86,7 @@ def _probe() -> list[dict]:
         reduce_scatter.push(x)
         for side in streams:
             main.wait_stream(side)
-    record("rs_push_16M+pull_parallel_4M", 16 * MB + n * (world - 1), _time(both))
+    record("rs_push_16M+pull_parallel_4M", 16 * MB + n * (world - 1), graph_us(both))
 
     # push_copy_engine: pieces and parallel copies, checked before timed.
     for nbytes in (4 * MB, 8 * MB, 16 * MB, 32 * MB, 64 * MB, 128 * MB):
@@ -123,10 +99,10 @@ def _probe() -> list[dict]:
                 fn = lambda: all_reduce.push_copy_engine(xin, pieces=pieces, parallel_copies=parallel)
                 wrong = torch.tensor([int((fn() != want).sum())], device="cuda")
                 dist.all_reduce(wrong)
-                us = _time(fn) if int(wrong) == 0 else None
+                us = graph_us(fn) if int(wrong) == 0 else None
                 record("push_copy_engine", nbytes, us, pieces=pieces, parallel=parallel, wrong=int(wrong))
         if nbytes in (16 * MB, 32 * MB):
-            record("sentinel_two_shot", nbytes, _time(lambda: all_reduce_sentinel.sentinel_two_shot(xin)))
+            record("sentinel_two_shot", nbytes, graph_us(lambda: all_reduce_sentinel.sentinel_two_shot(xin)))
     return rows
 
 

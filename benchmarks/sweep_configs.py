@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from symmcoll import launch
 from symmcoll.comm import all_reduce, all_reduce_low_latency, all_reduce_sentinel, reduce_scatter
+from symmcoll.bench.plan import TimingPlan
+from symmcoll.bench.timing import CapturedCalls, time_graph
 from symmcoll.comm._common import LaunchConfig
 
 CALLS_PER_GRAPH = 10
@@ -30,8 +32,8 @@ _PUSH_CONFIGS = [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 163
     LaunchConfig(16384, 264, 8)]
 
 def _sentinel(kind: str, tiles: bool):
-    """A sentinel all-reduce with the per-peer or the peer-tile one-shot kernel (all_reduce_sentinel.PEER_TILES;
-    the two-shot has only the tile kernel since 2026-11-22: its ``_base`` entry now measures that too)."""
+    """A sentinel all-reduce with the per-peer or the peer-tile kernel (all_reduce_sentinel.PEER_TILES; the
+    two-shot has only the tile kernel since the 2026-11-22 sweep, which compared it with the per-peer one)."""
     fn = all_reduce_sentinel.sentinel_one_shot if kind == "one_shot" else all_reduce_sentinel.sentinel_two_shot
 
     def call(x, config):
@@ -80,7 +82,7 @@ SWEEPS = {
     "push_copy_engine_mid": (all_reduce.push_copy_engine, [32 << 20, 64 << 20],
                              [LaunchConfig(16384, 264, 16), LaunchConfig(8192, 264, 16), LaunchConfig(32768, 264, 8),
                               LaunchConfig(16384, 396, 8), LaunchConfig(8192, 396, 8)]),
-    # Peer tiles (one load/poll for all peers of a block) against the per-peer kernels and their tables.
+    # Peer tiles (one load/poll for all peers of a block) against the per-peer one-shot and its table.
     "sentinel_one_shot_tiles": (_sentinel("one_shot", True), _SENTINEL_ONE_SHOT_SIZES,
                                 [LaunchConfig(b, p, 4) for b, p in ((128, 512), (256, 256), (256, 128), (512, 128),
                                                                     (128, 256))]),
@@ -89,32 +91,22 @@ SWEEPS = {
     "sentinel_two_shot_tiles": (_sentinel("two_shot", True), _SENTINEL_TWO_SHOT_SIZES,
                                 [LaunchConfig(b, p, w) for b, p, w in ((512, 132, 4), (512, 264, 4), (512, 528, 4),
                                                                        (1024, 264, 4), (1024, 528, 4), (2048, 264, 8))]),
-    "sentinel_two_shot_base": (_sentinel("two_shot", False), _SENTINEL_TWO_SHOT_SIZES,
-                               [LaunchConfig(512, 132, 4), LaunchConfig(512, 528, 4), LaunchConfig(1024, 132, 4),
-                                LaunchConfig(1024, 528, 4)]),
     # Larger blocks / more programs than the first sweep tried, where its trend had not flattened.
     "two_shot_large": (all_reduce.two_shot, [16 << 20, 64 << 20, 256 << 20],
                        [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384), (132, 264))]),
 }
 
 
-def _time(fn, x, config) -> float:
-    fn(x, config=config)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            fn(x, config=config)
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS_PER_GRAPH)
-    median = torch.tensor([statistics.median(times)], device="cuda")
+# REPLAYS timed replays of a graph of CALLS_PER_GRAPH calls, after one untimed replay; ranks start together.
+_PLAN = TimingPlan(mode="graph", warmup=1, iters=REPLAYS, min_iters=REPLAYS, calls_per_graph=CALLS_PER_GRAPH,
+                   seconds_per_case=60.0)
+
+
+def graph_us(step) -> float:
+    """Median us per call of ``step`` over CUDA-graph replays (the bench's timing), slowest rank's."""
+    step()  # compile and allocate before the capture
+    timing = time_graph(CapturedCalls(step, CALLS_PER_GRAPH), _PLAN, dist.group.WORLD)
+    median = torch.tensor([statistics.median(timing.samples_us)], device="cuda")
     dist.all_reduce(median, op=dist.ReduceOp.MAX)
     return float(median)
 
@@ -138,7 +130,7 @@ def _sweep(algorithms: list[str]) -> list[dict]:
                 wrong = torch.tensor([int((fn(x, config=config) != want).sum())], device="cuda")
                 dist.all_reduce(wrong)
                 row["wrong"] = int(wrong)
-                row["us"] = _time(fn, x, config) if row["wrong"] == 0 else None
+                row["us"] = graph_us(lambda: fn(x, config=config)) if row["wrong"] == 0 else None
                 rows.append(row)
                 if rank == 0:
                     print(json.dumps(row), flush=True)

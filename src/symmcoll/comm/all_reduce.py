@@ -247,14 +247,6 @@ def two_shot(x: torch.Tensor, group=None, *, op: str = "sum",
     return out.view(x.shape)
 
 
-# Pieces a push_copy_engine call is cut into, by tensor bytes (the copy engines could gather piece k
-# while the push kernel reduces piece k+1). Measured (benchmarks/results/2026-11-22-probe): one piece
-# wins at every size from 4 MB to 128 MB on 2 and 4 ranks; so do copies one after another on one
-# stream (W-1 copies side by side on 4 ranks: 445 against 332 us at 64 MB).
-GPU_PUSH_COPY_ENGINE_PIECES = ((1 << 40, 1),)
-CPU_PUSH_COPY_ENGINE_PIECES = 2
-
-
 def _side_streams(ws, n: int) -> list:
     """``n`` CUDA streams kept with the workspace, for copy-engine copies that run side by side."""
     streams = ws.extra.setdefault("all_reduce.side_streams", [])
@@ -263,25 +255,19 @@ def _side_streams(ws, n: int) -> list:
     return streams[:n]
 
 
-def _pieces(ws, nbytes: int, pieces: int | None) -> int:
-    if pieces is not None:
-        if pieces < 1:
-            raise ValueError(f"pieces must be >= 1, got {pieces}")
-        return pieces
-    if ws.device.type == "cpu":
-        return CPU_PUSH_COPY_ENGINE_PIECES
-    return next(p for max_bytes, p in GPU_PUSH_COPY_ENGINE_PIECES if nbytes <= max_bytes)
-
-
 def push_copy_engine(x: torch.Tensor, group=None, *, op: str = "sum", config: LaunchConfig | None = None,
-                     pieces: int | None = None, parallel_copies: bool = False) -> torch.Tensor:
+                     pieces: int = 1, parallel_copies: bool = False) -> torch.Tensor:
     """Out-of-place all-reduce: push reduce-scatter kernel, then a copy-engine all-gather.
 
-    ``pieces`` (default: by size) cuts the tensor so that the gather of one piece overlaps the
-    reduce-scatter of the next; ``parallel_copies`` puts the W-1 copies of a piece on W-1 streams."""
+    ``pieces`` cuts the tensor so that the gather of one piece overlaps the reduce-scatter of the next;
+    ``parallel_copies`` puts the W-1 copies of a piece on W-1 streams. Both measured slower at every
+    size from 4 to 128 MB on 2 and 4 ranks (benchmarks/results/2026-11-22-probe: W-1 copies side by
+    side on 4 ranks 445 against 332 us at 64 MB), hence the defaults; kept for measuring."""
+    if pieces < 1:
+        raise ValueError(f"pieces must be >= 1, got {pieces}")
     ws, code, cfg = prepare_reduction(x, group, op, config, reduce_scatter.GPU_PUSH_ALL_REDUCE)
     world, rank = ws.world_size, ws.rank
-    n_pieces = _pieces(ws, x.numel() * x.element_size(), pieces)
+    n_pieces = pieces
     staging = reduce_scatter.staging(ws)
     # Room for the largest shard of any dtype (plus alignment), whole 16-byte words for any dtype view.
     reduced = ws.region("all_reduce.push_copy_engine.reduced", (ws.buffer_bytes // world // 16 + 64) * 16)
