@@ -83,8 +83,10 @@ def test_shm_files_gone_after_mapping_and_after_crash():
         not p.startswith(f"/dev/shm/symmcoll-{os.getpid()}-") for p in leftover_files("symmcoll-"))
 
 
-def _absent_peer(absent_rank, algorithm):
-    os.environ["SYMMCOLL_TIMEOUT_S"] = "1"
+def _absent_peer(absent_rank, algorithm, patient_rank=None):
+    # patient_rank waits 4x longer than the others: anything its peers still send after giving up
+    # reaches it before its own timeout.
+    os.environ["SYMMCOLL_TIMEOUT_S"] = "4" if dist.get_rank() == patient_rank else "1"
     x = torch.ones(100, device=rank_checks.device())
     # A first call together: workspaces and algorithm state are created collectively.
     symmcoll.all_reduce(x, algorithm=algorithm)
@@ -101,13 +103,36 @@ def _absent_peer(absent_rank, algorithm):
     return "no error"
 
 
+# Algorithms where a rank may wait on the missing rank only through a neighbour (tree: a leaf waits on
+# its parent, which waits on the missing child); such a rank names the neighbour, which raised too.
+RELAYED_WAITS = {"tree"}
+
+
+def _check_absent_peer_errors(results, absent, algorithm):
+    assert results[absent] is None
+    present = [r for r in range(len(results)) if r != absent]
+    for rank in present:
+        assert results[rank] != "no error", f"rank {rank} did not notice the absent peer"
+        op, r, peer, seconds, message = results[rank]
+        assert (op, r) == (f"all_reduce.{algorithm}", rank)
+        if algorithm in RELAYED_WAITS:
+            assert peer == absent or peer in present and peer != rank, (rank, peer)
+        else:
+            assert peer == absent, (rank, peer)
+        assert f"rank {peer}" in message and f"all_reduce.{algorithm}" in message
+        assert seconds < 150
+    assert any(results[r][2] == absent for r in present), "no rank named the absent one"
+
+
 @pytest.mark.parametrize("algorithm", sorted(symmcoll.ALGORITHMS["all_reduce"]))
 def test_absent_peer_makes_others_raise_not_hang(algorithm):
     results = launch.run(_absent_peer, 3, 2, algorithm, device=DEVICE, timeout=300)
-    assert results[2] is None
-    for rank in (0, 1):
-        assert results[rank] != "no error", f"rank {rank} did not notice the absent peer"
-        op, r, peer, seconds, message = results[rank]
-        assert (op, r, peer) == (f"all_reduce.{algorithm}", rank, 2)
-        assert "rank 2" in message and f"all_reduce.{algorithm}" in message
-        assert seconds < 150
+    _check_absent_peer_errors(results, 2, algorithm)
+
+
+def test_tree_absent_leaf_four_ranks_every_rank_raises():
+    # Rank 3 is a leaf under rank 1 in tree 0 and the root of tree 1: rank 0 waits on it only through
+    # ranks 1 and 2, and must still raise rather than return a sum without rank 3, even when (patient)
+    # it would outwait its neighbours' timeouts.
+    results = launch.run(_absent_peer, 4, 3, "tree", 0, device=DEVICE, timeout=300)
+    _check_absent_peer_errors(results, 3, "tree")

@@ -16,6 +16,10 @@ Per tree and per program, with point-to-point signals only (no all-peer barrier)
     4. inner node: signal children "result ready"; wait children "done"
     5. not root: signal parent "done"
 
+Failure: a program whose wait gave up sends no further signal, so its tree neighbours time out too
+and every rank raises; a rank may then name the neighbour it waited for (itself waiting on the missing
+rank) rather than the missing rank.
+
 Step 4's "done" keeps a parent from overwriting its result region (next call) while a child still
 reads it; a child can overwrite its partial region in the next call only after step 3, i.e. after the
 parent read it. Child -> parent "partial ready" and "done" reuse one self-resetting slot: the second
@@ -117,8 +121,11 @@ def _tree_kernel(
 
     if parent >= 0:
         tl.debug_barrier()
-        failed |= tl.max(send_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr, max_spins,
-                                      op_code, WORLD).to(tl.int32), axis=0)
+        # A program that gave up sends nothing more (here and below): whoever waits on it times out
+        # in turn, so every rank that depends on a missing peer raises instead of returning garbage.
+        if failed == 0:
+            failed |= tl.max(send_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr,
+                                          max_spins, op_code, WORLD).to(tl.int32), axis=0)
         failed |= tl.max(wait_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr, max_spins,
                                       op_code, WORLD).to(tl.int32), axis=0)
         tl.debug_barrier()
@@ -130,11 +137,12 @@ def _tree_kernel(
             if left >= 0:
                 tl.store(my_results + offs, result, mask=mask)
     tl.debug_barrier()
-    failed |= tl.max(send_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
-                                  op_code, WORLD).to(tl.int32), axis=0)
+    if failed == 0:
+        failed |= tl.max(send_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
+                                      op_code, WORLD).to(tl.int32), axis=0)
     failed |= tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
                                   op_code, WORLD).to(tl.int32), axis=0)
-    if parent >= 0:
+    if (parent >= 0) & (failed == 0):
         send_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr, max_spins, op_code, WORLD)
 
 

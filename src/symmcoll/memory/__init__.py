@@ -37,7 +37,8 @@ class SymmcollTimeoutError(RuntimeError):
         self.op, self.rank, self.peer = op, rank, peer
         super().__init__(
             f"symmcoll: {op} on rank {rank} timed out waiting for rank {peer} "
-            f"(did rank {peer} call {op}?). The workspace is now inconsistent: call "
+            f"(did rank {peer} call {op}? If it did, its own error names the rank it waited "
+            f"for). The workspace is now inconsistent: call "
             f"symmcoll.reset() on every rank before the next collective."
         )
 
