@@ -8,8 +8,8 @@ and the flag of a stale slot (an older epoch) never matches.
 
 Graph safety: the epoch lives on the device, in a per-rank table that every launch advances once
 (``launch_epoch`` / ``end_launch``: every program of a launch reads the same epoch, whatever the grid;
-plain stores, no atomic), so replays need no host work. Every rank makes the same launches, so the counters agree across ranks. Two regions
-alternate by epoch parity: a rank can be at most one launch ahead of a peer still reading (it cannot
+plain stores, no atomic), so replays need no host work. Every rank makes the same launches, so the
+counters agree across ranks. Two regions alternate by epoch parity: a rank can be at most one launch ahead of a peer still reading (it cannot
 finish launch k+1 before every peer has started it, i.e. finished launch k), so launch k+1's pushes
 never overwrite launch k's slots. (Per-program counters, the first version, broke when the launch
 config changed between calls: a slot then belongs to different programs, whose counters disagree.)

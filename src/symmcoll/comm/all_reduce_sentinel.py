@@ -326,9 +326,15 @@ def _two_shot_tiles_kernel(
 PEER_TILES: bool | None = None
 
 
+def _shard_words(n_words: int, world: int) -> int:
+    """Two-shot shard of an n-word piece: ceil(n / W) rounded up to 4 words, so every shard starts
+    16-byte aligned (Triton specialises integer arguments divisible by 16)."""
+    return triton.cdiv(triton.cdiv(n_words, world), 4) * 4
+
+
 def _row_words(kind: str, device_type: str, world: int) -> int:
     words = MAX_BYTES[kind][device_type] // 4
-    return words if kind == "one_shot" else triton.cdiv(triton.cdiv(words, world), 4) * 4
+    return words if kind == "one_shot" else _shard_words(words, world)
 
 
 def _slots(ws, kind: str):
@@ -385,8 +391,7 @@ def _run(kind: str, x: torch.Tensor, group, op: str, config: LaunchConfig | None
                 region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
                 src_words[start:], out_words[start:], n, ws.rank, ONE_SHOT, **common)
         else:
-            # 16-byte aligned shards (Triton specialises integer arguments divisible by 16).
-            shard = triton.cdiv(triton.cdiv(n, world), 4) * 4
+            shard = _shard_words(n, world)
             kernel[cfg.grid(triton.cdiv(shard, cfg.block))](
                 region.ptrs_dev, epochs, ws.status_ptr, ws.max_spins,
                 src_words[start:], out_words[start:], n, shard, shard, ws.rank, TWO_SHOT, **common,

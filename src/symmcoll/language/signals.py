@@ -32,6 +32,8 @@ Only ``tl.*`` operations are used, so the same source runs compiled for sm_90 an
 import triton
 import triton.language as tl
 
+from ..memory import MAX_PROGRAMS
+
 # Lanes of the per-peer vectors. World sizes up to MAX_WORLD are supported by every kernel.
 MAX_WORLD: tl.constexpr = tl.constexpr(8)
 
@@ -128,7 +130,7 @@ def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_
 
 
 # Entries of a launch-epoch table (``EPOCH_SLOTS`` int32 per rank): one per possible program id.
-EPOCH_SLOTS: tl.constexpr = tl.constexpr(1024)
+EPOCH_SLOTS: tl.constexpr = tl.constexpr(MAX_PROGRAMS)
 
 
 @triton.jit
