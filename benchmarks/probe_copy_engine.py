@@ -1,4 +1,4 @@
-"""Copy-engine facts for the all-reduce's gather half (GPU machine), and push_copy_engine's pieces.
+"""Copy-engine facts for the all-reduce's gather half (GPU machine).
 
     PYTHONPATH=src python3 benchmarks/probe_copy_engine.py --world-size 4 2 --out $OUT/probe.json
 
@@ -9,8 +9,9 @@ Measures, in CUDA graphs (sweep_configs.graph_us: 10 calls per graph, median of 
 * ``barrier``: the one-program barrier kernel alone;
 * ``rs_push`` + ``pull_parallel`` together (the push reduce-scatter kernel on the main stream while
   the copy engines pull on side streams) against each alone: do SM stores and copy engines add up?
-* ``push_copy_engine`` with 1-4 pieces, copies serial or parallel, checked against the exact sum of
-  rank-coded inputs before it is timed.
+* ``push_copy_engine`` and ``sentinel_two_shot`` at 4-128 MB, checked against the exact sum of
+  rank-coded inputs before they are timed. (An earlier version also cut push_copy_engine into pieces
+  and ran its copies on side streams: slower everywhere, benchmarks/results/2026-11-22-probe; gone.)
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import json
 import torch
 import torch.distributed as dist
 
+import symmcoll
 from symmcoll import launch
-from symmcoll.comm import all_reduce, all_reduce_sentinel, reduce_scatter
-from symmcoll.comm._common import barrier
+from symmcoll.language import barrier_kernel
+from symmcoll.launcher import launch as launch_kernel
 from symmcoll.memory import get_workspace
 from sweep_configs import graph_us  # benchmarks/ is on sys.path when run as a script
 
@@ -45,7 +47,7 @@ def _probe() -> list[dict]:
     rank, world = dist.get_rank(), dist.get_world_size()
     ws = get_workspace()
     peers = [(rank + k) % world for k in range(1, world)]
-    streams = all_reduce._side_streams(ws, world - 1)
+    streams = [torch.cuda.Stream() for _ in range(world - 1)]
     rows = []
 
     def record(case, nbytes, us, **extra):
@@ -67,14 +69,15 @@ def _probe() -> list[dict]:
         record("pull_serial", total, graph_us(lambda: [c() for c in pulls]))
         record("pull_parallel", total, graph_us(lambda: _on_side_streams(streams, pulls)))
         record("push_parallel", total, graph_us(lambda: _on_side_streams(streams, pushes)))
-    record("barrier", 0, graph_us(lambda: barrier(ws, 0)))
+    record("barrier", 0, graph_us(lambda: launch_kernel(barrier_kernel, (1,), (*ws.kernel_args, 3),
+                                                        dict(WORLD=world, num_warps=1))))
 
     # SM stores (push reduce-scatter of a 16 MB input) and copy-engine pulls at the same time.
     x = torch.randn(8 * MB, dtype=torch.bfloat16, device="cuda")
     n = 4 * MB
     # (reduce_scatter.push stages in its own region: the pulls from the shared buffer do not race it)
     pulls = [lambda p=p, i=i: dst[i * n:(i + 1) * n].copy_(ws.peer_buffer(p)[:n]) for i, p in enumerate(peers)]
-    record("rs_push_16M", 16 * MB, graph_us(lambda: reduce_scatter.push(x)))
+    record("rs_push_16M", 16 * MB, graph_us(lambda: symmcoll.reduce_scatter(x, algorithm="push")))
     record("pull_parallel_4M", n * (world - 1), graph_us(lambda: _on_side_streams(streams, pulls)))
 
     def both():
@@ -83,26 +86,22 @@ def _probe() -> list[dict]:
             side.wait_stream(main)
             with torch.cuda.stream(side):
                 copy()
-        reduce_scatter.push(x)
+        symmcoll.reduce_scatter(x, algorithm="push")
         for side in streams:
             main.wait_stream(side)
     record("rs_push_16M+pull_parallel_4M", 16 * MB + n * (world - 1), graph_us(both))
 
-    # push_copy_engine: pieces and parallel copies, checked before timed.
+    # push_copy_engine and sentinel_two_shot, checked before timed.
     for nbytes in (4 * MB, 8 * MB, 16 * MB, 32 * MB, 64 * MB, 128 * MB):
         numel = nbytes // 2
         i = torch.arange(numel, device="cuda")
         xin = ((i * 7 + rank * 13) % 17 - 8).to(torch.bfloat16)
         want = sum(((i * 7 + r * 13) % 17 - 8) for r in range(world)).to(torch.bfloat16)
-        for pieces in (1, 2, 3, 4):
-            for parallel in (False, True):
-                fn = lambda: all_reduce.push_copy_engine(xin, pieces=pieces, parallel_copies=parallel)
-                wrong = torch.tensor([int((fn() != want).sum())], device="cuda")
-                dist.all_reduce(wrong)
-                us = graph_us(fn) if int(wrong) == 0 else None
-                record("push_copy_engine", nbytes, us, pieces=pieces, parallel=parallel, wrong=int(wrong))
-        if nbytes in (16 * MB, 32 * MB):
-            record("sentinel_two_shot", nbytes, graph_us(lambda: all_reduce_sentinel.sentinel_two_shot(xin)))
+        for name in ("push_copy_engine", "sentinel_two_shot"):
+            fn = lambda: symmcoll.all_reduce(xin, algorithm=name)
+            wrong = torch.tensor([int((fn() != want).sum())], device="cuda")
+            dist.all_reduce(wrong)
+            record(name, nbytes, graph_us(fn) if int(wrong) == 0 else None, wrong=int(wrong))
     return rows
 
 

@@ -19,81 +19,48 @@ import torch
 import torch.distributed as dist
 
 from symmcoll import launch
-from symmcoll.comm import all_reduce, all_reduce_low_latency, all_reduce_sentinel, reduce_scatter
 from symmcoll.bench.plan import TimingPlan
 from symmcoll.bench.timing import CapturedCalls, time_graph
-from symmcoll.comm._common import LaunchConfig
+from symmcoll.plan import LaunchConfig, resolve
 
 CALLS_PER_GRAPH = 10
 REPLAYS = 15
+
+
+def _algorithm(op: str, name: str):
+    """``fn(x, config)``: the production algorithm with a forced launch config (the resolver's only
+    experiment knob)."""
+    return lambda x, config: resolve(op, x, None, name, config=config).execute(x)
+
 
 _PUSH_SIZES = [4 << 20, 16 << 20, 64 << 20, 256 << 20]  # all-reduce: tensor bytes; rs_: output bytes
 _PUSH_CONFIGS = [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384, 32768), (132, 264))] + [
     LaunchConfig(16384, 264, 8)]
 
-def _sentinel(kind: str, tiles: bool):
-    """A sentinel all-reduce with the per-peer or the peer-tile kernel (all_reduce_sentinel.PEER_TILES; the
-    two-shot has only the tile kernel since the 2026-11-22 sweep, which compared it with the per-peer one)."""
-    fn = all_reduce_sentinel.sentinel_one_shot if kind == "one_shot" else all_reduce_sentinel.sentinel_two_shot
-
-    def call(x, config):
-        all_reduce_sentinel.PEER_TILES = tiles
-        return fn(x, config=config)
-    return call
-
-
-_SENTINEL_ONE_SHOT_SIZES = [4 << 10, 32 << 10, 128 << 10, 256 << 10, 1 << 20]
-_SENTINEL_TWO_SHOT_SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 32 << 20, 64 << 20]
-
+# name -> (fn(x, config), sizes, configs). Earlier rounds (peer tiles against the per-peer kernels,
+# push_copy_engine pieces) are in benchmarks/results/2026-11-2*-sweep*; their variants are gone.
 SWEEPS = {
-    "two_shot": (all_reduce.two_shot, [1 << 20, 16 << 20, 256 << 20],
+    "two_shot": (_algorithm("all_reduce", "two_shot"), [1 << 20, 16 << 20, 256 << 20],
                  [LaunchConfig(b, p, w) for b, p, w in itertools.product((2048, 4096, 8192), (32, 64, 132),
                                                                          (8, 16))]),
-    "one_shot": (all_reduce.one_shot, [256 << 10, 1 << 20, 16 << 20],
+    "one_shot": (_algorithm("all_reduce", "one_shot"), [256 << 10, 1 << 20, 16 << 20],
                  [LaunchConfig(b, p, w) for b, p, w in itertools.product((2048, 4096), (16, 32, 64, 132),
                                                                          (8, 16))]),
-    "low_latency": (all_reduce_low_latency.low_latency, [4 << 10, 64 << 10, 256 << 10],
+    "low_latency": (_algorithm("all_reduce", "low_latency"), [4 << 10, 64 << 10, 256 << 10],
                     [LaunchConfig(b, p, w) for b, p, w in itertools.product((128, 256, 512, 1024),
                                                                             (128, 256), (2, 4, 8))]),
-    "sentinel_one_shot": (all_reduce_sentinel.sentinel_one_shot,
+    "sentinel_one_shot": (_algorithm("all_reduce", "sentinel_one_shot"),
                           [4 << 10, 32 << 10, 128 << 10, 256 << 10, 1 << 20],
-                          [LaunchConfig(b, p, w) for b, p, w in itertools.product((256, 512, 1024),
-                                                                                  (64, 128, 256), (4, 8))]),
-    "sentinel_two_shot": (all_reduce_sentinel.sentinel_two_shot,
+                          [LaunchConfig(b, p, w) for b, p, w in itertools.product((128, 256, 512, 1024),
+                                                                                  (64, 128, 256, 512), (4, 8))]),
+    "sentinel_two_shot": (_algorithm("all_reduce", "sentinel_two_shot"),
                           [128 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
-                          [LaunchConfig(b, p, w) for b, p, w in itertools.product((512, 1024, 2048, 4096),
-                                                                                  (64, 132, 264), (4, 8, 16))]),
-    # Focused re-sweeps of the sentinel kernels where the targets were missed (256 KB, 4 MB on 4 ranks).
-    "sentinel_one_shot_small": (all_reduce_sentinel.sentinel_one_shot, [128 << 10, 256 << 10],
-                                [LaunchConfig(b, p, w) for b, p, w in itertools.product(
-                                    (256, 512, 1024), (64, 128, 256), (4, 8))]),
-    "sentinel_two_shot_mid": (all_reduce_sentinel.sentinel_two_shot, [256 << 10, 1 << 20, 4 << 20, 16 << 20],
-                              [LaunchConfig(b, p, w) for b, p, w in itertools.product(
-                                  (512, 1024, 2048), (132, 264), (4, 8))]),
-    # Push reduce-scatter (rounds of one block per program) alone and as the all-reduce's first half.
-    "push_copy_engine": (all_reduce.push_copy_engine, _PUSH_SIZES, _PUSH_CONFIGS),
-    "rs_push": (reduce_scatter.push, _PUSH_SIZES, _PUSH_CONFIGS),
-    # Third round, where the perf-3 bench still missed: 256 KB and 16-64 MB (more programs per SM).
-    "sentinel_one_shot_256k": (all_reduce_sentinel.sentinel_one_shot, [256 << 10],
-                               [LaunchConfig(b, p, 4) for b, p in itertools.product((128, 256), (256, 384, 512))]),
-    "sentinel_two_shot_large": (all_reduce_sentinel.sentinel_two_shot, [16 << 20, 32 << 20],
-                                [LaunchConfig(1024, 264, 4), LaunchConfig(2048, 264, 8), LaunchConfig(1024, 396, 4),
-                                 LaunchConfig(1024, 528, 4), LaunchConfig(2048, 396, 4), LaunchConfig(512, 528, 4)]),
-    "push_copy_engine_mid": (all_reduce.push_copy_engine, [32 << 20, 64 << 20],
-                             [LaunchConfig(16384, 264, 16), LaunchConfig(8192, 264, 16), LaunchConfig(32768, 264, 8),
-                              LaunchConfig(16384, 396, 8), LaunchConfig(8192, 396, 8)]),
-    # Peer tiles (one load/poll for all peers of a block) against the per-peer one-shot and its table.
-    "sentinel_one_shot_tiles": (_sentinel("one_shot", True), _SENTINEL_ONE_SHOT_SIZES,
-                                [LaunchConfig(b, p, 4) for b, p in ((128, 512), (256, 256), (256, 128), (512, 128),
-                                                                    (128, 256))]),
-    "sentinel_one_shot_base": (_sentinel("one_shot", False), _SENTINEL_ONE_SHOT_SIZES,
-                               [LaunchConfig(256, 128, 4), LaunchConfig(256, 256, 4), LaunchConfig(128, 512, 4)]),
-    "sentinel_two_shot_tiles": (_sentinel("two_shot", True), _SENTINEL_TWO_SHOT_SIZES,
-                                [LaunchConfig(b, p, w) for b, p, w in ((512, 132, 4), (512, 264, 4), (512, 528, 4),
-                                                                       (1024, 264, 4), (1024, 528, 4), (2048, 264, 8))]),
-    # Larger blocks / more programs than the first sweep tried, where its trend had not flattened.
-    "two_shot_large": (all_reduce.two_shot, [16 << 20, 64 << 20, 256 << 20],
-                       [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384), (132, 264))]),
+                          [LaunchConfig(b, p, w) for b, p, w in itertools.product((512, 1024, 2048),
+                                                                                  (132, 264, 528), (4, 8))]),
+    "push_copy_engine": (_algorithm("all_reduce", "push_copy_engine"), _PUSH_SIZES, _PUSH_CONFIGS),
+    "rs_push": (_algorithm("reduce_scatter", "push"), _PUSH_SIZES, _PUSH_CONFIGS),
+    "rs_sentinel": (_algorithm("reduce_scatter", "sentinel"), [64 << 10, 1 << 20, 16 << 20],
+                    [LaunchConfig(b, p, 4) for b, p in itertools.product((512, 1024), (132, 264, 528))]),
 }
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
-#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench]   (default: tests bench)
+#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared]
+#   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
+#   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
 # 10-minute call allows: split it with TEST_PATHS (e.g. "tests/test_all_reduce.py" in one call,
 # "tests/test_data_movement.py tests/test_reduce_scatter.py tests/test_gpu.py ..." in the next).
@@ -61,6 +63,11 @@ for stage in $stages; do
       sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
       timeout ${PROBE_TIMEOUT:-300} python3 benchmarks/probe_copy_engine.py --world-size $sizes --out "$OUT/probe.json" 2>&1 \
         | tee "$OUT/probe.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    shared)
+      timeout ${SHARED_TIMEOUT:-560} python3 benchmarks/shared_gpu_check.py --world-size ${SHARED_WORLD_SIZE:-2} \
+        --out "$OUT/shared_gpu.json" 2>&1 | tee "$OUT/shared_gpu.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     *) echo "unknown stage $stage" >&2; status=2 ;;

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 import symmcoll
 from symmcoll import launch, reference
-from symmcoll.comm._common import CPU_CONFIG
+from symmcoll.plan import CPU_CONFIG
 
 from rank_checks import assert_close, assert_pads_zero, device, random_input, rank_coded
 
@@ -81,7 +81,7 @@ def test_all_reduce_rejects_bad_input(pools):
 
 @pytest.mark.parametrize("world", range(1, 9))
 def test_double_binary_tree_shape(world):
-    from symmcoll.comm.all_reduce_tree import double_binary_tree
+    from symmcoll.comm.tree import double_binary_tree
     trees = double_binary_tree(world)
     inner = []
     for parent, children in trees:
@@ -102,7 +102,9 @@ def test_double_binary_tree_shape(world):
 def _sentinel_bit_patterns(algorithm):
     """Inputs made of the values the sentinel protocol must never send (negative zeros, and for fp32
     the EMPTY word itself) still arrive, and every slot is EMPTY again after the call."""
-    from symmcoll.comm.all_reduce_sentinel import EMPTY
+    from symmcoll.comm.sentinel import HEADER_WORDS
+    from symmcoll.language import EMPTY
+    from symmcoll.memory.regions import declared
     dev, world = device(), dist.get_world_size()
     for dtype in DTYPES:
         x = torch.full((BLOCK + 5,), -0.0, dtype=dtype, device=dev)
@@ -118,11 +120,13 @@ def _sentinel_bit_patterns(algorithm):
         torch.cuda.synchronize()
     dist.barrier()
     ws = symmcoll.get_workspace()
-    for name, region in ws.extra.items():
-        if name.startswith("all_reduce.sentinel_") and isinstance(region, symmcoll.memory.SymmetricRegion):
-            words = region.local[: region.local.numel() // 4 * 4].view(torch.int32)
-            left = (words != EMPTY.value).nonzero().reshape(-1)
-            assert left.numel() == 0, f"rank {ws.rank}: {name}: slots not EMPTY at {left[:8].tolist()}"
+    slot_regions = [spec.name for spec in declared() if spec.fill_int32 == EMPTY.value]
+    assert len(slot_regions) >= 2, f"sentinel slot regions not found among the declared regions: {slot_regions}"
+    for name in slot_regions:
+        region = ws.region(name)
+        words = region.local[: region.local.numel() // 4 * 4].view(torch.int32)[HEADER_WORDS.value:]
+        left = (words != EMPTY.value).nonzero().reshape(-1)
+        assert left.numel() == 0, f"rank {ws.rank}: {name}: slots not EMPTY at {left[:8].tolist()}"
 
 
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a.startswith("sentinel_")])
@@ -151,15 +155,20 @@ def test_two_shot_interleaved_with_other_collectives(pools, world_size):
 
 
 def _larger_than_workspace(workspace_bytes):
+    """Every algorithm on tensors larger than its piece (the workspace, or the algorithm's own slot
+    rows): the launch counts prove that every chunked loop ran more than once."""
+    from symmcoll.launcher import LAUNCH_COUNTS
     rank = dist.get_rank()
-    for call, (numel, dtype, op) in enumerate([(3 * 1024 + 5, torch.float32, "sum"),
-                                               (5000, torch.bfloat16, "max")]):
+    assert symmcoll.get_workspace().buffer_bytes == workspace_bytes
+    for call, (numel, dtype, op) in enumerate([(40000 + 5, torch.float32, "sum"), (20001, torch.bfloat16, "max")]):
         x = rank_coded(numel, dtype, rank, call)
         for algorithm in ALGORITHMS:
+            before = sum(LAUNCH_COUNTS.values())
             got = symmcoll.all_reduce(x, op=op, algorithm=algorithm)
             assert_close(got, reference.all_reduce(x, op=op), f"chunked {algorithm} {op} {dtype} call {call}",
                          exact=True)
-    assert symmcoll.memory.workspaces()[0].buffer_bytes == workspace_bytes  # so the calls were cut
+            launches = sum(LAUNCH_COUNTS.values()) - before
+            assert launches >= 2, f"{algorithm}: {launches} launch(es) for {numel * dtype.itemsize} bytes"
 
 
 def test_all_reduce_larger_than_workspace(world_size, monkeypatch):
@@ -172,13 +181,12 @@ def _changing_configs(algorithm, calls):
     """Barrier-free algorithms whose launch config changes from call to call (as the size-keyed GPU
     configs do): a slot is handled by different programs in different calls, so the slot-set rotation
     must not depend on which program handles it."""
-    from symmcoll.comm._common import LaunchConfig
-    fn = symmcoll.ALGORITHMS["all_reduce"][algorithm]
+    from symmcoll.plan import LaunchConfig, resolve
     rank = dist.get_rank()
     configs = [LaunchConfig(256, 8, 4), LaunchConfig(1024, 2, 4), LaunchConfig(512, 3, 4)]
     for call in range(calls):
         x = rank_coded(6000 + 7 * call, torch.float32, rank, call)
-        got = fn(x, config=configs[call % len(configs)])
+        got = resolve("all_reduce", x, None, algorithm, config=configs[call % len(configs)]).execute(x)
         assert_close(got, reference.all_reduce(x), f"{algorithm} config {call % len(configs)} call {call}",
                      exact=True)
 
@@ -188,37 +196,32 @@ def test_barrier_free_with_changing_configs(pools, world_size, algorithm):
     pools(world_size).run(_changing_configs, algorithm, 12)
 
 
-def _push_copy_engine_pieces(pieces, parallel_copies, workspace_bytes):
-    """Pieces of a push_copy_engine call use their own staging slots and reduced shards; with parallel
-    copies (GPU) the gathers of one piece run on side streams while the next piece is reduced. Sizes
-    that leave short and empty shards; back-to-back calls; on GPU also replays of a captured graph."""
-    from symmcoll.comm import all_reduce
+def _push_copy_engine_graph(workspace_bytes):
+    """push_copy_engine leaves short and empty shards and cuts tensors into workspace-sized pieces;
+    back-to-back calls; on GPU also replays of a captured graph with fresh data."""
     rank = dist.get_rank()
     capacity = workspace_bytes // 2
     for call, numel in enumerate([1, 97, 4 * 16 * 3 + 5, capacity - 3, 2 * capacity + 333]):
         x = rank_coded(numel, torch.bfloat16, rank, call)
-        got = all_reduce.push_copy_engine(x, pieces=pieces, parallel_copies=parallel_copies)
-        assert_close(got, reference.all_reduce(x), f"pieces={pieces} numel={numel} call {call}", exact=True)
-    assert_pads_zero(f"after push_copy_engine pieces={pieces}")
+        got = symmcoll.all_reduce(x, algorithm="push_copy_engine")
+        assert_close(got, reference.all_reduce(x), f"numel={numel} call {call}", exact=True)
+    assert_pads_zero("after push_copy_engine")
     if x.device.type != "cuda":
         return
     static_x = rank_coded(capacity + 77, torch.bfloat16, rank, 0)
+    symmcoll.all_reduce(static_x, algorithm="push_copy_engine")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = [all_reduce.push_copy_engine(static_x, pieces=pieces, parallel_copies=parallel_copies)
-                for _ in range(2)]
+        outs = [symmcoll.all_reduce(static_x, algorithm="push_copy_engine") for _ in range(2)]
     for replay in range(1, 6):
         static_x.copy_(rank_coded(static_x.numel(), torch.bfloat16, rank, replay))
         graph.replay()
         for i, out in enumerate(outs):
-            assert_close(out, reference.all_reduce(static_x), f"pieces={pieces} replay {replay} call {i}",
-                         exact=True)
-    assert_pads_zero(f"after push_copy_engine pieces={pieces} graph replays")
+            assert_close(out, reference.all_reduce(static_x), f"replay {replay} call {i}", exact=True)
+    assert_pads_zero("after push_copy_engine graph replays")
 
 
-@pytest.mark.parametrize("pieces,parallel_copies", [(1, True), (3, True), (4, False)])
-def test_push_copy_engine_pieces(world_size, pieces, parallel_copies, monkeypatch):
-    # Small workspace: the calls are cut into workspace-sized pieces as well (fresh ranks).
+def test_push_copy_engine_pieces_and_graphs(world_size, monkeypatch):
+    # Small workspace: the calls are cut into workspace-sized pieces (fresh ranks).
     monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", str(1 << 16))
-    launch.run(_push_copy_engine_pieces, world_size, pieces, parallel_copies, 1 << 16,
-               device=os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu"))
+    launch.run(_push_copy_engine_graph, world_size, 1 << 16, device=os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu"))

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import symmcoll
 from symmcoll import launch, reference
-from symmcoll.comm._common import CPU_CONFIG
+from symmcoll.plan import CPU_CONFIG
 
 from rank_checks import assert_clean_finish, assert_pads_zero, device
 
@@ -102,7 +102,7 @@ def _all_to_all_equal(dtypes):
             shape = (world * shape[0], *shape[1:])
             x = coded(shape, dtype, rank, call)
             snapshot = x.clone()
-            _check(f"all_to_all {dtype} {shape} call {call}", symmcoll.all_to_all(x),
+            _check(f"all_to_all {dtype} {shape} call {call}", symmcoll.all_to_all(x, algorithm="pull"),
                    reference.all_to_all(x), x, snapshot)
 
 
@@ -125,7 +125,7 @@ def _all_to_all_splits(dtypes):
         splits = _variable_splits(rank, world, case)
         x = coded((sum(splits), *row_shapes[case]), dtype, rank, case)
         snapshot = x.clone()
-        got = symmcoll.all_to_all(x, splits=splits)
+        got = symmcoll.all_to_all(x, splits=splits, algorithm="pull")
         _check(f"all_to_all {dtype} splits {splits} rows {row_shapes[case]} case {case}", got,
                reference.all_to_all(x, splits=splits), x, snapshot)
 
@@ -177,7 +177,7 @@ def _fallback_and_rejections():
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
-    fallbacks = [m for m in records.messages if "no symmetric-memory kernel" in m]
+    fallbacks = [m for m in records.messages if "complex128" in m and m.endswith(": nccl")]
     assert len(fallbacks) == 4, records.messages
 
     # bad input: ValueError naming the argument, before anything is launched
@@ -201,9 +201,10 @@ def _fallback_and_rejections():
     for bad in ([1] * (world + 1), [-1] + [1] * (world - 1), [0] * world, [0.5] * world, 3):
         with pytest.raises(ValueError, match="splits"):
             symmcoll.all_to_all(x, splits=bad)
-    # rows of different sizes on different ranks: every rank raises, nobody hangs
-    with pytest.raises(ValueError, match="rows of"):
-        symmcoll.all_to_all(torch.ones(world, 2 + (rank == 0), device=dev), splits=[1] * world)
+    # rows of different sizes on different ranks: every rank raises a mismatch, nobody hangs
+    with pytest.raises(symmcoll.SymmcollMismatchError, match="size"):
+        symmcoll.all_to_all(torch.ones(world, 2 + (rank == 0), device=dev), splits=[1] * world, algorithm="pull")
+    symmcoll.reset()
 
     # empty: the right shape, nothing moved
     assert symmcoll.all_gather(torch.ones(0, 3, device=dev)).shape == (0, 3)
@@ -219,8 +220,11 @@ def test_fallback_and_rejections(pools, world_size):
 
 
 def _larger_than_workspace():
+    from symmcoll.launcher import LAUNCH_COUNTS
     rank, world = dist.get_rank(), dist.get_world_size()
     ws_bytes = 4096
+    assert symmcoll.get_workspace().buffer_bytes == ws_bytes
+    before = dict(LAUNCH_COUNTS)
     for call in range(2):  # every call cut into several pieces (all_to_all: several rounds)
         x = coded((700, 2), torch.float32, rank, call)
         snapshot = x.clone()
@@ -234,7 +238,7 @@ def _larger_than_workspace():
                reference.broadcast(x, call % world), x, snapshot)
         x = coded((world * 400, 3), torch.int32, rank, call)
         snapshot = x.clone()
-        _check(f"chunked all_to_all call {call}", symmcoll.all_to_all(x),
+        _check(f"chunked all_to_all call {call}", symmcoll.all_to_all(x, algorithm="pull"),
                reference.all_to_all(x), x, snapshot)
         # one long chunk, some empty ones: rounds sized by the longest piece that fits; rows of 16
         # words (call 0: the 16-aligned path) or 1 word
@@ -243,9 +247,13 @@ def _larger_than_workspace():
             splits = [16 * n for n in splits]
         x = coded((sum(splits), 16) if call == 0 else (sum(splits),), torch.int64, rank, call)
         snapshot = x.clone()
-        _check(f"chunked all_to_all splits {splits} call {call}", symmcoll.all_to_all(x, splits=splits),
+        _check(f"chunked all_to_all splits {splits} call {call}",
+               symmcoll.all_to_all(x, splits=splits, algorithm="pull"),
                reference.all_to_all(x, splits=splits), x, snapshot)
-    assert symmcoll.memory.workspaces()[0].buffer_bytes == ws_bytes
+    launched = {k: LAUNCH_COUNTS[k] - before.get(k, 0) for k in LAUNCH_COUNTS}
+    # per call: all_gather 5600 bytes in pieces of 4096, broadcast 12293 bytes, all_to_all several rounds
+    assert launched["all_gather_kernel"] >= 2 * 2 and launched["broadcast_kernel"] >= 2 * 4, launched
+    assert launched["all_to_all_kernel"] >= 2 * 2 * 2 and launched["barrier_kernel"] >= 2 * 2 * 2, launched
 
 
 def test_larger_than_workspace(world_size, monkeypatch):
@@ -364,15 +372,15 @@ def _launch_sizes_agree():
     seen = []
     original = a2a.move_config
 
-    def recording(words, nbytes):
+    def recording(itemsize, nbytes, device_type):
         seen.append(nbytes)
-        return original(words, nbytes)
+        return original(itemsize, nbytes, device_type)
 
     a2a.move_config = recording
     try:
         splits = _variable_splits(rank, world, 3)  # ranks send different amounts
         x = coded((sum(splits), 3), torch.bfloat16, rank, 0)
-        assert_same(symmcoll.all_to_all(x, splits=splits), reference.all_to_all(x, splits=splits),
+        assert_same(symmcoll.all_to_all(x, splits=splits, algorithm="pull"), reference.all_to_all(x, splits=splits),
                     "all_to_all variable splits")
     finally:
         a2a.move_config = original

@@ -9,7 +9,7 @@ import symmcoll
 from symmcoll import dispatch
 from symmcoll.dispatch import Rule, Table
 
-from test_bench import synthetic_result
+from bench_fixtures import synthetic_result
 
 
 def _table():
@@ -88,13 +88,12 @@ def test_measured_fallback_replaces_the_backend_row():
 
 
 def _routing():
-    dev = torch.device("cpu")
-    ints = torch.ones(8, dtype=torch.int32, device=dev)
-    algorithms = symmcoll.ALGORITHMS["all_reduce"]
-    assert dispatch.choose("all_reduce", ints, None, algorithms) == dispatch.FALLBACK
-    assert dispatch.choose("reduce_scatter", ints, None, symmcoll.ALGORITHMS["reduce_scatter"]) == "nccl"
-    small = torch.ones(8, dtype=torch.bfloat16, device=dev)
-    assert dispatch.choose("all_reduce", small, None, algorithms) in algorithms
+    from symmcoll.plan import resolve
+    ints = torch.ones(8, dtype=torch.int32)
+    assert resolve("all_reduce", ints).name == "nccl"
+    assert resolve("reduce_scatter", ints).name == "nccl"
+    small = torch.ones(8, dtype=torch.bfloat16)
+    assert resolve("all_reduce", small).name in symmcoll.ALGORITHMS["all_reduce"]
     # the fallback gives the same answer as the kernels, out of place
     x = torch.full((6,), float(dist.get_rank() + 1))
     for op in ("sum", "avg", "max", "min"):
@@ -110,19 +109,21 @@ def test_routing_and_fallback(pools):
 
 
 def _reduce_scatter_keyed_by_output():
+    from symmcoll.plan import clear_cache, resolve
     table = dispatch.Table((dispatch.Rule("reduce_scatter", 2, "bf16", 1024, "sentinel"),
                             dispatch.Rule("reduce_scatter", 2, "bf16", 1 << 40, "pull")), "test")
     original = dispatch.active_table
     dispatch.active_table = lambda: table
+    clear_cache()
     try:
-        algorithms = symmcoll.ALGORITHMS["reduce_scatter"]
         # 2048 bytes in, 1024 out per rank at world size 2: the bench reports (and tables key) 1024.
-        assert dispatch.choose("reduce_scatter", torch.ones(1024, dtype=torch.bfloat16), None,
-                               algorithms) == "sentinel"
-        assert dispatch.choose("reduce_scatter", torch.ones(1028, dtype=torch.bfloat16), None,
-                               algorithms) == "pull"
+        assert resolve("reduce_scatter", torch.ones(1024, dtype=torch.bfloat16)).name == "sentinel"
+        assert resolve("reduce_scatter", torch.ones(1028, dtype=torch.bfloat16)).name == "pull"
+        # the table proposes, the resolver decides: sentinel cannot take segments of odd bytes
+        assert resolve("reduce_scatter", torch.ones(2 * 257, dtype=torch.bfloat16)).name == "pull"
     finally:
         dispatch.active_table = original
+        clear_cache()
     return True
 
 
@@ -131,7 +132,7 @@ def test_reduce_scatter_table_keyed_by_output_bytes(pools):
 
 
 def test_sized_configs_per_world_size():
-    from symmcoll.comm._common import LaunchConfig, SizedConfigs
+    from symmcoll.plan import LaunchConfig, SizedConfigs
     small, large, two = LaunchConfig(256, 8, 4), LaunchConfig(1024, 16, 8), LaunchConfig(2048, 32, 8)
     configs = SizedConfigs(((1 << 20, small), (1 << 40, large)), per_world=((2, ((1 << 40, two),)),))
     assert configs.pick(1 << 20, 4) == small and configs.pick((1 << 20) + 1, 4) == large

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import symmcoll
 from symmcoll import launch, reference
-from symmcoll.comm._common import CPU_CONFIG
+from symmcoll.plan import CPU_CONFIG
 
 from rank_checks import assert_clean_finish, assert_close, assert_pads_zero, device, random_input, rank_coded
 
@@ -89,15 +89,21 @@ def test_reduce_scatter_rejects_bad_input(pools, world_size):
 
 
 def _larger_than_workspace():
+    """Segments larger than the workspace (and than the sentinel's slot rows): the launch counts prove
+    that the chunked loops ran."""
+    from symmcoll.launcher import LAUNCH_COUNTS
     rank, world = dist.get_rank(), dist.get_world_size()
-    for call, (dtype, op, shape) in enumerate([(torch.float32, "sum", (1500,)),
+    assert symmcoll.get_workspace().buffer_bytes == 4096
+    for call, (dtype, op, shape) in enumerate([(torch.float32, "sum", (9000,)),
                                                (torch.bfloat16, "max", (700, 3)),
                                                (torch.float16, "avg", (2049,))]):
         x = _input(shape, dtype, rank, call, world)
         for algorithm in ALGORITHMS:
+            before = sum(LAUNCH_COUNTS.values())
             _check(x, op, algorithm, f"chunked {algorithm} {op} {dtype} out{shape} call {call}")
-    ws = symmcoll.memory.workspaces()[0]
-    assert ws.buffer_bytes == 4096, ws.buffer_bytes  # so the calls above were cut into pieces
+            launches = sum(LAUNCH_COUNTS.values()) - before
+            if call == 0:
+                assert launches >= 2, f"{algorithm}: {launches} launch(es) for segments of 36000 bytes"
 
 
 def test_reduce_scatter_larger_than_workspace(world_size, monkeypatch):

@@ -4,89 +4,118 @@ Public functions are shaped like torch.distributed's and return new tensors::
 
     out = symmcoll.all_reduce(x)                 # sum over the default group
 
-``ALGORITHMS[op][name]`` lists every implementation of every collective by name (what
-``algorithm=`` accepts and what ``symmcoll bench`` compares).
+``ALGORITHMS[op]`` names every kernel implementation of every collective (what ``algorithm=`` accepts
+besides "auto" and "nccl", and what ``symmcoll bench`` compares).
 """
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
-from . import dispatch, memory
-from .comm import all_reduce as _all_reduce
-from .comm import all_reduce_low_latency as _all_reduce_ll
-from .comm import all_reduce_sentinel as _all_reduce_sentinel
-from .comm import all_reduce_tree as _all_reduce_tree
-from .comm import all_gather as _all_gather
-from .comm import all_to_all as _all_to_all
-from .comm import broadcast as _broadcast
-from .comm import reduce_scatter as _reduce_scatter
-from .memory import SymmcollTimeoutError, get_workspace
+from . import comm as _comm  # noqa: F401  (registers every algorithm and region)
+from . import memory, plan
+from . import ops as _ops
+from . import autograd as _autograd
+from .errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError
+from .memory import get_workspace
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["ALGORITHMS", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
-           "check", "reset", "get_workspace", "SymmcollTimeoutError", "__version__"]
-
-ALGORITHMS: dict[str, dict] = {
-    "all_reduce": {"one_shot": _all_reduce.one_shot, "two_shot": _all_reduce.two_shot,
-                   "low_latency": _all_reduce_ll.low_latency, "tree": _all_reduce_tree.tree,
-                   "sentinel_one_shot": _all_reduce_sentinel.sentinel_one_shot,
-                   "sentinel_two_shot": _all_reduce_sentinel.sentinel_two_shot,
-                   "push_copy_engine": _all_reduce.push_copy_engine},
-    "reduce_scatter": {"pull": _reduce_scatter.pull, "sentinel": _reduce_scatter.sentinel,
-                       "push": _reduce_scatter.push},
-    "all_gather": {"pull": _all_gather.pull, "copy_engine": _all_gather.copy_engine},
-    "all_to_all": {"pull": _all_to_all.pull},
-    "broadcast": {"pull": _broadcast.pull},
-}
+__all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
+           "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError",
+           "__version__"]
 
 
-def _pick(op: str, algorithm: str, x: torch.Tensor, group):
-    """The function that runs ``op``: ``algorithm`` by name, or the dispatcher's choice for "auto";
-    "nccl" is the process group's own collective (gloo on CPU)."""
-    algorithms = ALGORITHMS[op]
-    if algorithm == "auto" and isinstance(x, torch.Tensor):
-        algorithm = dispatch.choose(op, x, group, algorithms)
-        if algorithm == dispatch.FALLBACK and op not in dispatch.FALLBACKS:
-            algorithm = "pull"
-    if algorithm == dispatch.FALLBACK and op in dispatch.FALLBACKS:
-        return dispatch.FALLBACKS[op]
-    try:
-        return algorithms[algorithm]
-    except KeyError:
-        names = sorted(algorithms) + ([dispatch.FALLBACK] if op in dispatch.FALLBACKS else [])
-        raise ValueError(f"algorithm must be 'auto' or one of {names}, got {algorithm!r}") from None
+class _Algorithms(dict):
+    """op -> {name: summary} of the registered kernel algorithms (live view of symmcoll.plan)."""
+
+    def __getitem__(self, op):
+        return {name: a.summary for name, a in plan.algorithms(op).items()}
+
+    def get(self, op, default=None):
+        return self[op] if op in plan.OPS or plan.algorithms(op) else default
+
+    def __iter__(self):
+        return iter(plan.OPS)
+
+    def __contains__(self, op):
+        return bool(plan.algorithms(op))
+
+    def keys(self):
+        return list(plan.OPS)
+
+    def items(self):
+        return [(op, self[op]) for op in plan.OPS]
+
+    def __len__(self):
+        return len(plan.OPS)
+
+    def __repr__(self):
+        return repr(dict(self.items()))
+
+
+ALGORITHMS = _Algorithms()
+
+
+def _tensor(x) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _wants_grad(x: torch.Tensor) -> bool:
+    return x.requires_grad and torch.is_grad_enabled()
 
 
 def all_reduce(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
     """Reduce ``x`` across ``group`` (default: the world group); returns a new tensor.
 
-    op: "sum" | "avg" | "max" | "min"; bf16/fp16/fp32 inputs, fp32 accumulation.
-    algorithm: "auto" (the dispatcher's table: ``symmcoll info``), "nccl" (the process group's own
-    collective) or one of ``ALGORITHMS["all_reduce"]``.
+    op: "sum" | "avg" | "max" | "min"; bf16/fp16/fp32 inputs, fp32 accumulation (other dtypes: the
+    process group's collective). algorithm: "auto" (the dispatcher's table: ``symmcoll info``), "nccl"
+    (the process group's own collective) or one of ``ALGORITHMS["all_reduce"]``.
+    Differentiable for op sum and avg (``symmcoll.autograd``).
     """
-    return _pick("all_reduce", algorithm, x, group)(x, group, op=op)
+    name = _ops.group_name(group)
+    if _wants_grad(_tensor(x)):
+        return _autograd.AllReduce.apply(x, name, op, algorithm)
+    if _ops.is_plain(x):
+        return _ops.all_reduce_impl(x, name, op, algorithm)
+    return torch.ops.symmcoll.all_reduce(x, name, op, algorithm)
 
 
-def reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum",
-                   algorithm: str = "auto") -> torch.Tensor:
-    """Reduce ``x`` across ``group`` and keep this rank's segment of dim 0, like
-    ``reduce_scatter_tensor``: output shape [x.shape[0] // W, *x.shape[1:]] (x.shape[0] % W == 0).
+def all_reduce_(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
+    """In-place all-reduce: the result overwrites ``x`` (returned). For users who hold the buffer;
+    not differentiable (like torch's in-place collectives)."""
+    name = _ops.group_name(group)
+    if _ops.is_plain(_tensor(x)):
+        _ops.all_reduce_inplace_impl(x, name, op, algorithm)
+    else:
+        torch.ops.symmcoll.all_reduce_(x, name, op, algorithm)
+    return x
 
-    op: "sum" | "avg" | "max" | "min"; bf16/fp16/fp32 inputs, fp32 accumulation.
-    algorithm: "auto" or one of ``ALGORITHMS["reduce_scatter"]``.
-    """
-    return _pick("reduce_scatter", algorithm, x, group)(x, group, op=op)
+
+def reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
+    """Reduce ``x`` across ``group`` and keep this rank's segment of dim 0, like ``reduce_scatter_tensor``:
+    output shape [x.shape[0] // W, *x.shape[1:]] (x.shape[0] % W == 0). Differentiable (sum, avg)."""
+    name = _ops.group_name(group)
+    if _wants_grad(_tensor(x)):
+        return _autograd.ReduceScatter.apply(x, name, op, algorithm)
+    if _ops.is_plain(x):
+        return _ops.reduce_scatter_impl(x, name, op, algorithm)
+    return torch.ops.symmcoll.reduce_scatter(x, name, op, algorithm)
 
 
 def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
     """Every rank's ``x`` concatenated along dim 0, like ``all_gather_into_tensor``: output shape
-    [W * x.shape[0], *x.shape[1:]] (a 0-dim ``x`` gives shape [W]). Any dtype.
-
-    algorithm: "auto" or one of ``ALGORITHMS["all_gather"]``.
-    """
-    return _pick("all_gather", algorithm, x, group)(x, group)
+    [W * x.shape[0], *x.shape[1:]] (a 0-dim ``x`` gives shape [W]). Any dtype. Differentiable."""
+    name = _ops.group_name(group)
+    if _wants_grad(_tensor(x)):
+        return _autograd.AllGather.apply(x, name, algorithm)
+    if _ops.is_plain(x):
+        return _ops.all_gather_impl(x, name, algorithm)
+    return torch.ops.symmcoll.all_gather(x, name, algorithm)
 
 
 def all_to_all(x: torch.Tensor, group=None, *, splits=None, algorithm: str = "auto") -> torch.Tensor:
@@ -94,23 +123,32 @@ def all_to_all(x: torch.Tensor, group=None, *, splits=None, algorithm: str = "au
 
     splits: None (x.shape[0] divisible by W, chunk j to rank j, like ``all_to_all_single``) or W ints,
     the rows this rank sends to each rank (summing to x.shape[0]); the output's row count is the sum of
-    what the peers send here. Any dtype.
-    algorithm: "auto" or one of ``ALGORITHMS["all_to_all"]``.
-    """
-    return _pick("all_to_all", algorithm, x, group)(x, group, splits=splits)
+    what the peers send here (one device-to-host synchronisation). Any dtype."""
+    name = _ops.group_name(group)
+    if splits is not None and not isinstance(splits, (list, tuple)):
+        raise ValueError(f"splits must be a list of ints (rows sent to each rank), got {splits!r}")
+    if _ops.is_plain(_tensor(x)):
+        return _ops.all_to_all_impl(x, name, splits, algorithm)
+    return torch.ops.symmcoll.all_to_all(x, name, None if splits is None else list(splits), algorithm)
 
 
 def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto") -> torch.Tensor:
     """A new tensor equal to group rank ``src``'s ``x`` on every rank (other ranks' ``x`` gives only
-    the shape and dtype). Any dtype.
-
-    algorithm: "auto" or one of ``ALGORITHMS["broadcast"]``.
-    """
-    return _pick("broadcast", algorithm, x, group)(x, src, group)
+    the shape and dtype). Any dtype. Differentiable."""
+    name = _ops.group_name(group)
+    try:
+        src = operator.index(src)
+    except TypeError:
+        raise ValueError(f"src must be an int (a rank of the group), got {type(src).__name__}") from None
+    if _wants_grad(_tensor(x)):
+        return _autograd.Broadcast.apply(x, src, name, algorithm)
+    if _ops.is_plain(x):
+        return _ops.broadcast_impl(x, src, name, algorithm)
+    return torch.ops.symmcoll.broadcast(x, src, name, algorithm)
 
 
 def check(group=None) -> None:
-    """Raise SymmcollTimeoutError if a kernel of this rank gave up waiting for a peer.
+    """Raise the error a kernel of this rank recorded (SymmcollTimeoutError, SymmcollMismatchError).
 
     On GPU kernels run asynchronously: synchronize first to see errors of calls still in flight."""
     for ws in memory.workspaces():
@@ -119,5 +157,6 @@ def check(group=None) -> None:
 
 
 def reset(group=None) -> None:
-    """Drop the symmetric workspaces (after a timeout); every rank must call it together."""
+    """Drop the symmetric workspaces (after a failure); every rank must call it together."""
     memory.reset(group)
+    _ops._forget_groups()

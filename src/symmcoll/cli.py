@@ -72,7 +72,7 @@ def _info(args: argparse.Namespace) -> int:
     console.print(f"GPUs: {count} {devices}" if count else "GPUs: none (CPU mode: Triton interpreter)",
                   highlight=False)
     for op, algorithms in symmcoll.ALGORITHMS.items():
-        console.print(f"{op}: {', '.join(algorithms)}", highlight=False)
+        console.print(f"{op}: {', '.join(algorithms)} (and nccl: the process group's own)", highlight=False)
     _print_dispatch(console)
     return 0
 

@@ -10,8 +10,8 @@ consecutive sizes with the same winner merged into one rule.
 Which table is used, first found: ``$SYMMCOLL_DISPATCH_FILE``; the file ``symmcoll tune`` writes
 (``~/.cache/symmcoll/dispatch.json``); the table shipped with the package, measured on our H200 runs
 (``data/dispatch_h200.json``). A case the table does not know (another world size) uses the nearest
-world size of the same op; an unsupported case (dtype without a symmetric-memory kernel, world size
-above MAX_WORLD) goes to the process group's own collective ("nccl"; gloo on CPU).
+world size of the same op. What the table names is only a proposal: ``symmcoll.plan`` decides
+what runs (an unsupported case goes to the process group's own collective, "nccl"; gloo on CPU).
 """
 
 from __future__ import annotations
@@ -24,10 +24,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-
-from .comm._common import REDUCTION_DTYPES
-from .language.signals import MAX_WORLD
 
 log = logging.getLogger("symmcoll")
 
@@ -115,67 +111,6 @@ def active_table() -> Table:
     return Table((), "none (built-in defaults)")
 
 
-def _default(op: str, nbytes: int) -> str:
-    if op == "all_reduce":
-        return "low_latency" if nbytes <= 64 << 10 else "two_shot"
-    return "pull"
-
-
-def choose(op: str, x: torch.Tensor, group, algorithms: dict) -> str:
-    """The algorithm ``algorithm="auto"`` runs for this call."""
-    world = dist.get_world_size(group)
-    if world > MAX_WORLD:
-        return FALLBACK
-    if op in ("all_reduce", "reduce_scatter") and x.dtype not in REDUCTION_DTYPES:
-        return FALLBACK
-    nbytes = x.numel() * x.element_size()
-    if op == "reduce_scatter":
-        nbytes //= world  # tables are keyed as `symmcoll bench` reports sizes: output bytes per rank
-    name = active_table().choose(op, world, _DTYPE_NAMES.get(x.dtype, "other"), nbytes)
-    if name is None or (name != FALLBACK and name not in algorithms):
-        name = _default(op, nbytes)
-    return name
-
-
-# The process group's own collectives: same results, used where symmcoll has no kernel (or is slower).
-
-def _dist_op(op: str, group):
-    if op == "avg" and dist.get_backend(group) == "nccl":
-        return dist.ReduceOp.AVG, False
-    return {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-            "min": dist.ReduceOp.MIN}[op], op == "avg"
-
-
-def fallback_all_reduce(x: torch.Tensor, group=None, *, op: str = "sum") -> torch.Tensor:
-    log.debug("all_reduce of %s %s: process group collective", x.dtype, tuple(x.shape))
-    reduce_op, divide = _dist_op(op, group)
-    out = x.clone()
-    dist.all_reduce(out, op=reduce_op, group=group)
-    if divide:
-        out /= dist.get_world_size(group)
-    return out
-
-
-def fallback_reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum") -> torch.Tensor:
-    world = dist.get_world_size(group)
-    if x.dim() == 0 or x.shape[0] % world:
-        raise ValueError(f"reduce_scatter: x.shape[0] must be divisible by the world size {world}, "
-                         f"got shape {tuple(x.shape)}")
-    reduce_op, divide = _dist_op(op, group)
-    out = x.new_empty((x.shape[0] // world, *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x.contiguous(), op=reduce_op, group=group)
-    if divide:
-        out /= world
-    return out
-
-
-def fallback_all_gather(x: torch.Tensor, group=None) -> torch.Tensor:
-    world = dist.get_world_size(group)
-    x = x.reshape(1) if x.dim() == 0 else x.contiguous()
-    out = x.new_empty((world * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x, group=group)
-    return out
-
-
-FALLBACKS = {"all_reduce": fallback_all_reduce, "reduce_scatter": fallback_reduce_scatter,
-             "all_gather": fallback_all_gather}
+def choose(op: str, world_size: int, dtype: torch.dtype, nbytes: int) -> str | None:
+    """The table's algorithm for this case (None if the table has no rule for ``op``)."""
+    return active_table().choose(op, world_size, _DTYPE_NAMES.get(dtype, "other"), nbytes)

@@ -3,6 +3,9 @@
 * CPU (no GPU, or ``device="cpu"``): N processes, a gloo group, emulated symmetric memory and
   ``TRITON_INTERPRET=1`` (set before the children import symmcoll, as the interpreter requires).
 * GPU: one process per GPU, an NCCL group, ``torch.cuda.set_device(rank)``, multicast disabled.
+* ``device="cuda-shared"``: N processes sharing GPU 0 over a gloo group (NCCL refuses two ranks on one
+  GPU). The GPU time-slices the ranks' kernels, so every wait for a peer costs a context switch: for
+  correctness checks and host-overhead measurements on a one-GPU machine, never for bandwidth.
 
 ``RankPool`` keeps the rank processes alive across calls (tests reuse them); ``run`` is a one-off pool.
 The function and its arguments must be picklable (defined at module level). A hard timeout kills every
@@ -68,10 +71,17 @@ def _worker(rank: int, world: int, device_type: str, port: int, tasks, results) 
     import torch
     import torch.distributed as dist
 
-    # Host-side collectives (rendezvous of workspaces) give up after this long instead of 30 min.
-    pg_timeout = datetime.timedelta(seconds=float(os.environ.get("SYMMCOLL_PG_TIMEOUT_S", "300")))
+    # Host-side collectives of the process group (references, the bench's exchanges) give up after this
+    # long instead of torch's 30 min default; symmcoll's own rendezvous are bounded by SYMMCOLL_TIMEOUT_S.
+    from .memory import timeout_seconds
+    default = 3 * timeout_seconds() + 30
+    pg_timeout = datetime.timedelta(seconds=float(os.environ.get("SYMMCOLL_PG_TIMEOUT_S", default)))
     try:
-        if device_type == "cuda":
+        if device_type == "cuda-shared":
+            torch.cuda.set_device(0)
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world, timeout=pg_timeout)
+        elif device_type == "cuda":
             torch.cuda.set_device(rank)
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                     world_size=world, device_id=torch.device("cuda", rank),
@@ -110,8 +120,8 @@ class RankPool:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.device_type = default_device_type() if device == "auto" else device
-        if self.device_type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+        if self.device_type not in ("cpu", "cuda", "cuda-shared"):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda-shared', got {device!r}")
         if self.device_type == "cuda":
             import torch
             if world_size > torch.cuda.device_count():

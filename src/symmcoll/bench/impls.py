@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 import symmcoll
-from symmcoll import dispatch
+from symmcoll import plan
 
 from .metrics import REDUCTIONS
 
@@ -56,26 +56,22 @@ class Implementation:
 
 
 def symmcoll_implementations(op: str) -> list[Implementation]:
-    """Every entry of ``symmcoll.ALGORITHMS[op]`` (empty if the op is not registered yet), then
-    "symmcoll:auto": the public function with ``algorithm="auto"``, i.e. what users get, and
-    "symmcoll:nccl": the fallback to the process group's collective, as symmcoll calls it."""
-    impls = [Implementation(f"symmcoll:{name}", op, "symmcoll", False, _symmcoll_binder(op, fn))
-             for name, fn in symmcoll.ALGORITHMS.get(op, {}).items()]
-    public = getattr(symmcoll, op, None)
-    if impls and public is not None:
-        impls.append(Implementation("symmcoll:auto", op, "symmcoll", False, _symmcoll_binder(op, public)))
-    fallback = dispatch.FALLBACKS.get(op)
-    if impls and fallback is not None:
-        # The process group's collective as algorithm="nccl" runs it (out of place: one more copy
-        # than the in-place backend row), which is what the dispatch table must weigh.
-        impls.append(Implementation(f"symmcoll:{dispatch.FALLBACK}", op, "symmcoll", False,
-                                    _symmcoll_binder(op, fallback)))
-    return impls
+    """Every kernel algorithm of ``op`` (empty if symmcoll has none), then "symmcoll:auto" (what users
+    get) and "symmcoll:nccl" (the process group's collective as symmcoll calls it: out of place, one
+    more copy than the backend row, which is what the dispatch table must weigh). All go through the
+    public function, as a user's call does."""
+    names = list(plan.algorithms(op))
+    if not names:
+        return []
+    return [Implementation(f"symmcoll:{name}", op, "symmcoll", False, _symmcoll_binder(op, name))
+            for name in [*names, "auto", plan.BACKEND]]
 
 
-def _symmcoll_binder(op: str, fn: Callable) -> Callable[[torch.Tensor, object], Bound]:
+def _symmcoll_binder(op: str, algorithm: str) -> Callable[[torch.Tensor, object], Bound]:
+    public = getattr(symmcoll, op)
+
     def bind(x: torch.Tensor, group) -> Bound:
         if op in REDUCTIONS:
-            return Bound(load=x.copy_, call=lambda: fn(x, group, op="sum"))
-        return Bound(load=x.copy_, call=lambda: fn(x, group))
+            return Bound(load=x.copy_, call=lambda: public(x, group, op="sum", algorithm=algorithm))
+        return Bound(load=x.copy_, call=lambda: public(x, group, algorithm=algorithm))
     return bind

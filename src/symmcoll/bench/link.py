@@ -17,6 +17,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from ..launcher import launch
 from .symm_buffers import symmetric_view
 
 REPEATS = 5
@@ -24,10 +25,16 @@ PULL_BLOCK = 8192
 
 
 @triton.jit
-def _pull_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
+def pull_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
+
+
+def pull(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst <- src (``src`` may be a peer's memory) with SM loads and stores."""
+    numel = src.numel()
+    launch(pull_kernel, (triton.cdiv(numel, PULL_BLOCK),), (src, dst, numel), dict(BLOCK=PULL_BLOCK, num_warps=8))
 
 
 def peer_pull_gbps(group, nbytes: int) -> tuple[float | None, float | None, str | None]:
@@ -46,10 +53,8 @@ def peer_pull_gbps(group, nbytes: int) -> tuple[float | None, float | None, str 
     notes = []
     if not bool((local == (rank + 1) % world).all()):
         notes.append("copy-engine pull read wrong data")
-    grid = (triton.cdiv(numel, PULL_BLOCK),)
     try:
-        sm_pull = _gbps(lambda: _pull_kernel[grid](peer, local, numel, BLOCK=PULL_BLOCK, num_warps=8),
-                        nbytes, group)
+        sm_pull = _gbps(lambda: pull(peer, local), nbytes, group)
     except Exception as exc:  # noqa: BLE001 - the copy-engine figure is still worth reporting
         sm_pull, notes = None, notes + [f"SM pull failed: {type(exc).__name__}: {exc}"]
     dist.barrier(group)  # nobody reuses the buffer while a peer still reads it

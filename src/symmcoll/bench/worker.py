@@ -52,7 +52,7 @@ _MISSING_TORCH_OPS: dict[str, list[str]] = {}
 def implementations(op: str) -> dict[str, Implementation]:
     """Backend, torch symm_mem ops, then symmcoll's algorithms; empty if symmcoll lacks the op."""
     if op not in _REGISTRY:
-        if not symmcoll.ALGORITHMS.get(op):
+        if op not in symmcoll.ALGORITHMS:
             _REGISTRY[op] = {}
         else:
             torch_ops, _MISSING_TORCH_OPS[op] = torch_symm_mem_implementations(op, _device())
@@ -67,7 +67,7 @@ def describe(ops: tuple[str, ...]) -> RankInfo:
     for op in ops:
         impls = implementations(op)
         if not impls:
-            notes.append(f"{op}: not in symmcoll.ALGORITHMS yet; skipped")
+            notes.append(f"{op}: symmcoll has no kernel for it yet; skipped")
             continue
         if _MISSING_TORCH_OPS.get(op):
             notes.append(f"{op}: this torch lacks {', '.join(_MISSING_TORCH_OPS[op])}; not compared")

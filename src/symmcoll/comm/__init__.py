@@ -1,1 +1,16 @@
-"""Collectives as Triton kernels over symmetric memory, one file per family."""
+"""Collectives as Triton kernels over symmetric memory, one module per protocol family:
+
+pull.py         barrier-based pulls: all_reduce one_shot / two_shot, reduce_scatter pull
+low_latency.py  LL flags in the data: all_reduce low_latency
+sentinel.py     Lamport sentinels: all_reduce sentinel_one_shot / sentinel_two_shot, reduce_scatter sentinel
+push.py         remote stores: reduce_scatter push, all_reduce push_copy_engine
+tree.py         double binary tree: all_reduce tree
+gather.py       data movement by pulls: all_gather pull / copy_engine, broadcast pull
+all_to_all.py   data movement: all_to_all pull (and its split exchange)
+backend.py      the process group's own collectives ("nccl")
+
+Importing this package registers every algorithm (symmcoll.plan) and declares every region
+(symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
+"""
+
+from . import all_to_all, backend, gather, low_latency, pull, push, sentinel, tree  # noqa: F401

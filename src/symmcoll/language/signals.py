@@ -1,52 +1,61 @@
-"""Device-side building blocks shared by every symmcoll kernel.
+"""Signals, barriers and bounded waits: the synchronisation every symmcoll kernel is built from.
 
-Calling convention (mirrors torch's ``_SymmetricMemory``): a kernel receives ``buffer_ptrs_dev`` and
-``signal_pad_ptrs_dev``, the int64 addresses of two tables holding one 64-bit address per rank.
-``peer_ptr`` turns an entry into a typed pointer.
+Calling convention (mirrors torch's ``_SymmetricMemory``): a kernel receives ``*_ptrs_dev``, the int64
+address of a table holding one 64-bit address per rank; ``peer_ptr`` turns an entry into a typed pointer.
 
-Signals live in int32 signal pads, one slot per (program id, sending rank)::
+Signal pad layout (int32 per rank, ``memory.SIGNAL_PAD_INTS``)::
 
-    slot(pid, src) = pid * WORLD + src        # in the *receiver's* pad
+    [0, MAX_PROGRAMS * MAX_WORLD)      barrier slots: slot(pid, src) = pid * WORLD + src, in the *receiver's* pad
+    ANNOUNCE_SLOT + src                 the call descriptor ``src`` last announced (diagnostics only)
 
-and are self-resetting: a send is a CAS 0 -> 1 with release semantics at system scope (retried while
-the receiver has not yet consumed the previous signal in that slot), a wait is a CAS 1 -> 0 with acquire
-semantics at system scope. Nothing on the host changes between calls, so a captured CUDA graph replays
-correctly, and every slot is 0 again after each completed barrier (tests check this).
+Every signal carries the sender's *call descriptor* (``desc``: a nonzero int32 naming the op, algorithm,
+dtype, reduce op, root and a fingerprint of the size, built by ``symmcoll.plan``). A send is a CAS
+0 -> desc with release semantics at system scope (retried while the receiver has not yet consumed the
+previous signal in that slot); a wait is a CAS desc -> 0 with acquire semantics at system scope. A slot
+that holds another nonzero value is a peer that made a *different call*: the wait stops and records a
+mismatch naming the peer and both descriptors. Slots are 0 again after every completed barrier, and
+nothing on the host changes between calls, so captured CUDA graphs replay correctly.
 
-``block_barrier`` -- usage patterns:
-  * after writing my own buffer, before peers read it (producer -> consumer hand-off: release/acquire);
-  * after reading peers' buffers, before anybody overwrites them (the exit barrier of one call, which
-    makes the next call's writes safe).
-Program ``pid`` of a rank only ever waits on program ``pid`` of its peers, never on a sibling program of
-its own rank: this keeps the interpreter (which runs programs one after another) from deadlocking and
-the GPU from depending on all programs being co-resident.
+Barrier-free kernels (no signals) check descriptors through epoch-tagged headers instead, polled
+together with their first data (``post_header``, the waits' ``check``), and every kernel's program 0 *announces* its descriptor into
+every peer's pad, so that a rank that timed out waiting for a peer busy with another kind of call can
+name what that peer called (``symmcoll.memory`` reads it when it raises).
 
-The signals to all peers go out in parallel (one lane per peer), and so do the waits. Every wait is
-bounded by ``max_spins`` iterations; on expiry the program records (op, rank, peer) into the error
-record at ``status_ptr`` and stops waiting; the host turns that into ``SymmcollTimeoutError``.
-
-Only ``tl.*`` operations are used, so the same source runs compiled for sm_90 and under
-``TRITON_INTERPRET=1``. Spins are on atomics only (never on a plain load).
+Rules: program ``pid`` of a rank waits only on program ``pid`` of its peers (never on a sibling program
+of its own rank), which keeps the interpreter (programs run one after another) from deadlocking and the
+GPU from depending on co-residency. Every wait is bounded by ``max_spins``; on expiry the program records
+(kind, rank, peer, descriptors) in the error record at ``status_ptr`` (first writer wins) and stops.
+Waits also give up early once another program of the same rank has recorded an error (they look at the
+record every ``ABORT_CHECK_SPINS`` spins), so one failure ends a launch quickly. Spins are on atomics
+or volatile loads only, never on a plain load.
 """
 
 import triton
 import triton.language as tl
 
-from ..memory import MAX_PROGRAMS
+from ..memory.layout import ANNOUNCE_SLOT as _ANNOUNCE_SLOT
+from ..memory.layout import MAX_PROGRAMS
 
 # Lanes of the per-peer vectors. World sizes up to MAX_WORLD are supported by every kernel.
 MAX_WORLD: tl.constexpr = tl.constexpr(8)
+ANNOUNCE_SLOT: tl.constexpr = tl.constexpr(_ANNOUNCE_SLOT)
 
-# Layout of the error record (int32[4]) a kernel fills in when a wait times out.
+# Layout of the error record (int32[8], host-visible) a kernel fills in when a wait fails.
 STATUS_FLAG: tl.constexpr = tl.constexpr(0)
-STATUS_OP: tl.constexpr = tl.constexpr(1)
+STATUS_KIND: tl.constexpr = tl.constexpr(1)
 STATUS_RANK: tl.constexpr = tl.constexpr(2)
 STATUS_PEER: tl.constexpr = tl.constexpr(3)
+STATUS_DESC: tl.constexpr = tl.constexpr(4)
+STATUS_PEER_DESC: tl.constexpr = tl.constexpr(5)
+KIND_TIMEOUT: tl.constexpr = tl.constexpr(1)
+KIND_MISMATCH: tl.constexpr = tl.constexpr(2)
+# A spinning wait looks at this rank's error record once per this many spins.
+ABORT_CHECK_SPINS: tl.constexpr = tl.constexpr(64)
 
 
 @triton.jit
 def peer_ptr(ptrs_dev, peer, ELEM_TY: tl.constexpr):
-    """Typed pointer to ``peer``'s buffer, read from the per-rank address table at ``ptrs_dev``.
+    """Typed pointer to ``peer``'s region, read from the per-rank address table at ``ptrs_dev``.
 
     Symmetric regions start page-aligned: the hint lets the compiler use 16-byte accesses."""
     table = ptrs_dev.to(tl.pointer_type(tl.uint64))
@@ -54,80 +63,269 @@ def peer_ptr(ptrs_dev, peer, ELEM_TY: tl.constexpr):
 
 
 @triton.jit
-def record_timeout(status_ptr, rank, peer, op_code):
-    """Write (op, rank, peer) into the error record unless a wait already gave up: the first timeout
-    names the cause (later ones, in the same or other programs, are its consequences). The host reads
-    the record only after the kernel has finished."""
+def record_error(status_ptr, kind, rank, peer, desc, peer_desc):
+    """Write (kind, rank, peer, descriptors) into the error record unless something was recorded
+    already: the first failure names the cause (later ones are its consequences). The host reads the
+    record only after the kernel has finished."""
     status = status_ptr.to(tl.pointer_type(tl.int32))
     if tl.atomic_cas(status + STATUS_FLAG, 0, 1, sem="acq_rel", scope="sys") == 0:
-        tl.store(status + STATUS_OP, op_code)
+        tl.store(status + STATUS_KIND, kind)
         tl.store(status + STATUS_RANK, rank)
         tl.store(status + STATUS_PEER, peer)
+        tl.store(status + STATUS_DESC, desc)
+        tl.store(status + STATUS_PEER_DESC, peer_desc)
 
 
 @triton.jit
-def _record_timeout(status_ptr, pending, lanes, rank, op_code):
-    """Record the first peer still pending."""
-    peer = tl.min(tl.where(pending, lanes, MAX_WORLD), axis=0)
-    record_timeout(status_ptr, rank, peer, op_code)
+def record_timeout(status_ptr, rank, peer, desc):
+    record_error(status_ptr, KIND_TIMEOUT, rank, peer, desc, 0)
 
 
 @triton.jit
-def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, op_code):
-    """Low-latency protocol wait: poll 8-byte slots ``(epoch << 32) | data`` until every slot under
-    ``mask`` carries ``epoch`` in its high half; data and flag arrive in one single-copy-atomic store,
-    so no fence or signal is needed. Volatile loads (never cached), bounded by ``spin_budget``.
+def failed_elsewhere(status_ptr, spins):
+    """Every ABORT_CHECK_SPINS spins: has a program of this rank recorded an error? (volatile read
+    of the host-visible record; between checks, and at spin 0, answers no without reading)."""
+    flag = 0
+    if spins % ABORT_CHECK_SPINS == ABORT_CHECK_SPINS - 1:
+        flag = tl.load(status_ptr.to(tl.pointer_type(tl.int32)) + STATUS_FLAG, volatile=True)
+    return flag != 0
 
-    Returns (slots, spins left): 0 spins left means the wait gave up (the error record names
-    ``peer``); callers pass it on so that later waits of the same program give up at once.
+
+@triton.jit
+def announce(signal_pad_ptrs_dev, desc, rank, WORLD: tl.constexpr):
+    """Program 0 stores this call's descriptor into ANNOUNCE_SLOT + rank of every peer's pad
+    (fire and forget: read only by the host of a rank that timed out, to say what we called)."""
+    if tl.program_id(0) == 0:
+        lanes = tl.arange(0, MAX_WORLD)
+        is_peer = (lanes < WORLD) & (lanes != rank)
+        table = signal_pad_ptrs_dev.to(tl.pointer_type(tl.uint64))
+        bases = tl.load(table + lanes, mask=is_peer, other=0).to(tl.pointer_type(tl.int32))
+        tl.store(bases + ANNOUNCE_SLOT + rank, tl.zeros([MAX_WORLD], tl.int32) + desc, mask=is_peer)
+
+
+@triton.jit
+def _first_lane(flags, lanes):
+    return tl.min(tl.where(flags, lanes, MAX_WORLD), axis=0)
+
+
+@triton.jit
+def _peer_slots(signal_pad_ptrs_dev, slot, is_peer, rank):
+    """Pointers to ``slot`` in every peer's pad. Non-peer lanes point at slot 0 of my own pad; the
+    callers give those lanes a comparand no slot ever holds (-1), so their CAS never writes."""
+    lanes = tl.arange(0, MAX_WORLD)
+    table = signal_pad_ptrs_dev.to(tl.pointer_type(tl.uint64))
+    own = tl.load(table + rank).to(tl.int64)
+    bases = tl.load(table + lanes, mask=is_peer, other=0).to(tl.int64)
+    bases = tl.where(is_peer, bases, own)
+    offsets = tl.where(is_peer, slot, 0).to(tl.int64) * 4
+    return (bases + offsets).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def send_signals(signal_pad_ptrs_dev, is_peer, rank, desc, status_ptr, max_spins, WORLD: tl.constexpr):
+    """Set slot (pid, rank) to ``desc`` in every peer's pad where ``is_peer``; release, system scope.
+
+    Returns the lanes whose send did not go through (all False on success)."""
+    pid = tl.program_id(0)
+    lanes = tl.arange(0, MAX_WORLD)
+    ptrs = _peer_slots(signal_pad_ptrs_dev, pid * WORLD + rank, is_peer, rank)
+    pending = is_peer
+    spins = 0
+    while (tl.max(pending.to(tl.int32), axis=0) > 0) & (spins < max_spins):
+        # A lane already delivered compares against -1, which no slot ever holds: a no-op.
+        expected = tl.where(pending, 0, -1)
+        old = tl.atomic_cas(ptrs, expected, tl.zeros([MAX_WORLD], tl.int32) + desc,
+                            sem="release", scope="sys")
+        pending = pending & (old != 0)
+        spins += 1
+        if failed_elsewhere(status_ptr, spins):
+            spins = max_spins
+    if tl.max(pending.to(tl.int32), axis=0) > 0:
+        record_timeout(status_ptr, rank, _first_lane(pending, lanes), desc)
+    return pending
+
+
+@triton.jit
+def wait_signals(signal_pad_ptrs_dev, is_peer, rank, desc, status_ptr, max_spins, WORLD: tl.constexpr):
+    """Consume slot (pid, src) of my own pad for every ``src`` lane where ``is_peer``; acquire, system
+    scope. A slot holding another descriptor is a mismatched call (recorded, not consumed). Returns the
+    lanes that failed (all False on success)."""
+    pid = tl.program_id(0)
+    lanes = tl.arange(0, MAX_WORLD)
+    table = signal_pad_ptrs_dev.to(tl.pointer_type(tl.uint64))
+    own = tl.load(table + rank).to(tl.pointer_type(tl.int32))
+    # Non-peer lanes look at slot 0 of my pad with an impossible comparand (-1): never written.
+    ptrs = own + tl.where(is_peer, pid * WORLD + lanes, 0)
+    pending = is_peer
+    wrong = lanes < 0
+    other = tl.zeros([MAX_WORLD], tl.int32)
+    spins = 0
+    while (tl.max(pending.to(tl.int32), axis=0) > 0) & (spins < max_spins):
+        expected = tl.where(pending, desc, -1)
+        old = tl.atomic_cas(ptrs, expected, tl.zeros([MAX_WORLD], tl.int32), sem="acquire", scope="sys")
+        mismatch = pending & (old != desc) & (old != 0)
+        wrong = wrong | mismatch
+        other = tl.where(mismatch, old, other)
+        pending = pending & (old == 0)
+        spins += 1
+        if failed_elsewhere(status_ptr, spins):
+            spins = max_spins
+    if tl.max(wrong.to(tl.int32), axis=0) > 0:
+        peer = _first_lane(wrong, lanes)
+        record_error(status_ptr, KIND_MISMATCH, rank, peer, desc, tl.sum(tl.where(lanes == peer, other, 0), axis=0))
+    if tl.max(pending.to(tl.int32), axis=0) > 0:
+        record_timeout(status_ptr, rank, _first_lane(pending, lanes), desc)
+    return pending | wrong
+
+
+@triton.jit
+def block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD: tl.constexpr):
+    """All-to-all barrier between program ``pid`` of every rank, carrying the call descriptor.
+
+    Graph-safe (self-resetting slots, no host state). Writes this block made before the call are
+    visible to every peer's program ``pid`` after its barrier returns, and vice versa. Returns 1 if
+    this program gave up (timeout, mismatched call, or an earlier failure of this rank), else 0.
     """
+    lanes = tl.arange(0, MAX_WORLD)
+    is_peer = (lanes < WORLD) & (lanes != rank)
+    # Every thread's prior writes must be done before any lane releases them.
+    tl.debug_barrier()
+    sent_late = send_signals(signal_pad_ptrs_dev, is_peer, rank, desc, status_ptr, max_spins, WORLD)
+    missing = wait_signals(signal_pad_ptrs_dev, is_peer, rank, desc, status_ptr, max_spins, WORLD)
+    # The acquiring lanes' view must reach every thread that reads peers' data next.
+    tl.debug_barrier()
+    return tl.max((sent_late | missing).to(tl.int32), axis=0)
+
+
+# ---- Barrier-free protocols: polls on the data itself, and epoch-tagged descriptor headers --------
+#
+# A barrier-free kernel's program 0 posts ``(epoch << 32) | desc`` into header [phase][rank] of every
+# peer (``post_header``). A receiving program polls the headers of its phase together with the data of
+# its first block (``check`` = 1): both loads are in flight in the same spin, so the check adds no
+# round trip, and a peer that made another call (whose data may never come) is caught at once.
+
+@triton.jit
+def post_header(header_ptrs_dev, phase, epoch, desc, rank, WORLD: tl.constexpr):
+    """Program 0 stores ``(epoch << 32) | desc`` into header [phase][rank] (int64) of every peer.
+    Epoch-tagged, so no one ever resets a header."""
+    if tl.program_id(0) == 0:
+        lanes = tl.arange(0, MAX_WORLD)
+        is_peer = (lanes < WORLD) & (lanes != rank)
+        table = header_ptrs_dev.to(tl.pointer_type(tl.uint64))
+        bases = tl.load(table + lanes, mask=is_peer, other=0).to(tl.pointer_type(tl.int64))
+        value = (tl.zeros([MAX_WORLD], tl.int64) + epoch) << 32 | (tl.zeros([MAX_WORLD], tl.int64) + desc)
+        tl.store(bases + phase * MAX_WORLD + rank, value, mask=is_peer)
+
+
+@triton.jit
+def _headers(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
+    """(peers whose header is not yet this epoch's, peers whose header names another call, their
+    descriptors); nothing pending when ``check`` is 0."""
+    lanes = tl.arange(0, MAX_WORLD)
+    is_peer = (lanes < WORLD) & (lanes != rank) & (check != 0)
+    headers = tl.load(own_headers + lanes, mask=is_peer, other=0, volatile=True)
+    current = (headers >> 32).to(tl.int32) == epoch
+    theirs = (headers & 0xFFFFFFFF).to(tl.int32)
+    return is_peer & ~current, is_peer & current & (theirs != desc), theirs
+
+
+@triton.jit
+def _end_wait(data_pending, wrong, theirs, header_pending, budget, status_ptr, rank, peer, desc):
+    """After a wait loop: record a mismatch (preferred: it names the cause) or a timeout; returns the
+    spins left (0 after any failure)."""
+    lanes = tl.arange(0, MAX_WORLD)
+    if tl.max(wrong.to(tl.int32), axis=0) > 0:
+        other = _first_lane(wrong, lanes)
+        record_error(status_ptr, KIND_MISMATCH, rank, other, desc,
+                     tl.sum(tl.where(lanes == other, theirs, 0), axis=0))
+        budget = budget * 0
+    elif data_pending:
+        record_timeout(status_ptr, rank, peer, desc)
+        budget = budget * 0
+    elif tl.max(header_pending.to(tl.int32), axis=0) > 0:
+        record_timeout(status_ptr, rank, _first_lane(header_pending, lanes), desc)
+        budget = budget * 0
+    return budget
+
+
+@triton.jit
+def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, desc, own_headers, check,
+                 WORLD: tl.constexpr):
+    """Low-latency protocol wait: poll 8-byte slots ``(epoch << 32) | data`` until every slot under
+    ``mask`` carries ``epoch`` in its high half (data and flag arrive in one single-copy-atomic store:
+    no fence, no signal), and, if ``check``, until every peer's header of this epoch is here and names
+    this call. Volatile loads, bounded by ``spin_budget``.
+
+    Returns (slots, spins left): 0 spins left means the wait gave up (recorded); callers pass it on so
+    that later waits of the same program give up at once."""
     ready = epoch.to(tl.int64) << 32
     slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
+    late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+    pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
     budget = spin_budget
-    while (tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0) & (budget > 0):
+    spins = 0
+    while (pending | (tl.max(late.to(tl.int32), axis=0) > 0)) & (tl.max(wrong.to(tl.int32), axis=0) == 0) \
+            & (budget > 0):
         slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
+        late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+        pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
         budget -= 1
-    if tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0:
-        record_timeout(status_ptr, rank, peer, op_code)
-        budget = budget * 0
-    return slots, budget
+        spins += 1
+        if failed_elsewhere(status_ptr, spins):
+            budget = budget * 0
+    return slots, _end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
 
 
 @triton.jit
-def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, peer, op_code):
+def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, peer, desc, own_headers, epoch,
+                check, WORLD: tl.constexpr):
     """Sentinel protocol wait: poll int32 words until none under ``mask`` still holds ``EMPTY``, a
-    value senders never write. Each aligned 4-byte word lands whole (single-copy atomic), so a word that
-    is not ``EMPTY`` is the sender's final value: no flag, no fence. Volatile loads, bounded by
-    ``spin_budget``; returns (words, spins left) like ``wait_flagged``.
-    """
+    value senders never write (each aligned 4-byte word lands whole, so a word that is not EMPTY is the
+    sender's final value: no flag, no fence), and the headers as ``wait_flagged`` does. Returns
+    (words, spins left)."""
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+    pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
     budget = spin_budget
-    while (tl.max((words == EMPTY).to(tl.int32), axis=0) > 0) & (budget > 0):
+    spins = 0
+    while (pending | (tl.max(late.to(tl.int32), axis=0) > 0)) & (tl.max(wrong.to(tl.int32), axis=0) == 0) \
+            & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+        pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
         budget -= 1
-    if tl.max((words == EMPTY).to(tl.int32), axis=0) > 0:
-        record_timeout(status_ptr, rank, peer, op_code)
-        budget = budget * 0
-    return words, budget
+        spins += 1
+        if failed_elsewhere(status_ptr, spins):
+            budget = budget * 0
+    return words, _end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
 
 
 @triton.jit
-def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, op_code):
+def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, desc, own_headers,
+                     epoch, check, WORLD: tl.constexpr):
     """``wait_filled`` over a [PEERS, BLOCK] tile whose row i comes from peer ``rows[i]``: one poll
     (one block-wide reduction) covers every peer, and the loads of all rows are in flight together.
     On timeout the error record names the first row still pending."""
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
     budget = spin_budget
-    while (tl.max(pending, axis=0) > 0) & (budget > 0):
+    spins = 0
+    while ((tl.max(pending, axis=0) > 0) | (tl.max(late.to(tl.int32), axis=0) > 0)) \
+            & (tl.max(wrong.to(tl.int32), axis=0) == 0) & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
         budget -= 1
-    if tl.max(pending, axis=0) > 0:
-        record_timeout(status_ptr, rank, tl.min(tl.where(pending > 0, rows, MAX_WORLD), axis=0), op_code)
-        budget = budget * 0
-    return words, budget
+        spins += 1
+        if failed_elsewhere(status_ptr, spins):
+            budget = budget * 0
+    first = tl.min(tl.where(pending > 0, rows, MAX_WORLD), axis=0)
+    return words, _end_wait(tl.max(pending, axis=0) > 0, wrong, theirs, late, budget, status_ptr, rank, first,
+                            desc)
 
+
+# ---- Launch epochs: a per-rank device counter that every launch of a family advances once ----------
 
 # Entries of a launch-epoch table (``EPOCH_SLOTS`` int32 per rank): one per possible program id.
 EPOCH_SLOTS: tl.constexpr = tl.constexpr(MAX_PROGRAMS)
@@ -152,87 +350,3 @@ def end_launch(state_ptr, epoch):
     program's outstanding NVLink stores."""
     entries = tl.program_id(0) + tl.num_programs(0) * tl.arange(0, EPOCH_SLOTS)
     tl.store(state_ptr + entries, tl.zeros([EPOCH_SLOTS], tl.int32) + epoch, mask=entries < EPOCH_SLOTS)
-
-
-@triton.jit
-def _peer_slots(signal_pad_ptrs_dev, slot, is_peer, rank):
-    """Pointers to ``slot`` in every peer's pad. Non-peer lanes point at slot 0 of my own pad; the
-    callers give those lanes a comparand no slot ever holds (-1), so their CAS never writes."""
-    lanes = tl.arange(0, MAX_WORLD)
-    table = signal_pad_ptrs_dev.to(tl.pointer_type(tl.uint64))
-    own = tl.load(table + rank).to(tl.int64)
-    bases = tl.load(table + lanes, mask=is_peer, other=0).to(tl.int64)
-    bases = tl.where(is_peer, bases, own)
-    offsets = tl.where(is_peer, slot, 0).to(tl.int64) * 4
-    return (bases + offsets).to(tl.pointer_type(tl.int32))
-
-
-@triton.jit
-def send_signals(signal_pad_ptrs_dev, is_peer, rank, status_ptr, max_spins, op_code,
-                 WORLD: tl.constexpr):
-    """Set slot (pid, rank) to 1 in every peer's pad where ``is_peer``; release, system scope.
-
-    Returns the lanes whose send did not go through before ``max_spins`` (all False on success).
-    """
-    pid = tl.program_id(0)
-    lanes = tl.arange(0, MAX_WORLD)
-    ptrs = _peer_slots(signal_pad_ptrs_dev, pid * WORLD + rank, is_peer, rank)
-    pending = is_peer
-    spins = 0
-    while (tl.max(pending.to(tl.int32), axis=0) > 0) & (spins < max_spins):
-        # A lane already delivered compares against -1, which no slot ever holds: a no-op.
-        expected = tl.where(pending, 0, -1)
-        old = tl.atomic_cas(ptrs, expected, tl.full([MAX_WORLD], 1, tl.int32),
-                            sem="release", scope="sys")
-        pending = pending & (old != 0)
-        spins += 1
-    if tl.max(pending.to(tl.int32), axis=0) > 0:
-        _record_timeout(status_ptr, pending, lanes, rank, op_code)
-    return pending
-
-
-@triton.jit
-def wait_signals(signal_pad_ptrs_dev, is_peer, rank, status_ptr, max_spins, op_code,
-                 WORLD: tl.constexpr):
-    """Consume slot (pid, src) of my own pad for every ``src`` lane where ``is_peer``; acquire,
-    system scope. Returns the lanes that never arrived (all False on success)."""
-    pid = tl.program_id(0)
-    lanes = tl.arange(0, MAX_WORLD)
-    table = signal_pad_ptrs_dev.to(tl.pointer_type(tl.uint64))
-    own = tl.load(table + rank).to(tl.pointer_type(tl.int32))
-    # Non-peer lanes look at slot 0 of my pad with an impossible comparand (-1): never written.
-    ptrs = own + tl.where(is_peer, pid * WORLD + lanes, 0)
-    pending = is_peer
-    spins = 0
-    while (tl.max(pending.to(tl.int32), axis=0) > 0) & (spins < max_spins):
-        expected = tl.where(pending, 1, -1)
-        old = tl.atomic_cas(ptrs, expected, tl.zeros([MAX_WORLD], tl.int32),
-                            sem="acquire", scope="sys")
-        pending = pending & (old != 1)
-        spins += 1
-    if tl.max(pending.to(tl.int32), axis=0) > 0:
-        _record_timeout(status_ptr, pending, lanes, rank, op_code)
-    return pending
-
-
-@triton.jit
-def block_barrier(signal_pad_ptrs_dev, rank, status_ptr, max_spins, op_code,
-                  WORLD: tl.constexpr):
-    """All-to-all barrier between program ``pid`` of every rank.
-
-    Graph-safe (self-resetting slots, no host state). Writes this block made before the call are
-    visible to every peer's program ``pid`` after its barrier returns, and vice versa. Returns 1 if
-    this program gave up waiting (the error record is then filled in), else 0.
-    """
-    lanes = tl.arange(0, MAX_WORLD)
-    is_peer = (lanes < WORLD) & (lanes != rank)
-    # Every thread's prior writes must be done before any lane releases them.
-    tl.debug_barrier()
-    sent_late = send_signals(signal_pad_ptrs_dev, is_peer, rank, status_ptr, max_spins, op_code,
-                             WORLD)
-    missing = wait_signals(signal_pad_ptrs_dev, is_peer, rank, status_ptr, max_spins, op_code,
-                           WORLD)
-    # The acquiring lanes' view must reach every thread that reads peers' data next.
-    tl.debug_barrier()
-    failed = tl.max((sent_late | missing).to(tl.int32), axis=0)
-    return failed

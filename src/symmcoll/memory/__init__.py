@@ -1,224 +1,281 @@
-"""Symmetric workspaces: one per (process group, device), allocated once and reused by every call.
+"""Symmetric workspaces: one per (process group, device), allocated once, up front, and reused.
 
-A workspace holds, on every rank of the group:
-  * a data buffer of ``buffer_bytes`` (peers read and write it directly),
-  * an int32 signal pad of ``SIGNAL_PAD_INTS`` slots, all zero between calls,
-  * ``buffer_ptrs_dev`` / ``signal_pad_ptrs_dev``: int64 addresses of tables with one address per rank,
-    which is all a kernel needs to reach any peer,
-  * a small host-visible error record that kernels fill in when a wait times out.
+A workspace holds, on every rank of the group, one symmetric allocation laid out as every declared
+region (``regions.py``: the shared data buffer, the int32 signal pad, each algorithm's staging and slot
+regions), with one address table per region (``region(name).ptrs_dev``: the int64 address of a table
+of per-rank addresses, all a kernel needs to reach any peer), per-rank state tensors (launch-epoch
+tables), and a small host-visible error record that kernels fill in when a wait fails.
+``kernel_args`` is the tuple every kernel takes first: (signal pads, error record, wait budget, rank).
 
-``cuda.py`` builds it on ``torch.distributed._symmetric_memory``; ``emulated.py`` builds the same object
-for CPU runs (files in /dev/shm mapped into every rank process). Kernels cannot tell them apart.
+Creating a workspace is collective. Every host-side wait in it is bounded by ``SYMMCOLL_TIMEOUT_S``
+(a store-based check that every rank arrived, naming the ranks that did not) and it refuses to run
+during CUDA-graph capture: make one call of any symmcoll op before capturing.
+
+``cuda.py`` allocates through ``torch.distributed._symmetric_memory``; ``emulated.py`` builds the same
+thing for CPU runs (files in /dev/shm mapped into every rank process). Kernels cannot tell them apart.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-# Slot (pid, src) = pid * world + src: room for 1024 programs at world size 8.
-MAX_PROGRAMS = 1024
-SIGNAL_PAD_INTS = 8192
+from ..errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, error_from_record
+from .layout import ANNOUNCE_SLOT, MAX_PROGRAMS, MAX_WORLD, SIGNAL_PAD_INTS
+from .regions import BUFFER, Geometry, RegionSpec, declare, declared
+
+__all__ = ["Workspace", "SymmetricRegion", "get_workspace", "reset", "workspaces", "timeout_seconds",
+           "MAX_PROGRAMS", "MAX_WORLD", "SIGNAL_PAD_INTS", "RegionSpec", "declare", "STATUS_INTS", "on_reset",
+           "default_group", "bounded_rendezvous"]
 
 DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
 # Rough cost of one spin iteration, to turn a timeout in seconds into a spin budget: a system-scope
 # CAS on H200 takes about a microsecond; one interpreted iteration about 2 ms (measured on 2 cores).
 SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 500}
 DEFAULT_TIMEOUT_S = 20.0
+STATUS_INTS = 8
+_ALIGN = 4096
+
+SIGNAL_PAD = declare(RegionSpec(
+    "signal_pad", "workspace", lambda g: SIGNAL_PAD_INTS * 4,
+    "barrier slots are written only by signals (CAS 0 -> descriptor) and emptied by the waiter; "
+    "announce slots by program 0 of each call"))
 
 
-class SymmcollTimeoutError(RuntimeError):
-    """A kernel stopped waiting for a peer's signal (the peer never arrived)."""
-
-    def __init__(self, op: str, rank: int, peer: int):
-        self.op, self.rank, self.peer = op, rank, peer
-        super().__init__(
-            f"symmcoll: {op} on rank {rank} timed out waiting for rank {peer} "
-            f"(did rank {peer} call {op}? If it did, its own error names the rank it waited "
-            f"for). The workspace is now inconsistent: call "
-            f"symmcoll.reset() on every rank before the next collective."
-        )
+def timeout_seconds() -> float:
+    value = os.environ.get("SYMMCOLL_TIMEOUT_S", str(DEFAULT_TIMEOUT_S))
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"SYMMCOLL_TIMEOUT_S must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"SYMMCOLL_TIMEOUT_S must be > 0, got {value!r}")
+    return seconds
 
 
-# Op codes written by kernels into the error record; the name is what the error message says.
-OP_NAMES: dict[int, str] = {}
-
-
-def register_op(name: str) -> int:
-    """Give a kernel family a stable code for its timeout records."""
-    code = len(OP_NAMES) + 1
-    OP_NAMES[code] = name
-    return code
+def timeout_spins(device_type: str) -> int:
+    return max(1, int(timeout_seconds() * SPINS_PER_SECOND[device_type]))
 
 
 @dataclass
 class SymmetricRegion:
-    """One symmetric allocation: this rank's bytes and the address of the per-rank address table."""
+    """One region of the workspace: this rank's bytes, the address table kernels take, and every
+    rank's bytes as tensors of this process (peers' mapped memory: sources or targets for copy_,
+    the copy engine on GPU)."""
 
+    name: str
     local: torch.Tensor  # uint8
     ptrs_dev: int
-    keepalive: list = field(default_factory=list, repr=False)
-    # Every rank's bytes as a uint8 tensor of this process (peers' mapped memory), for copy-engine
-    # copies (``Tensor.copy_``) straight from a peer.
     peers: list = field(default_factory=list, repr=False)
+    table: torch.Tensor | None = field(default=None, repr=False)  # keeps ptrs_dev alive
 
 
 @dataclass
 class Workspace:
     group: dist.ProcessGroup
+    group_name: str
     rank: int
     world_size: int
     device: torch.device
-    buffer: torch.Tensor  # uint8, this rank's part of the symmetric buffer
-    signal_pad: torch.Tensor  # int32, this rank's pad
-    buffer_ptrs_dev: int
-    signal_pad_ptrs_dev: int
-    status: torch.Tensor  # int32[4], host-visible: flag, op, rank, peer
+    geometry: Geometry
+    regions: dict[str, SymmetricRegion]
+    state: dict[str, torch.Tensor]
+    status: torch.Tensor  # int32[STATUS_INTS], host-visible error record
     max_spins: int
     _keepalive: list = field(default_factory=list, repr=False)
     broken: bool = False
-    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        self.buffer = self.regions["buffer"].local
+        self.buffer_ptrs_dev = self.regions["buffer"].ptrs_dev
+        self.signal_pad = self.regions["signal_pad"].local.view(torch.int32)
+        self.signal_pad_ptrs_dev = self.regions["signal_pad"].ptrs_dev
+        self.status_ptr = self.status.data_ptr()
+        # What every kernel takes first, built once.
+        self.kernel_args = (self.signal_pad_ptrs_dev, self.status_ptr, self.max_spins, self.rank)
+
+    def region(self, name: str) -> SymmetricRegion:
+        try:
+            return self.regions[name]
+        except KeyError:
+            raise KeyError(f"no region {name!r} in this workspace (declared: {sorted(self.regions)}); "
+                           f"regions are declared at import by their owner module") from None
+
+    def local_state(self, name: str) -> torch.Tensor:
+        return self.state[name]
 
     def peer_buffer(self, peer: int) -> torch.Tensor:
-        """``peer``'s data buffer (uint8), mapped into this process: a source or target for
-        ``copy_`` (the copy engine on GPU)."""
-        return self._keepalive[0].peers[peer]
-
-    def region(self, name: str, nbytes: int, fill_int32: int = 0) -> SymmetricRegion:
-        """A named extra symmetric region, created collectively on first use; for algorithms that keep
-        state in symmetric memory between calls. Every int32 word starts as ``fill_int32`` on every
-        rank before any rank can write to a peer's copy."""
-        reg = self.extra.get(name)
-        if reg is None:
-            reg = _allocate(self.group, nbytes, self.device)
-            if fill_int32 != 0:
-                reg.local[: nbytes // 4 * 4].view(torch.int32).fill_(fill_int32)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                dist.barrier(self.group)
-            self.extra[name] = reg
-        if reg.local.numel() < nbytes:
-            raise ValueError(f"region {name!r} has {reg.local.numel()} bytes, asked for {nbytes}")
-        return reg
+        return self.regions["buffer"].peers[peer]
 
     @property
     def buffer_bytes(self) -> int:
         return self.buffer.numel()
 
-    @property
-    def status_ptr(self) -> int:
-        return self.status.data_ptr()
-
-    def local_state(self, name: str, numel: int) -> torch.Tensor:
-        """A named zero-initialised int32 tensor on this rank's device, kept across calls (per-rank
-        counters that kernels update themselves, so graph replays need no host work)."""
-        state = self.extra.get(name)
-        if state is None:
-            state = torch.zeros(numel, dtype=torch.int32, device=self.device)
-            self.extra[name] = state
-        return state
-
     def capacity(self, dtype: torch.dtype) -> int:
-        """How many elements of ``dtype`` fit in the buffer."""
+        """How many elements of ``dtype`` fit in the shared buffer."""
         return self.buffer_bytes // dtype.itemsize
 
-    def view(self, dtype: torch.dtype, numel: int, offset_bytes: int = 0) -> torch.Tensor:
-        """This rank's buffer (from ``offset_bytes``) seen as ``numel`` elements of ``dtype``."""
-        end = offset_bytes + numel * dtype.itemsize
-        if end > self.buffer_bytes:
-            raise ValueError(f"workspace holds {self.buffer_bytes} bytes, asked for {end}")
-        return self.buffer[offset_bytes:end].view(dtype)
-
     def check(self) -> None:
-        """Raise SymmcollTimeoutError if a kernel on this rank recorded a timed-out wait."""
+        """Raise the error a kernel of this rank recorded (timeout or mismatched call), once; after
+        that the workspace is broken until ``symmcoll.reset()``."""
         if self.broken:
-            raise RuntimeError("symmcoll: workspace is broken by an earlier timeout; call symmcoll.reset()")
+            raise SymmcollError("symmcoll: the workspace is broken by an earlier failure; call "
+                                "symmcoll.reset() on every rank before the next call")
         if int(self.status[0]) != 0:
-            op, rank, peer = (int(v) for v in self.status[1:4])
             self.broken = True
-            raise SymmcollTimeoutError(OP_NAMES.get(op, f"op#{op}"), rank, peer)
+            record = [int(v) for v in self.status.tolist()]
+            peer = record[3]
+            announced = 0
+            if 0 <= peer < self.world_size:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                announced = int(self.signal_pad[ANNOUNCE_SLOT + peer])
+            raise error_from_record(record, announced)
 
 
 _WORKSPACES: dict[tuple, Workspace] = {}
+_RENDEZVOUS_SEQ: dict[str, int] = {}
 
 
-def _default_group(group):
+def default_group(group):
     if group is not None:
         return group
     if not dist.is_initialized():
-        raise RuntimeError("symmcoll: torch.distributed is not initialized (use symmcoll.launch or "
-                           "torch.distributed.init_process_group first)")
+        raise SymmcollError("symmcoll: torch.distributed is not initialized (call "
+                            "torch.distributed.init_process_group, run under torchrun, or use symmcoll.launch)")
     return dist.group.WORLD
 
 
-def timeout_spins(device_type: str) -> int:
-    seconds = float(os.environ.get("SYMMCOLL_TIMEOUT_S", DEFAULT_TIMEOUT_S))
-    return max(1, int(seconds * SPINS_PER_SECOND[device_type]))
-
-
-def get_workspace(group=None, device: torch.device | None = None, min_bytes: int = 0) -> Workspace:
+def get_workspace(group=None, device: torch.device | None = None) -> Workspace:
     """The workspace of (group, device), created collectively on first use.
 
-    Every rank of the group must make the first call for a (group, device) together (it is a
-    rendezvous), as with any collective. Create it before capturing a CUDA graph.
-    """
-    group = _default_group(group)
+    Every rank of the group must make its first call for a (group, device) together (it is a
+    rendezvous, bounded by SYMMCOLL_TIMEOUT_S). Not during CUDA-graph capture."""
+    group = default_group(group)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
-    device = torch.device(device)
-    backend = str(dist.get_backend(group))
-    if device.type == "cpu" and "gloo" not in backend:
-        raise ValueError(f"symmcoll: got a CPU tensor but the process group's backend is {backend!r}; "
-                         f"pass a tensor on this rank's GPU")
-    key = (group.group_name, str(device))
+    key = (group.group_name, device)
     ws = _WORKSPACES.get(key)
     if ws is None:
-        default = int(os.environ.get("SYMMCOLL_WORKSPACE_BYTES", DEFAULT_BUFFER_BYTES[device.type]))
-        ws = _create(group, device, max(default, min_bytes))
+        ws = _create(group, torch.device(device))
         _WORKSPACES[key] = ws
     ws.check()
     return ws
 
 
-def _allocate(group, nbytes: int, device: torch.device) -> SymmetricRegion:
+def bounded_rendezvous(group, what: str, value: str = "") -> None:
+    """Wait until every rank of ``group`` reached this point (through the process group's store),
+    at most SYMMCOLL_TIMEOUT_S: raise SymmcollTimeoutError naming the ranks that did not arrive, or
+    SymmcollMismatchError if they arrived with a different ``value`` (e.g. another workspace size)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    name = group.group_name
+    seq = _RENDEZVOUS_SEQ.get(name, 0) + 1
+    _RENDEZVOUS_SEQ[name] = seq
+    store = c10d._get_default_store()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    keys = [f"symmcoll/{name}/{seq}/{r}" for r in range(world)]
+    store.set(keys[rank], value)
+    seconds = timeout_seconds()
+    try:
+        store.wait(keys, datetime.timedelta(seconds=seconds))
+    except Exception:  # noqa: BLE001 - the store says only that it timed out: find out who is missing
+        missing = [r for r in range(world) if not store.check([keys[r]])]
+        if not missing:
+            raise
+        raise SymmcollTimeoutError(what, rank, missing,
+                                   detail=f"after {seconds:g} s (SYMMCOLL_TIMEOUT_S) at the host-side "
+                                          f"rendezvous") from None
+    values = [store.get(k).decode() for k in keys]
+    for r, v in enumerate(values):
+        if v != value:
+            raise SymmcollMismatchError(what, rank, r, [f"setup ({value!r} here, {v!r} on rank {r})"])
+
+
+def _create(group, device: torch.device) -> Workspace:
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"symmcoll: no symmetric memory for device type {device.type!r}")
+    backend = str(dist.get_backend(group))
+    if device.type == "cpu" and "gloo" not in backend:
+        raise ValueError(f"symmcoll: got a CPU tensor but the process group's backend is {backend!r}; "
+                         f"pass a tensor on this rank's GPU")
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise SymmcollError(f"symmcoll: the workspace of group {group.group_name!r} on {device} does not exist "
+                            f"yet and cannot be created during CUDA-graph capture (it is a rendezvous and an "
+                            f"allocation): make one call of any symmcoll op on this group before capturing")
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if world > MAX_WORLD:
+        raise ValueError(f"symmcoll: world size {world} > {MAX_WORLD} is not supported by the kernels")
+    buffer_bytes = int(os.environ.get("SYMMCOLL_WORKSPACE_BYTES", DEFAULT_BUFFER_BYTES[device.type]))
+    geometry = Geometry(world, buffer_bytes, device.type)
+    layout, total = _layout(geometry)
+    states = [s for s in declared() if not s.symmetric]
+    signature = f"bytes={buffer_bytes} regions={[(n, o, b) for n, o, b, _ in layout]}"
+    bounded_rendezvous(group, "workspace creation", signature)
     if device.type == "cuda":
         from .cuda import allocate_cuda
-        return allocate_cuda(group, nbytes, device)
-    if device.type == "cpu":
+        local, bases, peers, keepalive = allocate_cuda(group, total, device)
+    else:
         from .emulated import allocate_emulated
-        return allocate_emulated(group, nbytes)
-    raise ValueError(f"symmcoll: no symmetric memory for device type {device.type!r}")
-
-
-def _create(group, device: torch.device, buffer_bytes: int) -> Workspace:
-    buffer = _allocate(group, buffer_bytes, device)
-    pad = _allocate(group, SIGNAL_PAD_INTS * 4, device)
-    # The error record must be readable by the host without synchronising: pinned host memory,
-    # which kernels reach through unified addressing.
-    status = torch.zeros(4, dtype=torch.int32)
+        local, bases, peers, keepalive = allocate_emulated(group, total)
+    regions = {}
+    for name, offset, nbytes, fill in layout:
+        view = local[offset:offset + nbytes]
+        if fill:
+            view[: nbytes // 4 * 4].view(torch.int32).fill_(fill)
+        table = torch.tensor([b + offset for b in bases], dtype=torch.int64, device=device)
+        regions[name] = SymmetricRegion(name, view, table.data_ptr(), [p[offset:offset + nbytes] for p in peers],
+                                        table)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    # Every fill is done everywhere before anybody writes to a peer.
+    bounded_rendezvous(group, "workspace initialisation", signature)
+    state = {s.name: torch.zeros(s.size(geometry), dtype=torch.int32, device=device) for s in states}
+    # The error record must be readable by the host without synchronising: pinned host memory, which
+    # kernels reach through unified addressing.
+    status = torch.zeros(STATUS_INTS, dtype=torch.int32)
     if device.type == "cuda":
         status = status.pin_memory()
-    return Workspace(
-        group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group), device=device,
-        buffer=buffer.local, signal_pad=pad.local.view(torch.int32),
-        buffer_ptrs_dev=buffer.ptrs_dev, signal_pad_ptrs_dev=pad.ptrs_dev,
-        status=status, max_spins=timeout_spins(device.type), _keepalive=[buffer, pad],
-    )
+    return Workspace(group=group, group_name=group.group_name, rank=rank, world_size=world, device=device,
+                     geometry=geometry, regions=regions, state=state, status=status,
+                     max_spins=timeout_spins(device.type), _keepalive=keepalive)
+
+
+def _layout(geometry: Geometry) -> tuple[list[tuple[str, int, int, int]], int]:
+    """(name, offset, bytes, fill) of every symmetric region, page-aligned, and the total bytes."""
+    layout, offset = [], 0
+    for spec in declared():
+        if not spec.symmetric:
+            continue
+        nbytes = int(spec.size(geometry))
+        layout.append((spec.name, offset, nbytes, spec.fill_int32))
+        offset += -(-max(nbytes, 1) // _ALIGN) * _ALIGN
+    return layout, offset
+
+
+_RESET_HOOKS: list = []
+
+
+def on_reset(hook) -> None:
+    """Call ``hook()`` whenever workspaces are dropped (the plan cache holds workspaces)."""
+    _RESET_HOOKS.append(hook)
 
 
 def reset(group=None) -> None:
     """Drop the workspaces of ``group`` (all groups if None); the next call rebuilds them.
 
-    Collective when followed by a call: every rank must reset together.
-    """
+    Collective when followed by a call: every rank must reset together."""
     names = None if group is None else {group.group_name}
     for key in list(_WORKSPACES):
         if names is None or key[0] in names:
             _WORKSPACES.pop(key)
+    for hook in _RESET_HOOKS:
+        hook()
 
 
 def workspaces() -> list[Workspace]:

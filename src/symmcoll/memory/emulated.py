@@ -1,11 +1,12 @@
 """Emulated symmetric memory for CPU runs: one /dev/shm file per rank, mapped by every rank.
 
-Each rank creates a zero-filled file per region (data buffer, signal pad, ...), the ranks agree on the
-names over the (gloo) group, every rank maps every peer's file and builds its own address tables (the
-same file sits at different virtual addresses in different processes, exactly as CUDA IPC mappings
-do), and each rank unlinks its file as soon as all ranks have mapped it. From then on nothing is left in
-/dev/shm, even if a rank crashes; a crash between creation and unlinking is cleaned up by the launcher,
-which removes every file carrying its prefix (``SYMMCOLL_SHM_PREFIX``).
+Each rank creates a zero-filled file for the workspace's allocation, the ranks agree on the names
+through the process group's store, every rank maps every peer's file and builds its own address table
+(the same file sits at different virtual addresses in different processes, exactly as CUDA IPC
+mappings do), and each rank unlinks its file as soon as all ranks have mapped it. From then on nothing
+is left in /dev/shm, even if a rank crashes; a crash between creation and unlinking is cleaned up by
+the launcher, which removes every file carrying its prefix (``SYMMCOLL_SHM_PREFIX``). Every wait is a
+bounded rendezvous (SYMMCOLL_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from . import SymmetricRegion
-
 SHM_DIR = "/dev/shm"
 _PAGE = 4096
 
@@ -27,22 +26,30 @@ def shm_prefix() -> str:
     return os.environ.get("SYMMCOLL_SHM_PREFIX", "symmcoll")
 
 
-def allocate_emulated(group, nbytes: int) -> SymmetricRegion:
-    """A zero-filled region of ``nbytes`` on every rank of ``group`` (collective)."""
+def allocate_emulated(group, nbytes: int):
+    """A zero-filled allocation of ``nbytes`` on every rank of ``group`` (collective): (this rank's
+    bytes, every rank's base address in this process, every rank's bytes, what keeps them alive)."""
+    from . import bounded_rendezvous
+
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
     total = -(-max(nbytes, 1) // _PAGE) * _PAGE
-
-    tag = [f"{shm_prefix()}-{uuid.uuid4().hex[:12]}" if rank == 0 else None]
-    dist.broadcast_object_list(tag, src=dist.get_global_rank(group, 0), group=group)
-    paths = [os.path.join(SHM_DIR, f"{tag[0]}-r{r}") for r in range(world)]
+    # Every rank makes a tag of its own; the names use rank 0's (agreed through the store).
+    tag = f"{shm_prefix()}-{uuid.uuid4().hex[:12]}"
+    from torch.distributed import distributed_c10d as c10d
+    store = c10d._get_default_store()
+    if rank == 0:
+        store.set(f"symmcoll/{group.group_name}/shm-tag", tag)
+    bounded_rendezvous(group, "workspace creation (shared-memory names)")
+    tag = store.get(f"symmcoll/{group.group_name}/shm-tag").decode()
+    paths = [os.path.join(SHM_DIR, f"{tag}-r{r}") for r in range(world)]
 
     fd = os.open(paths[rank], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, total)  # a fresh file reads as zeros
     finally:
         os.close(fd)
-    dist.barrier(group)
+    bounded_rendezvous(group, "workspace creation (files created)")
 
     maps = []
     for path in paths:
@@ -51,13 +58,12 @@ def allocate_emulated(group, nbytes: int) -> SymmetricRegion:
             maps.append(mmap.mmap(fd, total))
         finally:
             os.close(fd)
-    dist.barrier(group)
+    bounded_rendezvous(group, "workspace creation (files mapped)")
     os.unlink(paths[rank])
 
     views = [torch.frombuffer(m, dtype=torch.uint8)[:nbytes] for m in maps]
-    table = torch.tensor([v.data_ptr() for v in views], dtype=torch.int64)
-    return SymmetricRegion(local=views[rank], ptrs_dev=table.data_ptr(), keepalive=[maps, views, table],
-                           peers=views)
+    bases = [v.data_ptr() for v in views]
+    return views[rank], bases, views, [maps, views]
 
 
 def leftover_files(prefix: str) -> list[str]:

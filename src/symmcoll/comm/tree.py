@@ -1,4 +1,4 @@
-"""Double-binary-tree all-reduce.
+"""The tree family: double-binary-tree all-reduce (all_reduce.tree).
 
 Two balanced binary trees over the ranks, built so that every rank is an inner node in at most one
 of them (tree 0 in rank order, tree 1 in reversed rank order, both heap-shaped). The tensor is cut in two halves; half t is reduced up
@@ -40,12 +40,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import compile_check
-from ..language import MAX_WORLD, peer_ptr, send_signals, wait_signals
-from ..memory import register_op
-from ._common import LaunchConfig, SizedConfigs, chunks, combine, finalize, finish, prepare_reduction
-
-TREE = register_op("all_reduce.tree")
+from ..language import MAX_WORLD, announce, combine, finalize, narrow, peer_ptr, send_signals, wait_signals
+from ..launcher import launch
+from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
+from .common import chunks, config, meta
 
 GPU_TREE = SizedConfigs(((1 << 40, LaunchConfig(block=4096, max_programs=64, num_warps=16)),))
 
@@ -70,16 +68,16 @@ def double_binary_tree(world: int) -> list[tuple[list[int], list[list[int]]]]:
 
 
 @triton.jit
-def _tree_kernel(
-    # symmetric workspace: per-rank address tables, error record, wait budget
-    buffer_ptrs_dev, signal_pad_ptrs_dev, status_ptr, max_spins,
-    # this call's tensors; the buffer holds partials at [0, numel), results at [res_off, res_off+numel)
+def tree_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the shared buffer's address table
+    desc, buffer_ptrs_dev,
+    # this piece; the buffer holds partials at [0, numel), results at [res_off, res_off + numel)
     x_ptr, out_ptr, numel, half_len, res_off,
     # topology: my parent and children in tree 0 and tree 1 (-1: none)
-    rank, op_code, parent0, left0, right0, parent1, left1, right1,
-    WORLD: tl.constexpr,
-    # meta-parameters
-    REDUCE_OP: tl.constexpr, BLOCK: tl.constexpr,
+    parent0, left0, right0, parent1, left1, right1,
+    WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     q = tl.program_id(0)
     per_tree = tl.num_programs(0) // 2
@@ -98,9 +96,10 @@ def _tree_kernel(
     hi = tl.minimum(numel, lo + half_len)
     n_blocks = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK)
     lane = tl.arange(0, BLOCK)
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
 
-    failed = tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
-                                 op_code, WORLD).to(tl.int32), axis=0)
+    failed = tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, desc, status_ptr, max_spins,
+                                 WORLD).to(tl.int32), axis=0)
     tl.debug_barrier()
     for b in range(p, n_blocks, per_tree):
         offs = lo + b * BLOCK + lane
@@ -113,7 +112,7 @@ def _tree_kernel(
             acc = combine(acc, tl.load(peer_ptr(buffer_ptrs_dev, right, tl.float32) + offs, mask=mask),
                           REDUCE_OP)
         if parent < 0:
-            result = finalize(acc, REDUCE_OP, WORLD).to(elem)
+            result = narrow(finalize(acc, REDUCE_OP, WORLD), elem)
             tl.store(my_results + offs, result, mask=mask)
             tl.store(out_ptr + offs, result, mask=mask)
         else:
@@ -124,10 +123,10 @@ def _tree_kernel(
         # A program that gave up sends nothing more (here and below): whoever waits on it times out
         # in turn, so every rank that depends on a missing peer raises instead of returning garbage.
         if failed == 0:
-            failed |= tl.max(send_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr,
-                                          max_spins, op_code, WORLD).to(tl.int32), axis=0)
-        failed |= tl.max(wait_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr, max_spins,
-                                      op_code, WORLD).to(tl.int32), axis=0)
+            failed |= tl.max(send_signals(signal_pad_ptrs_dev, parent_lane, rank, desc, status_ptr,
+                                          max_spins, WORLD).to(tl.int32), axis=0)
+        failed |= tl.max(wait_signals(signal_pad_ptrs_dev, parent_lane, rank, desc, status_ptr, max_spins,
+                                      WORLD).to(tl.int32), axis=0)
         tl.debug_barrier()
         for b in range(p, n_blocks, per_tree):
             offs = lo + b * BLOCK + lane
@@ -138,23 +137,19 @@ def _tree_kernel(
                 tl.store(my_results + offs, result, mask=mask)
     tl.debug_barrier()
     if failed == 0:
-        failed |= tl.max(send_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
-                                      op_code, WORLD).to(tl.int32), axis=0)
-    failed |= tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, status_ptr, max_spins,
-                                  op_code, WORLD).to(tl.int32), axis=0)
+        failed |= tl.max(send_signals(signal_pad_ptrs_dev, child_lanes, rank, desc, status_ptr, max_spins,
+                                      WORLD).to(tl.int32), axis=0)
+    failed |= tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, desc, status_ptr, max_spins,
+                                  WORLD).to(tl.int32), axis=0)
     if (parent >= 0) & (failed == 0):
-        send_signals(signal_pad_ptrs_dev, parent_lane, rank, status_ptr, max_spins, op_code, WORLD)
+        send_signals(signal_pad_ptrs_dev, parent_lane, rank, desc, status_ptr, max_spins, WORLD)
 
 
-def tree(x: torch.Tensor, group=None, *, op: str = "sum",
-         config: LaunchConfig | None = None) -> torch.Tensor:
-    """Out-of-place double-binary-tree all-reduce; returns a new tensor."""
-    ws, code, cfg = prepare_reduction(x, group, op, config, GPU_TREE)
-    (parent0, children0), (parent1, children1) = double_binary_tree(ws.world_size)
-    kids = [c + [-1] * (2 - len(c)) for c in (children0[ws.rank], children1[ws.rank])]
-
-    flat = x.reshape(-1)
-    out = torch.empty_like(flat)
+def _tree(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    ws, cfg, rank = plan.ws, config(plan), plan.rank
+    (parent0, children0), (parent1, children1) = double_binary_tree(plan.world)
+    kids = [c + [-1] * (2 - len(c)) for c in (children0[rank], children1[rank])]
+    flat, out_flat = x.reshape(-1), out.reshape(-1)
     # fp32 partials then results in the input dtype: capacity elements of each.
     capacity = ws.buffer_bytes // (4 + x.element_size())
     capacity -= capacity % 16
@@ -162,23 +157,13 @@ def tree(x: torch.Tensor, group=None, *, op: str = "sum",
     for start, n in chunks(flat.numel(), capacity):
         half_len = triton.cdiv(triton.cdiv(n, 2), 16) * 16
         per_tree = cfg.grid(triton.cdiv(half_len, cfg.block))[0]
-        _tree_kernel[(2 * per_tree,)](
-            ws.buffer_ptrs_dev, ws.signal_pad_ptrs_dev, ws.status_ptr, ws.max_spins,
-            flat[start:], out[start:], n, half_len, results_at,
-            ws.rank, TREE, parent0[ws.rank], kids[0][0], kids[0][1],
-            parent1[ws.rank], kids[1][0], kids[1][1],
-            WORLD=ws.world_size, REDUCE_OP=code, BLOCK=cfg.block, num_warps=cfg.num_warps,
-        )
-    finish(ws)
-    return out.view(x.shape)
+        launch(tree_kernel, (2 * per_tree,),
+               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flat[start:], out_flat[start:], n, half_len,
+                results_at, parent0[rank], kids[0][0], kids[0][1], parent1[rank], kids[1][0], kids[1][1]),
+               meta(plan, REDUCE_OP=plan.reduce_code, BLOCK=cfg.block))
+    return out
 
 
-for _dtype in ("bf16", "fp32"):
-    for _world in (2, 3, 4, 8):
-        compile_check.register(
-            _tree_kernel,
-            {**compile_check.WORKSPACE_SIGNATURE, "x_ptr": f"*{_dtype}", "out_ptr": f"*{_dtype}",
-             "numel": "i32", "half_len": "i32", "res_off": "i32", "rank": "i32", "op_code": "i32",
-             **{k: "i32" for k in ("parent0", "left0", "right0", "parent1", "left1", "right1")}},
-            {"WORLD": _world, "REDUCE_OP": 0, "BLOCK": GPU_TREE.largest.block},
-            num_warps=GPU_TREE.largest.num_warps, label=f"{_dtype},")
+register(Algorithm("all_reduce", "tree", 8, "tree", _tree,
+                   "double binary tree: reduce up, broadcast down, point-to-point signals", GPU_TREE,
+                   accepts=reduction_dtype_reason))

@@ -1,0 +1,220 @@
+"""Every kernel on a real GPU when only one GPU is lent: N ranks share GPU 0 (``launch`` device
+"cuda-shared": gloo host group, torch symmetric memory between processes on one device).
+
+    PYTHONPATH=src python3 benchmarks/shared_gpu_check.py --world-size 2 --out $OUT/shared_gpu.json
+
+What this shows: the kernels compile and run on sm_90 with real memory ordering across processes (the
+ranks' kernels are time-sliced, so every wait for a peer really waits), exact results for every
+algorithm of every op against locally computed answers (rank-coded integers), mismatched calls
+detected on every rank, CUDA-graph capture and replays, torch.compile (inductor, reduce-overhead) on
+CUDA tensors, and the host time of an eager call (CPU time per call over calls queued without
+synchronising). What it cannot show: bandwidth or latency between GPUs (one GPU; every wait costs a
+context switch), so nothing here is a performance figure for collectives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import symmcoll
+from symmcoll import launch, plan
+from symmcoll.bench.checks import rank_coded
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _expected(op, x_of, world, rank, src=0):
+    """The exact result of ``op`` for inputs ``x_of(r)``, computed locally (no communication)."""
+    xs = [x_of(r) for r in range(world)]
+    if op == "all_reduce":
+        return sum(x.float() for x in xs).to(xs[0].dtype)
+    if op == "reduce_scatter":
+        return sum(x.float() for x in xs).to(xs[0].dtype).chunk(world)[rank]
+    if op == "all_gather":
+        return torch.cat(xs)
+    if op == "all_to_all":
+        return torch.cat([x.chunk(world)[rank] for x in xs])
+    return xs[src]
+
+
+def _correctness(rank, world, rows):
+    dev = torch.device("cuda", 0)
+    for op in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast"):
+        for name in ["auto", *plan.algorithms(op)]:
+            for dtype in DTYPES:
+                for numel in (1 if op in ("all_gather", "broadcast") else world, 4097 * world, (1 << 20) * world):
+                    if op in ("reduce_scatter", "all_to_all") and numel % world:
+                        continue
+                    wrong, error = 0, None
+                    try:
+                        for call in range(3):
+                            x_of = lambda r: rank_coded(numel, dtype, r, call, dev)
+                            fn = getattr(symmcoll, op)
+                            got = fn(x_of(rank), 1, algorithm=name) if op == "broadcast" else fn(x_of(rank),
+                                                                                                  algorithm=name)
+                            torch.cuda.synchronize()
+                            symmcoll.check()
+                            wrong += int((got != _expected(op, x_of, world, rank, 1)).sum())
+                    except Exception as exc:  # noqa: BLE001 - recorded per case
+                        error = f"{type(exc).__name__}: {exc}"[:300]
+                        symmcoll.reset()
+                    rows.append({"check": "exact", "op": op, "algorithm": name, "dtype": str(dtype), "numel": numel,
+                                 "wrong": wrong, "error": error})
+
+
+def _mismatch(rank, world, rows):
+    dev = torch.device("cuda", 0)
+    cases = {
+        "size (one_shot)": lambda: symmcoll.all_reduce(torch.ones(100 + (rank == 1), device=dev), algorithm="one_shot"),
+        "size (sentinel_one_shot)": lambda: symmcoll.all_reduce(torch.ones(100 + (rank == 1), device=dev),
+                                                                algorithm="sentinel_one_shot"),
+        "dtype (two_shot)": lambda: symmcoll.all_reduce(
+            torch.ones(1000, device=dev, dtype=torch.float32 if rank == 0 else torch.bfloat16), algorithm="two_shot"),
+        "algorithm one_shot/two_shot": lambda: symmcoll.all_reduce(
+            torch.ones(1000, device=dev), algorithm="one_shot" if rank == 0 else "two_shot"),
+        "broadcast src=rank": lambda: symmcoll.broadcast(torch.ones(64, device=dev), rank),
+        "all_gather rows": lambda: symmcoll.all_gather(torch.ones(100 + (rank == 1), device=dev)),
+    }
+    for case, fn in cases.items():
+        t0 = time.monotonic()
+        try:
+            fn()
+            torch.cuda.synchronize()
+            symmcoll.check()
+            outcome = "NO ERROR"
+        except Exception as exc:  # noqa: BLE001
+            outcome = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append({"check": "mismatch", "case": case, "outcome": outcome, "seconds": time.monotonic() - t0})
+        symmcoll.reset()
+        dist.barrier()
+
+
+def _graphs(rank, world, rows):
+    dev = torch.device("cuda", 0)
+    x = rank_coded(8192, torch.bfloat16, rank, 0, dev)
+    w = torch.randn(64, 64, device=dev, dtype=torch.bfloat16)
+    # a matmul between collectives, as in a model step
+    step = lambda: (symmcoll.all_reduce(x).reshape(128, 64) @ w, symmcoll.all_gather(x, algorithm="copy_engine"),
+                    symmcoll.reduce_scatter(x))
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    wrong = 0
+    for replay in range(1, 6):
+        x.copy_(rank_coded(8192, torch.bfloat16, rank, replay, dev))
+        graph.replay()
+        torch.cuda.synchronize()
+        x_of = lambda r: rank_coded(8192, torch.bfloat16, r, replay, dev)
+        wrong += int((outs[1] != _expected("all_gather", x_of, world, rank)).sum())
+        wrong += int((outs[2] != _expected("reduce_scatter", x_of, world, rank)).sum())
+    rows.append({"check": "cuda_graph", "replays": 5, "wrong": wrong})
+    try:
+        graph2 = torch.cuda.CUDAGraph()
+        symmcoll.reset()
+        with torch.cuda.graph(graph2):
+            symmcoll.all_reduce(x)
+        outcome = "NO ERROR"
+    except Exception as exc:  # noqa: BLE001 - the workspace cannot be created during capture
+        outcome = f"{type(exc).__name__}: {exc}"[:300]
+    rows.append({"check": "capture_without_warmup", "outcome": outcome})
+    symmcoll.reset()
+    dist.barrier()
+
+
+def _compile(rank, world, rows):
+    dev = torch.device("cuda", 0)
+    for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda t: symmcoll.all_reduce(t * 2) + 1, fullgraph=True, mode=mode)
+        wrong, error = 0, None
+        try:
+            for call in range(4):
+                x_of = lambda r: rank_coded(4096 + 8 * call, torch.bfloat16, r, call, dev)
+                got = fn(x_of(rank)).clone()
+                torch.cuda.synchronize()
+                want = _expected("all_reduce", lambda r: (x_of(r).float() * 2).to(torch.bfloat16), world, rank)
+                wrong += int((got != (want.float() + 1).to(torch.bfloat16)).sum())
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"[:400]
+        rows.append({"check": "compile", "mode": mode, "wrong": wrong, "error": error})
+
+
+def _host_overhead(rank, world, rows, calls=300):
+    """CPU time per eager call, calls queued without synchronising (the GPU drains them afterwards)."""
+    dev = torch.device("cuda", 0)
+    x = rank_coded(2048, torch.bfloat16, rank, 0, dev)  # 4 KB
+    name = dist.group.WORLD.group_name
+    cases = {
+        "symmcoll.all_reduce sentinel_one_shot": lambda: symmcoll.all_reduce(x, algorithm="sentinel_one_shot"),
+        "symmcoll.all_reduce auto": lambda: symmcoll.all_reduce(x),
+        "torch.ops.symmcoll.all_reduce (dispatcher)": lambda: torch.ops.symmcoll.all_reduce(x, name, "sum",
+                                                                                            "sentinel_one_shot"),
+        "plan.resolve only": lambda: plan.resolve("all_reduce", x, None, "sentinel_one_shot", reduce_op="sum"),
+        "torch.empty_like only": lambda: torch.empty_like(x),
+    }
+    for case, fn in cases.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host = (time.perf_counter() - start) / calls * 1e6
+        torch.cuda.synchronize()
+        rows.append({"check": "host_us_per_call", "case": case, "us": host, "calls": calls})
+        dist.barrier()
+
+
+def _all_checks():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for stage in (_correctness, _mismatch, _graphs, _compile, _host_overhead):
+        t0 = time.monotonic()
+        try:
+            stage(rank, world, rows)
+        except Exception:  # noqa: BLE001 - one stage's failure must not hide the others
+            rows.append({"check": stage.__name__, "error": traceback.format_exc()[-1500:]})
+            symmcoll.reset()
+        rows.append({"check": "stage_seconds", "stage": stage.__name__, "seconds": time.monotonic() - t0})
+        if rank == 0:
+            print(f"stage {stage.__name__} done in {time.monotonic() - t0:.1f} s", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    os.environ.setdefault("SYMMCOLL_TIMEOUT_S", "10")
+    results = launch.run(_all_checks, args.world_size, device="cuda-shared", timeout=540)
+    info = {"git": os.environ.get("SYMMCOLL_GIT_SHA", "unknown"), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0), "world_size": args.world_size,
+            "mode": "ranks share one GPU (time-sliced): correctness and host overhead only"}
+    with open(args.out, "w") as f:
+        json.dump({"info": info, "ranks": results}, f, indent=1)
+    rows = results[0]
+    bad = [r for r in rows if r.get("wrong") or r.get("error") or r.get("outcome") == "NO ERROR"]
+    for r in rows:
+        if r["check"] in ("host_us_per_call", "mismatch", "compile", "cuda_graph", "capture_without_warmup",
+                          "stage_seconds"):
+            print(json.dumps(r))
+    exact = [r for r in rows if r["check"] == "exact"]
+    print(f"exact checks: {len(exact)} cases, {sum(1 for r in exact if not r['wrong'] and not r['error'])} exact")
+    print(f"PROBLEMS ({len(bad)}):")
+    for r in bad:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The process group's own collectives ("nccl": NCCL on GPU, gloo on CPU): the same results, for what
+no kernel takes (dtypes without a word type, world sizes above MAX_WORLD) and where the tuned table says
+the backend is faster."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..plan import BACKEND, Algorithm, Plan, register
+
+
+def _reduce_op(plan: Plan):
+    """(torch ReduceOp, divide afterwards): avg is native on NCCL only."""
+    op = plan.request.reduce_op or "sum"
+    if op == "avg" and dist.get_backend(plan.group) == "nccl":
+        return dist.ReduceOp.AVG, False
+    return {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN}[op], op == "avg"
+
+
+def _all_reduce(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    reduce_op, divide = _reduce_op(plan)
+    out.copy_(x)
+    dist.all_reduce(out, op=reduce_op, group=plan.group)
+    if divide:
+        out /= plan.world
+    return out
+
+
+def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    reduce_op, divide = _reduce_op(plan)
+    # torch 2.13 renamed reduce_scatter_tensor (and warns on every call); older torch has only that.
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(out, x, op=reduce_op, group=plan.group)
+    if divide:
+        out /= plan.world
+    return out
+
+
+def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(out.shape[0] // plan.world, *out.shape[1:])
+    if x.dtype.itemsize in (1, 2, 4, 8):
+        dist.all_gather_into_tensor(out, rows, group=plan.group)
+    else:  # gloo's all_gather_into_tensor lacks some dtypes; the list form takes them
+        dist.all_gather(list(out.chunk(plan.world)), rows, group=plan.group)
+    return out
+
+
+def _broadcast(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    out.copy_(x)
+    dist.broadcast(out, src=dist.get_global_rank(plan.group, plan.request.src), group=plan.group)
+    return out
+
+
+def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    world = plan.world
+    splits = plan.request.splits
+    send = list(splits) if splits is not None else [x.shape[0] // world] * world
+    send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
+    recv_t = torch.empty_like(send_t)
+    dist.all_to_all_single(recv_t, send_t, group=plan.group)
+    recv = recv_t.tolist()
+    if out is None:
+        out = torch.empty((sum(recv), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    row_bytes = math.prod(x.shape[1:]) * x.element_size()
+    if row_bytes:  # as bytes: gloo moves no complex, bool or fp8 tensors
+        dist.all_to_all_single(out.reshape(-1).view(torch.uint8), x.reshape(-1).view(torch.uint8),
+                               output_split_sizes=[r * row_bytes for r in recv],
+                               input_split_sizes=[s * row_bytes for s in send], group=plan.group)
+    return out
+
+
+for _op, _fn, _code in (("all_reduce", _all_reduce, 9), ("reduce_scatter", _reduce_scatter, 23),
+                        ("all_gather", _all_gather, 32), ("all_to_all", _all_to_all, 41),
+                        ("broadcast", _broadcast, 51)):
+    register(Algorithm(_op, BACKEND, _code, "backend", _fn, "the process group's own collective (NCCL / gloo)"))

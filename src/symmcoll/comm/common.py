@@ -1,0 +1,59 @@
+"""Host-side helpers the protocol modules share (no algorithm lives here): pieces, word views and the
+launch configs of data movement."""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan import CPU_CONFIG, WORD_DTYPES, LaunchConfig, Plan, Request
+
+
+def chunks(numel: int, capacity: int):
+    """(start, length) pieces of at most ``capacity`` elements covering ``numel``."""
+    if capacity <= 0:
+        raise ValueError("workspace too small for a single element")
+    for start in range(0, numel, capacity):
+        yield start, min(capacity, numel - start)
+
+
+def as_words(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous ``t`` flattened and viewed as integer words of the same itemsize (shares storage):
+    a data-movement kernel moves any dtype of that itemsize bit-exactly."""
+    return t.reshape(-1).view(WORD_DTYPES[t.element_size()])
+
+
+# GPU launch configs for data movement, by word size: about 16 KiB per block step whatever the word;
+# above a few MB, 32 KiB per step and a program per SM keep more NVLink traffic in flight (the trend of
+# the all-reduce config sweep).
+GPU_MOVE_CONFIGS = {
+    1: LaunchConfig(block=16384, max_programs=64, num_warps=16),
+    2: LaunchConfig(block=8192, max_programs=64, num_warps=16),
+    4: LaunchConfig(block=4096, max_programs=64, num_warps=16),
+    8: LaunchConfig(block=2048, max_programs=64, num_warps=16),
+}
+GPU_MOVE_LARGE_BYTES = 4 << 20
+GPU_MOVE_LARGE_BYTES_PER_STEP = 32 << 10
+
+
+def move_config(itemsize: int, nbytes: int, device_type: str = "cuda") -> LaunchConfig:
+    """The launch config for moving words of ``itemsize``; ``nbytes`` must be the same on every rank
+    (every rank must launch the same grid and blocks: program p waits on program p of its peers)."""
+    if device_type == "cpu":
+        return CPU_CONFIG
+    if nbytes > GPU_MOVE_LARGE_BYTES:
+        return LaunchConfig(GPU_MOVE_LARGE_BYTES_PER_STEP // itemsize, 132, 16)
+    return GPU_MOVE_CONFIGS[itemsize]
+
+
+def move_configs(request: Request, world: int) -> LaunchConfig:
+    """``Algorithm.gpu_configs`` of the data-movement algorithms."""
+    return move_config(request.dtype.itemsize, request.nbytes)
+
+
+def config(plan: Plan) -> LaunchConfig:
+    return plan.config or CPU_CONFIG
+
+
+def meta(plan: Plan, **constexprs) -> dict:
+    """The constexprs and launch options every kernel of a plan takes."""
+    return dict(WORLD=plan.world, num_warps=config(plan).num_warps, **constexprs)

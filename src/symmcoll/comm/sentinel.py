@@ -1,0 +1,387 @@
+"""The sentinel (Lamport) family: barrier-free all-reduce and reduce-scatter with a sentinel in the data.
+
+Receive slots start out holding ``EMPTY`` (language/words.py), a word senders never write (``sanitize``).
+A receiver polls its slots with volatile loads until no word is EMPTY (``wait_filled``): an aligned
+4-byte word lands whole, so any other value is the sender's final value. No signal, no fence, no
+barrier, and no flag inflating the data (low_latency.py doubles it). After reading, the receiver writes
+EMPTY back into the slots it consumed.
+
+all_reduce.sentinel_one_shot
+    Every rank stores its (sanitised) input into its row of every peer's slots, then waits for every
+    peer's row and reduces all ranks in rank order (fp32; bit-identical results everywhere). Traffic:
+    (W-1) * S written per rank; latency one NVLink hop. Wins up to a few hundred KB.
+
+all_reduce.sentinel_two_shot
+    Reduce-scatter then all-gather, both by pushing: shard s of my input goes to rank s's scatter slots;
+    rank s reduces its shard and pushes the result into every peer's gather slots; every rank copies the
+    gathered shards into its output. Traffic: 2 (W-1)/W * S per rank, all remote stores. Wins from a few
+    hundred KB to tens of MB.
+
+reduce_scatter.sentinel
+    Stages 0 and 1 of the two-shot kernel (``GATHER=False``): segment s of my input goes to rank s's
+    slots, rank s reduces its segment into its output. Needs segments of whole 4-byte words (others run
+    reduce_scatter.pull, decided by the resolver).
+
+Rotating slot sets keep it graph-safe: each rank keeps a launch counter per kernel on the device
+(``launch_epoch`` / ``end_launch``) and a launch uses slot set ``epoch % PHASES``. A rank can be at most
+one launch ahead of any peer (finishing launch k+1 needs every peer's launch k+1 data, sent after that
+peer finished launch k, resets included), so a slot set is EMPTY again before anybody writes it again.
+Call descriptors travel in epoch-tagged headers at the start of each region, polled with each program's
+first block: a peer that made another call is reported and nothing is written to the output.
+
+Peer tiles: the kernels handle all peers of a block as one [PEERS, BLOCK] tile (row i = rank i): one
+store sends a block to every peer, one volatile load of every peer's row is polled with one block-wide
+reduction. Per peer the loads and polls formed a dependent chain (two-shot 92 -> 81 us at 16 MB on 4
+ranks). On 2 ranks the one-shot keeps its per-peer kernel (one peer: nothing to batch; measured faster).
+Messages above the region's row go in pieces (one launch each).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, combine, end_launch, finalize,
+                        launch_epoch, pack, padded_words, peer_ptr, post_header, reduce_rows, sanitize, unpack,
+                        wait_filled, wait_filled_rows)
+from ..launcher import launch
+from ..memory.regions import RegionSpec, declare
+from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
+from .common import chunks, config, meta
+
+PHASES: tl.constexpr = tl.constexpr(3)
+# int32 words of the int64 headers [PHASES][MAX_WORLD] at the start of each region
+HEADER_WORDS: tl.constexpr = tl.constexpr(2 * PHASES.value * MAX_WORLD.value)
+
+# Largest message per launch (CPU: small, so that the multi-piece path runs in the CPU tests too).
+MAX_BYTES = {"one_shot": {"cuda": 2 << 20, "cpu": 16 << 10},
+             "two_shot": {"cuda": 16 << 20, "cpu": 32 << 10}}
+
+
+def shard_words(n_words: int, world: int) -> int:
+    """Two-shot shard of an n-word piece: ceil(n / W) rounded up to 4 words, so every shard starts
+    16-byte aligned."""
+    return triton.cdiv(triton.cdiv(n_words, world), 4) * 4
+
+
+def row_words(kind: str, device_type: str, world: int) -> int:
+    words = MAX_BYTES[kind][device_type] // 4
+    return words if kind == "one_shot" else shard_words(words, world)
+
+
+def _region_bytes(kind: str):
+    sets = 1 if kind == "one_shot" else 2
+    return lambda g: (HEADER_WORDS.value + PHASES.value * sets * g.world_size * row_words(kind, g.device_type,
+                                                                                     g.world_size)) * 4
+
+
+_RULE = ("rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
+         "empties what it read; a set is written again only after every receiver emptied it (one launch "
+         "ahead at most)")
+ONE_SHOT_SLOTS = declare(RegionSpec("sentinel.one_shot.slots", "sentinel", _region_bytes("one_shot"), _RULE,
+                                    fill_int32=EMPTY.value))
+TWO_SHOT_SLOTS = declare(RegionSpec("sentinel.two_shot.slots", "sentinel", _region_bytes("two_shot"), _RULE,
+                                    fill_int32=EMPTY.value))
+ONE_SHOT_EPOCHS = declare(RegionSpec("sentinel.one_shot.epochs", "sentinel", lambda g: EPOCH_SLOTS.value,
+                                     "this rank's launch-epoch table (kernels only)", symmetric=False))
+TWO_SHOT_EPOCHS = declare(RegionSpec("sentinel.two_shot.epochs", "sentinel", lambda g: EPOCH_SLOTS.value,
+                                     "this rank's launch-epoch table (kernels only)", symmetric=False))
+
+# Block = int32 words per program step. From benchmarks/sweep_configs.py (benchmarks/results/
+# 2026-11-22-sweep; earlier rounds in 2026-11-21-sweep-2 and -3).
+GPU_ONE_SHOT = SizedConfigs(((128 << 10, LaunchConfig(512, 128, 4)),
+                             (256 << 10, LaunchConfig(256, 256, 4)),
+                             (1 << 40, LaunchConfig(512, 128, 4))),
+                            per_world=((2, ((64 << 10, LaunchConfig(256, 128, 4)),
+                                            (128 << 10, LaunchConfig(256, 256, 4)),
+                                            (1 << 40, LaunchConfig(128, 512, 4)))),))
+GPU_TWO_SHOT = SizedConfigs(
+    ((256 << 10, LaunchConfig(512, 132, 4)),
+     (1 << 20, LaunchConfig(512, 528, 4)),
+     (4 << 20, LaunchConfig(512, 264, 4)),
+     (1 << 40, LaunchConfig(512, 528, 4))),
+    per_world=((2, ((256 << 10, LaunchConfig(512, 132, 4)),
+                    (1 << 20, LaunchConfig(512, 264, 4)),
+                    (4 << 20, LaunchConfig(1024, 264, 4)),
+                    (1 << 40, LaunchConfig(1024, 528, 4)))),))
+# The reduce-scatter runs the two-shot kernel's first two stages over the same shards, keyed by its
+# input bytes (= the all-reduce size of the same shards). Not swept on its own yet.
+GPU_REDUCE_SCATTER = GPU_TWO_SHOT
+
+
+@triton.jit
+def _take(ptrs, mask, src, rank, budget, status_ptr, desc, headers, epoch, check, WORLD: tl.constexpr):
+    """``src``'s words from my slots at ``ptrs`` once filled; the slots are emptied for reuse."""
+    words, budget = wait_filled(ptrs, mask, EMPTY, budget, status_ptr, rank, src, desc, headers, epoch, check,
+                                WORLD)
+    tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
+    return words, budget
+
+
+@triton.jit
+def one_shot_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
+    desc, slot_ptrs_dev, epochs_ptr,
+    # this piece, as int32 words
+    x_ptr, out_ptr, n_words,
+    # ROW = slots per source row
+    WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One peer at a time (the 2-rank kernel)."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    epoch = launch_epoch(epochs_ptr)
+    phase = epoch % PHASES
+    base = HEADER_WORDS + phase * WORLD * ROW
+    lane = tl.arange(0, BLOCK)
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+    for start in range(pid * BLOCK, n_words, step):
+        offs = start + lane
+        mask = offs < n_words
+        words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
+        for r in tl.static_range(WORLD):
+            if r != rank:
+                tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * ROW + offs, words, mask=mask)
+
+    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
+    budget = max_spins
+    check = 1
+    for start in range(pid * BLOCK, n_words, step):
+        offs = start + lane
+        mask = offs < n_words
+        acc_lo = tl.zeros([BLOCK], tl.float32)
+        acc_hi = tl.zeros([BLOCK], tl.float32)
+        for src in tl.static_range(WORLD):
+            if src == rank:
+                words = sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
+            else:
+                words, budget = _take(region + base + src * ROW + offs, mask, src, rank, budget, status_ptr, desc,
+                                      headers, epoch, check, WORLD)
+                check = 0
+            lo, hi = unpack(words, FORMAT)
+            if src == 0:
+                acc_lo, acc_hi = lo, hi
+            else:
+                acc_lo, acc_hi = combine(acc_lo, lo, REDUCE_OP), combine(acc_hi, hi, REDUCE_OP)
+        if budget > 0:
+            tl.store(out_ptr + offs, sanitize(pack(finalize(acc_lo, REDUCE_OP, WORLD),
+                                                   finalize(acc_hi, REDUCE_OP, WORLD), FORMAT), FORMAT), mask=mask)
+    end_launch(epochs_ptr, epoch)
+
+
+@triton.jit
+def _peer_rows(ptrs_dev, rows, is_peer):
+    """[PEERS, 1] int32 pointers: row i -> the region of peer ``rows[i]`` (non-peer rows: my own table
+    entry 0; they are always masked off)."""
+    table = ptrs_dev.to(tl.pointer_type(tl.uint64))
+    bases = tl.load(table + tl.where(is_peer, rows, 0))
+    return tl.multiple_of(bases.to(tl.pointer_type(tl.int32)), 16)[:, None]
+
+
+@triton.jit
+def _take_rows(ptrs, mask, rows, rank, budget, status_ptr, desc, headers, epoch, check, WORLD: tl.constexpr):
+    """A [PEERS, BLOCK] tile of my slots once filled (row i from peer ``rows[i]``), emptied for reuse."""
+    words, budget = wait_filled_rows(ptrs, mask, rows, EMPTY, budget, status_ptr, rank, desc, headers, epoch,
+                                     check, WORLD)
+    tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
+    return words, budget
+
+
+@triton.jit
+def _reduce_tile(tile, own, rows, rank, WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr):
+    """Packed, sanitised op over every rank of a block: peers' words in ``tile``, mine in ``own``."""
+    lo, hi = unpack(tl.where(rows[:, None] == rank, own[None, :], tile), FORMAT)
+    valid = rows[:, None] < WORLD
+    return sanitize(pack(reduce_rows(lo, valid, REDUCE_OP, WORLD), reduce_rows(hi, valid, REDUCE_OP, WORLD), FORMAT),
+                    FORMAT)
+
+
+@triton.jit
+def one_shot_tiles_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
+    desc, slot_ptrs_dev, epochs_ptr,
+    # this piece, as int32 words
+    x_ptr, out_ptr, n_words,
+    # ROW = slots per source row; PEERS = WORLD rounded up to a power of two
+    WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+    PEERS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    epoch = launch_epoch(epochs_ptr)
+    phase = epoch % PHASES
+    base = HEADER_WORDS + phase * WORLD * ROW
+    lane = tl.arange(0, BLOCK)
+    rows = tl.arange(0, PEERS)
+    is_peer = (rows < WORLD) & (rows != rank)
+    peer_rows = _peer_rows(slot_ptrs_dev, rows, is_peer)
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+    # Push my words into my row of every peer's slots (one store per peer, all in flight together).
+    for start in range(pid * BLOCK, n_words, step):
+        offs = start + lane
+        mask = offs < n_words
+        words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
+        tl.store(peer_rows + base + rank * ROW + offs[None, :], tl.broadcast_to(words[None, :], (PEERS, BLOCK)),
+                 mask=is_peer[:, None] & mask[None, :])
+
+    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
+    budget = max_spins
+    check = 1
+    for start in range(pid * BLOCK, n_words, step):
+        offs = start + lane
+        mask = offs < n_words
+        tile, budget = _take_rows(region + base + rows[:, None] * ROW + offs[None, :], is_peer[:, None] & mask[None, :],
+                                  rows, rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+        check = 0
+        own = sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
+        if budget > 0:
+            tl.store(out_ptr + offs, _reduce_tile(tile, own, rows, rank, WORLD, REDUCE_OP, FORMAT), mask=mask)
+    end_launch(epochs_ptr, epoch)
+
+
+@triton.jit
+def two_shot_tiles_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
+    desc, slot_ptrs_dev, epochs_ptr,
+    # this piece, as int32 words: shard s of x = x[s * x_stride :][:shard_words], valid below n_words
+    x_ptr, out_ptr, n_words, shard_words, x_stride,
+    # ROW = slots per source row (>= shard_words); GATHER: all-reduce (out shaped like x) rather than
+    # reduce-scatter (out = my reduced shard); PEERS = WORLD rounded up to a power of 2
+    WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+    GATHER: tl.constexpr, PEERS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = launch_epoch(epochs_ptr)
+    phase = epoch % PHASES
+    scatter_base = HEADER_WORDS + phase * 2 * WORLD * ROW
+    gather_base = scatter_base + WORLD * ROW
+    blocks = tl.cdiv(shard_words, BLOCK)
+    lane = tl.arange(0, BLOCK)
+    rows = tl.arange(0, PEERS)
+    is_peer = (rows < WORLD) & (rows != rank)
+    peer_rows = _peer_rows(slot_ptrs_dev, rows, is_peer)
+    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+
+    # Stage 0: shard s of my input -> my row of rank s's scatter slots, every s at once.
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        offs = rows[:, None] * x_stride + in_shard[None, :]
+        mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
+        words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
+        tl.store(peer_rows + scatter_base + rank * ROW + in_shard[None, :], words, mask=mask)
+
+    # Stage 1: reduce my shard; keep it and push it into my row of every peer's gather slots.
+    budget = max_spins
+    check = 1
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        offs = rank * x_stride + in_shard
+        mask = (in_shard < shard_words) & (offs < n_words)
+        tile_mask = is_peer[:, None] & mask[None, :]
+        tile, budget = _take_rows(region + scatter_base + rows[:, None] * ROW + in_shard[None, :], tile_mask, rows,
+                                  rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+        check = 0
+        words = _reduce_tile(tile, sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT), rows, rank, WORLD,
+                             REDUCE_OP, FORMAT)
+        if budget > 0:
+            if GATHER:
+                tl.store(out_ptr + offs, words, mask=mask)
+                tl.store(peer_rows + gather_base + rank * ROW + in_shard[None, :],
+                         tl.broadcast_to(words[None, :], (PEERS, BLOCK)), mask=tile_mask)
+            else:
+                tl.store(out_ptr + in_shard, words, mask=mask)
+
+    # Stage 2: every other shard from my gather slots into my output.
+    if GATHER:
+        for b in range(pid, blocks, nprog):
+            in_shard = b * BLOCK + lane
+            offs = rows[:, None] * x_stride + in_shard[None, :]
+            mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
+            tile, budget = _take_rows(region + gather_base + rows[:, None] * ROW + in_shard[None, :], mask, rows, rank,
+                                      budget, status_ptr, desc, headers, epoch, 0, WORLD)
+            if budget > 0:
+                tl.store(out_ptr + offs, tile, mask=mask)
+    end_launch(epochs_ptr, epoch)
+
+
+def _one_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    ws, cfg, world = plan.ws, config(plan), plan.world
+    region, epochs = ws.region(ONE_SHOT_SLOTS.name), ws.local_state(ONE_SHOT_EPOCHS.name)
+    row = row_words("one_shot", ws.device.type, world)
+    flat, padded = padded_words(x)
+    result = torch.empty_like(flat) if padded else out.reshape(-1)
+    src, dst = flat.view(torch.int32), result.view(torch.int32)
+    kernel, extra = (one_shot_kernel, {}) if world == 2 else (one_shot_tiles_kernel,
+                                                              {"PEERS": triton.next_power_of_2(world)})
+    for start, n in chunks(src.numel(), row):
+        launch(kernel, cfg.grid(triton.cdiv(n, cfg.block)),
+               (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, src[start:], dst[start:], n),
+               meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[x.dtype], ROW=row, BLOCK=cfg.block,
+                    **extra))
+    if padded:
+        out.reshape(-1).copy_(result[:-1])
+    return out
+
+
+def _launch_two_shot(plan: Plan, x_words, out_words, n_words: int, shard: int, stride: int, gather: bool) -> None:
+    ws, cfg, world = plan.ws, config(plan), plan.world
+    region, epochs = ws.region(TWO_SHOT_SLOTS.name), ws.local_state(TWO_SHOT_EPOCHS.name)
+    launch(two_shot_tiles_kernel, cfg.grid(triton.cdiv(shard, cfg.block)),
+           (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, x_words, out_words, n_words, shard, stride),
+           meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[plan.request.dtype],
+                ROW=row_words("two_shot", ws.device.type, world), BLOCK=cfg.block, GATHER=gather,
+                PEERS=triton.next_power_of_2(world)))
+
+
+def _two_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    flat, padded = padded_words(x)
+    result = torch.empty_like(flat) if padded else out.reshape(-1)
+    src, dst = flat.view(torch.int32), result.view(torch.int32)
+    for start, n in chunks(src.numel(), MAX_BYTES["two_shot"][plan.ws.device.type] // 4):
+        shard = shard_words(n, plan.world)
+        _launch_two_shot(plan, src[start:], dst[start:], n, shard, shard, gather=True)
+    if padded:
+        out.reshape(-1).copy_(result[:-1])
+    return out
+
+
+def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    x_words, out_words = x.reshape(-1).view(torch.int32), out.reshape(-1).view(torch.int32)
+    segment = out_words.numel()
+    for start, n in chunks(segment, row_words("two_shot", plan.ws.device.type, plan.world)):
+        _launch_two_shot(plan, x_words[start:], out_words[start:], (plan.world - 1) * segment + n, n, segment,
+                         gather=False)
+    return out
+
+
+def _whole_words(request, world: int) -> str | None:
+    reason = reduction_dtype_reason(request, world)
+    if reason is None and (request.nbytes // world) % 4:
+        reason = f"segments of {request.nbytes // world} bytes are not whole 4-byte words"
+    return reason
+
+
+register(Algorithm("all_reduce", "sentinel_one_shot", 5, "sentinel", _one_shot,
+                   "barrier-free one-shot: data pushed to every peer, polled for a sentinel", GPU_ONE_SHOT,
+                   accepts=reduction_dtype_reason))
+register(Algorithm("all_reduce", "sentinel_two_shot", 6, "sentinel", _two_shot,
+                   "barrier-free two-shot: push reduce-scatter, push all-gather", GPU_TWO_SHOT,
+                   accepts=reduction_dtype_reason))
+register(Algorithm("reduce_scatter", "sentinel", 21, "sentinel", _reduce_scatter,
+                   "barrier-free push reduce-scatter (the two-shot's first half)", GPU_REDUCE_SCATTER,
+                   accepts=_whole_words, instead="pull"))

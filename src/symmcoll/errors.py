@@ -1,0 +1,50 @@
+"""What symmcoll raises. Every failure of a collective names the op, this rank and the peer(s) involved."""
+
+from __future__ import annotations
+
+from .calls import algorithm_name, differing_fields
+
+_RESET = ("The workspace is now inconsistent: call symmcoll.reset() on every rank before the next "
+          "collective.")
+
+
+class SymmcollError(RuntimeError):
+    """Base class of symmcoll's runtime errors (also raised for calls made before initialisation)."""
+
+
+class SymmcollTimeoutError(SymmcollError):
+    """A wait for a peer gave up after SYMMCOLL_TIMEOUT_S: the peer never arrived."""
+
+    def __init__(self, op: str, rank: int, peers, detail: str = ""):
+        peers = [peers] if isinstance(peers, int) else list(peers)
+        self.op, self.rank, self.peers = op, rank, peers
+        self.peer = peers[0] if peers else -1
+        who = f"rank {peers[0]}" if len(peers) == 1 else f"ranks {peers}"
+        super().__init__(
+            f"symmcoll: {op} on rank {rank} timed out waiting for {who}{' ' + detail if detail else ''} "
+            f"(did {who} call {op}? If it did, its own error names the rank it waited for). {_RESET}")
+
+
+class SymmcollMismatchError(SymmcollError):
+    """Ranks made different calls (op, algorithm, dtype, size, reduce op or root differ)."""
+
+    def __init__(self, op: str, rank: int, peer: int, fields: list[str]):
+        self.op, self.rank, self.peer, self.fields = op, rank, peer, list(fields)
+        super().__init__(
+            f"symmcoll: {op} on rank {rank}: rank {peer} made a different call: {', '.join(fields) or 'call'} "
+            f"differ between ranks {min(rank, peer)} and {max(rank, peer)}. Every rank must make the same "
+            f"sequence of calls with the same op, algorithm, dtype, shape, reduce op and src. {_RESET}")
+
+
+def error_from_record(record: list[int], announced: int) -> SymmcollError:
+    """The exception for a kernel's error record [flag, kind, rank, peer, desc, peer desc, ...];
+    ``announced`` is the descriptor the peer last announced to this rank (0 if none)."""
+    _, kind, rank, peer, desc, peer_desc = record[:6]
+    op = algorithm_name(desc)
+    if kind == 2:
+        return SymmcollMismatchError(op, rank, peer, differing_fields(desc, peer_desc))
+    if announced and announced != desc:
+        fields = differing_fields(desc, announced)
+        return SymmcollMismatchError(op, rank, peer, [f"(timed out; rank {peer}'s last call here was "
+                                                      f"{algorithm_name(announced)}) " + ", ".join(fields)])
+    return SymmcollTimeoutError(op, rank, peer)

@@ -1,0 +1,109 @@
+"""Block helpers every kernel shares: copies, reductions in fp32, and narrowing that rounds the same
+way on every machine.
+
+``narrow`` converts fp32 to a kernel's element type. On the GPU ``.to(tl.bfloat16)`` rounds to
+nearest-even; triton 3.6's interpreter truncates instead, so under ``TRITON_INTERPRET=1`` bf16 is
+rounded with integer operations on the fp32 bits (the same result, bit for bit). fp16 and fp32 need
+no help (the interpreter uses numpy's rounding conversions).
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+# Reduction ops as kernel constexprs (REDUCE_OP).
+OP_SUM, OP_AVG, OP_MAX, OP_MIN = 0, 1, 2, 3
+REDUCE_OPS = {"sum": OP_SUM, "avg": OP_AVG, "max": OP_MAX, "min": OP_MIN}
+
+INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _bf16_round_bits(values):
+    """fp32 -> bf16 by integer arithmetic: round to nearest, ties to even; NaN stays NaN."""
+    bits = values.to(tl.int32, bitcast=True)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    high = tl.where(values != values, 0x7FC0, (rounded >> 16) & 0xFFFF)
+    return high.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def narrow(values, ELEM: tl.constexpr):
+    """``values`` (fp32) as ``ELEM``, rounded to nearest-even on GPU and CPU alike."""
+    if INTERPRETED and ELEM == tl.bfloat16:
+        return _bf16_round_bits(values)
+    else:
+        return values.to(ELEM)
+
+
+@triton.jit
+def combine(acc, value, OP: tl.constexpr):
+    """Fold ``value`` (fp32) into ``acc`` (fp32) for sum/avg/max/min."""
+    if OP == 2:
+        return tl.maximum(acc, value)
+    elif OP == 3:
+        return tl.minimum(acc, value)
+    else:
+        return acc + value
+
+
+@triton.jit
+def finalize(acc, OP: tl.constexpr, WORLD: tl.constexpr):
+    if OP == 1:
+        return acc / WORLD
+    else:
+        return acc
+
+
+@triton.jit
+def reduce_rows(values, valid, OP: tl.constexpr, WORLD: tl.constexpr):
+    """op over the valid rows of a [PEERS, BLOCK] fp32 tile (the same order on every rank)."""
+    if OP == 2:
+        acc = tl.max(tl.where(valid, values, float("-inf")), axis=0)
+    elif OP == 3:
+        acc = tl.min(tl.where(valid, values, float("inf")), axis=0)
+    else:
+        acc = tl.sum(tl.where(valid, values, 0.0), axis=0)
+    return finalize(acc, OP, WORLD)
+
+
+@triton.jit
+def move_block(src, dst, offs, mask):
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def copy_blocks(src, dst, n, BLOCK: tl.constexpr):
+    """Copy ``n`` elements src -> dst; this program takes blocks pid, pid + P, ... (P programs).
+    Whole blocks go unmasked (16-byte vector accesses where aligned); only the tail is masked."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    lane = tl.arange(0, BLOCK)
+    for start in range(pid * BLOCK, n, step):
+        offs = start + lane
+        if start + BLOCK <= n:
+            move_block(src, dst, offs, tl.full([BLOCK], 1, tl.int1))
+        else:
+            move_block(src, dst, offs, offs < n)
+
+
+@triton.jit
+def _tee(src, dst_a, dst_b, offs, mask):
+    v = tl.load(src + offs, mask=mask)
+    tl.store(dst_a + offs, v, mask=mask)
+    tl.store(dst_b + offs, v, mask=mask)
+
+
+@triton.jit
+def tee_blocks(src, dst_a, dst_b, n, BLOCK: tl.constexpr):
+    """Copy ``n`` elements src -> dst_a and src -> dst_b in one pass; blocks split as copy_blocks."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    lane = tl.arange(0, BLOCK)
+    for start in range(pid * BLOCK, n, step):
+        offs = start + lane
+        if start + BLOCK <= n:
+            _tee(src, dst_a, dst_b, offs, tl.full([BLOCK], 1, tl.int1))
+        else:
+            _tee(src, dst_a, dst_b, offs, offs < n)

@@ -1,0 +1,81 @@
+"""The one way symmcoll launches a Triton kernel: ``launch(kernel, grid, args, meta)``.
+
+* CPU (``TRITON_INTERPRET=1``): the interpreter runs ``kernel[grid](*args, **meta)``.
+* GPU: the first launch of a (kernel, meta, argument specialisation) goes through Triton's JIT, which
+  compiles and returns the compiled kernel; later launches call its launcher directly with the current
+  stream, skipping Triton's per-call binding and cache lookup (the bulk of its host overhead). The key
+  mirrors Triton's own specialisation: per pointer argument whether it is 16-byte aligned, per integer
+  argument whether it is 1 or a multiple of 16 and whether it needs 64 bits.
+* Recording (``recording()``): nothing runs; every launch is appended to a list, with its arguments.
+  The compile checks (tests/test_compile.py) build each algorithm's launches this way, on meta
+  tensors, and compile exactly what the library launches.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .language import INTERPRETED
+
+
+@dataclass(frozen=True)
+class Recorded:
+    kernel: object
+    grid: tuple
+    args: tuple
+    meta: dict
+
+
+_RECORDING: list | None = None
+_COMPILED: dict = {}
+# Launches per kernel name in this process (tests use it to prove that chunked paths ran).
+LAUNCH_COUNTS: collections.Counter = collections.Counter()
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the launches made inside the block instead of running them."""
+    global _RECORDING
+    saved, _RECORDING = _RECORDING, []
+    try:
+        yield _RECORDING
+    finally:
+        _RECORDING = saved
+
+
+def _spec(arg) -> object:
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    if isinstance(arg, bool) or not isinstance(arg, int):
+        return type(arg)
+    return (arg == 1, arg % 16 == 0, -(2 ** 31) <= arg < 2 ** 31)
+
+
+def launch(kernel, grid: tuple, args: tuple, meta: dict) -> None:
+    """Launch ``kernel`` over ``grid`` with positional ``args`` and constexpr/option ``meta``."""
+    if _RECORDING is not None:
+        _RECORDING.append(Recorded(kernel, tuple(grid), tuple(args), dict(meta)))
+        return
+    LAUNCH_COUNTS[kernel.__name__] += 1
+    if INTERPRETED:
+        kernel[grid](*args, **meta)
+        return
+    key = (kernel, tuple(sorted(meta.items())), tuple(_spec(a) for a in args))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = kernel[grid](*args, **meta)
+        if hasattr(compiled, "result"):
+            compiled = compiled.result()
+        _COMPILED[key] = compiled
+        return
+    # Positional constexprs follow the runtime arguments in the kernel's signature: the launcher
+    # takes every parameter in order (and ignores the constexpr ones).
+    values = list(args) + [meta[p.name] if p.name in meta else p.default for p in kernel.params[len(args):]]
+    stream = torch.cuda.current_stream().cuda_stream
+    g = tuple(grid) + (1, 1)
+    compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
+                  *values)

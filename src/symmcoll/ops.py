@@ -1,0 +1,152 @@
+"""symmcoll's collectives as ``torch.ops.symmcoll.*`` custom ops, so torch.compile and CUDA graphs take them.
+
+Every op is functional (returns a new tensor, like ``torch.distributed._functional_collectives``) except
+``all_reduce_``, which writes its result into its input. Each has a fake implementation (shapes only),
+so Dynamo never traces symmcoll's Python or Triton code: a model calling ``symmcoll.all_reduce`` compiles
+with ``fullgraph=True``. Groups travel by name (``group.group_name``), as in torch's functional
+collectives.
+
+    torch.ops.symmcoll.all_reduce(x, group_name, reduce_op, algorithm) -> Tensor
+    torch.ops.symmcoll.all_reduce_(x, group_name, reduce_op, algorithm) -> ()        (in place)
+    torch.ops.symmcoll.reduce_scatter(x, group_name, reduce_op, algorithm) -> Tensor
+    torch.ops.symmcoll.all_gather(x, group_name, algorithm) -> Tensor
+    torch.ops.symmcoll.all_to_all(x, group_name, splits: int[]?, algorithm) -> Tensor
+    torch.ops.symmcoll.broadcast(x, src, group_name, algorithm) -> Tensor
+
+The ops are defined with ``torch.library.Library`` (not ``custom_op``) and without an autograd kernel:
+a ``custom_op`` call costs about 4x more host time, and a registered autograd kernel runs Python on
+every call, grad or not. Gradients come from ``symmcoll.autograd`` (the public functions use it only
+when ``x.requires_grad``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import plan
+
+_LIB = torch.library.Library("symmcoll", "DEF")
+_GROUPS: dict[str, object] = {}
+
+
+def group_name(group) -> str:
+    """The name an op takes for ``group`` (None: the default group)."""
+    if group is None:
+        if not dist.is_initialized():
+            from .errors import SymmcollError
+            raise SymmcollError("symmcoll: torch.distributed is not initialized (call "
+                                "torch.distributed.init_process_group, run under torchrun, or use symmcoll.launch)")
+        group = dist.group.WORLD
+    return group.group_name
+
+
+def resolve_group(name: str):
+    group = _GROUPS.get(name)
+    if group is None:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        group = _GROUPS[name] = _resolve_process_group(name)
+    return group
+
+
+def _forget_groups() -> None:
+    _GROUPS.clear()
+
+
+def _world(name: str) -> int:
+    return dist.get_world_size(resolve_group(name))
+
+
+# ---- implementations (real tensors) -------------------------------------------------------------------
+
+def all_reduce_impl(x, group_name: str, reduce_op: str, algorithm: str):
+    return plan.resolve("all_reduce", x, resolve_group(group_name), algorithm, reduce_op=reduce_op).execute(x)
+
+
+def all_reduce_inplace_impl(x, group_name: str, reduce_op: str, algorithm: str) -> None:
+    p = plan.resolve("all_reduce", x, resolve_group(group_name), algorithm, reduce_op=reduce_op)
+    if p.kind == "kernel" and p.algorithm.family != "backend":
+        p.execute(x, x)  # every all-reduce kernel reads a block of x before it writes that block of out
+    else:
+        x.copy_(p.execute(x))
+
+
+def reduce_scatter_impl(x, group_name: str, reduce_op: str, algorithm: str):
+    return plan.resolve("reduce_scatter", x, resolve_group(group_name), algorithm, reduce_op=reduce_op).execute(x)
+
+
+def all_gather_impl(x, group_name: str, algorithm: str):
+    return plan.resolve("all_gather", x, resolve_group(group_name), algorithm).execute(x)
+
+
+def all_to_all_impl(x, group_name: str, splits, algorithm: str):
+    return plan.resolve("all_to_all", x, resolve_group(group_name), algorithm,
+                        splits=None if splits is None else tuple(splits)).execute(x)
+
+
+def broadcast_impl(x, src: int, group_name: str, algorithm: str):
+    return plan.resolve("broadcast", x, resolve_group(group_name), algorithm, src=src).execute(x)
+
+
+# ---- fake implementations (shapes only) ---------------------------------------------------------------
+
+def _all_reduce_fake(x, group_name, reduce_op, algorithm):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _all_reduce_inplace_fake(x, group_name, reduce_op, algorithm):
+    return None
+
+
+def _reduce_scatter_fake(x, group_name, reduce_op, algorithm):
+    world = _world(group_name)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension to be split along dim 0 (got a 0-dim tensor)")
+    torch._check(x.shape[0] % world == 0,
+                 lambda: f"x.shape[0] must be divisible by the world size {world}: x has shape {tuple(x.shape)}")
+    return x.new_empty((x.shape[0] // world, *x.shape[1:]))
+
+
+def _all_gather_fake(x, group_name, algorithm):
+    rows = x.shape if x.dim() else (1,)
+    return x.new_empty((_world(group_name) * rows[0], *rows[1:]))
+
+
+def _all_to_all_fake(x, group_name, splits, algorithm):
+    if splits is None:
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    rows = torch.library.get_ctx().new_dynamic_size()  # what the peers send: known only at run time
+    return x.new_empty((rows, *x.shape[1:]))
+
+
+def _broadcast_fake(x, src, group_name, algorithm):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+_SCHEMAS = {
+    "all_reduce": ("(Tensor x, str group_name, str reduce_op, str algorithm) -> Tensor", all_reduce_impl,
+                   _all_reduce_fake),
+    "all_reduce_": ("(Tensor(a!) x, str group_name, str reduce_op, str algorithm) -> ()", all_reduce_inplace_impl,
+                    _all_reduce_inplace_fake),
+    "reduce_scatter": ("(Tensor x, str group_name, str reduce_op, str algorithm) -> Tensor", reduce_scatter_impl,
+                       _reduce_scatter_fake),
+    "all_gather": ("(Tensor x, str group_name, str algorithm) -> Tensor", all_gather_impl, _all_gather_fake),
+    "all_to_all": ("(Tensor x, str group_name, int[]? splits, str algorithm) -> Tensor", all_to_all_impl,
+                   _all_to_all_fake),
+    "broadcast": ("(Tensor x, int src, str group_name, str algorithm) -> Tensor", broadcast_impl, _broadcast_fake),
+}
+
+for _name, (_schema, _impl, _fake) in _SCHEMAS.items():
+    _LIB.define(_name + _schema)
+    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"symmcoll::{_name}", _fake, lib=_LIB)
+
+
+def is_plain(x) -> bool:
+    """A real tensor outside any tracing: the public functions may call the implementation directly
+    (skipping the dispatcher's few microseconds); anything else (FakeTensor, functional tensors,
+    Dynamo) goes through the op."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+__all__ = ["group_name", "resolve_group", "is_plain"]

@@ -1,0 +1,386 @@
+"""One decision per call: the algorithm registry, and the resolver that turns a call into a ``Plan``.
+
+Every algorithm is registered once (``register``) with what it accepts and its launch configs. Every
+call, whatever ``algorithm=`` says, goes through ``resolve``: it validates the input (errors name the
+argument), decides what runs -- the dispatcher's table for ``"auto"``, the named algorithm, a
+substitute where the named one cannot take this input, the process group's own collective
+(``"nccl"``: NCCL on GPU, gloo on CPU) where no kernel can, or a local copy on a group of one -- and
+returns a ``Plan``: the algorithm, the workspace, the launch config, the call descriptor the ranks
+compare inside the kernel, and the output shape. Plans are cached per (op, algorithm, group, dtype,
+shape, device, reduce op, src, splits); a cached call does no Python work beyond a dictionary lookup,
+a contiguity check and the launches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from . import calls, dispatch, memory
+from .errors import SymmcollError
+from .language.blocks import REDUCE_OPS
+from .memory.layout import MAX_PROGRAMS, MAX_WORLD
+
+log = logging.getLogger("symmcoll")
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
+REDUCTIONS = ("all_reduce", "reduce_scatter")
+REDUCTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BACKEND = dispatch.FALLBACK  # "nccl": the process group's own collective
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a kernel is launched: elements per block step, the most programs, warps per program."""
+
+    block: int
+    max_programs: int
+    num_warps: int
+
+    def __post_init__(self):
+        if self.block < 1 or self.block & (self.block - 1):
+            raise ValueError(f"block must be a power of two, got {self.block}")
+        if not 1 <= self.max_programs <= MAX_PROGRAMS:
+            raise ValueError(f"max_programs must be in [1, {MAX_PROGRAMS}], got {self.max_programs}")
+
+    def grid(self, work_items: int) -> tuple[int]:
+        """Programs for ``work_items`` blocks of work (at least one, at most ``max_programs``)."""
+        return (max(1, min(self.max_programs, work_items)),)
+
+
+@dataclass(frozen=True)
+class SizedConfigs:
+    """GPU launch configs by bytes: ``(max_bytes, config)`` ascending, the last one holding beyond;
+    ``per_world`` overrides the table for particular world sizes. From measurements
+    (benchmarks/sweep_configs.py on the GPU machine)."""
+
+    table: tuple[tuple[int, LaunchConfig], ...]
+    per_world: tuple[tuple[int, tuple[tuple[int, LaunchConfig], ...]], ...] = ()
+
+    def pick(self, nbytes: int, world: int | None = None) -> LaunchConfig:
+        table = dict(self.per_world).get(world, self.table)
+        for max_bytes, config in table:
+            if nbytes <= max_bytes:
+                return config
+        return table[-1][1]
+
+    @property
+    def largest(self) -> LaunchConfig:
+        return self.table[-1][1]
+
+
+# On CPU every program instance costs ~0.7 ms of interpreter overhead: few programs, big blocks.
+CPU_CONFIG = LaunchConfig(block=16384, max_programs=4, num_warps=4)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a call asks for: everything every rank must agree on."""
+
+    op: str
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+    reduce_op: str | None = None
+    src: int | None = None
+    splits: tuple | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered implementation of one op.
+
+    run(plan, x, out) -> out: the host launcher (out may be None where the output shape depends on
+    the peers). accepts(request, world) -> None or the reason it cannot run this input; instead: what
+    runs in its place then (another algorithm of the op, or "nccl"; None: the call raises ValueError).
+    config_bytes(request, world): the bytes that pick the GPU launch config (default: input bytes).
+    """
+
+    op: str
+    name: str
+    code: int
+    family: str
+    run: Callable
+    summary: str
+    gpu_configs: SizedConfigs | Callable | None = None
+    accepts: Callable | None = None
+    instead: str | None = None
+    config_bytes: Callable | None = None
+
+
+_REGISTRY: dict[str, dict[str, Algorithm]] = {op: {} for op in OPS}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    if algorithm.op not in _REGISTRY:
+        _REGISTRY[algorithm.op] = {}
+    if algorithm.code in calls.CODES and calls.CODES[algorithm.code] != f"{algorithm.op}.{algorithm.name}":
+        raise ValueError(f"algorithm code {algorithm.code} of {algorithm.op}.{algorithm.name} is taken by "
+                         f"{calls.CODES[algorithm.code]}")
+    calls.CODES[algorithm.code] = f"{algorithm.op}.{algorithm.name}"
+    _REGISTRY[algorithm.op][algorithm.name] = algorithm
+    return algorithm
+
+
+def algorithms(op: str, *, kernels_only: bool = True) -> dict[str, Algorithm]:
+    """The registered algorithms of ``op`` by name (without the process group's own, "nccl")."""
+    table = _REGISTRY.get(op, {})
+    return {n: a for n, a in table.items() if not (kernels_only and n == BACKEND)}
+
+
+def reduction_dtype_reason(request: Request, world: int) -> str | None:
+    if request.dtype not in REDUCTION_DTYPES:
+        return (f"x.dtype {request.dtype} is not supported for reductions (supported: bf16, fp16, fp32; "
+                f"algorithm='auto' or 'nccl' sends it to the process group)")
+    return None
+
+
+def word_dtype_reason(request: Request, world: int) -> str | None:
+    if request.dtype.itemsize not in WORD_DTYPES:
+        return f"x.dtype {request.dtype} (itemsize {request.dtype.itemsize}) has no word type"
+    return None
+
+
+@dataclass
+class Plan:
+    """A resolved call. ``kind``: "kernel" (``algorithm`` runs over ``ws``), "backend" (the process
+    group's collective) or "local" (a group of one: a copy)."""
+
+    request: Request
+    kind: str
+    algorithm: Algorithm | None
+    group: object
+    world: int
+    rank: int
+    ws: memory.Workspace | None
+    config: LaunchConfig | None
+    desc: int
+    out_shape: tuple | None
+    cache: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.algorithm.name if self.algorithm is not None else self.kind
+
+    @property
+    def reduce_code(self) -> int:
+        return REDUCE_OPS[self.request.reduce_op or "sum"]
+
+    def execute(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the call on ``x`` (contiguous, as resolved) into ``out`` (allocated here if None)."""
+        if out is None and self.out_shape is not None:
+            out = torch.empty(self.out_shape, dtype=x.dtype, device=x.device)
+        if self.kind == "local":
+            return _local(self, x, out)
+        ws = self.ws
+        if ws is not None:
+            ws.check()  # GPU: failures of earlier calls surface here (reading pinned memory, no sync)
+        out = self.algorithm.run(self, x, out)
+        if ws is not None and ws.device.type == "cpu":
+            ws.check()  # CPU: the kernels already ran
+        return out
+
+
+_PLANS: dict[tuple, Plan] = {}
+_MAX_PLANS = 4096
+
+
+def clear_cache() -> None:
+    _PLANS.clear()
+
+
+memory.on_reset(clear_cache)
+
+
+def check_tensor(x, name: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} is on {x.device}: symmcoll runs on cuda tensors (and on cpu tensors "
+                         f"under TRITON_INTERPRET=1 with a gloo group)")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got shape {tuple(x.shape)}, strides {tuple(x.stride())})")
+
+
+def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, reduce_op: str | None = None,
+            src: int | None = None, splits=None, config: LaunchConfig | None = None) -> Plan:
+    """The plan for this call (cached). Raises ValueError naming the argument for bad input."""
+    check_tensor(x)
+    if isinstance(splits, list):
+        splits = tuple(splits)
+    key = (op, algorithm, group, x.dtype, x.shape, x.device, reduce_op, src, splits, config)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: validated (and rejected) below
+        plan, key = None, None
+    if plan is not None:
+        return plan
+    plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config)
+    if key is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _group_and_world(group):
+    group = memory.default_group(group)
+    return group, dist.get_world_size(group), dist.get_rank(group)
+
+
+def _resolve(op, x, group, algorithm, reduce_op, src, splits, config) -> Plan:
+    if op not in _REGISTRY:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if not isinstance(algorithm, str):
+        raise ValueError(f"algorithm must be a string ('auto', {BACKEND!r} or one of "
+                         f"{sorted(algorithms(op))}), got {type(algorithm).__name__}")
+    table = _REGISTRY[op]
+    if algorithm not in ("auto", BACKEND) and algorithm not in table:
+        raise ValueError(f"algorithm must be 'auto', {BACKEND!r} or one of {sorted(algorithms(op))}, "
+                         f"got {algorithm!r}")
+    if op in REDUCTIONS:
+        reduce_op = reduce_op or "sum"
+        if reduce_op not in REDUCE_OPS:
+            raise ValueError(f"op must be one of {sorted(REDUCE_OPS)}, got {reduce_op!r}")
+    group, world, rank = _group_and_world(group)
+    if op == "broadcast":
+        try:
+            src = operator.index(src)
+        except TypeError:
+            raise ValueError(f"src must be an int (a rank of the group), got {type(src).__name__}") from None
+        if not 0 <= src < world:
+            raise ValueError(f"src must be a group rank in [0, {world}), got {src}")
+    request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits)
+    out_shape, size_key = _shape_rules(request, world)
+    if world == 1 or (out_shape is not None and math.prod(out_shape) == 0) or x.numel() == 0 and op != "all_to_all":
+        return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
+    name = _choose(request, world, algorithm)
+    chosen = table[name]
+    ws = None if name == BACKEND else memory.get_workspace(group, x.device)
+    if ws is not None and ws.device.type != x.device.type:
+        raise ValueError(f"x is on {x.device}, expected a {ws.device.type} tensor")
+    cfg = config
+    if cfg is None and name != BACKEND:
+        if x.device.type == "cpu":
+            cfg = CPU_CONFIG
+        elif callable(chosen.gpu_configs):
+            cfg = chosen.gpu_configs(request, world)
+        elif chosen.gpu_configs is not None:
+            nbytes = chosen.config_bytes(request, world) if chosen.config_bytes else request.nbytes
+            cfg = chosen.gpu_configs.pick(nbytes, world)
+    desc = calls.encode(chosen.code, request.dtype, reduce_op, src, size_key)
+    log.debug("%s of %s %s on %d ranks: %s", op, x.dtype, tuple(x.shape), world, name)
+    return Plan(request, "kernel", chosen, group, world, rank, ws, cfg, desc, out_shape)
+
+
+def _shape_rules(request: Request, world: int) -> tuple[tuple | None, int]:
+    """(output shape or None if it depends on the peers, the size key of the call descriptor)."""
+    op, shape = request.op, request.shape
+    if op == "all_reduce" or op == "broadcast":
+        return shape, request.nbytes
+    if op == "reduce_scatter":
+        if len(shape) == 0:
+            raise ValueError("x must have at least one dimension to be split along dim 0 (got a 0-dim tensor)")
+        if shape[0] % world:
+            raise ValueError(f"x.shape[0] must be divisible by the world size: x has shape {shape}, world "
+                             f"size {world}, so the output shape ({shape[0]}/{world}, ...) is not whole")
+        return (shape[0] // world, *shape[1:]), request.nbytes
+    if op == "all_gather":
+        rows = shape if shape else (1,)
+        return (world * rows[0], *rows[1:]), request.nbytes
+    if op == "all_to_all":
+        if len(shape) == 0:
+            raise ValueError("x must have at least one dimension (rows are exchanged along dim 0), got a "
+                             "0-dim tensor")
+        row_bytes = math.prod(shape[1:]) * request.dtype.itemsize
+        if request.splits is None:
+            if shape[0] % world:
+                raise ValueError(f"x.shape[0] must be divisible by the world size for equal splits: x has "
+                                 f"shape {shape}, world size {world} (or pass splits=)")
+            return shape, request.nbytes
+        _check_splits(request.splits, shape[0], world)
+        return None, row_bytes | 1 << 40
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _check_splits(splits, rows: int, world: int) -> None:
+    try:
+        values = [operator.index(s) for s in splits]
+    except TypeError:
+        raise ValueError(f"splits must be a list of {world} ints (rows sent to each rank), got {splits!r}") from None
+    if len(values) != world:
+        raise ValueError(f"splits must have one entry per rank ({world}), got {len(values)}: {values}")
+    if min(values) < 0:
+        raise ValueError(f"splits must be >= 0, got {values}")
+    if sum(values) != rows:
+        raise ValueError(f"splits must sum to x.shape[0] = {rows}, got {values} (sum {sum(values)})")
+
+
+def _choose(request: Request, world: int, algorithm: str) -> str:
+    """The one place that decides what runs."""
+    table = _REGISTRY[request.op]
+    if algorithm == BACKEND:
+        return BACKEND
+    if world > MAX_WORLD:
+        if algorithm != "auto":
+            raise ValueError(f"algorithm={algorithm!r}: symmcoll's kernels support up to {MAX_WORLD} ranks, "
+                             f"this group has {world} (use 'auto' or {BACKEND!r})")
+        return BACKEND
+    explicit = algorithm != "auto"
+    if explicit:
+        name = algorithm
+    else:
+        name = dispatch.choose(request.op, world, request.dtype, _dispatch_bytes(request, world))
+        if name not in table:
+            name = default_algorithm(request.op)
+    seen = []
+    while name != BACKEND:
+        chosen = table[name]
+        reason = chosen.accepts(request, world) if chosen.accepts else None
+        if reason is None:
+            return name
+        seen.append(name)
+        if explicit and chosen.instead is None:
+            raise ValueError(f"algorithm={algorithm!r}: {reason}")
+        substitute = chosen.instead or BACKEND
+        if substitute in seen:
+            raise SymmcollError(f"no algorithm of {request.op} accepts this input ({reason})")
+        log.debug("%s.%s cannot run this input (%s): %s instead", request.op, name, reason, substitute)
+        name = substitute
+    return BACKEND
+
+
+def _dispatch_bytes(request: Request, world: int) -> int:
+    # Tables are keyed as `symmcoll bench` reports sizes: output bytes per rank for reduce_scatter.
+    return request.nbytes // world if request.op == "reduce_scatter" else request.nbytes
+
+
+def default_algorithm(op: str) -> str:
+    """What "auto" runs where the table has no rule (no table, or a name this build lacks)."""
+    return {"all_reduce": "two_shot"}.get(op, "pull")
+
+
+def _local(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """A group of one, or nothing to move: the result is the input (reshaped)."""
+    request = plan.request
+    if request.op == "all_to_all" and out is None:
+        out = x.clone()
+        return out
+    if out is not None and out.numel():
+        out.copy_(x.reshape(out.shape))
+    return out

@@ -1,0 +1,235 @@
+"""What the compile checks compile: every kernel launch the library makes, recorded (not run) on meta
+tensors for every registered algorithm at several world sizes, dtypes and sizes, and every
+``@triton.jit`` kernel of the package found by walking it."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from dataclasses import dataclass, field
+
+import torch
+import triton
+
+import symmcoll
+from symmcoll import launcher, plan
+from symmcoll.memory import regions
+
+_TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+                 torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+                 torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    kernel: object
+    signature: tuple  # ((name, type or "constexpr"), ...)
+    constexprs: tuple  # ((name, value), ...)
+    num_warps: int
+    label: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        const = ",".join(f"{k}={v}" for k, v in self.constexprs if k != "num_warps")
+        return f"{self.kernel.__name__}[{self.label}{const}]"
+
+
+class _FakeRegion:
+    def __init__(self, name, nbytes, world, base):
+        self.name, self.ptrs_dev = name, base
+        self.local = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+        self.peers = [torch.empty(nbytes, dtype=torch.uint8, device="meta") for _ in range(world)]
+
+
+class FakeWorkspace:
+    """Enough of a Workspace for an algorithm's host code to make its launches on meta tensors."""
+
+    def __init__(self, world: int, rank: int, buffer_bytes: int = 256 << 20):
+        self.world_size, self.rank = world, rank
+        self.device = torch.device("cuda")
+        geometry = regions.Geometry(world, buffer_bytes, "cuda")
+        self.regions, self.state = {}, {}
+        for i, spec in enumerate(regions.declared()):
+            if spec.symmetric:
+                self.regions[spec.name] = _FakeRegion(spec.name, spec.size(geometry), world, 1 << 40 | i << 20)
+            else:
+                self.state[spec.name] = torch.empty(spec.size(geometry), dtype=torch.int32, device="meta")
+        self.buffer = self.regions["buffer"].local
+        self.buffer_ptrs_dev = self.regions["buffer"].ptrs_dev
+        self.kernel_args = (self.regions["signal_pad"].ptrs_dev, 1 << 41, 20_000_000, rank)
+
+    def region(self, name):
+        return self.regions[name]
+
+    def local_state(self, name):
+        return self.state[name]
+
+    def peer_buffer(self, peer):
+        return self.regions["buffer"].peers[peer]
+
+    @property
+    def buffer_bytes(self):
+        return self.buffer.numel()
+
+    def capacity(self, dtype):
+        return self.buffer_bytes // dtype.itemsize
+
+    def check(self):
+        pass
+
+
+def _arg_type(value):
+    if isinstance(value, torch.Tensor):
+        return "*" + _TRITON_TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2 ** 31) <= value < 2 ** 31 else "i64"
+    raise TypeError(f"unexpected kernel argument {value!r}")
+
+
+def spec_of(rec: launcher.Recorded, label: str = "") -> CompileSpec:
+    """The compile spec of a recorded launch, specialised as Triton does at run time (integer
+    arguments equal to 1 become constexprs)."""
+    names = [p.name for p in rec.kernel.params]
+    signature, constexprs = [], []
+    for name, value in zip(names, rec.args):
+        if isinstance(value, int) and not isinstance(value, bool) and value == 1:
+            signature.append((name, "constexpr"))
+            constexprs.append((name, 1))
+        else:
+            signature.append((name, _arg_type(value)))
+    for p in rec.kernel.params[len(rec.args):]:
+        value = rec.meta[p.name] if p.name in rec.meta else p.default
+        signature.append((p.name, "constexpr"))
+        constexprs.append((p.name, value))
+    return CompileSpec(rec.kernel, tuple(signature), tuple(constexprs), rec.meta.get("num_warps", 4), label)
+
+
+# (world, rank, dtype): every world size, rank 1 somewhere (specialised to a constexpr on GPU), each
+# dtype somewhere.
+REDUCTION_CASES = [(2, 0, torch.bfloat16), (3, 1, torch.float16), (4, 0, torch.float32), (8, 1, torch.bfloat16)]
+MOVE_CASES = [(2, 1, torch.uint8), (3, 0, torch.int16), (4, 1, torch.float32), (8, 0, torch.int64)]
+# Input elements: tiny and odd, and 4 M elements (large-size launch configs).
+NUMELS = [7, 4 << 20]
+
+
+def _request(op, dtype, numel, world, splits=None):
+    shape = (world * numel,) if op in ("reduce_scatter", "all_to_all") else (numel,)
+    if splits is not None:
+        shape = (sum(splits), 3)
+    return plan.Request(op, shape, dtype, torch.device("cuda"), "sum" if op in plan.REDUCTIONS else None,
+                        0 if op == "broadcast" else None, splits)
+
+
+def recorded_launches() -> list[tuple[str, launcher.Recorded]]:
+    """(label, launch) of every registered kernel algorithm over the cases above."""
+    found = []
+    for op in plan.OPS:
+        for name, algorithm in plan.algorithms(op).items():
+            cases = REDUCTION_CASES if op in plan.REDUCTIONS else MOVE_CASES
+            for world, rank, dtype in cases:
+                for numel in NUMELS + ([None] if op == "all_to_all" else []):
+                    splits = tuple(range(1, world + 1)) if numel is None else None
+                    request = _request(op, dtype, numel or 1, world, splits)
+                    if algorithm.accepts and algorithm.accepts(request, world):
+                        continue
+                    ws = FakeWorkspace(world, rank)
+                    cfg = algorithm.gpu_configs(request, world) if callable(algorithm.gpu_configs) else (
+                        algorithm.gpu_configs.pick(request.nbytes, world) if algorithm.gpu_configs else None)
+                    out_shape, size_key = plan._shape_rules(request, world)
+                    p = plan.Plan(request, "kernel", algorithm, None, world, rank, ws, cfg, 3, out_shape)
+                    x = torch.empty(request.shape, dtype=dtype, device="meta")
+                    out = None if out_shape is None else torch.empty(out_shape, dtype=dtype, device="meta")
+                    with launcher.recording() as launches:
+                        algorithm.run(p, x, out)
+                    found += [(f"{op}.{name},", rec) for rec in launches]
+    return found
+
+
+def other_launches() -> list[tuple[str, launcher.Recorded]]:
+    """Kernels outside the algorithms: the benchmark's link measurement."""
+    from symmcoll.bench import link
+    with launcher.recording() as launches:
+        link.pull(torch.empty(1 << 20, dtype=torch.bfloat16, device="meta"),
+                  torch.empty(1 << 20, dtype=torch.bfloat16, device="meta"))
+    return [("bench.link,", rec) for rec in launches]
+
+
+def compile_specs() -> list[CompileSpec]:
+    specs = {}
+    for label, rec in recorded_launches() + other_launches():
+        spec = spec_of(rec, label)
+        specs.setdefault(spec, spec)
+    return list(specs)
+
+
+def package_jit_functions() -> dict[str, object]:
+    """Every ``@triton.jit`` function defined in the package, by qualified name (``*_kernel`` is the
+    convention for what is launched; the rest are helpers called from kernels)."""
+    found = {}
+    for info in pkgutil.walk_packages(symmcoll.__path__, "symmcoll."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for attr, value in vars(module).items():
+            if isinstance(value, triton.runtime.jit.JITFunction) and value.__module__ == info.name:
+                found[f"{info.name}.{attr}"] = value
+    return found
+
+
+def unreferenced_helpers(jit_functions: dict[str, object]) -> list[str]:
+    """Jit functions that are not named ``*_kernel`` and that no other jit function calls: launched
+    from somewhere without following the convention, so nothing would check them."""
+    sources = {name: fn.src for name, fn in jit_functions.items()}
+    out = []
+    for name, fn in jit_functions.items():
+        short = name.rsplit(".", 1)[1]
+        if short.endswith("_kernel"):
+            continue
+        called = any(re.search(rf"\b{re.escape(short)}\(", src) for other, src in sources.items() if other != name)
+        if not called:
+            out.append(name)
+    return out
+
+
+def compile_ptx(spec: CompileSpec) -> str:
+    """PTX of ``spec`` for sm_90, compiled on this machine (the triton wheel bundles ptxas)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = spec.kernel
+    if type(fn).__name__ == "InterpretedFunction":
+        raise RuntimeError("compile checks need TRITON_INTERPRET unset when symmcoll is imported")
+    src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps})
+    return compiled.asm["ptx"]
+
+
+_LABEL = re.compile(r"^(\$L__\w+):")
+_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
+_GLOBAL_LOAD = re.compile(r"\bld\.global\.(\S+)")
+_ORDERED = ("volatile", "acquire", "relaxed")
+
+
+def spin_loop_problems(ptx: str) -> list[str]:
+    """Wait loops in ``ptx`` (loops storing nothing to global memory) with no atomic and no
+    volatile/acquire load: they spin on plain loads, which may never see a peer's write."""
+    lines = ptx.splitlines()
+    labels = {}
+    problems = []
+    for i, line in enumerate(lines):
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = i
+        b = _BRANCH.search(line)
+        if b and b.group(1) in labels and labels[b.group(1)] < i:
+            body = lines[labels[b.group(1)]:i + 1]
+            if any("st.global" in l for l in body):
+                continue  # a loop that writes data, not a wait
+            plain = [l.strip() for l in body if (g := _GLOBAL_LOAD.search(l)) and not g.group(1).startswith(_ORDERED)]
+            waits = [l for l in body if "atom." in l or "ld.volatile" in l or "ld.acquire" in l]
+            if not waits:
+                problems.append(f"loop at {b.group(1)} spins on plain loads {plain[:3]}")
+    return problems
