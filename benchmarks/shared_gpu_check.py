@@ -117,17 +117,23 @@ def _graphs(rank, world, rows):
         wrong += int((outs[1] != _expected("all_gather", x_of, world, rank)).sum())
         wrong += int((outs[2] != _expected("reduce_scatter", x_of, world, rank)).sum())
     rows.append({"check": "cuda_graph", "replays": 5, "wrong": wrong})
+    symmcoll.reset()
+    dist.barrier()
+
+
+def _capture_without_warmup(rank, world, rows):
+    """Last stage (a failed capture may leave the stream unusable): no workspace yet, capture -> error."""
+    dev = torch.device("cuda", 0)
+    symmcoll.reset()
+    x = rank_coded(8192, torch.bfloat16, rank, 0, dev)
     try:
-        graph2 = torch.cuda.CUDAGraph()
-        symmcoll.reset()
-        with torch.cuda.graph(graph2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             symmcoll.all_reduce(x)
         outcome = "NO ERROR"
     except Exception as exc:  # noqa: BLE001 - the workspace cannot be created during capture
         outcome = f"{type(exc).__name__}: {exc}"[:300]
     rows.append({"check": "capture_without_warmup", "outcome": outcome})
-    symmcoll.reset()
-    dist.barrier()
 
 
 def _compile(rank, world, rows):
@@ -178,7 +184,7 @@ def _host_overhead(rank, world, rows, calls=300):
 def _all_checks():
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = []
-    for stage in (_correctness, _mismatch, _graphs, _compile, _host_overhead):
+    for stage in (_correctness, _mismatch, _graphs, _compile, _host_overhead, _capture_without_warmup):
         t0 = time.monotonic()
         try:
             stage(rank, world, rows)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,8 @@ class Recorded:
 
 _RECORDING: list | None = None
 _COMPILED: dict = {}
+# SYMMCOLL_FAST_LAUNCH=0 sends every launch through Triton's JIT (for comparing the two paths).
+FAST = os.environ.get("SYMMCOLL_FAST_LAUNCH", "1") != "0"
 # Launches per kernel name in this process (tests use it to prove that chunked paths ran).
 LAUNCH_COUNTS: collections.Counter = collections.Counter()
 
@@ -61,7 +64,7 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict) -> None:
         _RECORDING.append(Recorded(kernel, tuple(grid), tuple(args), dict(meta)))
         return
     LAUNCH_COUNTS[kernel.__name__] += 1
-    if INTERPRETED:
+    if INTERPRETED or not FAST:
         kernel[grid](*args, **meta)
         return
     key = (kernel, tuple(sorted(meta.items())), tuple(_spec(a) for a in args))
