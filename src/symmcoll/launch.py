@@ -136,6 +136,8 @@ class RankPool:
                "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
         if self.device_type == "cpu":
             env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+        if self.device_type == "cuda-shared":
+            env.update(SYMMCOLL_MEMORY="ipc")  # torch's symmetric memory refuses two ranks on one GPU
         self._procs = []
         with _environ(env):
             for r in range(world_size):

@@ -217,7 +217,10 @@ def _create(group, device: torch.device) -> Workspace:
     states = [s for s in declared() if not s.symmetric]
     signature = f"bytes={buffer_bytes} regions={[(n, o, b) for n, o, b, _ in layout]}"
     bounded_rendezvous(group, "workspace creation", signature)
-    if device.type == "cuda":
+    if device.type == "cuda" and os.environ.get("SYMMCOLL_MEMORY") == "ipc":
+        from .cuda import allocate_cuda_ipc
+        local, bases, peers, keepalive = allocate_cuda_ipc(group, total, device)
+    elif device.type == "cuda":
         from .cuda import allocate_cuda
         local, bases, peers, keepalive = allocate_cuda(group, total, device)
     else:

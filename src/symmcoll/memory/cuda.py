@@ -44,4 +44,35 @@ def allocate_cuda(group, nbytes: int, device: torch.device):
     return local, bases, peers, [handle]
 
 
-__all__ = ["allocate_cuda", "disable_multicast_env", "dist"]
+def allocate_cuda_ipc(group, nbytes: int, device: torch.device):
+    """The same, with plain CUDA IPC handles instead of torch's symmetric memory: for ranks that share
+    one GPU (``launch`` device "cuda-shared", SYMMCOLL_MEMORY=ipc), which torch's allocator refuses.
+    Each rank's bytes are an ordinary CUDA allocation; peers open its IPC handle (exchanged through the
+    process group's store)."""
+    import pickle
+
+    from torch.distributed import distributed_c10d as c10d
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    from . import bounded_rendezvous
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    local = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    store = c10d._get_default_store()
+    tag = f"symmcoll/{group.group_name}/ipc/{id(local)}-{local.data_ptr()}"
+    keys_key = f"symmcoll/{group.group_name}/ipc-key/{rank}"
+    store.set(tag, pickle.dumps(reduce_tensor(local)))
+    store.set(keys_key, tag)
+    bounded_rendezvous(group, "workspace creation (IPC handles)")
+    peers = []
+    for r in range(world):
+        if r == rank:
+            peers.append(local)
+            continue
+        rebuild, args = pickle.loads(store.get(store.get(f"symmcoll/{group.group_name}/ipc-key/{r}").decode()))
+        peers.append(rebuild(*args))
+    torch.cuda.synchronize(device)
+    return local, [p.data_ptr() for p in peers], peers, [peers]
+
+
+__all__ = ["allocate_cuda", "allocate_cuda_ipc", "disable_multicast_env"]
