@@ -126,7 +126,7 @@ def _request(op, dtype, numel, world, splits=None):
 def recorded_launches() -> list[tuple[str, launcher.Recorded]]:
     """(label, launch) of every registered kernel algorithm over the cases above."""
     found = []
-    for op in plan.OPS:
+    for op in plan.OPS:  # the collectives; fused ops record their own cases (compile_cases)
         for name, algorithm in plan.algorithms(op).items():
             cases = REDUCTION_CASES if op in plan.REDUCTIONS else MOVE_CASES
             for world, rank, dtype in cases:
@@ -157,9 +157,26 @@ def other_launches() -> list[tuple[str, launcher.Recorded]]:
     return [("bench.link,", rec) for rec in launches]
 
 
+def module_cases() -> list[tuple[str, launcher.Recorded]]:
+    """Launches of modules that define ``compile_cases(make_workspace)`` (fused ops): a list of
+    (label, thunk), each thunk making its launches on meta tensors over ``make_workspace(world, rank)``."""
+    found = []
+    for info in pkgutil.walk_packages(symmcoll.__path__, "symmcoll."):
+        if info.name.endswith("__main__"):
+            continue
+        cases = getattr(importlib.import_module(info.name), "compile_cases", None)
+        if cases is None:
+            continue
+        for label, thunk in cases(FakeWorkspace):
+            with launcher.recording() as launches:
+                thunk()
+            found += [(f"{label},", rec) for rec in launches]
+    return found
+
+
 def compile_specs() -> list[CompileSpec]:
     specs = {}
-    for label, rec in recorded_launches() + other_launches():
+    for label, rec in recorded_launches() + other_launches() + module_cases():
         spec = spec_of(rec, label)
         specs.setdefault(spec, spec)
     return list(specs)

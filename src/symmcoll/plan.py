@@ -91,6 +91,10 @@ class Request:
     reduce_op: str | None = None
     src: int | None = None
     splits: tuple | None = None
+    # Other inputs of fused ops: ((shape, dtype), ...) -- they take part in the cache key and descriptor.
+    others: tuple = ()
+    # Op-specific options (hashable), e.g. (("return_gathered", True),).
+    options: tuple = ()
 
     @property
     def numel(self) -> int:
@@ -124,6 +128,24 @@ class Algorithm:
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {op: {} for op in OPS}
+# Shape rules of ops registered by other modules (fused ops): rule(request, world) -> (out shape or
+# None, size key of the call descriptor); may raise ValueError naming the argument.
+_OP_RULES: dict[str, Callable] = {}
+_REDUCING_OPS: set[str] = set(("all_reduce", "reduce_scatter"))
+
+
+def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | None = None) -> None:
+    """Make ``op`` (a fused op) known to the resolver: its shape rule, whether it takes a reduce op, and
+    what "auto" runs where the tuned table has no rule."""
+    _REGISTRY.setdefault(op, {})
+    _OP_RULES[op] = shape_rule
+    if reduces:
+        _REDUCING_OPS.add(op)
+    if default is not None:
+        _DEFAULTS[op] = default
+
+
+_DEFAULTS: dict[str, str] = {"all_reduce": "two_shot"}
 
 
 def register(algorithm: Algorithm) -> Algorithm:
@@ -181,8 +203,9 @@ class Plan:
     def reduce_code(self) -> int:
         return REDUCE_OPS[self.request.reduce_op or "sum"]
 
-    def execute(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the call on ``x`` (contiguous, as resolved) into ``out`` (allocated here if None)."""
+    def execute(self, x: torch.Tensor, out: torch.Tensor | None = None, others: tuple = ()) -> torch.Tensor:
+        """Run the call on ``x`` (contiguous, as resolved; ``others``: a fused op's other inputs) into
+        ``out`` (allocated here if None)."""
         if out is None and self.out_shape is not None:
             out = torch.empty(self.out_shape, dtype=x.dtype, device=x.device)
         if self.kind == "local":
@@ -190,7 +213,7 @@ class Plan:
         ws = self.ws
         if ws is not None:
             ws.check()  # GPU: failures of earlier calls surface here (reading pinned memory, no sync)
-        out = self.algorithm.run(self, x, out)
+        out = self.algorithm.run(self, x, out, *others) if others else self.algorithm.run(self, x, out)
         if ws is not None and ws.device.type == "cpu":
             ws.check()  # CPU: the kernels already ran
         return out
@@ -218,19 +241,24 @@ def check_tensor(x, name: str = "x") -> None:
 
 
 def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, reduce_op: str | None = None,
-            src: int | None = None, splits=None, config: LaunchConfig | None = None) -> Plan:
-    """The plan for this call (cached). Raises ValueError naming the argument for bad input."""
+            src: int | None = None, splits=None, config: LaunchConfig | None = None, others: tuple = (),
+            options: tuple = ()) -> Plan:
+    """The plan for this call (cached). Raises ValueError naming the argument for bad input.
+    ``others``: the other input tensors of a fused op; ``options``: its hashable options."""
     check_tensor(x)
     if isinstance(splits, list):
         splits = tuple(splits)
-    key = (op, algorithm, group, x.dtype, x.shape, x.device, reduce_op, src, splits, config)
+    other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others)
+    key = (op, algorithm, group, x.dtype, x.shape, x.device, reduce_op, src, splits, config, other_meta, options)
     try:
         plan = _PLANS.get(key)
     except TypeError:  # an unhashable argument: validated (and rejected) below
         plan, key = None, None
     if plan is not None:
         return plan
-    plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config)
+    for i, t in enumerate(others):
+        check_tensor(t, f"input {i + 1}")
+    plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
@@ -243,7 +271,7 @@ def _group_and_world(group):
     return group, dist.get_world_size(group), dist.get_rank(group)
 
 
-def _resolve(op, x, group, algorithm, reduce_op, src, splits, config) -> Plan:
+def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(), options=()) -> Plan:
     if op not in _REGISTRY:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if not isinstance(algorithm, str):
@@ -253,7 +281,7 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config) -> Plan:
     if algorithm not in ("auto", BACKEND) and algorithm not in table:
         raise ValueError(f"algorithm must be 'auto', {BACKEND!r} or one of {sorted(algorithms(op))}, "
                          f"got {algorithm!r}")
-    if op in REDUCTIONS:
+    if op in _REDUCING_OPS:
         reduce_op = reduce_op or "sum"
         if reduce_op not in REDUCE_OPS:
             raise ValueError(f"op must be one of {sorted(REDUCE_OPS)}, got {reduce_op!r}")
@@ -265,9 +293,10 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config) -> Plan:
             raise ValueError(f"src must be an int (a rank of the group), got {type(src).__name__}") from None
         if not 0 <= src < world:
             raise ValueError(f"src must be a group rank in [0, {world}), got {src}")
-    request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits)
-    out_shape, size_key = _shape_rules(request, world)
-    if world == 1 or (out_shape is not None and math.prod(out_shape) == 0) or x.numel() == 0 and op != "all_to_all":
+    request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits, others, options)
+    out_shape, size_key = _OP_RULES[op](request, world) if op in _OP_RULES else _shape_rules(request, world)
+    if op in OPS and (world == 1 or (out_shape is not None and math.prod(out_shape) == 0)
+                      or x.numel() == 0 and op != "all_to_all"):
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
     name = _choose(request, world, algorithm)
     chosen = table[name]
@@ -372,7 +401,7 @@ def _dispatch_bytes(request: Request, world: int) -> int:
 
 def default_algorithm(op: str) -> str:
     """What "auto" runs where the table has no rule (no table, or a name this build lacks)."""
-    return {"all_reduce": "two_shot"}.get(op, "pull")
+    return _DEFAULTS.get(op, "pull")
 
 
 def _local(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
