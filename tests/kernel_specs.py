@@ -231,8 +231,9 @@ _ORDERED = ("volatile", "acquire", "relaxed")
 
 
 def spin_loop_problems(ptx: str) -> list[str]:
-    """Wait loops in ``ptx`` (loops storing nothing to global memory) with no atomic and no
-    volatile/acquire load: they spin on plain loads, which may never see a peer's write."""
+    """Wait loops in ``ptx`` (loops storing nothing to global memory and doing no tensor-core work)
+    with no atomic and no volatile/acquire load: they spin on plain loads, which may never see a peer's
+    write."""
     lines = ptx.splitlines()
     labels = {}
     problems = []
@@ -245,8 +246,29 @@ def spin_loop_problems(ptx: str) -> list[str]:
             body = lines[labels[b.group(1)]:i + 1]
             if any("st.global" in l for l in body):
                 continue  # a loop that writes data, not a wait
+            if any("mma" in l or "cp.async" in l for l in body):
+                continue  # a matmul's k-loop: it computes on what it loads, it does not wait for it
             plain = [l.strip() for l in body if (g := _GLOBAL_LOAD.search(l)) and not g.group(1).startswith(_ORDERED)]
             waits = [l for l in body if "atom." in l or "ld.volatile" in l or "ld.acquire" in l]
-            if not waits:
+            if not waits and plain:
                 problems.append(f"loop at {b.group(1)} spins on plain loads {plain[:3]}")
     return problems
+
+
+def unordered_cas_in_loops(ptx: str) -> list[str]:
+    """CAS instructions inside loops (signal sends and waits) without acquire/release ordering at
+    system scope: a barrier must publish and observe peers' writes."""
+    lines = ptx.splitlines()
+    labels, found = {}, []
+    for i, line in enumerate(lines):
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = i
+        b = _BRANCH.search(line)
+        if b and b.group(1) in labels and labels[b.group(1)] < i:
+            for l in lines[labels[b.group(1)]:i + 1]:
+                if "atom" in l and ".cas" in l and not any(sem in l for sem in (".acquire", ".release", ".acq_rel")):
+                    found.append(l.strip())
+                elif "atom" in l and ".cas" in l and ".sys" not in l:
+                    found.append(l.strip())
+    return found

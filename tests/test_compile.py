@@ -53,6 +53,5 @@ def test_kernel_compiles_for_sm90(spec):
     ptx = kernel_specs.compile_ptx(spec)
     assert ".target sm_90" in ptx
     assert kernel_specs.spin_loop_problems(ptx) == []
-    if "block_barrier(" in spec.kernel.src or "wait_signals(" in spec.kernel.src:
-        # a signal wait: acquire at system scope
-        assert "atom.global.acquire.sys.cas" in ptx or "atom.acquire.sys" in ptx.replace("global.", "")
+    # signal sends and waits (CAS in a loop) are ordered at system scope
+    assert kernel_specs.unordered_cas_in_loops(ptx) == []

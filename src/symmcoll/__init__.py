@@ -15,6 +15,7 @@ import operator
 import torch
 
 from . import comm as _comm  # noqa: F401  (registers every algorithm and region)
+from .fused import all_gather_matmul as _all_gather_matmul  # noqa: F401  (registers the fused op)
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd
@@ -23,7 +24,7 @@ from .memory import get_workspace
 
 __version__ = "0.2.0"
 
-__all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
+__all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "all_gather_matmul", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
            "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError",
            "__version__"]
 
@@ -145,6 +146,27 @@ def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto")
     if _ops.is_plain(x):
         return _ops.broadcast_impl(x, src, name, algorithm)
     return torch.ops.symmcoll.broadcast(x, src, name, algorithm)
+
+
+def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = "auto",
+                      return_gathered: bool = False):
+    """``all_gather(a_shard) @ b`` with the communication inside the GEMM (fused/all_gather_matmul.py).
+
+    a_shard: this rank's rows [M/W, K] of A; b: [K, N] (replicated), or a list of them sharing one
+    gather. Returns C [M, N] (a list for a list of Bs), and the gathered A [M, K] too if
+    ``return_gathered``. bf16/fp16, fp32 accumulation. algorithm: "auto" or one of
+    ``ALGORITHMS["all_gather_matmul"]`` (nccl, naive_remote, gather_then_gemm, copy_engine_producer, fused).
+    """
+    name = _ops.group_name(group)
+    bs = [b] if isinstance(b, torch.Tensor) else list(b)
+    if not bs or not all(isinstance(t, torch.Tensor) for t in bs):
+        raise ValueError(f"b must be a tensor or a non-empty list of tensors, got {type(b).__name__}")
+    if _ops.is_plain(_tensor(a_shard)):
+        outs, gathered = _ops.all_gather_matmul_impl(a_shard, bs, name, algorithm)
+    else:
+        outs, gathered = torch.ops.symmcoll.all_gather_matmul(a_shard, bs, name, algorithm)
+    result = outs[0] if isinstance(b, torch.Tensor) else list(outs)
+    return (result, gathered) if return_gathered else result
 
 
 def check(group=None) -> None:

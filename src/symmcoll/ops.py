@@ -12,6 +12,7 @@ collectives.
     torch.ops.symmcoll.all_gather(x, group_name, algorithm) -> Tensor
     torch.ops.symmcoll.all_to_all(x, group_name, splits: int[]?, algorithm) -> Tensor
     torch.ops.symmcoll.broadcast(x, src, group_name, algorithm) -> Tensor
+    torch.ops.symmcoll.all_gather_matmul(a_shard, bs, group_name, algorithm) -> (Tensor[], Tensor)
 
 The ops are defined with ``torch.library.Library`` (not ``custom_op``) and without an autograd kernel:
 a ``custom_op`` call costs about 4x more host time, and a registered autograd kernel runs Python on
@@ -88,6 +89,14 @@ def broadcast_impl(x, src: int, group_name: str, algorithm: str):
     return plan.resolve("broadcast", x, resolve_group(group_name), algorithm, src=src).execute(x)
 
 
+def all_gather_matmul_impl(a_shard, bs, group_name: str, algorithm: str):
+    from .fused import all_gather_matmul  # noqa: F401  (registers the op)
+    bs = tuple(bs)
+    outs, gathered = plan.resolve("all_gather_matmul", a_shard, resolve_group(group_name), algorithm,
+                                  others=bs).execute(a_shard, others=bs)
+    return list(outs), gathered
+
+
 # ---- fake implementations (shapes only) ---------------------------------------------------------------
 
 def _all_reduce_fake(x, group_name, reduce_op, algorithm):
@@ -123,6 +132,11 @@ def _broadcast_fake(x, src, group_name, algorithm):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _all_gather_matmul_fake(a_shard, bs, group_name, algorithm):
+    rows = _world(group_name) * a_shard.shape[0]
+    return [a_shard.new_empty((rows, b.shape[1])) for b in bs], a_shard.new_empty((rows, a_shard.shape[1]))
+
+
 _SCHEMAS = {
     "all_reduce": ("(Tensor x, str group_name, str reduce_op, str algorithm) -> Tensor", all_reduce_impl,
                    _all_reduce_fake),
@@ -134,6 +148,8 @@ _SCHEMAS = {
     "all_to_all": ("(Tensor x, str group_name, int[]? splits, str algorithm) -> Tensor", all_to_all_impl,
                    _all_to_all_fake),
     "broadcast": ("(Tensor x, int src, str group_name, str algorithm) -> Tensor", broadcast_impl, _broadcast_fake),
+    "all_gather_matmul": ("(Tensor a_shard, Tensor[] bs, str group_name, str algorithm) -> (Tensor[], Tensor)",
+                          all_gather_matmul_impl, _all_gather_matmul_fake),
 }
 
 for _name, (_schema, _impl, _fake) in _SCHEMAS.items():

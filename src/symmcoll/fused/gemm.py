@@ -98,8 +98,12 @@ CPU_GEMM = (32, 32, 32, 4, 4, 1)
 
 
 def num_sms(device: torch.device) -> int:
+    """Programs of a persistent kernel: one per SM (4 under the interpreter; an H100/H200's 132 when
+    recording launches on a machine without a GPU)."""
     if device.type != "cuda":
         return 4
+    if not torch.cuda.is_available():
+        return 132
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -125,13 +129,26 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     M, K = a.shape
     N = b.shape[1]
     out = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
-    bm, bn, bk, group, warps, stages = config or (GPU_GEMM if a.is_cuda else CPU_GEMM)
+    bm, bn, bk, group, warps, stages = config or (GPU_GEMM if a.device.type != "cpu" else CPU_GEMM)
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     nprog = max(1, min(tiles, programs or num_sms(a.device)))
-    use_tma = a.is_cuda and tma_ok(a, b)
-    if use_tma:
+    on_gpu = a.is_cuda or a.device.type == "meta"  # meta: the compile checks record the launch
+    use_tma = on_gpu and tma_ok(a, b, out)
+    if use_tma and a.is_cuda:
         ensure_tma_allocator()
     launch(matmul_kernel, (nprog,), (a, b, out, M, N, K, a.stride(0), b.stride(0), out.stride(0)),
            dict(BM=bm, BN=bn, BK=bk, GROUP_M=group, NUM_PROGRAMS=nprog, TMA=use_tma, num_warps=warps,
                 num_stages=stages))
     return out
+
+
+def compile_cases(make_workspace):
+    """The plain GEMM's launches on meta tensors (TMA: aligned shapes; pointer loads: odd ones)."""
+    def case(m, n, k, dtype):
+        def thunk():
+            a = torch.empty((m, k), dtype=dtype, device="meta")
+            b = torch.empty((k, n), dtype=dtype, device="meta")
+            matmul(a, b, config=GPU_GEMM, programs=132)
+        return f"gemm {m}x{n}x{k} {dtype}", thunk
+    return [case(8192, 8192, 8192, torch.bfloat16), case(1000, 3584, 4096, torch.float16),
+            case(33, 100, 72, torch.bfloat16)]

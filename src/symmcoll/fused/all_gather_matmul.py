@@ -1,0 +1,353 @@
+"""All-gather + matmul: C = all_gather(A_shard) @ B, the column-parallel linear of sequence parallelism.
+
+A is row-sharded: rank r holds rows [r*Ms, (r+1)*Ms) of A [M, K] (Ms = M / W); B [K, N] (or a list of
+Bs sharing one gather) is replicated; every rank returns C [M, N] (and the gathered A if asked).
+Numbered variants of one op, from the unfused reference to one kernel (all correct before timed):
+
+0 nccl                  NCCL all-gather into A, then torch.matmul per B (the reference).
+1 naive_remote          my shard -> my symmetric buffer, barrier kernel, then ONE GEMM kernel whose A tiles
+                        are loaded straight from the owner's buffer through peer pointers (no staging, no
+                        reuse: every column block re-reads its rows over NVLink), exit barrier kernel.
+2 gather_then_gemm      symmcoll.all_gather (the dispatcher's fastest), then the persistent GEMM.
+3 copy_engine_producer  my shard -> my buffer, barrier; a side stream pulls each peer's shard with the copy
+                        engine, chunk by chunk, and marks each chunk ready by copying this call's epoch
+                        into its flag; meanwhile the persistent GEMM computes my own rows (read from my
+                        input) and then each peer's rows as their flags arrive; join, exit barrier.
+4 fused                 ONE kernel, no side stream: programs [0, P) are producers, the rest consumers.
+                        Producer p copies chunks p, p+P, ... of my shard into my buffer, meets program p of
+                        every peer in a barrier, pulls chunks p, p+P, ... of every peer's shard into the
+                        gathered A (peers in the order rank+1, rank+2, ...), releasing a flag per chunk,
+                        and meets program p of every peer again at the end (nobody refills its buffer
+                        while a peer still reads it). Consumers run the persistent GEMM over row blocks in
+                        the order own shard first, then rank+1's, ..., waiting (bounded) on each chunk's
+                        flag. Consumers wait only on producers, which have lower program ids: they are
+                        scheduled first on the GPU and run first under the interpreter.
+
+Flags are int32 per chunk of BM rows, tagged with the call's epoch (a per-plan device counter), so
+nothing is ever reset and graph replays need no host work. Chunks never straddle two ranks' rows.
+Shards larger than the workspace buffer go in pieces of rows (every shard's rows [j*P, (j+1)*P)).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from .. import plan as planner
+from ..language import (EPOCH_SLOTS, announce, barrier_kernel, block_barrier, end_launch, launch_epoch, peer_ptr,
+                        record_timeout)
+from ..launcher import launch
+from ..plan import Algorithm, Plan, register, register_op
+from . import gemm
+
+OP = "all_gather_matmul"
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _wait_flag(flags_ptr, chunk, epoch, budget, status_ptr, rank, owner, desc):
+    """Spin (volatile, bounded) until chunk ``chunk``'s flag carries ``epoch``; returns spins left."""
+    value = tl.load(flags_ptr + chunk, volatile=True)
+    while (value != epoch) & (budget > 0):
+        value = tl.load(flags_ptr + chunk, volatile=True)
+        budget -= 1
+    if value != epoch:
+        record_timeout(status_ptr, rank, owner, desc)
+        budget = budget * 0
+    return budget
+
+
+@triton.jit
+def _copy_rows(src, dst, dst2, rows, K, src_stride, dst_stride, dst2_stride, ROWS: tl.constexpr, COLS: tl.constexpr,
+               TEE: tl.constexpr):
+    """dst[:rows, :K] (and dst2 if TEE) <- src[:rows, :K], in [ROWS, COLS] tiles (wide accesses)."""
+    r = tl.arange(0, ROWS)
+    for c0 in range(0, K, COLS):
+        c = c0 + tl.arange(0, COLS)
+        mask = (r[:, None] < rows) & (c[None, :] < K)
+        v = tl.load(src + r[:, None].to(tl.int64) * src_stride + c[None, :], mask=mask)
+        tl.store(dst + r[:, None].to(tl.int64) * dst_stride + c[None, :], v, mask=mask)
+        if TEE:
+            tl.store(dst2 + r[:, None].to(tl.int64) * dst2_stride + c[None, :], v, mask=mask)
+
+
+@triton.jit
+def ag_matmul_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; buffer address table; chunk flags and the epoch source of this plan
+    desc, buffer_ptrs_dev, flags_ptr, epoch_ptr,
+    # A shard [rows, K] (my input), B [K, N], C and gathered A (rows of owner s start at s * shard_stride)
+    a_ptr, b_ptr, c_ptr, g_ptr, rows, N, K, shard_stride, stride_a, stride_b, stride_c, stride_g,
+    # MODE 1: peers' rows straight from their buffers; 3: from G once the copy engine's flags arrive;
+    # 4: from G, pulled by the PRODUCERS first programs of this kernel
+    WORLD: tl.constexpr, MODE: tl.constexpr, PRODUCERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, GROUP_M: tl.constexpr, CONSUMERS: tl.constexpr, TMA: tl.constexpr, COPY_COLS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if MODE == 4:
+        epoch = launch_epoch(epoch_ptr)
+    else:
+        epoch = tl.load(epoch_ptr)
+    blocks_per_shard = tl.cdiv(rows, BM)
+    budget = max_spins
+    if pid < PRODUCERS:
+        # ---- producer p: publish my chunks p, p+P, ..., then pull the same chunks of every peer ----
+        announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+        my_buf = peer_ptr(buffer_ptrs_dev, rank, a_ptr.dtype.element_ty)
+        my_g = g_ptr + tl.cast(rank * shard_stride, tl.int64) * stride_g
+        for j in range(pid, blocks_per_shard, PRODUCERS):  # my rows go to my buffer and my gathered A
+            _copy_rows(a_ptr + j * BM * stride_a, my_buf + j * BM * K, my_g + tl.cast(j * BM, tl.int64) * stride_g,
+                       tl.minimum(rows - j * BM, BM), K, stride_a, K, stride_g, BM, COPY_COLS, True)
+        failed = block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
+        if failed == 0:
+            for k in tl.static_range(1, WORLD):
+                owner = (rank + k) % WORLD
+                theirs = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
+                for j in range(pid, blocks_per_shard, PRODUCERS):
+                    dst = g_ptr + tl.cast(owner * shard_stride + j * BM, tl.int64) * stride_g
+                    _copy_rows(theirs + j * BM * K, dst, dst, tl.minimum(rows - j * BM, BM), K, K, stride_g, stride_g,
+                               BM, COPY_COLS, False)
+                    tl.debug_barrier()  # every thread's stores are done before the flag releases them
+                    tl.atomic_xchg(flags_ptr + owner * blocks_per_shard + j, epoch, sem="release", scope="gpu")
+            # Nobody refills its buffer (next call) until every peer's program p has pulled from it.
+            block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
+    else:
+        # ---- consumer: the persistent GEMM, own rows first ----
+        consumer = pid - PRODUCERS
+        num_n = tl.cdiv(N, BN)
+        if TMA:
+            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[rows, K], strides=[stride_a, 1], block_shape=[BM, BK])
+            g_desc = tl.make_tensor_descriptor(g_ptr, shape=[WORLD * shard_stride, K], strides=[stride_g, 1],
+                                               block_shape=[BM, BK])
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
+        for tile in range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
+            logical, pid_n = gemm.grouped_tile(tile, WORLD * blocks_per_shard, num_n, GROUP_M)
+            owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
+            local_first = first - owner * rows
+            if owner != rank:
+                if MODE != 1:
+                    budget = _wait_flag(flags_ptr, owner * blocks_per_shard + local_first // BM, epoch, budget,
+                                        status_ptr, rank, owner, desc)
+            cols = pid_n * BN + tl.arange(0, BN)
+            r = tl.arange(0, BM)
+            acc = tl.zeros([BM, BN], tl.float32)
+            for k in range(0, K, BK):
+                ks = k + tl.arange(0, BK)
+                if TMA:
+                    b = b_desc.load([k, pid_n * BN])
+                else:
+                    b = gemm.load_tile(b_ptr, ks, cols, K, N, stride_b)
+                if owner == rank:
+                    if TMA:
+                        a = a_desc.load([local_first, k])
+                    else:
+                        a = gemm.load_tile(a_ptr + local_first * stride_a, r, ks, count, K, stride_a)
+                elif MODE == 1:
+                    theirs = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
+                    a = gemm.load_tile(theirs + local_first * K, r, ks, count, K, K)
+                else:
+                    if TMA:
+                        a = g_desc.load([owner * shard_stride + local_first, k])
+                    else:
+                        a = gemm.load_tile(g_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_g, r, ks,
+                                           count, K, stride_g)
+                acc = gemm.mma(a, b, acc)
+            if budget > 0:
+                gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc, r, cols,
+                                count, N, stride_c)
+    if MODE == 4:
+        end_launch(epoch_ptr, epoch)
+
+
+@triton.jit
+def bump_kernel(epoch_ptr, n, BLOCK: tl.constexpr):
+    """This call's epoch = entry 0 + 1, written into entries [0, n): the GEMM reads entry 0, the copy
+    engine copies entries [1, n) into the flags of the chunks it has copied (copy_engine_producer).
+    Runs before the GEMM on the main stream, so the side stream's copies never need an SM."""
+    epoch = tl.load(epoch_ptr) + 1
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(epoch_ptr + offs, tl.zeros([BLOCK], tl.int32) + epoch, mask=offs < n)
+
+
+# ---- host side --------------------------------------------------------------------------------------
+
+def _shape_rule(request: planner.Request, world: int):
+    if request.dtype not in DTYPES:
+        raise ValueError(f"a_shard.dtype {request.dtype} is not supported (bf16, fp16)")
+    if len(request.shape) != 2:
+        raise ValueError(f"a_shard must be 2-D [M/W, K], got shape {request.shape}")
+    rows, k = request.shape
+    if not request.others:
+        raise ValueError("b: give at least one matrix")
+    for i, (shape, dtype, device) in enumerate(request.others):
+        if len(shape) != 2 or shape[0] != k:
+            raise ValueError(f"b[{i}] must be [K={k}, N], got shape {shape}")
+        if dtype != request.dtype:
+            raise ValueError(f"b[{i}].dtype {dtype} differs from a_shard.dtype {request.dtype}")
+        if device != request.device:
+            raise ValueError(f"b[{i}] is on {device}, a_shard on {request.device}")
+    key = rows * 1_000_003 + k * 7919 + sum(s[1] for s, _, _ in request.others)
+    return None, key  # outputs (C per B, and the gathered A) are allocated by the variant
+
+
+register_op(OP, _shape_rule, default="gather_then_gemm")
+
+
+def _outputs(plan: Plan, a: torch.Tensor, bs, gathered: bool):
+    rows = plan.world * a.shape[0]
+    outs = [torch.empty((rows, b.shape[1]), dtype=a.dtype, device=a.device) for b in bs]
+    g = torch.empty((rows, a.shape[1]), dtype=a.dtype, device=a.device) if gathered else None
+    return outs, g
+
+
+def _nccl(plan: Plan, a, _out, *bs):
+    outs, _ = _outputs(plan, a, bs, False)
+    g = torch.empty((plan.world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
+    dist.all_gather_into_tensor(g, a, group=plan.group)
+    for b, out in zip(bs, outs):
+        torch.matmul(g, b, out=out)
+    return outs, g
+
+
+def _gather_then_gemm(plan: Plan, a, _out, *bs):
+    import symmcoll
+    g = symmcoll.all_gather(a, plan.group)
+    return [gemm.matmul(g, b) for b in bs], g
+
+
+def _config(plan: Plan):
+    return gemm.GPU_GEMM if plan.ws.device.type == "cuda" else gemm.CPU_GEMM
+
+
+def _piece_rows(plan: Plan, a: torch.Tensor) -> int:
+    """Rows of every shard per launch: a piece of my shard must fit the workspace buffer."""
+    bm = _config(plan)[0]
+    fit = plan.ws.buffer_bytes // (a.shape[1] * a.element_size())
+    if fit < 1:
+        raise ValueError(f"a_shard rows of {a.shape[1] * a.element_size()} bytes do not fit the workspace buffer")
+    return min(a.shape[0], fit // bm * bm if fit >= bm else fit)
+
+
+def _state(plan: Plan, a: torch.Tensor):
+    """This plan's chunk flags and epoch table (device memory, made once per plan: a captured graph
+    replays with the same tensors; epoch-tagged, so nothing is ever reset)."""
+    if "flags" not in plan.cache:
+        chunks = plan.world * triton.cdiv(_piece_rows(plan, a), _config(plan)[0])
+        plan.cache["flags"] = torch.zeros(chunks, dtype=torch.int32, device=a.device)
+        plan.cache["epoch"] = torch.zeros(max(EPOCH_SLOTS.value, chunks + 1), dtype=torch.int32, device=a.device)
+    return plan.cache["flags"], plan.cache["epoch"]
+
+
+def _run_kernel(plan: Plan, a, bs, mode: int, producers: int = 0):
+    """Variants 1, 3, 4: the first B through the variant's kernel (pieces of rows if the shard exceeds
+    the buffer), the gathered A completed, further Bs by the persistent GEMM over it."""
+    ws, world, rank = plan.ws, plan.world, plan.rank
+    rows_total, K = a.shape
+    outs, g = _outputs(plan, a, bs, True)
+    flags, epoch = _state(plan, a)
+    bm, bn, bk, group_m, warps, stages = _config(plan)
+    on_gpu = ws.device.type == "cuda"  # (meta tensors when the compile checks record the launches)
+    piece = _piece_rows(plan, a)
+    b = bs[0]
+    use_tma = on_gpu and mode != 1 and gemm.tma_ok(a, g, b)
+    if use_tma and a.is_cuda:
+        gemm.ensure_tma_allocator()
+    consumers = max(1, gemm.num_sms(ws.device) - producers)
+    for start in range(0, rows_total, piece):
+        rows = min(piece, rows_total - start)
+        a_piece = a[start:start + rows]
+        barrier = lambda: launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
+        if mode in (1, 3):
+            ws.buffer[: rows * K * a.element_size()].view(a.dtype).view(rows, K).copy_(a_piece)
+            barrier()
+        if mode == 3:
+            launch(bump_kernel, (1,), (epoch, flags.numel() + 1), dict(BLOCK=256, num_warps=1))
+            _copy_engine_gather(plan, a, g, flags, epoch, start, rows)
+        launch(ag_matmul_kernel, (producers + consumers,),
+               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, outs[0][start:], g[start:],
+                rows, b.shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0)),
+               dict(WORLD=world, MODE=mode, PRODUCERS=producers, BM=bm, BN=bn, BK=bk, GROUP_M=group_m,
+                    CONSUMERS=consumers, TMA=use_tma, COPY_COLS=128 if on_gpu else 32, num_warps=warps,
+                    num_stages=stages))
+        if mode == 3:
+            torch.cuda.current_stream().wait_stream(plan.cache["side_stream"]) if a.is_cuda else None
+        if mode == 1:  # the gathered A was not needed by the GEMM: pull it now, before the exit barrier
+            for k in range(1, world):
+                owner = (rank + k) % world
+                src = ws.peer_buffer(owner)[: rows * K * a.element_size()].view(a.dtype).view(rows, K)
+                g[owner * rows_total + start:][:rows].copy_(src)
+        if mode in (1, 3):
+            barrier()
+    if mode in (1, 3):
+        g[rank * rows_total:(rank + 1) * rows_total].copy_(a)
+    for b2, out2 in zip(bs[1:], outs[1:]):
+        gemm.matmul(g, b2, out=out2)
+    return outs, g
+
+
+def _copy_engine_gather(plan: Plan, a, g, flags, epoch, start: int, rows: int) -> None:
+    """On a side stream: each peer's piece with the copy engine, then its chunks' flags (entries of the
+    epoch table copied into them: a small copy after the data copy on the same stream, so the flags
+    say the rows are there). No SM is needed, so the persistent GEMM may occupy them all."""
+    ws, world, rank = plan.ws, plan.world, plan.rank
+    blocks = triton.cdiv(rows, _config(plan)[0])
+    K = a.shape[1]
+    nbytes = rows * K * a.element_size()
+    if a.is_cuda:
+        side = plan.cache.setdefault("side_stream", torch.cuda.Stream(a.device))
+        side.wait_stream(torch.cuda.current_stream(a.device))
+        context = torch.cuda.stream(side)
+    else:
+        import contextlib
+        context = contextlib.nullcontext()
+    with context:
+        for k in range(1, world):
+            owner = (rank + k) % world
+            g[owner * a.shape[0] + start:][:rows].copy_(ws.peer_buffer(owner)[:nbytes].view(a.dtype).view(rows, K))
+            flags[owner * blocks:(owner + 1) * blocks].copy_(epoch[1:1 + blocks])
+
+
+def _naive_remote(plan, a, _out, *bs):
+    return _run_kernel(plan, a, bs, mode=1)
+
+
+def _copy_engine_producer(plan, a, _out, *bs):
+    return _run_kernel(plan, a, bs, mode=3)
+
+
+# Producer programs of the fused kernel: each pulls with SM loads (~25-40 GB/s an SM over NVLink).
+FUSED_PRODUCERS = {"cuda": 8, "cpu": 1}
+
+
+def _fused(plan, a, _out, *bs):
+    return _run_kernel(plan, a, bs, mode=4, producers=FUSED_PRODUCERS[plan.ws.device.type])
+
+
+for _name, _fn, _code, _summary in (
+        ("nccl", _nccl, 60, "NCCL all-gather, then torch.matmul"),
+        ("naive_remote", _naive_remote, 61, "one GEMM kernel reading A tiles from the owners' buffers"),
+        ("gather_then_gemm", _gather_then_gemm, 62, "symmcoll all-gather, then the persistent GEMM"),
+        ("copy_engine_producer", _copy_engine_producer, 63, "copy-engine gather with chunk flags + persistent GEMM"),
+        ("fused", _fused, 64, "one kernel: producer programs pull chunks, consumer programs compute")):
+    register(Algorithm(OP, _name, _code, "all_gather_matmul", _fn, _summary))
+
+
+
+def compile_cases(make_workspace):
+    """The kernels' launches on meta tensors (tests/test_compile.py compiles them for sm_90)."""
+    def case(world, rank, name, dtype, rows, k, n):
+        def thunk():
+            ws = make_workspace(world, rank)
+            request = planner.Request(OP, (rows, k), dtype, torch.device("cuda"), others=(((k, n), dtype, None),))
+            p = Plan(request, "kernel", planner.algorithms(OP)[name], None, world, rank, ws, None, 3, None)
+            a = torch.empty((rows, k), dtype=dtype, device="meta")
+            planner.algorithms(OP)[name].run(p, a, None, torch.empty((k, n), dtype=dtype, device="meta"))
+        return f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}", thunk
+    return [case(w, r, name, dtype, rows, k, n)
+            for name in ("naive_remote", "copy_engine_producer", "fused")
+            for w, r, dtype, rows, k, n in ((2, 1, torch.bfloat16, 8192, 8192, 8192), (4, 0, torch.float16, 1000, 4096, 3584),
+                                            (8, 3, torch.bfloat16, 100, 96, 200))]

@@ -1,0 +1,97 @@
+"""all_gather_matmul: every variant of the ladder against an fp32 reference computed locally from every
+rank's (deterministic) shard; M/W not a multiple of the tile, N and K not multiples of 16, a list of Bs
+sharing one gather, the gathered A bit-exact, back-to-back calls with fresh data, shards larger than
+the workspace (pieces), the fake implementation and torch.compile."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import symmcoll
+from symmcoll import launch
+
+from rank_checks import device
+
+DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
+VARIANTS = sorted(symmcoll.ALGORITHMS["all_gather_matmul"]) + ["nccl", "auto"]
+# Relative error of the result against the fp32 product of the same (rounded) inputs: one rounding of
+# the output (2^-8 bf16, 2^-11 fp16) plus accumulation-order noise.
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _shard(rank, call, rows, k, dtype):
+    g = torch.Generator().manual_seed(1000 * call + rank)
+    return torch.randn(rows, k, generator=g).to(dtype).to(device())
+
+
+def _weights(call, k, n, dtype, i=0):
+    g = torch.Generator().manual_seed(77 + call * 10 + i)
+    return (torch.randn(k, n, generator=g) / k ** 0.5).to(dtype).to(device())
+
+
+def _check(algorithm, rows, k, ns, dtype, calls=2):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for call in range(calls):
+        a = _shard(rank, call, rows, k, dtype)
+        bs = [_weights(call, k, n, dtype, i) for i, n in enumerate(ns)]
+        outs, gathered = symmcoll.all_gather_matmul(a, bs, algorithm=algorithm, return_gathered=True)
+        want_a = torch.cat([_shard(r, call, rows, k, dtype) for r in range(world)])
+        assert torch.equal(gathered, want_a), f"rank {rank} {algorithm}: gathered A differs (call {call})"
+        for i, (b, out) in enumerate(zip(bs, outs)):
+            assert out.shape == (world * rows, b.shape[1]) and out.dtype == dtype
+            ref = want_a.float() @ b.float()
+            err = float((out.float() - ref).norm() / ref.norm())
+            assert err < TOLERANCE[dtype], f"rank {rank} {algorithm} B{i} call {call}: rel err {err:.2e}"
+            bad = (out.float() - ref).abs() > 0.05 * ref.abs().max() + 1e-3
+            assert not bool(bad.any()), f"rank {rank} {algorithm}: wrong rows {bad.any(1).nonzero()[:5].tolist()}"
+    single = symmcoll.all_gather_matmul(a, bs[0], algorithm=algorithm)
+    assert isinstance(single, torch.Tensor) and single.shape == (world * rows, bs[0].shape[1])
+    return True
+
+
+@pytest.mark.parametrize("algorithm", VARIANTS)
+def test_variants_at_every_world_size(pools, world_size, algorithm):
+    # 13 rows per rank: not a multiple of the CPU tile (32); K and N not multiples of 16; two Bs
+    assert pools(world_size).run(_check, algorithm, 13, 40, (24, 8), torch.bfloat16) == [True] * world_size
+
+
+@pytest.mark.parametrize("algorithm", ["naive_remote", "copy_engine_producer", "fused"])
+def test_fp16_and_whole_tiles(pools, algorithm):
+    assert pools(2).run(_check, algorithm, 64, 32, (32,), torch.float16, 1) == [True, True]
+
+
+def _pieces(algorithm):
+    # 2048-byte workspace: 16 rows of 64 bf16 per piece, 40 rows per shard -> 3 pieces
+    assert symmcoll.get_workspace().buffer_bytes == 2048
+    return _check(algorithm, 40, 64, (16,), torch.bfloat16, calls=1)
+
+
+@pytest.mark.parametrize("algorithm", ["naive_remote", "copy_engine_producer", "fused"])
+def test_shards_larger_than_the_workspace(monkeypatch, algorithm):
+    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "2048")
+    assert launch.run(_pieces, 2, algorithm, device=DEVICE) == [True, True]
+
+
+def _errors_and_compile():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    a = _shard(rank, 0, 5, 16, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"b\[0\] must be \[K=16"):
+        symmcoll.all_gather_matmul(a, torch.ones(8, 4, dtype=torch.bfloat16, device=device()))
+    with pytest.raises(ValueError, match="dtype"):
+        symmcoll.all_gather_matmul(a.float(), torch.ones(16, 4, device=device()))
+    with pytest.raises(ValueError, match="algorithm"):
+        symmcoll.all_gather_matmul(a, torch.ones(16, 4, dtype=torch.bfloat16, device=device()), algorithm="nope")
+    b = _weights(0, 16, 24, torch.bfloat16)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: symmcoll.all_gather_matmul(t, b, algorithm="fused") * 2, fullgraph=True,
+                       backend="aot_eager")
+    explanation = torch._dynamo.explain(lambda t: symmcoll.all_gather_matmul(t, b) * 2)(a)
+    assert explanation.graph_break_count == 0
+    assert torch.equal(fn(a), symmcoll.all_gather_matmul(a, b, algorithm="fused") * 2)
+    return True
+
+
+def test_errors_and_torch_compile(pools):
+    assert pools(2).run(_errors_and_compile) == [True, True]
