@@ -69,6 +69,38 @@ def _correctness(rank, world, rows):
                                  "wrong": wrong, "error": error})
 
 
+def _all_gather_matmul(rank, world, rows):
+    """Every variant of the ladder, fresh data per call, against the fp32 product of the gathered A."""
+    dev = torch.device("cuda", 0)
+    for M, N, K in ((2048, 512, 256), (1000 * world, 296, 264)):
+        for name in ["auto", *plan.algorithms("all_gather_matmul")]:
+            worst, error = 0.0, None
+            try:
+                for call in range(3):
+                    gen = lambda r: torch.Generator(device=dev).manual_seed(100 * call + r)
+                    a_of = lambda r: torch.randn(M // world, K, generator=gen(r), device=dev).to(torch.bfloat16)
+                    b = (torch.randn(K, N, generator=gen(99), device=dev) / K ** 0.5).to(torch.bfloat16)
+                    out, g = symmcoll.all_gather_matmul(a_of(rank), b, algorithm=name, return_gathered=True)
+                    torch.cuda.synchronize()
+                    symmcoll.check()
+                    full = torch.cat([a_of(r) for r in range(world)])
+                    assert torch.equal(g, full), "gathered A differs"
+                    ref = full.float() @ b.float()
+                    worst = max(worst, float((out.float() - ref).norm() / ref.norm()))
+            except Exception as exc:  # noqa: BLE001
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                symmcoll.reset()
+            rows.append({"check": "all_gather_matmul", "algorithm": name, "shape": [M, N, K], "rel_err": worst,
+                         "wrong": int(worst > 1e-2), "error": error})
+
+
+def _remote_tma(rank, world, rows):
+    """Can a device-side TMA descriptor address a peer's mapped memory? Here the peer's buffer is an IPC
+    mapping of memory on the same GPU (between GPUs the mapping is over NVLink; not tested here)."""
+    from remote_tma_probe import probe
+    rows.append({"check": "remote_tma", **probe(rank, world)})
+
+
 def _mismatch(rank, world, rows):
     dev = torch.device("cuda", 0)
     cases = {
@@ -184,7 +216,8 @@ def _host_overhead(rank, world, rows, calls=300):
 def _all_checks():
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = []
-    for stage in (_correctness, _mismatch, _graphs, _compile, _host_overhead, _capture_without_warmup):
+    for stage in (_correctness, _all_gather_matmul, _remote_tma, _mismatch, _graphs, _compile, _host_overhead,
+                  _capture_without_warmup):
         t0 = time.monotonic()
         try:
             stage(rank, world, rows)
@@ -213,7 +246,7 @@ def main() -> None:
     bad = [r for r in rows if r.get("wrong") or r.get("error") or r.get("outcome") == "NO ERROR"]
     for r in rows:
         if r["check"] in ("host_us_per_call", "mismatch", "compile", "cuda_graph", "capture_without_warmup",
-                          "stage_seconds"):
+                          "stage_seconds", "all_gather_matmul", "remote_tma"):
             print(json.dumps(r))
     exact = [r for r in rows if r["check"] == "exact"]
     print(f"exact checks: {len(exact)} cases, {sum(1 for r in exact if not r['wrong'] and not r['error'])} exact")

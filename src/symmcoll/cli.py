@@ -37,7 +37,13 @@ def _console() -> Console:
 def _bench(args: argparse.Namespace) -> int:
     from .bench.driver import BenchOptions, run_bench
 
-    ops = OPS if "all" in args.op else tuple(dict.fromkeys(args.op))
+    fused_ops = [op for op in dict.fromkeys(args.op) if op in _fused_ops()]
+    status = 0
+    if fused_ops:
+        status = _bench_fused(args, fused_ops)
+        if len(fused_ops) == len(set(args.op)):
+            return status
+    ops = OPS if "all" in args.op else tuple(op for op in dict.fromkeys(args.op) if op not in fused_ops)
     options = BenchOptions(
         ops=ops, begin=args.minbytes, end=args.maxbytes, factor=args.stepfactor, dtype=args.dtype,
         algorithms=tuple(_split(args.algorithms)) or None,
@@ -45,7 +51,33 @@ def _bench(args: argparse.Namespace) -> int:
         mode=args.mode, iters=args.iters, warmup=args.warmup, calls_per_graph=args.calls_per_graph,
         seconds_per_case=args.seconds_per_case, out_dir=Path(args.out), plot=args.plot, device=args.device,
         link_bytes=args.link_bytes)
-    return run_bench(options, _console())
+    return max(status, run_bench(options, _console()))
+
+
+def _fused_ops() -> tuple[str, ...]:
+    from .bench.fused import SPECS
+    return tuple(SPECS)
+
+
+def _bench_fused(args: argparse.Namespace, ops: list[str]) -> int:
+    """Fused ops are swept by shape (--shapes MxNxK,...), on GPUs only."""
+    import torch
+
+    from .bench import fused
+
+    console = _console()
+    if not torch.cuda.is_available():
+        console.print(f"[bold yellow]{', '.join(ops)}: fused-op benchmarks need GPUs; skipped on this machine "
+                      f"(the CPU tests check their results)[/]")
+        return 0
+    worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
+    status = 0
+    for op in ops:
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in _split(args.shapes)] or \
+            list(fused.SPECS[op].shapes)
+        status = max(status, fused.run(op, shapes, worlds, args.dtype, tuple(_split(args.algorithms)) or None,
+                                       Path(args.out), console, replays=args.iters or 20))
+    return status
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -155,8 +187,11 @@ def _parser() -> argparse.ArgumentParser:
                     "CPU mode at small sizes (not performance). Defaults: GPU: world size = visible GPUs, "
                     "-b 4K -e 256M -f 2, graph mode; CPU: world size 2, -b 1K -e 64K -f 4.")
     bench.set_defaults(command="bench", handler=_bench)
-    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, "all"], metavar="OP",
-                       help=f"collectives: {', '.join(OPS)} or all (default: all)")
+    bench.add_argument("--shapes", nargs="+", default=None, metavar="MxNxK",
+                       help="fused ops: shapes to measure (default: the op's list)")
+    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, *_fused_ops(), "all"], metavar="OP",
+                       help=f"collectives: {', '.join(OPS)} or all (default: all); fused ops (GPU, by shape): "
+                            f"{', '.join(_fused_ops())}")
     bench.add_argument("-b", "--minbytes", type=_size, default=None, help="smallest size (4K, 1M, ...)")
     bench.add_argument("-e", "--maxbytes", type=_size, default=None, help="largest size")
     bench.add_argument("-f", "--stepfactor", type=float, default=None,

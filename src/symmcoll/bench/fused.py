@@ -1,0 +1,226 @@
+"""``symmcoll bench --op all_gather_matmul ...``: fused ops beside their unfused baselines, by shape.
+
+Per (shape, implementation), on every rank: bind inputs (random, seeded by rank), check the result
+against an fp32 reference (relative error; nothing is timed that does not match), time CUDA-graph
+replays (median, slowest rank; eager where capture fails), check again on fresh data after timing.
+The same run times cuBLAS on the full problem on one GPU (``torch.matmul`` of the whole A), the
+denominator of every ratio. Result: one JSON per (op, world size), rows with time, TFLOP/s, ratio to
+cuBLAS and relative error.
+
+A ``FusedSpec`` says, per op, how to make inputs, the reference, the FLOPs, the local GEMM and the
+baselines outside symmcoll; symmcoll's variants are the op's registered algorithms (plus "auto").
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+import symmcoll
+from symmcoll import plan
+
+from . import provenance
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
+
+
+@dataclass(frozen=True)
+class FusedSpec:
+    op: str
+    shapes: tuple                         # default shapes, e.g. (M, N, K)
+    inputs: Callable                      # (shape, dtype, rank, world, call, device) -> tuple of tensors
+    reference: Callable                   # (inputs, group) -> fp32 result (collective)
+    run: Callable                         # (algorithm, inputs, group) -> result tensor
+    flops: Callable                       # shape -> FLOPs per rank
+    local: Callable                       # (shape, dtype, device) -> thunk: cuBLAS on the whole problem
+    baselines: dict = field(default_factory=dict)  # name -> (inputs, group) -> thunk, or raises
+
+
+# ---- all_gather_matmul -----------------------------------------------------------------------------
+
+def _agmm_inputs(shape, dtype, rank, world, call, device):
+    M, N, K = shape
+    g = torch.Generator(device=device).manual_seed(1000 * call + rank)
+    a = torch.randn(M // world, K, generator=g, device=device, dtype=torch.float32).to(dtype)
+    gb = torch.Generator(device=device).manual_seed(7 + call)
+    b = (torch.randn(K, N, generator=gb, device=device, dtype=torch.float32) / K ** 0.5).to(dtype)
+    return a, b
+
+
+def _agmm_reference(inputs, group):
+    a, b = inputs
+    world = dist.get_world_size(group)
+    full = torch.empty((world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
+    dist.all_gather_into_tensor(full, a, group=group)
+    return full.float() @ b.float()
+
+
+def _agmm_torch_fused(inputs, group):
+    import torch.distributed._symmetric_memory as symm_mem  # noqa: F401
+    a, b = inputs
+    op = torch.ops.symm_mem.fused_all_gather_matmul
+    name = group.group_name
+    return lambda: op(a, [b], 0, name)[1][0]
+
+
+AGMM = FusedSpec(
+    op="all_gather_matmul",
+    shapes=((16384, 8192, 8192), (16384, 6656, 16384), (16384, 3584, 8192), (4096, 8192, 8192),
+            (1024, 8192, 8192), (1024, 1024, 1024), (256, 8192, 8192)),
+    inputs=_agmm_inputs,
+    reference=_agmm_reference,
+    run=lambda algorithm, inputs, group: symmcoll.all_gather_matmul(inputs[0], inputs[1], group, algorithm=algorithm),
+    flops=lambda s: 2 * s[0] * s[1] * s[2],
+    local=lambda s, dtype, device: _local_matmul(s[0], s[1], s[2], dtype, device),
+    baselines={"torch:fused_all_gather_matmul": _agmm_torch_fused},
+)
+
+SPECS = {AGMM.op: AGMM}
+
+
+def _local_matmul(M, N, K, dtype, device):
+    a = torch.randn(M, K, device=device, dtype=dtype)
+    b = torch.randn(K, N, device=device, dtype=dtype)
+    out = torch.empty(M, N, device=device, dtype=dtype)
+    return lambda: torch.matmul(a, b, out=out)
+
+
+# ---- rank side ---------------------------------------------------------------------------------------
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float], str]:
+    """Per-call microseconds of every timed replay (graph) or call (eager if capture fails)."""
+    thunk()
+    torch.cuda.synchronize()
+    mode = "graph"
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls_per_graph):
+                thunk()
+        step, per = graph.replay, calls_per_graph
+    except Exception:  # noqa: BLE001 - not every baseline can be captured
+        torch.cuda.synchronize()
+        step, per, mode = thunk, 1, "eager"
+    flags = [None] * dist.get_world_size(group)
+    dist.all_gather_object(flags, mode, group=group)
+    if "eager" in flags:
+        step, per, mode = thunk, 1, "eager"
+    step()
+    times = []
+    for _ in range(replays):
+        dist.barrier(group)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / per)
+    return times, mode
+
+
+def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, replays: int,
+              calls_per_graph: int) -> list[dict]:
+    """Every implementation of ``op`` at ``shape`` (collective; the same rows on every rank)."""
+    spec = SPECS[op]
+    group = dist.group.WORLD
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device())
+    dtype = TORCH_DTYPES[dtype_name]
+    rows = []
+    local_times, _ = _time(spec.local(shape, dtype, device), replays, 1, group)
+    local_us = _slowest(statistics.median(local_times), group)
+    rows.append(_row(op, "cublas (whole problem, one GPU)", "local", shape, dtype_name, world, local_us, local_us,
+                     spec.flops(shape), None, "eager", None))
+    impls = [(f"symmcoll:{n}", "symmcoll", n) for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
+    impls += [(name, "baseline", make) for name, make in spec.baselines.items()]
+    for name, family, what in impls:
+        if algorithms and not any(p == name or name.endswith(":" + p) for p in algorithms):
+            continue
+        error, us, err, mode = None, None, None, None
+        try:
+            inputs = spec.inputs(shape, dtype, rank, world, 0, device)
+            thunk = (lambda i=inputs, w=what: spec.run(w, i, group)) if family == "symmcoll" else what(inputs, group)
+            want = spec.reference(inputs, group)
+            err = _rel_err(thunk(), want)
+            if err > TOLERANCE[dtype_name]:
+                raise AssertionError(f"relative error {err:.2e} before timing")
+            times, mode = _time(thunk, replays, calls_per_graph, group)
+            us = statistics.median(times)
+            fresh = spec.inputs(shape, dtype, rank, world, 1, device)
+            for dst, src in zip(inputs, fresh):
+                dst.copy_(src)
+            err = max(err, _rel_err(thunk(), spec.reference(inputs, group)))
+            symmcoll.check()
+        except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
+            error = f"rank {rank}: {type(exc).__name__}: {exc}"[:300]
+            symmcoll.reset()
+        errors = [None] * world
+        dist.all_gather_object(errors, error, group=group)
+        error = next((e for e in errors if e), None)
+        us = None if error else _slowest(us, group)
+        rows.append(_row(op, name, family, shape, dtype_name, world, us, local_us, spec.flops(shape), err, mode, error))
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _slowest(us: float | None, group) -> float | None:
+    t = torch.tensor([us if us is not None else -1.0], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t) if float(t) >= 0 else None
+
+
+def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, error) -> dict:
+    return {"op": op, "implementation": name, "family": family, "shape": list(shape), "dtype": dtype,
+            "world_size": world, "median_us": us, "tflops": flops / us / 1e6 if us else None,
+            "x_cublas": us / local_us if us and local_us else None, "rel_err": err, "timing": mode, "error": error}
+
+
+# ---- driver ------------------------------------------------------------------------------------------
+
+def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms, out_dir: Path, console,
+        replays: int = 20, calls_per_graph: int = 3) -> int:
+    from rich.table import Table
+
+    from ..launch import RankPool
+    status = 0
+    for world in world_sizes:
+        rows, info = [], None
+        with RankPool(world, device="cuda") as pool:
+            info = pool.run(provenance.collect, "cuda")[0]
+            for shape in shapes:
+                t0 = time.monotonic()
+                rows += pool.run(run_shape, op, tuple(shape), dtype, algorithms, replays, calls_per_graph,
+                                 timeout=600)[0]
+                console.print(f"ws{world} {op} {shape}: {time.monotonic() - t0:.0f} s", highlight=False)
+        table = Table(title=f"{op}, world size {world}, {dtype}, CUDA-graph replays (us per call, slowest rank)")
+        for column in ("M x N x K", "implementation", "us", "TFLOP/s", "x cuBLAS", "rel err", "note"):
+            table.add_column(column)
+        for r in rows:
+            table.add_row("x".join(map(str, r["shape"])), r["implementation"],
+                          f"{r['median_us']:.1f}" if r["median_us"] else "-",
+                          f"{r['tflops']:.0f}" if r["tflops"] else "-",
+                          f"{r['x_cublas']:.3f}" if r["x_cublas"] else "-",
+                          f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-",
+                          (r["error"] or r["timing"] or "")[:60])
+            status |= int(r["family"] == "symmcoll" and r["error"] is not None)
+        console.print(table)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"{op}-ws{world}-{info.created_utc.replace(':', '')}.json"
+        path.write_text(json.dumps({"schema": "symmcoll.bench.fused/1", "provenance": asdict(info),
+                                    "op": op, "dtype": dtype, "world_size": world, "replays": replays,
+                                    "calls_per_graph": calls_per_graph, "rows": rows}, indent=1))
+        console.print(f"result written: {path}", highlight=False)
+    return status
