@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
-#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared] [gemm]
+#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared] [gemm] [fused]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -63,6 +63,12 @@ for stage in $stages; do
       sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
       timeout ${PROBE_TIMEOUT:-300} python3 benchmarks/probe_copy_engine.py --world-size $sizes --out "$OUT/probe.json" 2>&1 \
         | tee "$OUT/probe.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    fused)
+      # Fused ops by shape at the world size of the GPUs here (FUSED_OPS, FUSED_SHAPES narrow it).
+      timeout ${FUSED_TIMEOUT:-500} python3 -m symmcoll bench --op ${FUSED_OPS:-all_gather_matmul} --world-size "$ngpu" \
+        ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} --out "$OUT" 2>&1 | tee "$OUT/fused_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     gemm)
