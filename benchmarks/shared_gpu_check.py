@@ -186,31 +186,57 @@ def _compile(rank, world, rows):
         rows.append({"check": "compile", "mode": mode, "wrong": wrong, "error": error})
 
 
-def _host_overhead(rank, world, rows, calls=300):
-    """CPU time per eager call, calls queued without synchronising (the GPU drains them afterwards)."""
+def _host_overhead(rank, world, rows, rounds=30, calls=20):
+    """CPU time per eager call: rounds of ``calls`` calls queued on an idle GPU (few enough that the
+    launch queue never fills, so the host never waits for the GPU), median over rounds. Also the same
+    with kernel launches replaced by a no-op (the Python path alone) and Triton's own launch path."""
+    import statistics
+    from symmcoll import launcher
     dev = torch.device("cuda", 0)
     x = rank_coded(2048, torch.bfloat16, rank, 0, dev)  # 4 KB
     name = dist.group.WORLD.group_name
     cases = {
         "symmcoll.all_reduce sentinel_one_shot": lambda: symmcoll.all_reduce(x, algorithm="sentinel_one_shot"),
+        "symmcoll.all_reduce one_shot": lambda: symmcoll.all_reduce(x, algorithm="one_shot"),
         "symmcoll.all_reduce auto": lambda: symmcoll.all_reduce(x),
         "torch.ops.symmcoll.all_reduce (dispatcher)": lambda: torch.ops.symmcoll.all_reduce(x, name, "sum",
                                                                                             "sentinel_one_shot"),
         "plan.resolve only": lambda: plan.resolve("all_reduce", x, None, "sentinel_one_shot", reduce_op="sum"),
         "torch.empty_like only": lambda: torch.empty_like(x),
     }
+
+    def measure(fn):
+        per_round = []
+        for _ in range(rounds):
+            torch.cuda.synchronize()
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_round.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+        return statistics.median(per_round)
+
     for case, fn in cases.items():
-        for _ in range(20):
+        for _ in range(5):
             fn()
-        torch.cuda.synchronize()
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        host = (time.perf_counter() - start) / calls * 1e6
-        torch.cuda.synchronize()
-        rows.append({"check": "host_us_per_call", "case": case, "us": host, "calls": calls})
-        dist.barrier()
+        rows.append({"check": "host_us_per_call", "case": case, "us": measure(fn), "calls": calls, "rounds": rounds})
+    # The Python path alone: every launch a no-op (nothing runs, so nothing waits either).
+    saved = launcher.launch
+    for module in (symmcoll.comm.sentinel, symmcoll.comm.pull):
+        module.launch = lambda *a, **k: None
+    try:
+        rows.append({"check": "host_us_per_call", "case": "sentinel_one_shot without the launch",
+                     "us": measure(cases["symmcoll.all_reduce sentinel_one_shot"]), "calls": calls})
+    finally:
+        for module in (symmcoll.comm.sentinel, symmcoll.comm.pull):
+            module.launch = saved
+    launcher.FAST = False
+    try:
+        rows.append({"check": "host_us_per_call", "case": "sentinel_one_shot via Triton's own launch path",
+                     "us": measure(cases["symmcoll.all_reduce sentinel_one_shot"]), "calls": calls})
+    finally:
+        launcher.FAST = True
 
 
 def _all_checks():

@@ -79,17 +79,18 @@ AGMM = FusedSpec(
     reference=_agmm_reference,
     run=lambda algorithm, inputs, group: symmcoll.all_gather_matmul(inputs[0], inputs[1], group, algorithm=algorithm),
     flops=lambda s: 2 * s[0] * s[1] * s[2],
-    local=lambda s, dtype, device: _local_matmul(s[0], s[1], s[2], dtype, device),
+    local=lambda s, dtype, device: _local_matmul(s, dtype, device),
     baselines={"torch:fused_all_gather_matmul": _agmm_torch_fused},
 )
 
 SPECS = {AGMM.op: AGMM}
 
 
-def _local_matmul(M, N, K, dtype, device):
-    a = torch.randn(M, K, device=device, dtype=dtype)
-    b = torch.randn(K, N, device=device, dtype=dtype)
-    out = torch.empty(M, N, device=device, dtype=dtype)
+def _local_matmul(shape, dtype, device):
+    """cuBLAS on the whole problem, with data drawn like the variants' (a GEMM's clock, and so its
+    time, depends on the data: random inputs of the same scale on both sides)."""
+    a, b = _agmm_inputs(shape, dtype, 0, 1, 0, device)  # world 1: the whole A
+    out = torch.empty(shape[0], shape[1], device=device, dtype=dtype)
     return lambda: torch.matmul(a, b, out=out)
 
 
@@ -110,13 +111,13 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
             for _ in range(calls_per_graph):
                 thunk()
         step, per = graph.replay, calls_per_graph
-    except Exception:  # noqa: BLE001 - not every baseline can be captured
+    except Exception as exc:  # noqa: BLE001 - not every baseline can be captured
         torch.cuda.synchronize()
-        step, per, mode = thunk, 1, "eager"
+        step, per, mode = thunk, 1, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
     flags = [None] * dist.get_world_size(group)
     dist.all_gather_object(flags, mode, group=group)
-    if "eager" in flags:
-        step, per, mode = thunk, 1, "eager"
+    if any(f != "graph" for f in flags):
+        step, per, mode = thunk, 1, next(f for f in flags if f != "graph")
     step()
     times = []
     for _ in range(replays):
@@ -140,10 +141,10 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
     device = torch.device("cuda", torch.cuda.current_device())
     dtype = TORCH_DTYPES[dtype_name]
     rows = []
-    local_times, _ = _time(spec.local(shape, dtype, device), replays, 1, group)
+    local_times, local_mode = _time(spec.local(shape, dtype, device), replays, calls_per_graph, group)
     local_us = _slowest(statistics.median(local_times), group)
     rows.append(_row(op, "cublas (whole problem, one GPU)", "local", shape, dtype_name, world, local_us, local_us,
-                     spec.flops(shape), None, "eager", None))
+                     spec.flops(shape), None, local_mode, None))
     impls = [(f"symmcoll:{n}", "symmcoll", n) for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
     impls += [(name, "baseline", make) for name, make in spec.baselines.items()]
     for name, family, what in impls:

@@ -9,6 +9,7 @@ Numbered variants of one op, from the unfused reference to one kernel (all corre
                         are loaded straight from the owner's buffer through peer pointers (no staging, no
                         reuse: every column block re-reads its rows over NVLink), exit barrier kernel.
 2 gather_then_gemm      symmcoll.all_gather (the dispatcher's fastest), then the persistent GEMM.
+2b gather_then_cublas   the same with torch.matmul (cuBLAS), which wins on small problems.
 3 copy_engine_producer  my shard -> my buffer, barrier; a side stream pulls each peer's shard with the copy
                         engine, chunk by chunk, and marks each chunk ready by copying this call's epoch
                         into its flag; meanwhile the persistent GEMM computes my own rows (read from my
@@ -133,28 +134,25 @@ def ag_matmul_kernel(
                                         status_ptr, rank, owner, desc)
             cols = pid_n * BN + tl.arange(0, BN)
             r = tl.arange(0, BM)
-            acc = tl.zeros([BM, BN], tl.float32)
-            for k in range(0, K, BK):
-                ks = k + tl.arange(0, BK)
-                if TMA:
-                    b = b_desc.load([k, pid_n * BN])
-                else:
-                    b = gemm.load_tile(b_ptr, ks, cols, K, N, stride_b)
+            # One k-loop per source, each with unconditional loads (a load under a branch inside the
+            # loop defeats the software pipeliner: it gave wrong results on an H200).
+            if TMA:
                 if owner == rank:
-                    if TMA:
-                        a = a_desc.load([local_first, k])
-                    else:
-                        a = gemm.load_tile(a_ptr + local_first * stride_a, r, ks, count, K, stride_a)
-                elif MODE == 1:
-                    theirs = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
-                    a = gemm.load_tile(theirs + local_first * K, r, ks, count, K, K)
+                    acc = gemm.acc_tile_tma(a_desc, local_first, b_desc, pid_n * BN, K, BM, BN, BK)
                 else:
-                    if TMA:
-                        a = g_desc.load([owner * shard_stride + local_first, k])
-                    else:
-                        a = gemm.load_tile(g_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_g, r, ks,
-                                           count, K, stride_g)
-                acc = gemm.mma(a, b, acc)
+                    acc = gemm.acc_tile_tma(g_desc, owner * shard_stride + local_first, b_desc, pid_n * BN, K, BM, BN,
+                                            BK)
+            else:
+                if owner == rank:
+                    base = a_ptr + tl.cast(local_first, tl.int64) * stride_a
+                    stride = stride_a
+                elif MODE == 1:
+                    base = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty) + tl.cast(local_first, tl.int64) * K
+                    stride = K
+                else:
+                    base = g_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_g
+                    stride = stride_g
+                acc = gemm.acc_tile(base, stride, count, b_ptr, stride_b, cols, K, N, BM, BN, BK)
             if budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc, r, cols,
                                 count, N, stride_c)
@@ -217,6 +215,12 @@ def _gather_then_gemm(plan: Plan, a, _out, *bs):
     import symmcoll
     g = symmcoll.all_gather(a, plan.group)
     return [gemm.matmul(g, b) for b in bs], g
+
+
+def _gather_then_cublas(plan: Plan, a, _out, *bs):
+    import symmcoll
+    g = symmcoll.all_gather(a, plan.group)
+    return [torch.matmul(g, b) for b in bs], g
 
 
 def _config(plan: Plan):
@@ -331,6 +335,7 @@ for _name, _fn, _code, _summary in (
         ("nccl", _nccl, 60, "NCCL all-gather, then torch.matmul"),
         ("naive_remote", _naive_remote, 61, "one GEMM kernel reading A tiles from the owners' buffers"),
         ("gather_then_gemm", _gather_then_gemm, 62, "symmcoll all-gather, then the persistent GEMM"),
+        ("gather_then_cublas", _gather_then_cublas, 65, "symmcoll all-gather, then torch.matmul (cuBLAS)"),
         ("copy_engine_producer", _copy_engine_producer, 63, "copy-engine gather with chunk flags + persistent GEMM"),
         ("fused", _fused, 64, "one kernel: producer programs pull chunks, consumer programs compute")):
     register(Algorithm(OP, _name, _code, "all_gather_matmul", _fn, _summary))

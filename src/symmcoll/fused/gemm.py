@@ -67,6 +67,27 @@ def store_tile(c_ptr, acc, rows, cols, row_limit, col_limit, stride):
 
 
 @triton.jit
+def acc_tile_tma(a_desc, row, b_desc, col, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """fp32 [BM, BN] tile of A[row:row+BM] @ B[:, col:col+BN] by TMA loads (rows beyond A: zeros)."""
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k in range(0, K, BK):
+        acc = mma(a_desc.load([row, k]), b_desc.load([k, col]), acc)
+    return acc
+
+
+@triton.jit
+def acc_tile(a_base, stride_a, rows, b_ptr, stride_b, cols, K, N, BM: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr):
+    """The same by masked pointer loads: A rows [0, rows) from ``a_base``, B columns ``cols``."""
+    r = tl.arange(0, BM)
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k in range(0, K, BK):
+        ks = k + tl.arange(0, BK)
+        acc = mma(load_tile(a_base, r, ks, rows, K, stride_a), load_tile(b_ptr, ks, cols, K, N, stride_b), acc)
+    return acc
+
+
+@triton.jit
 def matmul_kernel(
     # C [M, N] = A [M, K] @ B [K, N], row-major (row strides given)
     a_ptr, b_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c,
