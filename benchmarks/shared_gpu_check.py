@@ -221,16 +221,7 @@ def _host_overhead(rank, world, rows, rounds=30, calls=20):
         for _ in range(5):
             fn()
         rows.append({"check": "host_us_per_call", "case": case, "us": measure(fn), "calls": calls, "rounds": rounds})
-    # The Python path alone: every launch a no-op (nothing runs, so nothing waits either).
-    saved = launcher.launch
-    for module in (symmcoll.comm.sentinel, symmcoll.comm.pull):
-        module.launch = lambda *a, **k: None
-    try:
-        rows.append({"check": "host_us_per_call", "case": "sentinel_one_shot without the launch",
-                     "us": measure(cases["symmcoll.all_reduce sentinel_one_shot"]), "calls": calls})
-    finally:
-        for module in (symmcoll.comm.sentinel, symmcoll.comm.pull):
-            module.launch = saved
+    # Without the prepared launches: every launch through Triton's JIT binding.
     launcher.FAST = False
     try:
         rows.append({"check": "host_us_per_call", "case": "sentinel_one_shot via Triton's own launch path",

@@ -28,6 +28,7 @@ class CompileSpec:
     constexprs: tuple  # ((name, value), ...)
     num_warps: int
     label: str = field(default="", compare=False)
+    num_stages: int = 3
 
     @property
     def name(self) -> str:
@@ -104,7 +105,8 @@ def spec_of(rec: launcher.Recorded, label: str = "") -> CompileSpec:
         value = rec.meta[p.name] if p.name in rec.meta else p.default
         signature.append((p.name, "constexpr"))
         constexprs.append((p.name, value))
-    return CompileSpec(rec.kernel, tuple(signature), tuple(constexprs), rec.meta.get("num_warps", 4), label)
+    return CompileSpec(rec.kernel, tuple(signature), tuple(constexprs), rec.meta.get("num_warps", 4), label,
+                       rec.meta.get("num_stages", 3))
 
 
 # (world, rank, dtype): every world size, rank 1 somewhere (specialised to a constexpr on GPU), each
@@ -211,8 +213,13 @@ def unreferenced_helpers(jit_functions: dict[str, object]) -> list[str]:
     return out
 
 
+# Shared memory a block may use on an H100/H200 (227 KB): a kernel asking for more fails at launch.
+SHARED_MEMORY_LIMIT = 232448
+
+
 def compile_ptx(spec: CompileSpec) -> str:
-    """PTX of ``spec`` for sm_90, compiled on this machine (the triton wheel bundles ptxas)."""
+    """PTX of ``spec`` for sm_90, compiled on this machine (the triton wheel bundles ptxas); raises if
+    the kernel needs more shared memory than a Hopper block has."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -220,7 +227,11 @@ def compile_ptx(spec: CompileSpec) -> str:
     if type(fn).__name__ == "InterpretedFunction":
         raise RuntimeError("compile checks need TRITON_INTERPRET unset when symmcoll is imported")
     src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs))
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps,
+                                                                              "num_stages": spec.num_stages})
+    if compiled.metadata.shared > SHARED_MEMORY_LIMIT:
+        raise AssertionError(f"{spec.name}: needs {compiled.metadata.shared} bytes of shared memory, "
+                             f"more than the {SHARED_MEMORY_LIMIT} a Hopper block has")
     return compiled.asm["ptx"]
 
 

@@ -82,3 +82,51 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict) -> None:
     g = tuple(grid) + (1, 1)
     compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
                   *values)
+
+
+class Prepared:
+    """One launch whose arguments are all fixed except some tensors (a cached plan's single launch):
+    later calls pass only those tensors and go straight to the compiled kernel's launcher with their
+    addresses, skipping every Python-level binding step. Falls back to ``launch`` whenever the fast
+    path does not apply (CPU, recording, a misaligned tensor, before the first compile)."""
+
+    __slots__ = ("kernel", "grid", "prefix", "suffix", "meta", "compiled", "tail", "device")
+
+    def __init__(self, kernel, grid: tuple, prefix: tuple, suffix: tuple, meta: dict):
+        self.kernel, self.grid, self.prefix, self.suffix, self.meta = kernel, tuple(grid) + (1, 1), prefix, suffix, meta
+        self.compiled, self.tail, self.device = None, (), None
+
+    def try_fast(self, *tensors) -> bool:
+        """Launch through the compiled kernel with these tensors' addresses (same dtypes and sizes as
+        the first call); False, launching nothing, where that does not apply."""
+        compiled = self.compiled
+        if compiled is None or _RECORDING is not None or not FAST:
+            return False
+        ptrs = [t.data_ptr() for t in tensors]
+        if any(p % 16 for p in ptrs):
+            return False
+        LAUNCH_COUNTS[self.kernel.__name__] += 1
+        g = self.grid
+        compiled.run(g[0], g[1], g[2], _raw_stream(self.device), compiled.function, compiled.packed_metadata,
+                     None, None, None, *self.prefix, *ptrs, *self.suffix, *self.tail)
+        return True
+
+    def __call__(self, *tensors) -> None:
+        """The first (or a slow-path) launch, through Triton's JIT; keeps the compiled kernel."""
+        args = (*self.prefix, *tensors, *self.suffix)
+        if _RECORDING is not None or INTERPRETED or not FAST or any(t.data_ptr() % 16 for t in tensors):
+            launch(self.kernel, self.grid[:1], args, self.meta)
+            return
+        LAUNCH_COUNTS[self.kernel.__name__] += 1
+        compiled = self.kernel[self.grid[:1]](*args, **self.meta)
+        if hasattr(compiled, "result"):
+            compiled = compiled.result()
+        self.tail = tuple(self.meta[p.name] if p.name in self.meta else p.default
+                          for p in self.kernel.params[len(args):])
+        self.device = tensors[0].device.index if tensors else torch.cuda.current_device()
+        self.compiled = compiled
+
+
+def _raw_stream(device_index: int) -> int:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream

@@ -13,6 +13,7 @@ baselines outside symmcoll; symmcoll's variants are the op's registered algorith
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -105,6 +106,10 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
     thunk()
     torch.cuda.synchronize()
     mode = "graph"
+    # Tensors of earlier cases (torch's symmetric-memory ops allocate their own) must not be freed
+    # during the capture: collect now, and not during it.
+    gc.collect()
+    gc.disable()
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -114,6 +119,8 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
     except Exception as exc:  # noqa: BLE001 - not every baseline can be captured
         torch.cuda.synchronize()
         step, per, mode = thunk, 1, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
+    finally:
+        gc.enable()
     flags = [None] * dist.get_world_size(group)
     dist.all_gather_object(flags, mode, group=group)
     if any(f != "graph" for f in flags):

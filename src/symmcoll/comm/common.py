@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..launcher import Prepared, launch
 from ..plan import CPU_CONFIG, WORD_DTYPES, LaunchConfig, Plan, Request
 
 
@@ -57,3 +58,17 @@ def config(plan: Plan) -> LaunchConfig:
 def meta(plan: Plan, **constexprs) -> dict:
     """The constexprs and launch options every kernel of a plan takes."""
     return dict(WORLD=plan.world, num_warps=config(plan).num_warps, **constexprs)
+
+
+def launch_once(plan: Plan, kernel, grid: tuple, prefix: tuple, x_view, out_view, suffix: tuple, meta: dict,
+                whole: bool) -> None:
+    """Launch ``kernel`` over ``(*prefix, x_view, out_view, *suffix)``. When the launch is the whole
+    call (one piece, the views start at the call's input and output), on GPU it is kept prepared as
+    ``plan.fast``: later calls of the plan pass only the input's and output's addresses."""
+    if whole and plan.fast is None and plan.ws.device.type == "cuda":
+        prepared = Prepared(kernel, grid, prefix, suffix, meta)
+        prepared(x_view, out_view)
+        if prepared.compiled is not None:
+            plan.fast = prepared
+        return
+    launch(kernel, grid, (*prefix, x_view, out_view, *suffix), meta)

@@ -30,10 +30,9 @@ import triton.language as tl
 
 from ..language import (EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, combine, end_launch, finalize,
                         launch_epoch, pack, padded_words, peer_ptr, post_header, unpack, wait_flagged)
-from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
-from .common import chunks, config, meta
+from .common import chunks, config, launch_once, meta
 
 # Largest piece per launch (CPU: small, so that the multi-piece path runs in the CPU tests too).
 LL_MAX_WORDS = {"cuda": (512 << 10) // 4, "cpu": (16 << 10) // 4}
@@ -117,10 +116,10 @@ def _low_latency(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     src_words, out_words = flat.view(torch.int32), result.view(torch.int32)
     piece = LL_MAX_WORDS[ws.device.type]
     for start, n in chunks(src_words.numel(), piece):
-        launch(low_latency_kernel, cfg.grid(triton.cdiv(n, cfg.block)),
-               (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, src_words[start:], out_words[start:], n),
-               meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[x.dtype], SLOTS=piece,
-                    BLOCK=cfg.block))
+        launch_once(plan, low_latency_kernel, cfg.grid(triton.cdiv(n, cfg.block)),
+                    (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs), src_words[start:], out_words[start:], (n,),
+                    meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[x.dtype], SLOTS=piece, BLOCK=cfg.block),
+                    whole=not padded and n == src_words.numel())
     if padded:
         out.reshape(-1).copy_(result[:-1])
     return out

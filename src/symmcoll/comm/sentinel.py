@@ -45,10 +45,9 @@ import triton.language as tl
 from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, combine, end_launch, finalize,
                         launch_epoch, pack, padded_words, peer_ptr, post_header, reduce_rows, sanitize, unpack,
                         wait_filled, wait_filled_rows)
-from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
-from .common import chunks, config, meta
+from .common import chunks, config, launch_once, meta
 
 PHASES: tl.constexpr = tl.constexpr(3)
 # int32 words of the int64 headers [PHASES][MAX_WORLD] at the start of each region
@@ -329,23 +328,24 @@ def _one_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     kernel, extra = (one_shot_kernel, {}) if world == 2 else (one_shot_tiles_kernel,
                                                               {"PEERS": triton.next_power_of_2(world)})
     for start, n in chunks(src.numel(), row):
-        launch(kernel, cfg.grid(triton.cdiv(n, cfg.block)),
-               (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, src[start:], dst[start:], n),
-               meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[x.dtype], ROW=row, BLOCK=cfg.block,
-                    **extra))
+        launch_once(plan, kernel, cfg.grid(triton.cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc, region.ptrs_dev,
+                    epochs), src[start:], dst[start:], (n,),
+                    meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[x.dtype], ROW=row, BLOCK=cfg.block,
+                         **extra), whole=not padded and n == src.numel())
     if padded:
         out.reshape(-1).copy_(result[:-1])
     return out
 
 
-def _launch_two_shot(plan: Plan, x_words, out_words, n_words: int, shard: int, stride: int, gather: bool) -> None:
+def _launch_two_shot(plan: Plan, x_words, out_words, n_words: int, shard: int, stride: int, gather: bool,
+                     whole: bool) -> None:
     ws, cfg, world = plan.ws, config(plan), plan.world
     region, epochs = ws.region(TWO_SHOT_SLOTS.name), ws.local_state(TWO_SHOT_EPOCHS.name)
-    launch(two_shot_tiles_kernel, cfg.grid(triton.cdiv(shard, cfg.block)),
-           (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, x_words, out_words, n_words, shard, stride),
-           meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[plan.request.dtype],
-                ROW=row_words("two_shot", ws.device.type, world), BLOCK=cfg.block, GATHER=gather,
-                PEERS=triton.next_power_of_2(world)))
+    launch_once(plan, two_shot_tiles_kernel, cfg.grid(triton.cdiv(shard, cfg.block)),
+                (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs), x_words, out_words, (n_words, shard, stride),
+                meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[plan.request.dtype],
+                     ROW=row_words("two_shot", ws.device.type, world), BLOCK=cfg.block, GATHER=gather,
+                     PEERS=triton.next_power_of_2(world)), whole)
 
 
 def _two_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -354,7 +354,8 @@ def _two_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     src, dst = flat.view(torch.int32), result.view(torch.int32)
     for start, n in chunks(src.numel(), MAX_BYTES["two_shot"][plan.ws.device.type] // 4):
         shard = shard_words(n, plan.world)
-        _launch_two_shot(plan, src[start:], dst[start:], n, shard, shard, gather=True)
+        _launch_two_shot(plan, src[start:], dst[start:], n, shard, shard, gather=True,
+                         whole=not padded and n == src.numel())
     if padded:
         out.reshape(-1).copy_(result[:-1])
     return out
@@ -365,7 +366,7 @@ def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
     segment = out_words.numel()
     for start, n in chunks(segment, row_words("two_shot", plan.ws.device.type, plan.world)):
         _launch_two_shot(plan, x_words[start:], out_words[start:], (plan.world - 1) * segment + n, n, segment,
-                         gather=False)
+                         gather=False, whole=n == segment)
     return out
 
 

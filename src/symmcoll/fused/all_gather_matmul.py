@@ -120,9 +120,6 @@ def ag_matmul_kernel(
         consumer = pid - PRODUCERS
         num_n = tl.cdiv(N, BN)
         if TMA:
-            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[rows, K], strides=[stride_a, 1], block_shape=[BM, BK])
-            g_desc = tl.make_tensor_descriptor(g_ptr, shape=[WORLD * shard_stride, K], strides=[stride_g, 1],
-                                               block_shape=[BM, BK])
             b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
         for tile in range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
             logical, pid_n = gemm.grouped_tile(tile, WORLD * blocks_per_shard, num_n, GROUP_M)
@@ -134,25 +131,31 @@ def ag_matmul_kernel(
                                         status_ptr, rank, owner, desc)
             cols = pid_n * BN + tl.arange(0, BN)
             r = tl.arange(0, BM)
-            # One k-loop per source, each with unconditional loads (a load under a branch inside the
-            # loop defeats the software pipeliner: it gave wrong results on an H200).
-            if TMA:
-                if owner == rank:
-                    acc = gemm.acc_tile_tma(a_desc, local_first, b_desc, pid_n * BN, K, BM, BN, BK)
-                else:
-                    acc = gemm.acc_tile_tma(g_desc, owner * shard_stride + local_first, b_desc, pid_n * BN, K, BM, BN,
-                                            BK)
+            # One k-loop with unconditional loads (loads under a branch inside the pipelined loop gave
+            # wrong results on an H200; one loop per source doubles the pipeline's shared memory): pick
+            # the source per tile, and with TMA build its descriptor per tile (a few hundred ns against
+            # a tile's tens of microseconds).
+            if owner == rank:
+                base = a_ptr
+                src_rows = rows
+                stride = stride_a
+                row = local_first
+            elif MODE == 1:
+                base = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
+                src_rows = rows
+                stride = K
+                row = local_first
             else:
-                if owner == rank:
-                    base = a_ptr + tl.cast(local_first, tl.int64) * stride_a
-                    stride = stride_a
-                elif MODE == 1:
-                    base = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty) + tl.cast(local_first, tl.int64) * K
-                    stride = K
-                else:
-                    base = g_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_g
-                    stride = stride_g
-                acc = gemm.acc_tile(base, stride, count, b_ptr, stride_b, cols, K, N, BM, BN, BK)
+                base = g_ptr
+                src_rows = WORLD * shard_stride
+                stride = stride_g
+                row = owner * shard_stride + local_first
+            if TMA:
+                a_desc = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1], block_shape=[BM, BK])
+                acc = gemm.acc_tile_tma(a_desc, row, b_desc, pid_n * BN, K, BM, BN, BK)
+            else:
+                acc = gemm.acc_tile(base + tl.cast(row, tl.int64) * stride, stride, count, b_ptr, stride_b, cols, K, N,
+                                    BM, BN, BK)
             if budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc, r, cols,
                                 count, N, stride_c)

@@ -95,6 +95,7 @@ class Workspace:
         self.signal_pad = self.regions["signal_pad"].local.view(torch.int32)
         self.signal_pad_ptrs_dev = self.regions["signal_pad"].ptrs_dev
         self.status_ptr = self.status.data_ptr()
+        self.status_view = self.status.numpy()  # host reads of the error record without a tensor op
         # What every kernel takes first, built once.
         self.kernel_args = (self.signal_pad_ptrs_dev, self.status_ptr, self.max_spins, self.rank)
 
@@ -125,7 +126,7 @@ class Workspace:
         if self.broken:
             raise SymmcollError("symmcoll: the workspace is broken by an earlier failure; call "
                                 "symmcoll.reset() on every rank before the next call")
-        if int(self.status[0]) != 0:
+        if self.status_view[0] != 0:
             self.broken = True
             record = [int(v) for v in self.status.tolist()]
             peer = record[3]
