@@ -255,17 +255,22 @@ def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, re
             options: tuple = ()) -> Plan:
     """The plan for this call (cached). Raises ValueError naming the argument for bad input.
     ``others``: the other input tensors of a fused op; ``options``: its hashable options."""
-    check_tensor(x)
     if isinstance(splits, list):
         splits = tuple(splits)
-    other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others)
-    key = (op, algorithm, group, x.dtype, x.shape, x.device, reduce_op, src, splits, config, other_meta, options)
+    other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others) if others else ()
     try:
+        key = (op, algorithm, group, x.dtype, x.shape, x.device, reduce_op, src, splits, config, other_meta, options)
         plan = _PLANS.get(key)
-    except TypeError:  # an unhashable argument: validated (and rejected) below
+    except (TypeError, AttributeError):  # not a tensor, or an unhashable argument: validated below
         plan, key = None, None
     if plan is not None:
+        if not x.is_contiguous():
+            check_tensor(x)  # raises, naming the argument
+        for i, t in enumerate(others):
+            if not t.is_contiguous():
+                check_tensor(t, f"input {i + 1}")
         return plan
+    check_tensor(x)
     for i, t in enumerate(others):
         check_tensor(t, f"input {i + 1}")
     plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options)

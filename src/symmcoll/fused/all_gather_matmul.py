@@ -195,7 +195,9 @@ def _shape_rule(request: planner.Request, world: int):
     return None, key  # outputs (C per B, and the gathered A) are allocated by the variant
 
 
-register_op(OP, _shape_rule, default="gather_then_gemm")
+# Until `symmcoll tune` has measured this machine: our all-gather and cuBLAS (never slower than that
+# pair, by construction; the single-kernel variants need multi-GPU measurements to be chosen).
+register_op(OP, _shape_rule, default="gather_then_cublas")
 
 
 def _outputs(plan: Plan, a: torch.Tensor, bs, gathered: bool):
