@@ -140,7 +140,7 @@ def recorded_launches() -> list[tuple[str, launcher.Recorded]]:
                     ws = FakeWorkspace(world, rank)
                     cfg = algorithm.gpu_configs(request, world) if callable(algorithm.gpu_configs) else (
                         algorithm.gpu_configs.pick(request.nbytes, world) if algorithm.gpu_configs else None)
-                    out_shape, size_key = plan._shape_rules(request, world)
+                    out_shape, size_key = plan.shape_rule(op)(request, world)
                     p = plan.Plan(request, "kernel", algorithm, None, world, rank, ws, cfg, 3, out_shape)
                     x = torch.empty(request.shape, dtype=dtype, device="meta")
                     out = None if out_shape is None else torch.empty(out_shape, dtype=dtype, device="meta")

@@ -148,6 +148,11 @@ def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default
 _DEFAULTS: dict[str, str] = {"all_reduce": "two_shot"}
 
 
+def shape_rule(op: str) -> Callable:
+    """The registered shape rule of ``op``: rule(request, world) -> (output shape or None, size key)."""
+    return _OP_RULES[op]
+
+
 def register(algorithm: Algorithm) -> Algorithm:
     if algorithm.op not in _REGISTRY:
         _REGISTRY[algorithm.op] = {}
@@ -309,7 +314,7 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
         if not 0 <= src < world:
             raise ValueError(f"src must be a group rank in [0, {world}), got {src}")
     request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits, others, options)
-    out_shape, size_key = _OP_RULES[op](request, world) if op in _OP_RULES else _shape_rules(request, world)
+    out_shape, size_key = _OP_RULES[op](request, world)
     if op in OPS and (world == 1 or (out_shape is not None and math.prod(out_shape) == 0)
                       or x.numel() == 0 and op != "all_to_all"):
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
@@ -330,49 +335,6 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
     desc = calls.encode(chosen.code, request.dtype, reduce_op, src, size_key)
     log.debug("%s of %s %s on %d ranks: %s", op, x.dtype, tuple(x.shape), world, name)
     return Plan(request, "kernel", chosen, group, world, rank, ws, cfg, desc, out_shape)
-
-
-def _shape_rules(request: Request, world: int) -> tuple[tuple | None, int]:
-    """(output shape or None if it depends on the peers, the size key of the call descriptor)."""
-    op, shape = request.op, request.shape
-    if op == "all_reduce" or op == "broadcast":
-        return shape, request.nbytes
-    if op == "reduce_scatter":
-        if len(shape) == 0:
-            raise ValueError("x must have at least one dimension to be split along dim 0 (got a 0-dim tensor)")
-        if shape[0] % world:
-            raise ValueError(f"x.shape[0] must be divisible by the world size: x has shape {shape}, world "
-                             f"size {world}, so the output shape ({shape[0]}/{world}, ...) is not whole")
-        return (shape[0] // world, *shape[1:]), request.nbytes
-    if op == "all_gather":
-        rows = shape if shape else (1,)
-        return (world * rows[0], *rows[1:]), request.nbytes
-    if op == "all_to_all":
-        if len(shape) == 0:
-            raise ValueError("x must have at least one dimension (rows are exchanged along dim 0), got a "
-                             "0-dim tensor")
-        row_bytes = math.prod(shape[1:]) * request.dtype.itemsize
-        if request.splits is None:
-            if shape[0] % world:
-                raise ValueError(f"x.shape[0] must be divisible by the world size for equal splits: x has "
-                                 f"shape {shape}, world size {world} (or pass splits=)")
-            return shape, request.nbytes
-        _check_splits(request.splits, shape[0], world)
-        return None, row_bytes | 1 << 40
-    raise ValueError(f"unknown op {op!r}")
-
-
-def _check_splits(splits, rows: int, world: int) -> None:
-    try:
-        values = [operator.index(s) for s in splits]
-    except TypeError:
-        raise ValueError(f"splits must be a list of {world} ints (rows sent to each rank), got {splits!r}") from None
-    if len(values) != world:
-        raise ValueError(f"splits must have one entry per rank ({world}), got {len(values)}: {values}")
-    if min(values) < 0:
-        raise ValueError(f"splits must be >= 0, got {values}")
-    if sum(values) != rows:
-        raise ValueError(f"splits must sum to x.shape[0] = {rows}, got {values} (sum {sum(values)})")
 
 
 def _choose(request: Request, world: int, algorithm: str) -> str:

@@ -8,9 +8,10 @@ tree.py         double binary tree: all_reduce tree
 gather.py       data movement by pulls: all_gather pull / copy_engine, broadcast pull
 all_to_all.py   data movement: all_to_all pull (and its split exchange)
 backend.py      the process group's own collectives ("nccl")
+shapes.py       what each collective returns and refuses (shape rules)
 
 Importing this package registers every algorithm (symmcoll.plan) and declares every region
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 
-from . import all_to_all, backend, gather, low_latency, pull, push, sentinel, tree  # noqa: F401
+from . import all_to_all, backend, gather, low_latency, pull, push, sentinel, shapes, tree  # noqa: F401
