@@ -138,3 +138,42 @@ def test_sized_configs_per_world_size():
     assert configs.pick(1 << 20, 4) == small and configs.pick((1 << 20) + 1, 4) == large
     assert configs.pick(1 << 10, 2) == two and configs.pick(1 << 50, 2) == two
     assert configs.pick(1 << 10) == small  # no world size: the default table
+
+
+def test_fused_rules_from_bench_rows_keyed_by_mnk():
+    from symmcoll.bench.fused import rules_from_rows
+
+    def row(name, shape, us, error=None):
+        return {"family": "symmcoll", "error": error, "median_us": us, "implementation": f"symmcoll:{name}",
+                "shape": list(shape), "op": "all_gather_matmul", "world_size": 2, "dtype": "bf16"}
+    rows = [row("fused", (1024, 64, 64), 10.0), row("gather_then_cublas", (1024, 64, 64), 9.0),
+            row("fused", (4096, 64, 64), 30.0), row("gather_then_cublas", (4096, 64, 64), 31.0),
+            row("naive_remote", (4096, 64, 64), 1.0, error="wrong"), row("auto", (4096, 64, 64), 0.5),
+            row("fused", (8192, 64, 64), 50.0)]
+    rules = rules_from_rows(rows)
+    assert [(r.max_bytes, r.algorithm) for r in rules] == [(1024 * 64 * 64, "gather_then_cublas"),
+                                                           (8192 * 64 * 64, "fused")]
+
+
+def _fused_dispatch():
+    from symmcoll.fused.all_gather_matmul import dispatch_size
+    from symmcoll.plan import clear_cache, resolve
+    table = dispatch.Table((dispatch.Rule("all_gather_matmul", 2, "bf16", 2 * 8 * 32 * 16, "fused"),
+                            dispatch.Rule("all_gather_matmul", 2, "bf16", 1 << 40, "naive_remote")), "test")
+    original = dispatch.active_table
+    dispatch.active_table = lambda: table
+    clear_cache()
+    try:
+        a, b = torch.ones(8, 32, dtype=torch.bfloat16), torch.ones(32, 16, dtype=torch.bfloat16)
+        small = resolve("all_gather_matmul", a, None, "auto", others=(b,))
+        assert dispatch_size(small.request, 2) == 16 * 32 * 16 and small.name == "fused"
+        big = resolve("all_gather_matmul", torch.ones(16, 32, dtype=torch.bfloat16), None, "auto", others=(b,))
+        assert big.name == "naive_remote"
+    finally:
+        dispatch.active_table = original
+        clear_cache()
+    return True
+
+
+def test_fused_op_auto_follows_the_table(pools):
+    assert pools(2).run(_fused_dispatch) == [True, True]

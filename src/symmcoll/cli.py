@@ -135,7 +135,13 @@ def _tune(args: argparse.Namespace) -> int:
     from .bench.driver import BenchOptions, run_bench
 
     console = _console()
-    ops = tuple(_split(args.op)) or OPS
+    requested = tuple(_split(args.op)) or OPS
+    fused_ops = tuple(op for op in requested if op in _fused_ops())
+    ops = tuple(op for op in requested if op not in fused_ops)
+    fused_rules, status = _tune_fused(args, fused_ops, console) if fused_ops else ((), 0)
+    if not ops:
+        return _write_table(args, console, dispatch.Table(tuple(fused_rules), "symmcoll tune (fused ops)"),
+                            fused_ops) or status
     with tempfile.TemporaryDirectory() as tmp:
         options = BenchOptions(
             ops=ops, begin=args.minbytes, end=args.maxbytes, factor=None, dtype=args.dtype,
@@ -143,7 +149,7 @@ def _tune(args: argparse.Namespace) -> int:
             world_sizes=tuple(int(w) for w in _split(args.world_size)) or None,
             mode=None, iters=None, warmup=None, calls_per_graph=20, seconds_per_case=None,
             out_dir=Path(tmp), plot=False, device=args.device, link_bytes=16 << 20)
-        status = run_bench(options, console)
+        status = max(status, run_bench(options, console))
         found = [results.load(p) for p in sorted(Path(tmp).glob("*.json"))]
     if not found:
         console.print("[bold red]tune: no results, nothing written[/]")
@@ -152,15 +158,43 @@ def _tune(args: argparse.Namespace) -> int:
     table = dispatch.table_from_results(
         found, f"symmcoll tune, {prov.created_utc}, {prov.gpu_name or prov.device_type} x{prov.gpu_count}, "
                f"{args.dtype}, git {prov.git_sha}")
-    # Ops not measured now keep the rules of the table in use.
-    kept = tuple(r for r in dispatch.active_table().rules if r.op not in ops)
+    table = dispatch.Table(table.rules + tuple(fused_rules), table.source)
+    return max(status, _write_table(args, console, table, requested))
+
+
+def _write_table(args, console, table, measured_ops) -> int:
+    """Write ``table``; ops not measured now keep the rules of the table in use."""
+    from . import dispatch
+    kept = tuple(r for r in dispatch.active_table().rules if r.op not in measured_ops)
     table = dispatch.Table(kept + table.rules, table.source + (
         f"; {', '.join(sorted({r.op for r in kept}))} from {dispatch.active_table().source}" if kept else ""))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table.to_json() + "\n")
     console.print(f"dispatch table written: {out} ({len(table.rules)} rules)", highlight=False)
-    return status
+    return 0
+
+
+def _tune_fused(args, ops, console):
+    """Fused ops: the fused benchmark at their default shapes; rules keyed by M * N * K."""
+    import json
+    import tempfile
+
+    import torch
+
+    from .bench import fused
+    if not torch.cuda.is_available():
+        console.print(f"[bold yellow]tune: {', '.join(ops)} need GPUs; not tuned here[/]")
+        return (), 0
+    worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
+    rows, status = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for op in ops:
+            status = max(status, fused.run(op, list(fused.SPECS[op].shapes), worlds, args.dtype, None, Path(tmp),
+                                           console))
+        for path in Path(tmp).glob("*.json"):
+            rows += json.loads(path.read_text())["rows"]
+    return fused.rules_from_rows(rows), status
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -233,8 +267,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.set_defaults(command="tune", handler=_tune)
     tune.add_argument("-b", "--minbytes", type=_size, default=None)
     tune.add_argument("-e", "--maxbytes", type=_size, default=None)
-    tune.add_argument("--op", nargs="+", default=None, metavar="OP",
-                      help=f"collectives to measure: {', '.join(OPS)} (default: all); the others keep "
+    tune.add_argument("--op", nargs="+", default=None, metavar="OP",  # collectives and fused ops
+                      help=f"ops to measure: {', '.join(OPS)}, or fused ops ({', '.join(_fused_ops())}, GPU, by "
+                           f"shape) (default: the collectives); the others keep "
                            f"the rules of the table in use")
     tune.add_argument("--dtype", choices=DTYPES, default="bf16")
     tune.add_argument("--world-size", nargs="+", default=None, metavar="N")

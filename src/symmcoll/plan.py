@@ -134,11 +134,15 @@ _OP_RULES: dict[str, Callable] = {}
 _REDUCING_OPS: set[str] = set(("all_reduce", "reduce_scatter"))
 
 
-def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | None = None) -> None:
-    """Make ``op`` (a fused op) known to the resolver: its shape rule, whether it takes a reduce op, and
-    what "auto" runs where the tuned table has no rule."""
+def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | None = None,
+                dispatch_size: Callable | None = None) -> None:
+    """Make ``op`` known to the resolver: its shape rule, whether it takes a reduce op, what "auto" runs
+    where the tuned table has no rule, and the size the table is keyed by (``dispatch_size(request,
+    world)``; default: input bytes per rank, output bytes per rank for reduce_scatter)."""
     _REGISTRY.setdefault(op, {})
     _OP_RULES[op] = shape_rule
+    if dispatch_size is not None:
+        _DISPATCH_SIZE[op] = dispatch_size
     if reduces:
         _REDUCING_OPS.add(op)
     if default is not None:
@@ -146,6 +150,7 @@ def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default
 
 
 _DEFAULTS: dict[str, str] = {"all_reduce": "two_shot"}
+_DISPATCH_SIZE: dict[str, Callable] = {}
 
 
 def shape_rule(op: str) -> Callable:
@@ -373,6 +378,8 @@ def _choose(request: Request, world: int, algorithm: str) -> str:
 
 def _dispatch_bytes(request: Request, world: int) -> int:
     # Tables are keyed as `symmcoll bench` reports sizes: output bytes per rank for reduce_scatter.
+    if request.op in _DISPATCH_SIZE:
+        return _DISPATCH_SIZE[request.op](request, world)
     return request.nbytes // world if request.op == "reduce_scatter" else request.nbytes
 
 

@@ -204,6 +204,7 @@ def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms
 
     from ..launch import RankPool
     status = 0
+    written = []
     for world in world_sizes:
         rows, info = [], None
         with RankPool(world, device="cuda") as pool:
@@ -227,8 +228,35 @@ def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms
         console.print(table)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{op}-ws{world}-{info.created_utc.replace(':', '')}.json"
+        written.append(path)
         path.write_text(json.dumps({"schema": "symmcoll.bench.fused/1", "provenance": asdict(info),
                                     "op": op, "dtype": dtype, "world_size": world, "replays": replays,
                                     "calls_per_graph": calls_per_graph, "rows": rows}, indent=1))
         console.print(f"result written: {path}", highlight=False)
     return status
+
+
+def rules_from_rows(rows: list[dict]):
+    """Dispatch rules (symmcoll.dispatch.Rule) from fused-bench rows: at each measured shape the fastest
+    correct symmcoll variant, keyed by M * N * K (the op's dispatch size), consecutive shapes with the
+    same winner merged."""
+    from ..dispatch import Rule
+    best: dict[tuple, dict[int, tuple[float, str]]] = {}
+    for r in rows:
+        if r["family"] != "symmcoll" or r["error"] or r["median_us"] is None or r["implementation"] == "symmcoll:auto":
+            continue
+        size = 1
+        for v in r["shape"]:
+            size *= v
+        case = best.setdefault((r["op"], r["world_size"], r["dtype"]), {})
+        name = r["implementation"].split(":", 1)[1]
+        if size not in case or r["median_us"] < case[size][0]:
+            case[size] = (r["median_us"], name)
+    out = []
+    for (op, world, dtype), winners in best.items():
+        sizes = sorted(winners)
+        for i, size in enumerate(sizes):
+            if i + 1 < len(sizes) and winners[sizes[i + 1]][1] == winners[size][1]:
+                continue
+            out.append(Rule(op, world, dtype, size, winners[size][1]))
+    return out

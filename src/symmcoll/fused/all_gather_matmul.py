@@ -197,7 +197,13 @@ def _shape_rule(request: planner.Request, world: int):
 
 # Until `symmcoll tune` has measured this machine: our all-gather and cuBLAS (never slower than that
 # pair, by construction; the single-kernel variants need multi-GPU measurements to be chosen).
-register_op(OP, _shape_rule, default="gather_then_cublas")
+def dispatch_size(request: planner.Request, world: int) -> int:
+    """What the tuned table keys this op by: M * N * K (N summed over the Bs)."""
+    rows, k = request.shape
+    return world * rows * k * sum(shape[1] for shape, _, _ in request.others)
+
+
+register_op(OP, _shape_rule, default="gather_then_cublas", dispatch_size=dispatch_size)
 
 
 def _outputs(plan: Plan, a: torch.Tensor, bs, gathered: bool):
