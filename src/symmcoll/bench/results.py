@@ -43,6 +43,7 @@ class Measurement:
     wrong: int | None           # the #wrong column: wrong_before + wrong_after
     error: str | None           # why the row is incomplete (first failing rank and stage)
     note: str | None            # e.g. graph capture failed, timed eagerly
+    host_us: float | None = None  # eager timing: CPU time per call, slowest rank (timing.host_time_us)
 
     @property
     def ok(self) -> bool:

@@ -27,6 +27,7 @@ class Timing:
     samples_us: tuple[float, ...]  # per call
     mode: str                      # graph | eager | cpu
     calls_per_sample: int
+    host_us: float | None = None   # eager: CPU time per call (median of rounds on an idle GPU)
 
 
 class CapturedCalls:
@@ -60,7 +61,22 @@ def time_eager(call: Callable[[], object], plan: TimingPlan, group) -> Timing:
         call()
     probe = _events_elapsed_us([call] * 2)
     iters = agreed_iters(max(probe) * 1e-6, plan, group)
-    return Timing(tuple(_events_elapsed_us([call] * iters, group)), "eager", 1)
+    return Timing(tuple(_events_elapsed_us([call] * iters, group)), "eager", 1, host_time_us(call, group))
+
+
+def host_time_us(call: Callable[[], object], group, rounds: int = 15, calls: int = 20) -> float:
+    """CPU time per call: rounds of ``calls`` calls queued on an idle GPU (few enough that the launch
+    queue never fills, so the host never waits for the GPU), the median round's time per call."""
+    per_round = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        dist.barrier(group)
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        per_round.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return sorted(per_round)[len(per_round) // 2]
 
 
 def time_cpu(call: Callable[[], object], plan: TimingPlan, group) -> Timing:

@@ -11,7 +11,7 @@ an all-gather), so one broken implementation is reported as such and the sweep g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -126,8 +126,12 @@ def run_case(case: Case) -> Measurement:
         symmcoll.reset()  # a timed-out kernel leaves workspaces inconsistent; rebuilt on next use
     summaries = [None] * dist.get_world_size(group)  # every rank gets here with timing on all or none
     dist.all_gather_object(summaries, summarize(timing.samples_us) if timing else None, group=group)
-    return _measurement(case, impl, timing, summaries, _total(wrong_before), _total(wrong_after),
-                        stages.error, note, dist.get_world_size(group))
+    hosts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hosts, timing.host_us if timing else None, group=group)
+    measurement = _measurement(case, impl, timing, summaries, _total(wrong_before), _total(wrong_after),
+                               stages.error, note, dist.get_world_size(group))
+    host = [h for h in hosts if h is not None]
+    return replace(measurement, host_us=max(host)) if len(host) == len(hosts) else measurement
 
 
 class _Inputs:
