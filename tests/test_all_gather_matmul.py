@@ -95,3 +95,43 @@ def _errors_and_compile():
 
 def test_errors_and_torch_compile(pools):
     assert pools(2).run(_errors_and_compile) == [True, True]
+
+
+# --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------
+
+def _gpu_stress(algorithm, calls, replays):
+    """Fresh random data over back-to-back calls, then replays of a captured graph with fresh data."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows, k, n = 1000, 512, 384  # rows not a multiple of the tile
+    worst = 0.0
+    for call in range(calls):
+        a = _shard(rank, call, rows, k, torch.bfloat16)
+        b = _weights(call, k, n, torch.bfloat16)
+        out = symmcoll.all_gather_matmul(a, b, algorithm=algorithm)
+        ref = torch.cat([_shard(r, call, rows, k, torch.bfloat16) for r in range(world)]).float() @ b.float()
+        worst = max(worst, float((out.float() - ref).norm() / ref.norm()))
+    a = _shard(rank, 0, rows, k, torch.bfloat16)
+    b = _weights(0, k, n, torch.bfloat16)
+    symmcoll.all_gather_matmul(a, b, algorithm=algorithm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = symmcoll.all_gather_matmul(a, b, algorithm=algorithm)
+    for replay in range(1, replays + 1):
+        a.copy_(_shard(rank, 1000 + replay, rows, k, torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = torch.cat([_shard(r, 1000 + replay, rows, k, torch.bfloat16) for r in range(world)]).float() @ b.float()
+        worst = max(worst, float((out.float() - ref).norm() / ref.norm()))
+    symmcoll.check()
+    return worst
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ws", [2, 4])
+@pytest.mark.parametrize("algorithm", ["naive_remote", "gather_then_gemm", "copy_engine_producer", "fused"])
+def test_gpu_back_to_back_and_graph_replays(pools, ws, algorithm):
+    if ws > torch.cuda.device_count():
+        pytest.skip(f"NOT RUN: needs {ws} GPUs")
+    worst = pools(ws).run(_gpu_stress, algorithm, 50, 20, timeout=600)
+    assert max(worst) < TOLERANCE[torch.bfloat16], worst
