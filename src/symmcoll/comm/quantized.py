@@ -64,7 +64,7 @@ ALIGN = 128
 PHASES: tl.constexpr = tl.constexpr(3)
 HEADER_WORDS: tl.constexpr = tl.constexpr(2 * PHASES.value * MAX_WORLD.value)
 # Input elements per launch (CPU: small, so that the tests run the multi-piece path).
-MAX_ELEMENTS = {"cuda": 8 << 20, "cpu": 16 << 10}
+MAX_ELEMENTS = {"cuda": 8 << 20, "cpu": 8 << 10}
 # Below this many input bytes the exact path runs instead (SYMMCOLL_QUANTIZE_MIN_BYTES overrides).
 MIN_BYTES = {"cuda": 1 << 20, "cpu": 0}
 
@@ -153,7 +153,7 @@ def _reduce_in_rank_order(values, rows, REDUCE_OP: tl.constexpr, WORLD: tl.const
 
 
 @triton.jit
-def two_shot_kernel(
+def quantized_two_shot_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
     # this call: descriptor; the slot region's address table; this rank's launch-epoch table
@@ -236,16 +236,18 @@ def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tens
     if cfg.block < ALIGN:
         raise ValueError(f"the quantized all-reduce needs a launch block of >= {ALIGN} elements, got {cfg.block}")
     device_type = ws.device.type
+    # No block larger than a shard can be (the CPU config's blocks are 16K elements).
+    block = min(cfg.block, triton.next_power_of_2(shard_capacity(device_type, world)))
     region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
     code = FORMATS[fmt]
     constexprs = meta(plan, REDUCE_OP=plan.reduce_code, FMT=code, BITS=FORMAT_BITS[code],
                       G=dict(plan.request.options)["group_size"], ROW=row_words(device_type, world),
-                      SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=cfg.block,
+                      SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=block,
                       PEERS=triton.next_power_of_2(world))
     constexprs["enable_fp_fusion"] = False  # x * inverse + 0.5 must round twice, as the reference does
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, n, shard_len in pieces(flat.numel(), world, device_type):
-        launch(two_shot_kernel, cfg.grid(triton.cdiv(shard_len, cfg.block)),
+        launch(quantized_two_shot_kernel, cfg.grid(triton.cdiv(shard_len, block)),
                (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, flat[start:], out_flat[start:], n, shard_len),
                constexprs)
     return out
