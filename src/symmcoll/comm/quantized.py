@@ -63,6 +63,7 @@ DEFAULT_GROUP_SIZE = 64
 ALIGN = 128
 PHASES: tl.constexpr = tl.constexpr(3)
 HEADER_WORDS: tl.constexpr = tl.constexpr(2 * PHASES.value * MAX_WORLD.value)
+_AVG: tl.constexpr = tl.constexpr(OP_AVG)
 # Input elements per launch (CPU: small, so that the tests run the multi-piece path).
 MAX_ELEMENTS = {"cuda": 8 << 20, "cpu": 8 << 10}
 # Below this many input bytes the exact path runs instead (SYMMCOLL_QUANTIZE_MIN_BYTES overrides).
@@ -147,7 +148,7 @@ def _reduce_in_rank_order(values, rows, REDUCE_OP: tl.constexpr, WORLD: tl.const
     acc = tl.sum(tl.where(rows[:, None] == 0, values, 0.0), axis=0)
     for r in tl.static_range(1, WORLD):
         acc += tl.sum(tl.where(rows[:, None] == r, values, 0.0), axis=0)
-    if REDUCE_OP == OP_AVG:
+    if REDUCE_OP == _AVG:
         acc = tl.math.div_rn(acc, tl.zeros_like(acc) + WORLD)
     return acc
 
