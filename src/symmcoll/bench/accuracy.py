@@ -61,7 +61,7 @@ def error_bound(parts: torch.Tensor, quantize: str, group_size: int, op: str = "
     """
     world, n = parts.shape
     padded_n = math.ceil(max(n, 1) / group_size) * group_size
-    p = torch.zeros(world, padded_n, dtype=torch.float64)
+    p = torch.zeros(world, padded_n, dtype=torch.float64, device=parts.device)
     p[:, :n] = parts.double()
     p = p.reshape(world, -1, group_size)
     magnitude = p.abs()
