@@ -31,7 +31,13 @@ _INT_VIEW = {2: torch.int16, 4: torch.int32}
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).cpu().view(_INT_VIEW[t.element_size()])
+    return t.reshape(-1).view(_INT_VIEW[t.element_size()])
+
+
+def _kernel_at_every_size() -> None:
+    """Run the quantized kernel whatever the size (on GPU the exact path takes calls below 1 MB)."""
+    os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = "0"
+    plan.clear_cache()
 
 
 def _input(numel: int, dtype: torch.dtype, rank: int, call: int) -> torch.Tensor:
@@ -50,7 +56,7 @@ def _check(got, x, op, quantize, group_size, what):
     every = reference.all_gather(_bits(got)).reshape(world, -1)
     differ = (every != every[0]).any(dim=0).nonzero().reshape(-1)
     assert differ.numel() == 0, f"rank {dist.get_rank()}: {what}: ranks disagree at {differ[:8].tolist()}"
-    parts = reference.all_gather(x.reshape(-1).float().cpu()).reshape(world, -1)
+    parts = reference.all_gather(x.reshape(-1).float()).reshape(world, -1).cpu()
     exact = parts.double().sum(dim=0) / (world if op == "avg" else 1)
     bound = error_bound(parts, quantize, group_size, op, x.dtype)
     err = (got.reshape(-1).cpu().double() - exact).abs()
@@ -77,6 +83,7 @@ def _slots_empty(what):
 
 def _calls(quantize, cases, op):
     from symmcoll.launcher import LAUNCH_COUNTS
+    _kernel_at_every_size()
     rank = dist.get_rank()
     for call, (numel, group_size, dtype) in enumerate(cases):
         x = _input(numel, dtype, rank, call)
@@ -105,6 +112,7 @@ def test_quantized_avg(pools, world_size):
 
 
 def _data_kinds():
+    _kernel_at_every_size()
     rank, world = dist.get_rank(), dist.get_world_size()
     for kind in KINDS:
         x = make_input(kind, 4096, rank, world).to(torch.bfloat16).to(device())
@@ -122,6 +130,7 @@ def _changing_configs(calls):
     """Several programs and several blocks per program, a different grid every call (the slot-set
     rotation must not depend on which program handles a slot)."""
     configs = [plan.LaunchConfig(128, 4, 4), plan.LaunchConfig(1024, 2, 4), plan.LaunchConfig(256, 3, 4)]
+    _kernel_at_every_size()
     rank = dist.get_rank()
     for call in range(calls):
         quantize, group_size = FORMATS[call % 3], (32, 64, 128)[call % 3 - (call // 3) % 2]
@@ -166,8 +175,7 @@ def _validation_and_fallback():
         assert LAUNCH_COUNTS["quantized_two_shot_kernel"] == before + 1
         _check(got, large, "sum", "int8", 64, "at the threshold")
     finally:
-        del os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"]
-        plan.clear_cache()
+        _kernel_at_every_size()
     # Another group size on one rank is another wire format: every rank reports it, nobody decodes it.
     with pytest.raises(symmcoll.SymmcollMismatchError, match="size"):
         symmcoll.all_reduce(_input(3000, torch.bfloat16, rank, 3), quantize="int4", group_size=32 if rank else 64)
@@ -182,6 +190,7 @@ def test_quantized_validation_fallback_mismatch(pools):
 def _torch_op():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    _kernel_at_every_size()
     rank, world, name = dist.get_rank(), dist.get_world_size(), dist.group.WORLD.group_name
     x = _input(3000, torch.bfloat16, rank, 4).reshape(30, 100)
     got = torch.ops.symmcoll.all_reduce_quantized(x, name, "sum", "fp8", 32)
@@ -197,10 +206,11 @@ def _torch_op():
     w = _input(2000, torch.float32, rank, 5).requires_grad_()
     (symmcoll.all_reduce(w, quantize="int4") * (rank + 1)).sum().backward()
     assert torch.equal(w.grad, torch.full_like(w, world * (world + 1) / 2))
+    return True
 
 
 def test_quantized_torch_op_compile_autograd(pools):
-    pools(2).run(_torch_op)
+    assert pools(2).run(_torch_op) == [True, True]
 
 
 # ---- the codecs, on one process -------------------------------------------------------------------
@@ -242,16 +252,17 @@ def _edge_values(quantize: str) -> torch.Tensor:
 
 def _codec_edges(quantize: str):
     from symmcoll.language import EMPTY, FORMATS as CODES
-    x = _edge_values(quantize)
+    x = _edge_values(quantize).to(device())
     out = torch.empty_like(x)
-    words = torch.empty(x.numel() * BITS[quantize] // 32, dtype=torch.int32)
-    _codec_probe_kernel[(1,)](x, out, words, N=x.numel(), G=32, FMT=CODES[quantize], BITS=BITS[quantize])
+    words = torch.empty(x.numel() * BITS[quantize] // 32, dtype=torch.int32, device=x.device)
+    _codec_probe_kernel[(1,)](x, out, words, N=x.numel(), G=32, FMT=CODES[quantize], BITS=BITS[quantize],
+                              enable_fp_fusion=False)
     want = reference.dequantize_groups(*reference.quantize_groups(x, quantize, 32))
     same = (out == want) | (out.isnan() & want.isnan())
     assert bool(same.all()), f"{quantize}: codec differs from the reference at {(~same).nonzero()[:8].tolist()}"
     assert bool(out[96:128].isnan().all()) and bool(out[128:160].isnan().all()), "non-finite groups must be NaN"
     assert bool((words != EMPTY.value).all()), f"{quantize}: a data word equals the sentinel"
-    fields = words.view(torch.uint8).to(torch.int32)
+    fields = words.cpu().view(torch.uint8).to(torch.int32)
     if BITS[quantize] == 4:
         fields = torch.stack([fields & 0xF, fields >> 4])
         assert not bool((fields == 8).any()), "int4 codes must never be -8"
@@ -263,3 +274,78 @@ def _codec_edges(quantize: str):
 @pytest.mark.parametrize("quantize", FORMATS)
 def test_codec_edge_values(pools, quantize):
     assert pools(2).run(_codec_edges, quantize) == [True, True]
+
+
+# ---- GPU only (scripts/gpu_check.sh): sizes where the kernel runs by default, graphs, stress ----------
+
+def _gpu_fresh_data_and_graphs(quantize, numels, replays):
+    """Eager calls of several sizes (one of two pieces), then CUDA-graph replays with fresh data: every
+    output bit-exact against the emulation, on every rank, inside the bound; slots empty after."""
+    from rank_checks import assert_clean_finish
+    os.environ.pop("SYMMCOLL_QUANTIZE_MIN_BYTES", None)
+    plan.clear_cache()
+    rank = dist.get_rank()
+    for call, numel in enumerate(numels):
+        x = _input(numel, torch.bfloat16, rank, call)
+        _check(symmcoll.all_reduce(x, quantize=quantize), x, "sum", quantize, 64, f"gpu {quantize} numel={numel}")
+    static_x = _input(numels[0], torch.bfloat16, rank, 100)
+    symmcoll.all_reduce(static_x, quantize=quantize)  # workspace and compilation before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [symmcoll.all_reduce(static_x, quantize=quantize) for _ in range(3)]
+    for replay in range(replays):
+        static_x.copy_(_input(numels[0], torch.bfloat16, rank, 200 + replay))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference.all_reduce_quantized(static_x, None, "sum", quantize, 64)
+        for i, out in enumerate(outs):
+            assert_close(out, want, f"{quantize} graph replay {replay} call {i}", exact=True)
+    assert_clean_finish(f"after {quantize} graphs")
+    _slots_empty(f"after {quantize} graphs")
+    return replays
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ws", [2, 4])
+@pytest.mark.parametrize("quantize", FORMATS)
+def test_gpu_quantized_fresh_data_and_graphs(pools, ws, quantize):
+    if ws > torch.cuda.device_count():
+        pytest.skip(f"NOT RUN: needs {ws} GPUs")
+    numels = [1 << 20, 600_001, (9 << 20) + 12345]  # 2 MB; 1.2 MB odd; 18 MB in two pieces
+    assert pools(ws).run(_gpu_fresh_data_and_graphs, quantize, numels, 10) == [10] * ws
+
+
+def _gpu_stress(calls, seed):
+    """Back-to-back quantized calls (random format, group size, dtype, 1-32 MB) between exact
+    barrier-free and barrier all-reduces, new data every call."""
+    import random
+
+    from rank_checks import assert_clean_finish
+    os.environ.pop("SYMMCOLL_QUANTIZE_MIN_BYTES", None)
+    plan.clear_cache()
+    rng = random.Random(seed)  # the same sequence on every rank
+    rank = dist.get_rank()
+    for call in range(calls):
+        quantize, group_size = rng.choice(FORMATS), rng.choice((32, 64, 128))
+        dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32])
+        numel = int(2 ** rng.uniform(20, 25)) // dtype.itemsize
+        x = _input(numel, dtype, rank, call)
+        got = symmcoll.all_reduce(x, quantize=quantize, group_size=group_size)
+        exact_algorithm = rng.choice(["sentinel_two_shot", "two_shot", "auto"])
+        y = _input(numel // 3 + 1, dtype, rank, call + 10_000)
+        exact = symmcoll.all_reduce(y, algorithm=exact_algorithm)
+        assert_close(got, reference.all_reduce_quantized(x, None, "sum", quantize, group_size),
+                     f"stress call {call}: {quantize} G={group_size} {dtype} numel={numel}", exact=True)
+        assert_close(exact, reference.all_reduce(y), f"stress call {call}: {exact_algorithm}")
+    assert_clean_finish("after the quantized stress")
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ws", [2, 4])
+def test_gpu_quantized_stress(pools, ws):
+    if ws > torch.cuda.device_count():
+        pytest.skip(f"NOT RUN: needs {ws} GPUs")
+    calls = int(os.environ.get("SYMMCOLL_STRESS_CALLS", "200"))
+    assert pools(ws).run(_gpu_stress, calls, 77 + ws, timeout=900) == [calls] * ws
