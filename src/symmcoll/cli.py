@@ -87,6 +87,10 @@ def _info(args: argparse.Namespace) -> int:
                   highlight=False)
     for op, algorithms in symmcoll.ALGORITHMS.items():
         console.print(f"{op}: {', '.join(algorithms)} (and nccl: the process group's own)", highlight=False)
+    from .comm import quantized
+    console.print(f"all_reduce(x, quantize=int8|fp8|int4, group_size={'|'.join(map(str, quantized.GROUP_SIZES))}): "
+                  f"{', '.join(symmcoll.ALGORITHMS[quantized.OP])}; the exact path below "
+                  f"{quantized.min_bytes('cuda')} bytes on GPU", highlight=False)
     _print_dispatch(console)
     return 0
 

@@ -47,8 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import (EMPTY, FORMAT_BITS, FORMATS, MAX_WORLD, OP_AVG, announce, dequantize_groups, end_launch,
-                        launch_epoch, narrow, pack_words, peer_ptr, peer_rows, post_header, quantize_groups,
+from ..language import (EMPTY, EPOCH_SLOTS, FORMAT_BITS, FORMATS, MAX_WORLD, OP_AVG, announce, dequantize_groups,
+                        end_launch, launch_epoch, narrow, pack_words, peer_ptr, peer_rows, post_header, quantize_groups,
                         unpack_words, wait_filled_rows)
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
@@ -72,7 +72,12 @@ MIN_BYTES = {"cuda": 1 << 20, "cpu": 0}
 
 def min_bytes(device_type: str) -> int:
     value = os.environ.get("SYMMCOLL_QUANTIZE_MIN_BYTES")
-    return int(value) if value else MIN_BYTES[device_type]
+    if not value:
+        return MIN_BYTES[device_type]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"SYMMCOLL_QUANTIZE_MIN_BYTES must be a number of bytes, got {value!r}") from None
 
 
 def shard_capacity(device_type: str, world: int) -> int:
@@ -98,7 +103,7 @@ SLOTS = declare(RegionSpec(
     "rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
     "empties what it read; a set is written again only after every receiver emptied it (one launch ahead "
     "at most)", fill_int32=EMPTY.value))
-EPOCHS = declare(RegionSpec("quantized.epochs", "quantized", lambda g: 1024,
+EPOCHS = declare(RegionSpec("quantized.epochs", "quantized", lambda g: EPOCH_SLOTS.value,
                             "this rank's launch-epoch table (kernels only)", symmetric=False))
 
 # Block = input elements per program step (a power of two >= ALIGN). First guesses, to be swept on
