@@ -33,6 +33,17 @@ def _algorithm(op: str, name: str):
     return lambda x, config: resolve(op, x, None, name, config=config).execute(x)
 
 
+def _quantized(quantize: str):
+    """The quantized all-reduce at the default group size with a forced launch config."""
+    from symmcoll.comm.quantized import DEFAULT_GROUP_SIZE
+    return lambda x, config: resolve("all_reduce_quantized", x, None, f"quantized_{quantize}", reduce_op="sum",
+                                     config=config, options=(("group_size", DEFAULT_GROUP_SIZE),)).execute(x)
+
+
+_QUANTIZED_SIZES = [1 << 20, 16 << 20, 64 << 20]
+_QUANTIZED_CONFIGS = [LaunchConfig(b, p, w) for b, p, w in itertools.product((512, 1024, 2048), (132, 264, 528),
+                                                                               (4, 8))]
+
 _PUSH_SIZES = [4 << 20, 16 << 20, 64 << 20, 256 << 20]  # all-reduce: tensor bytes; rs_: output bytes
 _PUSH_CONFIGS = [LaunchConfig(b, p, 16) for b, p in itertools.product((8192, 16384, 32768), (132, 264))] + [
     LaunchConfig(16384, 264, 8)]
@@ -61,6 +72,10 @@ SWEEPS = {
     "rs_push": (_algorithm("reduce_scatter", "push"), _PUSH_SIZES, _PUSH_CONFIGS),
     "rs_sentinel": (_algorithm("reduce_scatter", "sentinel"), [64 << 10, 1 << 20, 16 << 20],
                     [LaunchConfig(b, p, 4) for b, p in itertools.product((512, 1024), (132, 264, 528))]),
+    # Lossy: checked bit for bit against reference.all_reduce_quantized instead of the exact sum.
+    "quantized_int8": (_quantized("int8"), _QUANTIZED_SIZES, _QUANTIZED_CONFIGS),
+    "quantized_fp8": (_quantized("fp8"), _QUANTIZED_SIZES, _QUANTIZED_CONFIGS),
+    "quantized_int4": (_quantized("int4"), _QUANTIZED_SIZES, _QUANTIZED_CONFIGS),
 }
 
 
@@ -91,6 +106,10 @@ def _sweep(algorithms: list[str]) -> list[dict]:
             want = sum(((i * 7 + r * 13) % 17 - 8) for r in range(world)).to(torch.bfloat16)
             if name.startswith("rs_"):
                 want = want.chunk(world)[rank]
+            if name.startswith("quantized_"):
+                from symmcoll import reference
+                from symmcoll.comm.quantized import DEFAULT_GROUP_SIZE
+                want = reference.all_reduce_quantized(x, None, "sum", name.split("_")[1], DEFAULT_GROUP_SIZE)
             for config in configs:
                 row = {"algorithm": name, "bytes": nbytes, "world_size": world, "block": config.block,
                        "max_programs": config.max_programs, "num_warps": config.num_warps}
@@ -107,7 +126,7 @@ def _sweep(algorithms: list[str]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--world-size", nargs="+", type=int, default=[4, 2])
-    parser.add_argument("--algorithms", nargs="+", default=list(SWEEPS))
+    parser.add_argument("--algorithms", nargs="+", default=[n for n in SWEEPS if not n.startswith("quantized_")])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rows = []

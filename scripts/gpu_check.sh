@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
-#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared] [gemm] [fused]
+#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared] [gemm]
+#                                                            [fused] [quantized-tests] [quantized-bench] [quantized-accuracy]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -78,6 +79,28 @@ for stage in $stages; do
     shared)
       timeout ${SHARED_TIMEOUT:-560} python3 benchmarks/shared_gpu_check.py --world-size ${SHARED_WORLD_SIZE:-2} \
         --out "$OUT/shared_gpu.json" 2>&1 | tee "$OUT/shared_gpu.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    quantized-tests)
+      sizes=2; [ "$ngpu" -ge 4 ] && sizes=2,4
+      SYMMCOLL_TEST_WORLD_SIZES=${TEST_WORLD_SIZES:-$sizes} timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -v -rA \
+        -p no:cacheprovider tests/test_quantized.py 2>&1 | tee "$OUT/quantized_tests.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    quantized-bench)
+      # Every format and group size beside the exact auto path and NCCL, 1-256 MB (QUANT_BENCH_MIN /
+      # QUANT_BENCH_MAX / QUANT_ALGORITHMS narrow it; SYMMCOLL_QUANTIZE_MIN_BYTES=0 times the kernel
+      # below its 1 MB fallback too). One world size per call keeps a call under 10 minutes.
+      sizes=2; [ "$ngpu" -ge 4 ] && sizes=4
+      timeout ${BENCH_TIMEOUT:-540} python3 -m symmcoll bench --op all_reduce \
+        --algorithms "${QUANT_ALGORITHMS:-symmcoll:quantized_*}" auto nccl -b ${QUANT_BENCH_MIN:-1M} \
+        -e ${QUANT_BENCH_MAX:-256M} --world-size ${BENCH_WORLD_SIZE:-$sizes} --out "$OUT" 2>&1 | tee "$OUT/quantized_bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    quantized-accuracy)
+      sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
+      timeout ${ACCURACY_TIMEOUT:-300} python3 -m symmcoll accuracy --world-size $sizes --numel ${ACCURACY_NUMEL:-1048576} \
+        --out "$OUT" 2>&1 | tee "$OUT/quantized_accuracy.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     *) echo "unknown stage $stage" >&2; status=2 ;;

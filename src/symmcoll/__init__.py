@@ -70,20 +70,45 @@ def _wants_grad(x: torch.Tensor) -> bool:
     return x.requires_grad and torch.is_grad_enabled()
 
 
-def all_reduce(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
+def all_reduce(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto", quantize: str | None = None,
+               group_size: int | None = None) -> torch.Tensor:
     """Reduce ``x`` across ``group`` (default: the world group); returns a new tensor.
 
     op: "sum" | "avg" | "max" | "min"; bf16/fp16/fp32 inputs, fp32 accumulation (other dtypes: the
     process group's collective). algorithm: "auto" (the dispatcher's table: ``symmcoll info``), "nccl"
     (the process group's own collective) or one of ``ALGORITHMS["all_reduce"]``.
-    Differentiable for op sum and avg (``symmcoll.autograd``).
+    quantize: None (exact; the default) or "int8" | "fp8" | "int4": both hops of a two-shot carry
+    codes with one scale per ``group_size`` values (32, 64 or 128; default 64), lossy within the
+    bound docs/algorithms.md states, deterministic; op "sum" or "avg" only; below about 1 MB the
+    exact path runs instead (quantizing does not pay there). Differentiable for op sum and avg
+    (the quantized path passes the gradient through an exact all-reduce).
     """
     name = _ops.group_name(group)
+    if quantize is not None:
+        return _all_reduce_quantized(x, name, op, algorithm, quantize, group_size)
+    if group_size is not None:
+        raise ValueError(f"group_size applies only with quantize= (got group_size={group_size!r}, quantize=None)")
     if _wants_grad(_tensor(x)):
         return _autograd.AllReduce.apply(x, name, op, algorithm)
     if _ops.is_plain(x):
         return _ops.all_reduce_impl(x, name, op, algorithm)
     return torch.ops.symmcoll.all_reduce(x, name, op, algorithm)
+
+
+def _all_reduce_quantized(x, name: str, op: str, algorithm: str, quantize, group_size) -> torch.Tensor:
+    from .comm.quantized import DEFAULT_GROUP_SIZE
+    if algorithm != "auto":
+        raise ValueError(f"algorithm={algorithm!r} names an exact algorithm; with quantize= leave algorithm='auto'")
+    if quantize not in _ops.QUANTIZE_FORMATS:
+        raise ValueError(f"quantize must be None or one of {_ops.QUANTIZE_FORMATS}, got {quantize!r}")
+    group_size = DEFAULT_GROUP_SIZE if group_size is None else group_size
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise ValueError(f"group_size must be an int (32, 64 or 128), got {group_size!r}")
+    if _wants_grad(_tensor(x)):
+        return _autograd.AllReduceQuantized.apply(x, name, op, quantize, group_size)
+    if _ops.is_plain(x):
+        return _ops.all_reduce_quantized_impl(x, name, op, quantize, group_size)
+    return torch.ops.symmcoll.all_reduce_quantized(x, name, op, quantize, group_size)
 
 
 def all_reduce_(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:

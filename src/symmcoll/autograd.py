@@ -2,7 +2,8 @@
 
     all_gather      backward: reduce-scatter (sum) of the gradient
     reduce_scatter  backward: all-gather of the gradient (divided by W for op="avg")
-    all_reduce      backward: all-reduce of the gradient (op="sum": sum, op="avg": avg)
+    all_reduce      backward: all-reduce of the gradient (op="sum": sum, op="avg": avg); with
+                    quantize= the same exact all-reduce (straight-through)
     broadcast       backward: the sum of every rank's gradient on ``src``, zero elsewhere
 
 These are the gradients of the sum over ranks of each rank's own loss, as in
@@ -36,6 +37,20 @@ class AllReduce(torch.autograd.Function):
         if ctx.reduce_op not in ("sum", "avg"):
             raise NotImplementedError(f"symmcoll.all_reduce: no gradient for op={ctx.reduce_op!r} (sum and avg have one)")
         return _OPS.all_reduce(_grad(g), ctx.group_name, ctx.reduce_op, "auto"), None, None, None
+
+
+class AllReduceQuantized(torch.autograd.Function):
+    """Quantized forward; the backward is the exact all-reduce of the gradient (a straight-through
+    estimator: the quantization error is not differentiated)."""
+
+    @staticmethod
+    def forward(ctx, x, group_name: str, reduce_op: str, quantize: str, group_size: int):
+        ctx.group_name, ctx.reduce_op = group_name, reduce_op
+        return _OPS.all_reduce_quantized(x, group_name, reduce_op, quantize, group_size)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _OPS.all_reduce(_grad(g), ctx.group_name, ctx.reduce_op, "auto"), None, None, None, None
 
 
 class ReduceScatter(torch.autograd.Function):

@@ -4,6 +4,7 @@
                    [--dtype bf16] [--algorithms NAME ...] [--world-size N[,N...]] [--graph | --eager]
                    [-n ITERS] [-w WARMUP] [--out DIR] [--plot]
     symmcoll plot RESULT.json [RESULT.json ...] [--out DIR]
+    symmcoll accuracy [--world-size N[,N...]] [--numel N] [--dtype bf16] [--out DIR]
     symmcoll tune [--world-size N...] [--out FILE]
     symmcoll info
 """
@@ -89,6 +90,19 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _accuracy(args: argparse.Namespace) -> int:
+    import json
+
+    from .bench import accuracy
+
+    console = _console()
+    world_sizes = tuple(int(w) for w in _split(args.world_size)) or (2,)
+    for path in accuracy.run(world_sizes, args.numel, args.dtype, Path(args.out), args.device):
+        console.print(accuracy.format_table(json.loads(path.read_text())), highlight=False)
+        console.print(f"result written: {path}", highlight=False)
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     import torch
     import triton
@@ -105,6 +119,10 @@ def _info(args: argparse.Namespace) -> int:
                   highlight=False)
     for op, algorithms in symmcoll.ALGORITHMS.items():
         console.print(f"{op}: {', '.join(algorithms)} (and nccl: the process group's own)", highlight=False)
+    from .comm import quantized
+    console.print(f"all_reduce(x, quantize=int8|fp8|int4, group_size={'|'.join(map(str, quantized.GROUP_SIZES))}): "
+                  f"{', '.join(symmcoll.ALGORITHMS[quantized.OP])}; the exact path below "
+                  f"{quantized.min_bytes('cuda')} bytes on GPU", highlight=False)
     _print_dispatch(console)
     return 0
 
@@ -258,6 +276,20 @@ def _parser() -> argparse.ArgumentParser:
     plot.set_defaults(command="plot", handler=_plot)
     plot.add_argument("results", nargs="+", help="result JSON files")
     plot.add_argument("--out", default=None, help="directory for PNGs (default: beside the first result)")
+
+    accuracy = commands.add_parser(
+        "accuracy", help="errors of the quantized all-reduce (every format and group size) and of the exact "
+                         "path against an fp64 sum, on Gaussian, outlier and tensor-parallel MLP data",
+        description="Runs symmcoll.all_reduce(x, quantize=...) for int8, fp8, int4 and G = 32, 64, 128 on "
+                    "three kinds of data and writes relative and max errors (and elements outside the "
+                    "documented bound) to one JSON file per world size.")
+    accuracy.set_defaults(command="accuracy", handler=_accuracy)
+    accuracy.add_argument("--world-size", nargs="+", default=None, metavar="N", help="ranks (default 2)")
+    accuracy.add_argument("--numel", type=int, default=1 << 16,
+                          help="elements per rank, a multiple of 1024 (default 65536)")
+    accuracy.add_argument("--dtype", choices=DTYPES, default="bf16")
+    accuracy.add_argument("--out", default="bench-results", help="directory for the result files")
+    accuracy.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
 
     tune = commands.add_parser(
         "tune", help="measure every algorithm here and write the algorithm='auto' dispatch table",

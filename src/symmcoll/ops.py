@@ -8,6 +8,7 @@ collectives.
 
     torch.ops.symmcoll.all_reduce(x, group_name, reduce_op, algorithm) -> Tensor
     torch.ops.symmcoll.all_reduce_(x, group_name, reduce_op, algorithm) -> ()        (in place)
+    torch.ops.symmcoll.all_reduce_quantized(x, group_name, reduce_op, quantize, group_size) -> Tensor
     torch.ops.symmcoll.reduce_scatter(x, group_name, reduce_op, algorithm) -> Tensor
     torch.ops.symmcoll.all_gather(x, group_name, algorithm) -> Tensor
     torch.ops.symmcoll.all_to_all(x, group_name, splits: int[]?, algorithm) -> Tensor
@@ -72,6 +73,16 @@ def all_reduce_inplace_impl(x, group_name: str, reduce_op: str, algorithm: str) 
         x.copy_(p.execute(x))
 
 
+QUANTIZE_FORMATS = ("int8", "fp8", "int4")
+
+
+def all_reduce_quantized_impl(x, group_name: str, reduce_op: str, quantize: str, group_size: int):
+    if quantize not in QUANTIZE_FORMATS:
+        raise ValueError(f"quantize must be None or one of {QUANTIZE_FORMATS}, got {quantize!r}")
+    return plan.resolve("all_reduce_quantized", x, resolve_group(group_name), f"quantized_{quantize}",
+                        reduce_op=reduce_op, options=(("group_size", group_size),)).execute(x)
+
+
 def reduce_scatter_impl(x, group_name: str, reduce_op: str, algorithm: str):
     return plan.resolve("reduce_scatter", x, resolve_group(group_name), algorithm, reduce_op=reduce_op).execute(x)
 
@@ -105,6 +116,10 @@ def _all_reduce_fake(x, group_name, reduce_op, algorithm):
 
 def _all_reduce_inplace_fake(x, group_name, reduce_op, algorithm):
     return None
+
+
+def _all_reduce_quantized_fake(x, group_name, reduce_op, quantize, group_size):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _reduce_scatter_fake(x, group_name, reduce_op, algorithm):
@@ -142,6 +157,8 @@ _SCHEMAS = {
                    _all_reduce_fake),
     "all_reduce_": ("(Tensor(a!) x, str group_name, str reduce_op, str algorithm) -> ()", all_reduce_inplace_impl,
                     _all_reduce_inplace_fake),
+    "all_reduce_quantized": ("(Tensor x, str group_name, str reduce_op, str quantize, int group_size) -> Tensor",
+                             all_reduce_quantized_impl, _all_reduce_quantized_fake),
     "reduce_scatter": ("(Tensor x, str group_name, str reduce_op, str algorithm) -> Tensor", reduce_scatter_impl,
                        _reduce_scatter_fake),
     "all_gather": ("(Tensor x, str group_name, str algorithm) -> Tensor", all_gather_impl, _all_gather_fake),

@@ -78,3 +78,69 @@ def broadcast(x: torch.Tensor, src: int, group=None) -> torch.Tensor:
         root = dist.get_global_rank(group or dist.group.WORLD, src)
         dist.broadcast(_as_bytes(out), src=root, group=group)
     return out
+
+
+# ---- the quantized all-reduce (comm/quantized.py), emulated step by step in fp32 --------------------
+
+_QUANT_MAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0}
+
+
+def quantize_groups(values: torch.Tensor, quantize: str, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``values`` (length a multiple of ``group_size``) -> (the levels the codes stand for, fp32, one
+    row per group; the scales, one per group), rounded exactly as ``language/codecs.py`` rounds."""
+    v = values.float().reshape(-1, group_size)
+    finite = torch.isfinite(v)
+    v = torch.where(finite, v, torch.zeros_like(v))
+    amax = v.abs().amax(dim=1, keepdim=True)
+    qmax = _QUANT_MAX[quantize]
+    # Tensor by tensor: torch computes `tensor / scalar` and `scalar / tensor` through a reciprocal,
+    # which is not the correctly rounded quotient the kernel's div_rn gives.
+    qmax_t = torch.full_like(amax, qmax)
+    scale = torch.div(amax, qmax_t)
+    inverse = torch.where(amax > 0, torch.div(qmax_t, torch.where(amax > 0, amax, torch.ones_like(amax))),
+                          torch.zeros_like(amax))
+    t = (v * inverse).clamp(-qmax, qmax)
+    if quantize == "fp8":
+        levels = t.to(torch.float8_e4m3fn).float()
+    else:
+        levels = torch.trunc(t + torch.where(t >= 0, 0.5, -0.5))
+    scale = torch.where(finite.all(dim=1, keepdim=True), scale, torch.full_like(scale, float("nan")))
+    return levels, scale
+
+
+def dequantize_groups(levels: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return (levels * scales).reshape(-1)
+
+
+def _round_trip(values: torch.Tensor, quantize: str, group_size: int) -> torch.Tensor:
+    """``values`` quantized and decoded, zero-padded to whole groups and cut back."""
+    n = values.numel()
+    padded = torch.zeros(-(-n // group_size) * group_size, dtype=torch.float32, device=values.device)
+    padded[:n] = values
+    return dequantize_groups(*quantize_groups(padded, quantize, group_size))[:n]
+
+
+def all_reduce_quantized(x: torch.Tensor, group=None, op: str = "sum", quantize: str = "int8",
+                         group_size: int = 64) -> torch.Tensor:
+    """What ``all_reduce(x, quantize=..., group_size=...)`` returns, bit for bit: for each shard of each
+    piece (geometry: ``comm.quantized.pieces``), the owner's own values exact plus every other rank's
+    values quantized and decoded, summed in rank order in fp32, then quantized and decoded again and
+    rounded once to x's dtype. Collective (gathers every rank's x)."""
+    from .comm.quantized import pieces
+    world = dist.get_world_size(group)
+    flat = x.reshape(-1)
+    parts = all_gather(flat, group).reshape(world, -1).float()
+    out = torch.empty(flat.numel(), dtype=torch.float32, device=x.device)
+    for start, n, shard_len in pieces(flat.numel(), world, x.device.type):
+        for owner in range(world):
+            lo, hi = start + owner * shard_len, start + min((owner + 1) * shard_len, n)
+            if lo >= hi:
+                continue
+            acc = None
+            for r in range(world):
+                values = parts[r, lo:hi] if r == owner else _round_trip(parts[r, lo:hi], quantize, group_size)
+                acc = values.clone() if acc is None else acc + values
+            if op == "avg":
+                acc = torch.div(acc, torch.full_like(acc, world))
+            out[lo:hi] = _round_trip(acc, quantize, group_size)
+    return out.to(x.dtype).reshape(x.shape)

@@ -25,7 +25,7 @@ from . import worker
 from .metrics import OPS, count_for, link_percent
 from .plan import Case, TimingPlan
 from .report import print_report
-from .results import SCHEMA, BenchResult, LinkLimit, Measurement, RunConfig
+from .results import QUANTIZED, SCHEMA, BenchResult, LinkLimit, Measurement, RunConfig
 from .sizes import format_size, size_sweep
 
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -219,7 +219,8 @@ def _cases(info: worker.RankInfo, options: BenchOptions, plan: TimingPlan, sizes
            world: int) -> tuple[list[Case], list[str]]:
     cases, notes = [], []
     for op in options.ops:
-        names = [name for name, _ in info.implementations.get(op, ()) if selected(name, options.algorithms)]
+        names = [name for name, family in info.implementations.get(op, ())
+                 if selected(name, options.algorithms) and _wanted(family, options.algorithms)]
         if op in info.implementations and not names:
             notes.append(f"{op}: no implementation matches --algorithms {' '.join(options.algorithms or ())}")
         for size in sizes:
@@ -229,6 +230,12 @@ def _cases(info: worker.RankInfo, options: BenchOptions, plan: TimingPlan, sizes
                 continue
             cases += [Case(op, name, size, count, options.dtype, plan) for name in names]
     return cases, notes
+
+
+def _wanted(family: str, patterns: tuple[str, ...] | None) -> bool:
+    """Lossy implementations run only when a pattern asks for them by name ("quantized_int8",
+    "symmcoll:quantized_*"), never as part of "everything" or "symmcoll:*"."""
+    return family != QUANTIZED or any("quantized" in p for p in patterns or ())
 
 
 def _with_link(measurements: list[Measurement], link: LinkLimit | None) -> list[Measurement]:
@@ -256,7 +263,7 @@ def _finish(done: list[BenchResult], options: BenchOptions, console: Console, is
 
 def _failed(result: BenchResult) -> bool:
     aborted = any(n.startswith("run aborted") for n in result.notes)
-    return aborted or any(m.family == "symmcoll" and (m.error is not None or (m.wrong or 0) > 0)
+    return aborted or any(m.family in ("symmcoll", QUANTIZED) and (m.error is not None or (m.wrong or 0) > 0)
                           for m in result.measurements)
 
 

@@ -18,8 +18,11 @@ import symmcoll
 from symmcoll import plan
 
 from .metrics import REDUCTIONS
+from .results import QUANTIZED
 
-FAMILIES = ("symmcoll", "backend", "torch_symm_mem")
+# QUANTIZED: the lossy all_reduce(x, quantize=...) -- never a candidate of the exact dispatch table, and
+# run only when --algorithms names it (a pattern containing "quantized").
+FAMILIES = ("symmcoll", "backend", "torch_symm_mem", QUANTIZED)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class Implementation:
     in_place: the result overwrites the input, so repeated calls (a graph of K calls) do not
     recompute the same answer and only eager calls can be checked.
     bind: (static input, group) -> Bound.
+    expected, count_wrong: for implementations that are not exact (None: the oracle's result and
+    equality): (input, group) -> what to compare with (collective), and (result, that) -> #wrong.
     """
 
     name: str
@@ -49,6 +54,8 @@ class Implementation:
     family: str
     in_place: bool
     bind: Callable[[torch.Tensor, object], Bound]
+    expected: Callable | None = None
+    count_wrong: Callable | None = None
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -75,3 +82,46 @@ def _symmcoll_binder(op: str, algorithm: str) -> Callable[[torch.Tensor, object]
             return Bound(load=x.copy_, call=lambda: public(x, group, op="sum", algorithm=algorithm))
         return Bound(load=x.copy_, call=lambda: public(x, group, algorithm=algorithm))
     return bind
+
+
+def quantized_implementations(op: str) -> list[Implementation]:
+    """``all_reduce(x, quantize=F, group_size=G)`` for every format and group size:
+    "symmcoll:quantized_int8" (the default G), "symmcoll:quantized_int8_g32", ... A result counts as
+    wrong where it leaves the documented error bound (bench/accuracy.py) of the exact sum."""
+    if op != "all_reduce":
+        return []
+    from ..comm.quantized import DEFAULT_GROUP_SIZE, GROUP_SIZES
+    from ..ops import QUANTIZE_FORMATS
+    found = []
+    for quantize in QUANTIZE_FORMATS:
+        for group_size in GROUP_SIZES:
+            suffix = "" if group_size == DEFAULT_GROUP_SIZE else f"_g{group_size}"
+            found.append(Implementation(f"symmcoll:quantized_{quantize}{suffix}", op, QUANTIZED, False,
+                                        _quantized_binder(quantize, group_size),
+                                        expected=_quantized_expected(quantize, group_size),
+                                        count_wrong=_outside_bound))
+    return found
+
+
+def _quantized_binder(quantize: str, group_size: int) -> Callable[[torch.Tensor, object], Bound]:
+    def bind(x: torch.Tensor, group) -> Bound:
+        return Bound(load=x.copy_, call=lambda: symmcoll.all_reduce(x, group, quantize=quantize, group_size=group_size))
+    return bind
+
+
+def _quantized_expected(quantize: str, group_size: int) -> Callable:
+    def expected(x: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
+        from .. import reference
+        from .accuracy import error_bound
+        world = torch.distributed.get_world_size(group)
+        parts = reference.all_gather(x.reshape(-1).float(), group).reshape(world, -1)
+        return parts.double().sum(dim=0), error_bound(parts, quantize, group_size, "sum", x.dtype)
+    return expected
+
+
+def _outside_bound(got: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]) -> int:
+    exact, bound = want
+    if got.numel() != exact.numel():
+        return max(got.numel(), exact.numel())
+    within = (got.reshape(-1).double() - exact).abs() <= bound  # NaN is never within
+    return int((~within).sum())

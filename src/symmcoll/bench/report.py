@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .metrics import REDUCTIONS, SIZE_CONVENTION
-from .results import BenchResult, Measurement
+from .results import QUANTIZED, BenchResult, Measurement
 from .sizes import format_size
 
 MISSING = "-"
@@ -94,36 +94,47 @@ def _row_note(m: Measurement) -> str:
 
 
 def comparison_table(result: BenchResult, op: str) -> Table:
-    """Rows = sizes; a time column per implementation; the best (correct) one; its speedup over the
-    backend (NCCL); the best symmcoll time against the best non-symmcoll one."""
+    """Rows = sizes; a time column per implementation; the best (correct, exact) one; its speedup over
+    the backend (NCCL); the best symmcoll time against the best non-symmcoll one; and for each lossy
+    (quantized) implementation its time over symmcoll:auto's (the exact path users get)."""
     impls = result.implementations(op)
     by_key = {(m.implementation, m.size_bytes): m for m in result.measurements if m.op == op}
     families = {m.implementation: m.family for m in result.measurements if m.op == op}
     backend = next((name for name in impls if families[name] == "backend"), None)
+    lossy = [name for name in impls if families[name] == QUANTIZED]
     table = Table(title=f"{op}: time per call (us), ws {result.config.world_size}; "
                         f"'{WRONG_MARK.strip()}' = wrong results, never 'best'",
                   caption=f"best vs {backend or 'backend'} = {backend or 'backend'} time / best time; "
                           f"symmcoll vs others = best non-symmcoll time / best symmcoll time (>1: symmcoll "
-                          f"faster). {SIZE_CONVENTION[op]}",
+                          f"faster); best and both ratios count exact implementations only; X / auto = "
+                          f"time of lossy X over symmcoll:auto's (<1: X faster). {SIZE_CONVENTION[op]}",
                   box=box.SIMPLE_HEAD, title_justify="left", caption_justify="left")
     table.add_column("size", justify="right", no_wrap=True)
     for name in impls:
         table.add_column(name, justify="right", no_wrap=True)
     for name in ("best", f"best vs {backend or 'backend'}", "symmcoll vs others", "best % link"):
         table.add_column(name, justify="right", no_wrap=True)
+    for name in lossy:
+        table.add_column(f"{name.split(':')[-1]} / auto", justify="right", no_wrap=True)
     for size in sorted({m.size_bytes for m in by_key.values()}):
         row = [by_key.get((name, size)) for name in impls]
-        good = [m for m in row if m is not None and m.ok]
+        good = [m for m in row if m is not None and m.ok and m.family != QUANTIZED]
         best = min(good, key=lambda m: m.median_us, default=None)
         base = by_key.get((backend, size))
         mine = min((m.median_us for m in good if m.family == "symmcoll"), default=None)
         others = min((m.median_us for m in good if m.family != "symmcoll"), default=None)
+        auto = by_key.get(("symmcoll:auto", size))
+        ratios = []
+        for name in lossy:
+            m = by_key.get((name, size))
+            ok = m is not None and m.ok and auto is not None and auto.ok
+            ratios.append(f"{m.median_us / auto.median_us:.2f}" if ok else MISSING)
         table.add_row(
             format_size(size), *(_cell(m) for m in row),
             best.implementation if best else MISSING,
             format_speedup(base.median_us / best.median_us if best and base and base.ok else None),
             format_speedup(others / mine if mine and others else None),
-            format_percent(best.link_percent if best else None))
+            format_percent(best.link_percent if best else None), *ratios)
     return table
 
 

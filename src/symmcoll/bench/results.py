@@ -15,6 +15,9 @@ from pathlib import Path
 from .plan import TimingPlan
 
 SCHEMA = "symmcoll.bench/1"
+# The family of lossy implementations (all_reduce(x, quantize=...)): timed and checked against their
+# error bound, but never "best" among exact implementations nor a candidate of the dispatch table.
+QUANTIZED = "symmcoll_quantized"
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class Measurement:
 
     op: str
     implementation: str
-    family: str                 # "symmcoll" | "backend" (NCCL/gloo) | "torch_symm_mem"
+    family: str                 # "symmcoll" | "backend" (NCCL/gloo) | "torch_symm_mem" | QUANTIZED
     size_bytes: int             # see metrics.SIZE_CONVENTION
     count: int                  # elements of size_bytes
     dtype: str

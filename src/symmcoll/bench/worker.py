@@ -21,7 +21,7 @@ import symmcoll
 
 from . import checks, link, provenance
 from .baselines import backend_implementation, torch_symm_mem_implementations
-from .impls import Implementation, symmcoll_implementations
+from .impls import Implementation, quantized_implementations, symmcoll_implementations
 from .metrics import bandwidth, summarize
 from .plan import Case
 from .results import LinkLimit, Measurement, Provenance
@@ -56,7 +56,8 @@ def implementations(op: str) -> dict[str, Implementation]:
             _REGISTRY[op] = {}
         else:
             torch_ops, _MISSING_TORCH_OPS[op] = torch_symm_mem_implementations(op, _device())
-            found = [backend_implementation(op, dist.group.WORLD), *torch_ops, *symmcoll_implementations(op)]
+            found = [backend_implementation(op, dist.group.WORLD), *torch_ops, *symmcoll_implementations(op),
+                     *quantized_implementations(op)]
             _REGISTRY[op] = {impl.name: impl for impl in found}
     return _REGISTRY[op]
 
@@ -111,7 +112,7 @@ def run_case(case: Case) -> Measurement:
     impl = implementations(case.op)[case.implementation]
     stages = _Stages(group)
     checked = checks.has_reference(case.op)
-    inputs = _Inputs(case, group, device)
+    inputs = _Inputs(case, group, device, impl)
 
     bound = stages.run("bind", lambda: impl.bind(inputs.coded(0), group))
     wrong_before = stages.run("check before timing", share=True,
@@ -135,10 +136,12 @@ def run_case(case: Case) -> Measurement:
 
 
 class _Inputs:
-    """Rank-coded inputs of a case; call index k gives different data for every k."""
+    """Rank-coded inputs of a case; call index k gives different data for every k. The expected
+    result and the count of wrong elements are the implementation's own where it has them (lossy
+    implementations are judged against their error bound), else the oracle's and equality."""
 
-    def __init__(self, case: Case, group, device: torch.device):
-        self.case, self.group, self.device = case, group, device
+    def __init__(self, case: Case, group, device: torch.device, impl: Implementation):
+        self.case, self.group, self.device, self.impl = case, group, device, impl
 
     def coded(self, call_index: int) -> torch.Tensor:
         return checks.coded_input(self.case.op, self.case.count, checks.TORCH_DTYPES[self.case.dtype],
@@ -148,7 +151,14 @@ class _Inputs:
     def with_expected(self, call_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, the oracle's output); collective."""
         x = self.coded(call_index)
+        if self.impl.expected is not None:
+            return x, self.impl.expected(x, self.group)
         return x, checks.expected(self.case.op, x, self.group)
+
+    def count_wrong(self, got: torch.Tensor, want) -> int:
+        if self.impl.count_wrong is not None:
+            return self.impl.count_wrong(got, want)
+        return checks.count_wrong(got, want)
 
 
 def _wrong_in_call(bound, inputs: _Inputs, call_index: int) -> int:
@@ -157,7 +167,7 @@ def _wrong_in_call(bound, inputs: _Inputs, call_index: int) -> int:
     got = bound.call()
     _synchronize(inputs.device)
     symmcoll.check()
-    return checks.count_wrong(got, want)
+    return inputs.count_wrong(got, want)
 
 
 def _check_after(bound, inputs: _Inputs, captured: CapturedCalls | None) -> int:
@@ -169,13 +179,13 @@ def _check_after(bound, inputs: _Inputs, captured: CapturedCalls | None) -> int:
     got = bound.call()
     _synchronize(inputs.device)
     symmcoll.check()
-    wrong = checks.count_wrong(got, want_eager)
+    wrong = inputs.count_wrong(got, want_eager)
     if captured is not None:
         bound.load(x_replay)
         captured.replay()
         _synchronize(inputs.device)
         symmcoll.check()
-        wrong += checks.count_wrong(captured.output, want_replay)
+        wrong += inputs.count_wrong(captured.output, want_replay)
     return wrong
 
 

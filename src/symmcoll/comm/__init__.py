@@ -7,6 +7,7 @@ push.py         remote stores: reduce_scatter push, all_reduce push_copy_engine
 tree.py         double binary tree: all_reduce tree
 gather.py       data movement by pulls: all_gather pull / copy_engine, broadcast pull
 all_to_all.py   data movement: all_to_all pull (and its split exchange)
+quantized.py    quantized two-shot (int8 / fp8 / int4 on the wire): op all_reduce_quantized
 backend.py      the process group's own collectives ("nccl")
 shapes.py       what each collective returns and refuses (shape rules)
 
@@ -14,4 +15,4 @@ Importing this package registers every algorithm (symmcoll.plan) and declares ev
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 
-from . import all_to_all, backend, gather, low_latency, pull, push, sentinel, shapes, tree  # noqa: F401
+from . import all_to_all, backend, gather, low_latency, pull, push, quantized, sentinel, shapes, tree  # noqa: F401

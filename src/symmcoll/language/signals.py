@@ -63,6 +63,15 @@ def peer_ptr(ptrs_dev, peer, ELEM_TY: tl.constexpr):
 
 
 @triton.jit
+def peer_rows(ptrs_dev, rows, is_peer, ELEM_TY: tl.constexpr):
+    """[PEERS, 1] typed pointers for a [PEERS, BLOCK] tile whose row i is rank ``rows[i]``'s region
+    (rows that are not peers point at entry 0 of the table; callers mask them off)."""
+    table = ptrs_dev.to(tl.pointer_type(tl.uint64))
+    bases = tl.load(table + tl.where(is_peer, rows, 0))
+    return tl.multiple_of(bases.to(tl.pointer_type(ELEM_TY)), 16)[:, None]
+
+
+@triton.jit
 def record_error(status_ptr, kind, rank, peer, desc, peer_desc):
     """Write (kind, rank, peer, descriptors) into the error record unless something was recorded
     already: the first failure names the cause (later ones are its consequences). The host reads the

@@ -1,0 +1,315 @@
+"""Quantized all-reduce: a barrier-free (sentinel) two-shot whose both hops carry 8- or 4-bit codes.
+
+``symmcoll.all_reduce(x, quantize="int8" | "fp8" | "int4", group_size=G)`` runs op
+``all_reduce_quantized`` (its own op, so that no exact-path test, stress or table ever picks a lossy
+algorithm by accident); its algorithms are ``quantized_int8``, ``quantized_fp8``, ``quantized_int4``
+and ``exact`` (the exact all-reduce, ``algorithm="auto"``), which the resolver substitutes where
+quantizing cannot pay: below ``min_bytes()`` (1 MB on GPU; 0 on CPU, so that tests run the kernel),
+on one rank, or for an empty tensor.
+
+Protocol (rank r owns shard r of each piece; codecs in language/codecs.py)::
+
+    stage 0  shard s of x_r -> quantize (groups of G, one fp32 scale each) -> pack into int32 words
+             -> NVLink stores into my row of rank s's scatter slots               every s != r
+    stage 1  poll my scatter rows until no word is EMPTY, reset them to EMPTY; dequantize; add my own
+             shard exactly; sum in rank order (fp32) -> re-quantize the reduced shard
+             -> my output (dequantized from those codes) and my row of every peer's gather slots
+    stage 2  poll + reset my gather rows; dequantize -> out[s]                       every s != r
+
+Wire format of a row (one source rank's shard, 16-byte aligned):
+``[codes: shard_len * BITS / 32 words][... up to SCALES_AT][scales: shard_len / G fp32 words]``,
+codes little-endian within a word (4 int8/fp8 or 8 int4 per word). The sentinel is ``EMPTY`` =
+0x80008000, which no data word can equal: it holds the byte 0x80, which no code ever takes (int8
+codes are in [-127, 127], int4 nibbles in [-7, 7], fp8 never writes negative zero), and its sign
+bit is set, which no scale has (scales are >= 0 or a positive NaN).
+
+Slot sets rotate with a per-rank launch epoch (``epoch % 3``, as in sentinel.py: a rank is at most
+one launch ahead, and it has emptied what it read before it sends again), so nothing on the host
+changes between calls (CUDA graphs replay). Headers carry the call descriptor (format, dtype, op,
+size and G): a peer in another call is reported, never decoded.
+
+Deterministic: every rank decodes the same bytes, the owner included (its output comes from the
+codes it sends), and sums in rank order with explicit IEEE roundings (``div_rn``, no FMA
+contraction): bit-identical on every rank and run, and equal to ``reference.all_reduce_quantized``.
+Error bound (per element, sum; docs/algorithms.md): the scatter error of W-1 quantized
+contributions plus the error of re-quantizing the sum, plus the output dtype's rounding.
+
+Traffic per rank: 2 (W-1)/W of S * (BITS/16 + 2/G) for a bf16 input of S bytes: 0.53 S-equivalents
+for int8/fp8 at G = 64, 0.28 for int4. Pieces of ``MAX_ELEMENTS`` input elements per launch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import (EMPTY, EPOCH_SLOTS, FORMAT_BITS, FORMATS, MAX_WORLD, OP_AVG, announce, dequantize_groups,
+                        end_launch, launch_epoch, narrow, pack_words, peer_ptr, peer_rows, post_header, quantize_groups,
+                        unpack_words, wait_filled_rows)
+from ..launcher import launch
+from ..memory.regions import RegionSpec, declare
+from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, register,
+                    register_op, resolve)
+from .common import chunks, config, meta
+
+OP = "all_reduce_quantized"
+GROUP_SIZES = (32, 64, 128)
+DEFAULT_GROUP_SIZE = 64
+# Shard lengths are multiples of this: of every group size, and of 8 codes (an int4 word).
+ALIGN = 128
+PHASES: tl.constexpr = tl.constexpr(3)
+HEADER_WORDS: tl.constexpr = tl.constexpr(2 * PHASES.value * MAX_WORLD.value)
+_AVG: tl.constexpr = tl.constexpr(OP_AVG)
+# Input elements per launch (CPU: small, so that the tests run the multi-piece path).
+MAX_ELEMENTS = {"cuda": 8 << 20, "cpu": 8 << 10}
+# Below this many input bytes the exact path runs instead (SYMMCOLL_QUANTIZE_MIN_BYTES overrides).
+MIN_BYTES = {"cuda": 1 << 20, "cpu": 0}
+
+
+def min_bytes(device_type: str) -> int:
+    value = os.environ.get("SYMMCOLL_QUANTIZE_MIN_BYTES")
+    if not value:
+        return MIN_BYTES[device_type]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"SYMMCOLL_QUANTIZE_MIN_BYTES must be a number of bytes, got {value!r}") from None
+
+
+def shard_capacity(device_type: str, world: int) -> int:
+    """Most elements of a shard per launch (a multiple of ALIGN)."""
+    return triton.cdiv(triton.cdiv(MAX_ELEMENTS[device_type], world), ALIGN) * ALIGN
+
+
+def row_words(device_type: str, world: int) -> int:
+    """int32 words of a slot row: 8-bit codes, then scales for the smallest group size."""
+    capacity = shard_capacity(device_type, world)
+    return capacity // 4 + capacity // GROUP_SIZES[0]
+
+
+def pieces(numel: int, world: int, device_type: str):
+    """(start, elements, shard length) of every launch; every rank computes the same."""
+    for start, n in chunks(numel, world * shard_capacity(device_type, world)):
+        yield start, n, triton.cdiv(triton.cdiv(n, world), ALIGN) * ALIGN
+
+
+SLOTS = declare(RegionSpec(
+    "quantized.slots", "quantized",
+    lambda g: (HEADER_WORDS.value + PHASES.value * 2 * g.world_size * row_words(g.device_type, g.world_size)) * 4,
+    "rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
+    "empties what it read; a set is written again only after every receiver emptied it (one launch ahead "
+    "at most)", fill_int32=EMPTY.value))
+EPOCHS = declare(RegionSpec("quantized.epochs", "quantized", lambda g: EPOCH_SLOTS.value,
+                            "this rank's launch-epoch table (kernels only)", symmetric=False))
+
+# Block = input elements per program step (a power of two >= ALIGN). First guesses, to be swept on
+# the GPU machine (benchmarks/sweep_configs.py) like the sentinel two-shot's.
+GPU_CONFIGS = SizedConfigs(((4 << 20, LaunchConfig(1024, 264, 4)),
+                            (1 << 40, LaunchConfig(2048, 264, 8))))
+
+
+@triton.jit
+def _send(row_ptrs, b, codes, scales, rows_mask, n_words, n_groups, SCALES_AT: tl.constexpr,
+          WORDS: tl.constexpr, GROUPS: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr,
+          BLOCK: tl.constexpr):
+    """Pack block ``b``'s codes and store them with their scales at ``row_ptrs`` ([PEERS, 1])."""
+    word = b * WORDS + tl.arange(0, WORDS)
+    group = b * GROUPS + tl.arange(0, GROUPS)
+    words = pack_words(codes, ROWS, BLOCK, BITS)
+    tl.store(row_ptrs + word[None, :], words, mask=rows_mask & (word < n_words)[None, :])
+    tl.store(row_ptrs + SCALES_AT + group[None, :], scales.to(tl.int32, bitcast=True),
+             mask=rows_mask & (group < n_groups)[None, :])
+
+
+@triton.jit
+def _receive(row_ptrs, rows, is_peer, b, n_words, n_groups, budget, status_ptr, rank, desc, headers, epoch,
+             check, WORLD: tl.constexpr, SCALES_AT: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
+             BITS: tl.constexpr, PEERS: tl.constexpr, BLOCK: tl.constexpr):
+    """Block ``b`` of every peer's row at ``row_ptrs`` ([PEERS, 1], row i from rank i) once filled,
+    emptied for reuse and unpacked: (int32 codes [PEERS, BLOCK], fp32 scales [PEERS, GROUPS], spins left)."""
+    word = b * WORDS + tl.arange(0, WORDS)
+    group = b * GROUPS + tl.arange(0, GROUPS)
+    word_ptrs = row_ptrs + word[None, :]
+    word_mask = is_peer[:, None] & (word < n_words)[None, :]
+    words, budget = wait_filled_rows(word_ptrs, word_mask, rows, EMPTY, budget, status_ptr, rank, desc, headers,
+                                     epoch, check, WORLD)
+    scale_ptrs = row_ptrs + SCALES_AT + group[None, :]
+    scale_mask = is_peer[:, None] & (group < n_groups)[None, :]
+    scale_bits, budget = wait_filled_rows(scale_ptrs, scale_mask, rows, EMPTY, budget, status_ptr, rank, desc,
+                                          headers, epoch, 0, WORLD)
+    tl.store(word_ptrs, tl.zeros_like(words) + EMPTY, mask=word_mask)
+    tl.store(scale_ptrs, tl.zeros_like(scale_bits) + EMPTY, mask=scale_mask)
+    return unpack_words(words, PEERS, BLOCK, BITS), scale_bits.to(tl.float32, bitcast=True), budget
+
+
+@triton.jit
+def _reduce_in_rank_order(values, rows, REDUCE_OP: tl.constexpr, WORLD: tl.constexpr):
+    """Sum (avg) over the rows of a [PEERS, BLOCK] fp32 tile as ((r0 + r1) + r2) + ...: the order the
+    reference uses, whatever order a block reduction would take (extracting a row adds zeros: exact)."""
+    acc = tl.sum(tl.where(rows[:, None] == 0, values, 0.0), axis=0)
+    for r in tl.static_range(1, WORLD):
+        acc += tl.sum(tl.where(rows[:, None] == r, values, 0.0), axis=0)
+    if REDUCE_OP == _AVG:
+        acc = tl.math.div_rn(acc, tl.zeros_like(acc) + WORLD)
+    return acc
+
+
+@triton.jit
+def quantized_two_shot_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
+    desc, slot_ptrs_dev, epochs_ptr,
+    # this piece: shard s = x[s * shard_len:][:shard_len], valid below numel
+    x_ptr, out_ptr, numel, shard_len,
+    # FMT/BITS: codec (language/codecs.py); G: group size; ROW: words per slot row, scales at SCALES_AT;
+    # BLOCK: elements per program step; PEERS: WORLD rounded up to a power of two
+    WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+    ROW: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK: tl.constexpr, PEERS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = launch_epoch(epochs_ptr)
+    phase = epoch % PHASES
+    scatter_base = HEADER_WORDS + phase * 2 * WORLD * ROW
+    gather_base = scatter_base + WORLD * ROW
+    blocks = tl.cdiv(shard_len, BLOCK)
+    n_words = shard_len // (32 // BITS)
+    n_groups = shard_len // G
+    lane = tl.arange(0, BLOCK)
+    rows = tl.arange(0, PEERS)
+    is_peer = (rows < WORLD) & (rows != rank)
+    peers = peer_rows(slot_ptrs_dev, rows, is_peer, tl.int32)
+    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
+    elem = out_ptr.dtype.element_ty
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+
+    # Stage 0: shard s of my input, quantized, into my row of rank s's scatter slots (every s at once).
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        offs = rows[:, None] * shard_len + in_shard[None, :]
+        x = tl.load(x_ptr + offs, mask=is_peer[:, None] & (offs < numel), other=0).to(tl.float32)
+        codes, scales = quantize_groups(x, PEERS, BLOCK, G, FMT)
+        _send(peers + scatter_base + rank * ROW, b, codes, scales, is_peer[:, None], n_words, n_groups, SCALES_AT,
+              BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
+
+    # Stage 1: my shard = my own values (exact) + every peer's decoded codes, in rank order; the
+    # re-quantized sum is my output (decoded from the codes I send) and goes to every peer.
+    budget = max_spins
+    check = 1
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        offs = rank * shard_len + in_shard
+        mask = (in_shard < shard_len) & (offs < numel)
+        codes, scales, budget = _receive(region + scatter_base + rows[:, None] * ROW, rows, is_peer, b, n_words,
+                                         n_groups, budget, status_ptr, rank, desc, headers, epoch, check, WORLD,
+                                         SCALES_AT, BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
+        check = 0
+        values = dequantize_groups(codes, scales, PEERS, BLOCK, G, FMT)
+        own = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.float32)
+        reduced = _reduce_in_rank_order(tl.where(rows[:, None] == rank, own[None, :], values), rows, REDUCE_OP,
+                                        WORLD)
+        codes, scales = quantize_groups(reduced[None, :], 1, BLOCK, G, FMT)
+        if budget > 0:
+            result = dequantize_groups(codes, scales, 1, BLOCK, G, FMT)
+            tl.store(out_ptr + offs[None, :], narrow(result, elem), mask=mask[None, :])
+            _send(peers + gather_base + rank * ROW, b, tl.broadcast_to(codes, (PEERS, BLOCK)),
+                  tl.broadcast_to(scales, (PEERS, BLOCK // G)), is_peer[:, None], n_words, n_groups, SCALES_AT,
+                  BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
+
+    # Stage 2: every other reduced shard from my gather slots into my output.
+    for b in range(pid, blocks, nprog):
+        in_shard = b * BLOCK + lane
+        codes, scales, budget = _receive(region + gather_base + rows[:, None] * ROW, rows, is_peer, b, n_words,
+                                         n_groups, budget, status_ptr, rank, desc, headers, epoch, 0, WORLD,
+                                         SCALES_AT, BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
+        offs = rows[:, None] * shard_len + in_shard[None, :]
+        if budget > 0:
+            values = dequantize_groups(codes, scales, PEERS, BLOCK, G, FMT)
+            tl.store(out_ptr + offs, narrow(values, elem),
+                     mask=is_peer[:, None] & (in_shard < shard_len)[None, :] & (offs < numel))
+    end_launch(epochs_ptr, epoch)
+
+
+def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    ws, cfg, world = plan.ws, config(plan), plan.world
+    if cfg.block < ALIGN:
+        raise ValueError(f"the quantized all-reduce needs a launch block of >= {ALIGN} elements, got {cfg.block}")
+    device_type = ws.device.type
+    # No block larger than a shard can be (the CPU config's blocks are 16K elements).
+    block = min(cfg.block, triton.next_power_of_2(shard_capacity(device_type, world)))
+    region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
+    code = FORMATS[fmt]
+    constexprs = meta(plan, REDUCE_OP=plan.reduce_code, FMT=code, BITS=FORMAT_BITS[code],
+                      G=dict(plan.request.options)["group_size"], ROW=row_words(device_type, world),
+                      SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=block,
+                      PEERS=triton.next_power_of_2(world))
+    constexprs["enable_fp_fusion"] = False  # x * inverse + 0.5 must round twice, as the reference does
+    flat, out_flat = x.reshape(-1), out.reshape(-1)
+    for start, n, shard_len in pieces(flat.numel(), world, device_type):
+        launch(quantized_two_shot_kernel, cfg.grid(triton.cdiv(shard_len, block)),
+               (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, flat[start:], out_flat[start:], n, shard_len),
+               constexprs)
+    return out
+
+
+def _exact(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The exact all-reduce, as ``symmcoll.all_reduce(x)`` without quantize= runs it."""
+    return resolve("all_reduce", x, plan.group, "auto", reduce_op=plan.request.reduce_op).execute(x, out)
+
+
+def _shape_rule(request, world: int):
+    """Validates a quantized call (ValueError naming the argument); (output shape, descriptor size key)."""
+    if request.dtype not in REDUCTION_DTYPES:
+        raise ValueError(f"x.dtype {request.dtype} cannot be quantized: quantize= takes bf16, fp16 or fp32 "
+                         f"tensors (call all_reduce without quantize= for other dtypes)")
+    if request.reduce_op not in ("sum", "avg"):
+        raise ValueError(f"op must be 'sum' or 'avg' with quantize=, got {request.reduce_op!r}")
+    group_size = dict(request.options).get("group_size")
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
+    # The group size changes the wire format: it is part of the size key that calls compare.
+    return request.shape, request.nbytes * len(GROUP_SIZES) + GROUP_SIZES.index(group_size)
+
+
+def _worth_quantizing(request, world: int) -> str | None:
+    threshold = min_bytes(request.device.type)
+    if world < 2 or request.numel == 0:
+        return "nothing to send"
+    if request.nbytes < threshold:
+        return f"x holds {request.nbytes} bytes, below {threshold}, where quantizing does not pay"
+    return None
+
+
+register_op(OP, _shape_rule, reduces=True)
+for _code, _fmt in ((80, "int8"), (81, "fp8"), (82, "int4")):
+    register(Algorithm(OP, f"quantized_{_fmt}", _code, "quantized", functools.partial(_run, _fmt),
+                       f"barrier-free two-shot carrying {_fmt} codes with a scale per group on both hops",
+                       GPU_CONFIGS, accepts=_worth_quantizing, instead="exact"))
+register(Algorithm(OP, "exact", 83, "quantized", _exact, "the exact all-reduce (algorithm='auto')"))
+
+
+def compile_cases(make_workspace):
+    """Launches to compile for sm_90 (tests/test_compile.py): every format, group size, dtype and GPU
+    config, world sizes 2, 3, 4 and 8, both rank parities."""
+    cases = [("int8", 64, 2, 0, torch.bfloat16, 3 << 20), ("fp8", 32, 3, 1, torch.float16, 1 << 20),
+             ("int4", 128, 8, 1, torch.bfloat16, 1 << 20), ("fp8", 128, 4, 0, torch.float32, 3 << 20),
+             ("int4", 32, 4, 0, torch.float32, 5 << 10)]
+    found = []
+    for fmt, group_size, world, rank, dtype, numel in cases:
+        def thunk(fmt=fmt, group_size=group_size, world=world, rank=rank, dtype=dtype, numel=numel):
+            request = Request(OP, (numel,), dtype, torch.device("cuda"), "sum", None, None, (),
+                              (("group_size", group_size),))
+            algorithm = algorithms(OP)[f"quantized_{fmt}"]
+            p = Plan(request, "kernel", algorithm, None, world, rank, make_workspace(world, rank),
+                     GPU_CONFIGS.pick(request.nbytes, world), 3, (numel,))
+            x = torch.empty((numel,), dtype=dtype, device="meta")
+            _run(fmt, p, x, torch.empty_like(x))
+        found.append((f"{OP}.quantized_{fmt}.G{group_size}", thunk))
+    return found

@@ -1,0 +1,149 @@
+"""Group quantization on the device: fp32 values <-> (codes, one scale per group of G), and codes
+packed into int32 words. Used by the quantized all-reduce (comm/quantized.py).
+
+Formats (``FMT`` constexpr; ``FORMATS`` maps the public names):
+
+    0 int8   codes in [-127, 127], 4 per word     scale = amax / 127
+    1 fp8    e4m3fn codes, 4 per word             scale = amax / 448
+    2 int4   codes in [-7, 7], 8 per word         scale = amax / 7
+
+``amax`` is the largest magnitude in the group; a group holding Inf or NaN gets a NaN scale (and zero
+codes), so non-finite input turns its whole group into NaN instead of being lost. Every step is
+IEEE fp32 arithmetic with a fixed rounding (``div_rn``; half away from zero for the integer formats;
+nearest-even for fp8, done with integer operations so that the interpreter and the GPU agree bit for
+bit): the same values give the same codes on every machine, and ``symmcoll.reference`` emulates it
+exactly. Launches of these helpers must pass ``enable_fp_fusion=False`` (a fused multiply-add would
+round ``x * inv + 0.5`` once instead of twice).
+
+Byte values the codes never take, which the sentinel protocol relies on: the integer formats never
+produce -128 (0x80) or -8 (nibble 0x8), and fp8 never produces 0x80 (negative zero becomes +0), so
+a data word never contains the byte 0x80 -- and ``words.EMPTY`` (0x80008000) does. Scales are
+non-negative or a positive NaN: their sign bit is clear, and EMPTY's is set.
+"""
+
+import triton
+import triton.language as tl
+
+FORMATS = {"int8": 0, "fp8": 1, "int4": 2}
+FORMAT_BITS = {0: 8, 1: 8, 2: 4}
+
+_POSITIVE_NAN: tl.constexpr = tl.constexpr(0x7FC00000)
+_EXPONENT_ALL_ONES: tl.constexpr = tl.constexpr(0x7F800000)
+_E4M3_MIN_NORMAL_BITS: tl.constexpr = tl.constexpr(0x3C800000)  # 2 ** -6 as fp32 bits
+
+
+@triton.jit
+def _qmax(FMT: tl.constexpr):
+    if FMT == 0:
+        return 127.0
+    elif FMT == 1:
+        return 448.0
+    else:
+        return 7.0
+
+
+@triton.jit
+def _e4m3_encode(t):
+    """fp32 in [-448, 448] -> e4m3fn code (int32 0..255), rounded to nearest-even; never 0x80."""
+    bits = t.to(tl.int32, bitcast=True)
+    sign = (bits >> 31) & 1
+    mag = bits & 0x7FFFFFFF
+    # Normal results: round the fp32 mantissa to 3 bits; a carry moves into the exponent as it should.
+    rounded = mag + 0x7FFFF + ((mag >> 20) & 1)
+    normal = (rounded >> 20) - (120 << 3)  # rebias the exponent: 127 -> 7
+    # Subnormal results (|t| < 2**-6): the code is |t| * 2**9 rounded half to even; 8 rolls over to
+    # the smallest normal, whose code is 8 as well.
+    exponent = mag >> 23
+    mantissa = (mag & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(tl.maximum(141 - exponent, 1), 25)  # past 25 bits everything rounds to 0
+    kept = mantissa >> shift
+    rest = mantissa & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    kept += ((rest > half) | ((rest == half) & ((kept & 1) == 1))).to(tl.int32)
+    code = tl.where(mag >= _E4M3_MIN_NORMAL_BITS, normal, kept)
+    return tl.where(code == 0, 0, code | (sign << 7))
+
+
+@triton.jit
+def _e4m3_decode(codes):
+    """e4m3fn codes (low 8 bits of int32) -> fp32 values (exact)."""
+    c = codes & 0xFF
+    exponent = (c >> 3) & 0xF
+    mantissa = c & 7
+    normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    value = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)
+    return tl.where((c >> 7) == 1, -value, value)
+
+
+@triton.jit
+def quantize_groups(x, ROWS: tl.constexpr, N: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr):
+    """fp32 [ROWS, N] -> (int32 codes [ROWS, N], fp32 scales [ROWS, N // G]); groups of G along a row."""
+    v = tl.reshape(x, (ROWS, N // G, G))
+    magnitude_bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    non_finite = magnitude_bits >= _EXPONENT_ALL_ONES
+    v = tl.where(non_finite, 0.0, v)
+    amax = tl.max(tl.abs(v), axis=2)
+    qmax = _qmax(FMT)
+    scale = tl.math.div_rn(amax, tl.zeros_like(amax) + qmax)
+    inverse = tl.where(amax > 0, tl.math.div_rn(tl.zeros_like(amax) + qmax, tl.where(amax > 0, amax, 1.0)), 0.0)
+    t = tl.minimum(tl.maximum(v * inverse[:, :, None], -qmax), qmax)
+    if FMT == 1:
+        codes = _e4m3_encode(t)
+    else:
+        codes = (t + tl.where(t >= 0, 0.5, -0.5)).to(tl.int32)  # half away from zero
+    bad_group = tl.max(non_finite.to(tl.int32), axis=2) > 0
+    scale = tl.where(bad_group, (tl.zeros_like(amax.to(tl.int32)) + _POSITIVE_NAN).to(tl.float32, bitcast=True),
+                     scale)
+    return tl.reshape(codes, (ROWS, N)), scale
+
+
+@triton.jit
+def dequantize_groups(codes, scales, ROWS: tl.constexpr, N: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr):
+    """int32 codes [ROWS, N] and fp32 scales [ROWS, N // G] -> fp32 values [ROWS, N]."""
+    if FMT == 1:
+        values = _e4m3_decode(codes)
+    else:
+        values = codes.to(tl.float32)
+    return tl.reshape(tl.reshape(values, (ROWS, N // G, G)) * scales[:, :, None], (ROWS, N))
+
+
+@triton.jit
+def _pair(fields, ROWS: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """[ROWS, N] fields of BITS bits -> [ROWS, N // 2] fields of 2 * BITS bits (element 2i low).
+    Only the low field needs masking: the high one's sign bits land above 2 * BITS, where the next
+    level masks them or shifts them out of the word."""
+    low, high = tl.split(tl.reshape(fields, (ROWS, N // 2, 2)))
+    return (low & ((1 << BITS) - 1)) | (high << BITS)
+
+
+@triton.jit
+def _unpair(fields, ROWS: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of ``_pair`` for sign-extended fields: [ROWS, N] -> [ROWS, 2 N], sign-extended."""
+    low = (fields << (32 - BITS)) >> (32 - BITS)
+    high = fields >> BITS
+    return tl.reshape(tl.join(low, high), (ROWS, 2 * N))
+
+
+@triton.jit
+def pack_words(codes, ROWS: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """int32 codes [ROWS, N] of BITS (4 or 8) bits -> int32 words [ROWS, N * BITS // 32], code i of a
+    word in bits [i * BITS, (i + 1) * BITS) (little-endian byte order for 8-bit codes)."""
+    if BITS == 4:
+        bytes_ = _pair(codes, ROWS, N, 4)
+        halves = _pair(bytes_, ROWS, N // 2, 8)
+        return _pair(halves, ROWS, N // 4, 16)
+    else:
+        halves = _pair(codes, ROWS, N, 8)
+        return _pair(halves, ROWS, N // 2, 16)
+
+
+@triton.jit
+def unpack_words(words, ROWS: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of ``pack_words``: int32 words -> [ROWS, N] sign-extended codes."""
+    if BITS == 4:
+        halves = _unpair(words, ROWS, N // 8, 16)
+        bytes_ = _unpair(halves, ROWS, N // 4, 8)
+        return _unpair(bytes_, ROWS, N // 2, 4)
+    else:
+        halves = _unpair(words, ROWS, N // 4, 16)
+        return _unpair(halves, ROWS, N // 2, 8)
