@@ -138,6 +138,13 @@ class Workspace:
 
 
 _WORKSPACES: dict[tuple, Workspace] = {}
+# Host-side rendezvous are numbered per group: (generation, sequence number). Every rank counts the
+# same sequence as long as the ranks make the same calls; after a failure they may not have (a rank
+# absent from a workspace creation skipped its rendezvous), so ``reset`` starts a new generation and
+# the numbering of every rank starts again from the same point. Keys of older generations are never
+# looked at again, so a stale key cannot let a rank pass a rendezvous its peers have not reached.
+_RESETS_ALL = 0  # reset() of every group
+_RESETS: dict[str, int] = {}  # reset(group) per group name
 _RENDEZVOUS_SEQ: dict[str, int] = {}
 
 
@@ -179,7 +186,8 @@ def bounded_rendezvous(group, what: str, value: str = "") -> None:
     _RENDEZVOUS_SEQ[name] = seq
     store = c10d._get_default_store()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    keys = [f"symmcoll/{name}/{seq}/{r}" for r in range(world)]
+    generation = f"{_RESETS_ALL}.{_RESETS.get(name, 0)}"
+    keys = [f"symmcoll/{name}/{generation}/{seq}/{r}" for r in range(world)]
     store.set(keys[rank], value)
     seconds = timeout_seconds()
     try:
@@ -273,7 +281,14 @@ def reset(group=None) -> None:
     """Drop the workspaces of ``group`` (all groups if None); the next call rebuilds them.
 
     Collective when followed by a call: every rank must reset together."""
+    global _RESETS_ALL
     names = None if group is None else {group.group_name}
+    if names is None:
+        _RESETS_ALL += 1
+        _RENDEZVOUS_SEQ.clear()
+    else:
+        _RESETS[group.group_name] = _RESETS.get(group.group_name, 0) + 1
+        _RENDEZVOUS_SEQ.pop(group.group_name, None)
     for key in list(_WORKSPACES):
         if names is None or key[0] in names:
             _WORKSPACES.pop(key)
