@@ -17,7 +17,7 @@ class SymmcollTimeoutError(SymmcollError):
 
     def __init__(self, op: str, rank: int, peers, detail: str = ""):
         peers = [peers] if isinstance(peers, int) else list(peers)
-        self.op, self.rank, self.peers = op, rank, peers
+        self.op, self.rank, self.peers, self.detail = op, rank, peers, detail
         self.peer = peers[0] if peers else -1
         who = f"rank {peers[0]}" if len(peers) == 1 else f"ranks {peers}"
         super().__init__(

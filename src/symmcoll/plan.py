@@ -300,7 +300,7 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
     name = _choose(request, world, algorithm)
     chosen = table[name]
-    ws = None if name == BACKEND else memory.get_workspace(group, x.device)
+    ws = None if name == BACKEND else memory.get_workspace(group, x.device, op=f"{op}.{name}")
     if ws is not None and ws.device.type != x.device.type:
         raise ValueError(f"x is on {x.device}, expected a {ws.device.type} tensor")
     cfg = config

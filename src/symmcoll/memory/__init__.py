@@ -157,11 +157,12 @@ def default_group(group):
     return dist.group.WORLD
 
 
-def get_workspace(group=None, device: torch.device | None = None) -> Workspace:
+def get_workspace(group=None, device: torch.device | None = None, op: str = "") -> Workspace:
     """The workspace of (group, device), created collectively on first use.
 
     Every rank of the group must make its first call for a (group, device) together (it is a
-    rendezvous, bounded by SYMMCOLL_TIMEOUT_S). Not during CUDA-graph capture."""
+    rendezvous, bounded by SYMMCOLL_TIMEOUT_S). Not during CUDA-graph capture. ``op``: the call that
+    needs it (named by a failed creation's error instead of the creation step)."""
     group = default_group(group)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
@@ -169,7 +170,12 @@ def get_workspace(group=None, device: torch.device | None = None) -> Workspace:
     key = (group.group_name, device)
     ws = _WORKSPACES.get(key)
     if ws is None:
-        ws = _create(group, torch.device(device))
+        try:
+            ws = _create(group, torch.device(device))
+        except SymmcollTimeoutError as exc:
+            if not op:
+                raise
+            raise SymmcollTimeoutError(op, exc.rank, exc.peers, f"{exc.detail} of {exc.op}") from None
         _WORKSPACES[key] = ws
     ws.check()
     return ws
