@@ -12,6 +12,12 @@ class SymmcollError(RuntimeError):
     """Base class of symmcoll's runtime errors (also raised for calls made before initialisation)."""
 
 
+def not_initialized() -> SymmcollError:
+    """The one error of every call made before torch.distributed is initialised."""
+    return SymmcollError("symmcoll: torch.distributed is not initialized (call torch.distributed."
+                         "init_process_group, run under torchrun, or use symmcoll.launch)")
+
+
 class SymmcollTimeoutError(SymmcollError):
     """A wait for a peer gave up after SYMMCOLL_TIMEOUT_S: the peer never arrived."""
 
@@ -30,9 +36,10 @@ class SymmcollMismatchError(SymmcollError):
 
     def __init__(self, op: str, rank: int, peer: int, fields: list[str]):
         self.op, self.rank, self.peer, self.fields = op, rank, peer, list(fields)
+        verb = "differs" if len(fields) <= 1 else "differ"
         super().__init__(
             f"symmcoll: {op} on rank {rank}: rank {peer} made a different call: {', '.join(fields) or 'call'} "
-            f"differ between ranks {min(rank, peer)} and {max(rank, peer)}. Every rank must make the same "
+            f"{verb} between ranks {min(rank, peer)} and {max(rank, peer)}. Every rank must make the same "
             f"sequence of calls with the same op, algorithm, dtype, shape, reduce op and src. {_RESET}")
 
 

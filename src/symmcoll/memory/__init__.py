@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, error_from_record
+from ..errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, error_from_record, not_initialized
 from .layout import ANNOUNCE_SLOT, MAX_PROGRAMS, MAX_WORLD, SIGNAL_PAD_INTS
 from .regions import BUFFER, Geometry, RegionSpec, declare, declared
 
@@ -152,8 +152,7 @@ def default_group(group):
     if group is not None:
         return group
     if not dist.is_initialized():
-        raise SymmcollError("symmcoll: torch.distributed is not initialized (call "
-                            "torch.distributed.init_process_group, run under torchrun, or use symmcoll.launch)")
+        raise not_initialized()
     return dist.group.WORLD
 
 
