@@ -9,6 +9,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..errors import SymmcollMismatchError
 from ..plan import BACKEND, Algorithm, Plan, register
 
 
@@ -63,6 +64,12 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.
     recv_t = torch.empty_like(send_t)
     dist.all_to_all_single(recv_t, send_t, group=plan.group)
     recv = recv_t.tolist()
+    if splits is None and recv != send:
+        # Equal splits: every peer must send as many rows as this rank does. Checked on the counts
+        # every rank has just exchanged, so every rank raises before any data moves (otherwise the
+        # backend raises on some ranks and waits forever on others).
+        peer = next(s for s in range(world) if recv[s] != send[s])
+        raise SymmcollMismatchError(f"all_to_all.{BACKEND}", plan.rank, peer, ["size (element or row count)"])
     if out is None:
         out = torch.empty((sum(recv), *x.shape[1:]), dtype=x.dtype, device=x.device)
     row_bytes = math.prod(x.shape[1:]) * x.element_size()
