@@ -256,7 +256,8 @@ def _finish(done: list[BenchResult], options: BenchOptions, console: Console, is
 
 def _failed(result: BenchResult) -> bool:
     aborted = any(n.startswith("run aborted") for n in result.notes)
-    return aborted or any(m.family == "symmcoll" and (m.error is not None or (m.wrong or 0) > 0)
+    # symmcoll's own rows, the fallback ("symmcoll:nccl", labelled as the backend in the tables) included
+    return aborted or any(m.implementation.startswith("symmcoll:") and (m.error is not None or (m.wrong or 0) > 0)
                           for m in result.measurements)
 
 
