@@ -276,16 +276,12 @@ def _start(name, monkeypatch):
     return launch.run(_run_case, WORLD, name, device=DEVICE, timeout=LAUNCH_TIMEOUT_S)
 
 
-def _describe(rank, outcome):
-    return f"rank {rank}: {outcome}"
-
-
 @pytest.mark.parametrize("name", list(MISMATCHES))
 def test_mismatched_call_raises_on_every_rank(name, monkeypatch):
     spec = MISMATCHES[name]
     results = _start(name, monkeypatch)
     for rank, (outcome, later) in enumerate(results):
-        what = _describe(rank, outcome)
+        what = f"rank {rank}: {outcome}"
         assert outcome["kind"] == "SymmcollMismatchError", what
         peer = outcome["peer"]
         # the rank named made the other call
@@ -321,7 +317,7 @@ def test_absent_killed_or_failing_peer_is_named_by_every_other_rank(name, monkey
                 assert outcome["kind"] == "ValueError" and "contiguous" in outcome["message"], outcome
             assert later == "exact", later
             continue
-        what = _describe(rank, outcome)
+        what = f"rank {rank}: {outcome}"
         assert outcome["kind"] == "SymmcollTimeoutError", what
         assert outcome["peer"] == LAST and outcome["peers"] == [LAST], what
         assert outcome["op"].startswith(spec.op), what
