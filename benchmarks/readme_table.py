@@ -18,7 +18,8 @@ def table(result, op: str) -> str:
     rows = [m for m in result.measurements if m.op == op]
     impls = list(dict.fromkeys(m.implementation for m in rows))
     anchors = [i for i in impls if not i.startswith("symmcoll:")]
-    ours = [i for i in impls if i.startswith("symmcoll:") and i != "symmcoll:auto"]
+    # symmcoll's algorithms; "symmcoll:nccl" is the process group's collective called through symmcoll
+    ours = [i for i in impls if i.startswith("symmcoll:") and i not in ("symmcoll:auto", "symmcoll:nccl")]
     by = {(m.implementation, m.size_bytes): m for m in rows}
     sizes = sorted({m.size_bytes for m in rows})
     head = ["size", *anchors, "symmcoll auto", "fastest symmcoll algorithm", "auto / best other"]

@@ -134,6 +134,34 @@ def test_sentinel_bit_patterns(pools, world_size, algorithm):
     pools(world_size).run(_sentinel_bit_patterns, algorithm)
 
 
+# op="avg" of [2, 1, 1] in bf16: 4/3 = 1.0101010101...b rounds to nearest-even as 1.0101011b =
+# 1.3359375 (what torch and the GPU give); truncation, triton 3.6's interpreter conversion, gives
+# 1.328125. The mean is computed in fp32 and narrowed once (language.narrow), by every algorithm.
+BF16_AVG_OF_2_1_1 = 1.3359375
+
+
+def _bf16_avg_rounding():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == 3
+    value = 2.0 if rank == 0 else 1.0
+    got = {}
+    for algorithm in ["nccl", *ALGORITHMS]:
+        x = torch.full((5,), value, dtype=torch.bfloat16, device=device())
+        got[f"all_reduce {algorithm}"] = symmcoll.all_reduce(x, op="avg", algorithm=algorithm).float().unique().tolist()
+    for algorithm in ["nccl", *sorted(symmcoll.ALGORITHMS["reduce_scatter"])]:
+        x = torch.full((3 * 5,), value, dtype=torch.bfloat16, device=device())
+        out = symmcoll.reduce_scatter(x, op="avg", algorithm=algorithm)
+        got[f"reduce_scatter {algorithm}"] = out.float().unique().tolist()
+    return got
+
+
+def test_bf16_avg_rounds_to_nearest_even_for_every_algorithm(pools):
+    assert torch.tensor(4 / 3).to(torch.bfloat16).item() == BF16_AVG_OF_2_1_1  # torch's rounding
+    for rank, got in enumerate(pools(3).run(_bf16_avg_rounding)):
+        wrong = {name: values for name, values in got.items() if values != [BF16_AVG_OF_2_1_1]}
+        assert not wrong, f"rank {rank}: {wrong}"
+
+
 def _interleaved(calls):
     """two_shot between collectives that write the shared buffer before their entry barrier, with
     changing sizes: a rank that has finished must not overwrite what a slower peer still reads."""

@@ -1,6 +1,7 @@
 """The benchmark harness: sizes, busbw factors, table layout, the result file, plots, and a real CPU run
 of ``python -m symmcoll bench`` at world size 2."""
 
+import dataclasses
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import torch
 from rich.console import Console
 
 import symmcoll
-from symmcoll.bench import checks, results
+from symmcoll.bench import checks, driver, plot, results
 from symmcoll.bench.driver import selected
 from symmcoll.bench.metrics import OPS, bandwidth, busbw_factor, count_for, link_percent, summarize
 from symmcoll.bench.plan import TimingPlan
@@ -100,8 +101,8 @@ def test_algorithms_filter():
     assert not selected("nccl", ("torch:*", "one_shot"))
 
 
-def _render(table) -> str:
-    console = Console(width=250, record=True, file=open(os.devnull, "w"))
+def _render(table, width: int = 250) -> str:
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))
     console.print(table)
     return console.export_text()
 
@@ -123,14 +124,93 @@ def test_implementation_table_layout():
 def test_comparison_table_flags_wrong_and_picks_the_best_correct():
     text = _render(comparison_table(synthetic_result(), "all_reduce"))
     header = next(line for line in text.splitlines() if line.split()[:1] == ["size"])
-    assert header.split()[1:5] == ["nccl", "torch:one_shot", "symmcoll:one_shot", "symmcoll:bad"]
+    assert header.split()[1:6] == ["nccl", "t:1s", "1s", "bad", "best"]
+    assert "t:1s = torch:one_shot, 1s = symmcoll:one_shot, bad = symmcoll:bad" in " ".join(text.split())
     rows = {line.split()[0]: line.split() for line in text.splitlines()
             if line.split()[:1] in (["4K"], ["1M"])}
     # 4K: symmcoll:bad (1.00 us) is wrong, so the best is symmcoll:one_shot: 12/6 over NCCL, 7/6 over torch.
-    assert rows["4K"] == ["4K", "12.00", "7.00", "6.00", "1.00", "WRONG",
-                          "symmcoll:one_shot", "2.00x", "1.17x", "0.3"]
+    assert rows["4K"] == ["4K", "12.0", "7.00", "6.00", "1.00!", "1s", "2.00x", "1.17x", "0.3"]
     # 1M: torch one-shot is best; symmcoll's best against it is 30/32.
-    assert rows["1M"][6:] == ["torch:one_shot", "1.33x", "0.94x", "14.6"]
+    assert rows["1M"][5:] == ["t:1s", "1.33x", "0.94x", "14.6"]
+
+
+def _with_fallback(result, times_us):
+    """``result`` plus "symmcoll:nccl" rows (the process group's collective called through symmcoll)."""
+    nccl = [m for m in result.measurements if m.implementation == "nccl"]
+    fallback = [dataclasses.replace(m, implementation="symmcoll:nccl", family="symmcoll", median_us=t,
+                                    link_percent=None) for m, t in zip(nccl, times_us)]
+    return dataclasses.replace(result, measurements=result.measurements + tuple(fallback))
+
+
+def test_fallback_is_labelled_and_counted_as_the_backend():
+    # The fallback at 5 us beats symmcoll:one_shot (6 us) at 4K: that is NCCL winning, not symmcoll.
+    result = _with_fallback(synthetic_result(), (5.0, 41.0))
+    text = _render(comparison_table(result, "all_reduce"))
+    assert "nccl* = symmcoll:nccl (nccl called through symmcoll" in " ".join(text.split())
+    row = next(line.split() for line in text.splitlines() if line.split()[:1] == ["4K"])
+    assert row[5:] == ["5.00", "nccl*", "2.40x", "0.83x", "-"]  # sc vs others = 5 / 6
+    title = _render(implementation_table(result, "all_reduce", "symmcoll:nccl")).splitlines()[0]
+    assert "symmcoll:nccl (nccl called through symmcoll: the fallback" in title
+    assert plot.legend_label(result, "symmcoll:nccl") == "nccl through symmcoll (fallback)"
+    # a wrong fallback still fails the run: it is symmcoll's code path
+    rows = [dataclasses.replace(m, wrong=3) if m.implementation == "symmcoll:nccl" else m
+            for m in result.measurements if m.implementation != "symmcoll:bad"]
+    assert driver._failed(dataclasses.replace(result, measurements=tuple(rows)))
+    clean = [m for m in rows if m.implementation != "symmcoll:nccl"]
+    assert not driver._failed(dataclasses.replace(result, measurements=tuple(clean)))
+
+
+def _everything_today(op: str, world: int):
+    """A result with every implementation the bench compares for ``op`` today: the backend, torch's
+    symmetric-memory ops (as on the GPU machine), every symmcoll algorithm, auto and the fallback;
+    sizes 4K..256M with times of every width up to 5 digits, and a wrong row."""
+    base = synthetic_result()
+    template = base.measurements[0]
+    names = [("nccl", "backend"), *((f"torch:{n}", "torch_symm_mem") for n in TORCH_OPS[op]),
+             *((f"symmcoll:{n}", "symmcoll") for n in [*symmcoll.ALGORITHMS[op], "auto", "nccl"])]
+    sizes = [4096 << (2 * i) for i in range(9)]
+    rows = [dataclasses.replace(template, op=op, implementation=name, family=family, size_bytes=size,
+                                median_us=12345.678 / (1 + i + j) + 1.234 * i,
+                                wrong=7 if (i, j) == (1, 2) else 0)
+            for i, (name, family) in enumerate(names) for j, size in enumerate(sizes)]
+    config = dataclasses.replace(base.config, ops=(op,), sizes=tuple(sizes), world_size=world)
+    return dataclasses.replace(base, config=config, measurements=tuple(rows))
+
+
+# torch's symmetric-memory ops the bench compares on GPU (bench/baselines.py)
+TORCH_OPS = {"all_reduce": ["one_shot", "two_shot"], "reduce_scatter": ["reduce_scatter_out", "low_contention"],
+             "all_gather": ["low_contention"], "all_to_all": []}
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def _assert_fits(text: str, sizes: list[int], width: int = 120) -> None:
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width, max(lines, key=len)
+    assert "…" not in text, text  # nothing cut short
+    starts = [line.split()[0] for line in lines if line.split()]
+    for size in sizes:  # the size column is there, one row per size
+        assert format_size(size) in starts, (format_size(size), text)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_tables_fit_120_columns_with_every_implementation(op):
+    result = _everything_today(op, 4)
+    text = _render(comparison_table(result, op), width=120)
+    _assert_fits(text, list(result.config.sizes))
+    header = next(line for line in text.splitlines() if line.split()[:1] == ["size"])
+    assert len(header.split()) == 1 + len(result.implementations(op)) + 4  # size, codes, best, ratios, %link
+    for name in result.implementations(op):
+        _assert_fits(_render(implementation_table(result, op, name), width=120), list(result.config.sizes))
+
+
+def test_committed_gpu_results_fit_120_columns():
+    files = sorted((RESULTS_DIR / "2026-11-22-perf-5").glob("2026*.json"))
+    assert len(files) == 2
+    for path in files:
+        result = results.load(path)
+        for op in result.ops():
+            sizes = sorted({m.size_bytes for m in result.measurements if m.op == op})
+            _assert_fits(_render(comparison_table(result, op), width=120), sizes)
 
 
 # --- result file and plots -------------------------------------------------------------------------------
@@ -158,6 +238,17 @@ def test_plot_from_stored_result(tmp_path):
     assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and written[0].stat().st_size > 10_000
 
 
+def test_plot_names_world_size_dtype_and_size_convention():
+    ws4 = synthetic_result()
+    ws2 = dataclasses.replace(ws4, config=dataclasses.replace(ws4.config, world_size=2))
+    assert plot.title([ws4], "all_reduce") == "all_reduce, world size 4, bf16, graph timing, NVIDIA H200 x4"
+    assert plot.title([ws4, ws2], "all_reduce").startswith("all_reduce, world sizes 4 and 2, bf16")
+    assert plot.size_label("all_reduce") == "size: bytes per rank (in = out)"
+    assert plot.size_label("all_gather") == "size: input bytes per rank (output = n*size)"
+    assert plot.size_label("reduce_scatter") == "size: output bytes per rank (input = n*size)"
+    assert plot.busbw_formula("all_reduce") == "algbw*2(n-1)/n"
+
+
 # --- the real command, CPU mode ------------------------------------------------------------------------
 
 
@@ -169,6 +260,8 @@ def test_bench_cli_cpu_end_to_end(tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "NOT performance" in out
+    assert max(len(line) for line in out.splitlines()) <= 120  # a log file: the 120-column layout
+    assert "Warning" not in proc.stderr, proc.stderr  # no per-rank torch deprecation warnings
     # Rows of the per-implementation tables: size count type redop time p20-p80 algbw busbw %link #wrong
     headers = [line for line in out.splitlines() if "#wrong" in line]
     rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+K\s+\d+\s+bf16\s", line)]

@@ -102,15 +102,52 @@ def _inplace_and_errors():
     odd = rank_coded(7, torch.bfloat16, rank)
     symmcoll.all_reduce_(odd, algorithm="sentinel_one_shot")
     assert_close(odd, reference.all_reduce(rank_coded(7, torch.bfloat16, rank)), "all_reduce_ odd bf16", exact=True)
-    with pytest.raises(ValueError, match="torch.Tensor"):
-        symmcoll.all_reduce([1.0, 2.0])
-    with pytest.raises(ValueError, match="meta"):
-        symmcoll.all_reduce(torch.ones(4, device="meta"))
+    # Bad input: ValueError naming the argument, whichever function and algorithm.
+    for name, call in _every_call(world).items():
+        with pytest.raises(ValueError, match="x must be a torch.Tensor, got list"):
+            call([1.0, 2.0] * world)
+        with pytest.raises(ValueError, match="x is on meta"):
+            call(torch.ones(2 * world, device="meta"))
+    with pytest.raises(ValueError, match="x is on meta"):
+        symmcoll.all_reduce(torch.ones(4, device="meta", requires_grad=True))
     return True
+
+
+def _every_call(world: int) -> dict:
+    """Every public function, with "auto" and with an explicit algorithm."""
+    calls = {}
+    for algorithm in ("auto", "nccl", "one_shot"):
+        calls[f"all_reduce {algorithm}"] = lambda x, a=algorithm: symmcoll.all_reduce(x, algorithm=a)
+        calls[f"all_reduce_ {algorithm}"] = lambda x, a=algorithm: symmcoll.all_reduce_(x, algorithm=a)
+    for algorithm in ("auto", "pull"):
+        calls[f"reduce_scatter {algorithm}"] = lambda x, a=algorithm: symmcoll.reduce_scatter(x, algorithm=a)
+        calls[f"all_gather {algorithm}"] = lambda x, a=algorithm: symmcoll.all_gather(x, algorithm=a)
+        calls[f"all_to_all {algorithm}"] = lambda x, a=algorithm: symmcoll.all_to_all(x, algorithm=a)
+        calls[f"all_to_all splits {algorithm}"] = lambda x, a=algorithm: symmcoll.all_to_all(
+            x, splits=[2] * world, algorithm=a)
+        calls[f"broadcast {algorithm}"] = lambda x, a=algorithm: symmcoll.broadcast(x, 0, algorithm=a)
+    return calls
 
 
 def test_in_place_variant_and_input_errors(pools):
     assert pools(3).run(_inplace_and_errors) == [True] * 3
+
+
+def test_calls_before_init_process_group_raise_one_error():
+    # In the pytest process, where torch.distributed is not initialised.
+    assert not dist.is_initialized()
+    messages = set()
+    for name, call in _every_call(2).items():
+        for x in (torch.ones(4), [1.0, 2.0]):
+            with pytest.raises(symmcoll.SymmcollError) as info:
+                call(x)
+            assert type(info.value) is symmcoll.SymmcollError, (name, info.value)
+            messages.add(str(info.value))
+    with pytest.raises(symmcoll.SymmcollError) as info:
+        symmcoll.get_workspace()
+    messages.add(str(info.value))
+    assert len(messages) == 1, messages
+    assert "torch.distributed is not initialized" in messages.pop()
 
 
 # ---- autograd: gradients against a single-process simulation of every rank ------------------------

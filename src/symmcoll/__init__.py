@@ -63,6 +63,9 @@ ALGORITHMS = _Algorithms()
 def _tensor(x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    # Here, not only in the resolver: a meta tensor that goes through the custom op (requires_grad)
+    # would get the fake implementation's empty result instead of an error.
+    plan.check_device(x)
     return x
 
 

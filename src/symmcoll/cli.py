@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _console() -> Console:
-    # Logs of GPU jobs are files, where rich would assume 80 columns and fold the tables.
-    return Console() if sys.stdout.isatty() else Console(width=220)
+    # Logs of GPU jobs are files, where rich would assume 80 columns and fold the tables; the tables
+    # are laid out to fit 120 (bench.report).
+    return Console() if sys.stdout.isatty() else Console(width=120)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -12,12 +12,18 @@ class SymmcollError(RuntimeError):
     """Base class of symmcoll's runtime errors (also raised for calls made before initialisation)."""
 
 
+def not_initialized() -> SymmcollError:
+    """The one error of every call made before torch.distributed is initialised."""
+    return SymmcollError("symmcoll: torch.distributed is not initialized (call torch.distributed."
+                         "init_process_group, run under torchrun, or use symmcoll.launch)")
+
+
 class SymmcollTimeoutError(SymmcollError):
     """A wait for a peer gave up after SYMMCOLL_TIMEOUT_S: the peer never arrived."""
 
     def __init__(self, op: str, rank: int, peers, detail: str = ""):
         peers = [peers] if isinstance(peers, int) else list(peers)
-        self.op, self.rank, self.peers = op, rank, peers
+        self.op, self.rank, self.peers, self.detail = op, rank, peers, detail
         self.peer = peers[0] if peers else -1
         who = f"rank {peers[0]}" if len(peers) == 1 else f"ranks {peers}"
         super().__init__(
@@ -30,9 +36,10 @@ class SymmcollMismatchError(SymmcollError):
 
     def __init__(self, op: str, rank: int, peer: int, fields: list[str]):
         self.op, self.rank, self.peer, self.fields = op, rank, peer, list(fields)
+        verb = "differs" if len(fields) <= 1 else "differ"
         super().__init__(
             f"symmcoll: {op} on rank {rank}: rank {peer} made a different call: {', '.join(fields) or 'call'} "
-            f"differ between ranks {min(rank, peer)} and {max(rank, peer)}. Every rank must make the same "
+            f"{verb} between ranks {min(rank, peer)} and {max(rank, peer)}. Every rank must make the same "
             f"sequence of calls with the same op, algorithm, dtype, shape, reduce op and src. {_RESET}")
 
 

@@ -32,11 +32,14 @@ _GRACE_AFTER_ERROR_S = 30.0
 
 
 class RankError(RuntimeError):
-    """One or more ranks raised; ``failures`` maps rank -> traceback text."""
+    """One or more ranks raised; ``failures`` maps rank -> traceback text, ``results`` rank -> return
+    value of the ranks that finished (what the survivors of a crashed rank saw)."""
 
-    def __init__(self, failures: dict[int, str], unfinished: list[int] | None = None):
+    def __init__(self, failures: dict[int, str], unfinished: list[int] | None = None,
+                 results: dict[int, Any] | None = None):
         self.failures = failures
         self.unfinished = unfinished or []
+        self.results = results or {}
         first = min(failures)
         lines = [f"rank {first} failed:\n{failures[first]}"]
         others = sorted(set(failures) - {first})
@@ -177,7 +180,7 @@ class RankPool:
                     unfinished = sorted(set(range(self.world_size)) - set(results) - set(failures))
                     self.close(force=True)
                     if failures:
-                        raise RankError(failures, unfinished) from None
+                        raise RankError(failures, unfinished, results) from None
                     raise LaunchTimeout(timeout, unfinished) from None
                 continue
             if kind == "err":
@@ -187,7 +190,7 @@ class RankPool:
                 results[rank] = payload
         if failures:
             self.close(force=True)
-            raise RankError(failures)
+            raise RankError(failures, results=results)
         return [results[r] for r in range(self.world_size)]
 
     def close(self, force: bool = False) -> None:

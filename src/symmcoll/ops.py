@@ -36,9 +36,8 @@ def group_name(group) -> str:
     """The name an op takes for ``group`` (None: the default group)."""
     if group is None:
         if not dist.is_initialized():
-            from .errors import SymmcollError
-            raise SymmcollError("symmcoll: torch.distributed is not initialized (call "
-                                "torch.distributed.init_process_group, run under torchrun, or use symmcoll.launch)")
+            from .errors import not_initialized
+            raise not_initialized()
         group = dist.group.WORLD
     return group.group_name
 

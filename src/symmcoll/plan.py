@@ -250,12 +250,16 @@ def clear_cache() -> None:
 memory.on_reset(clear_cache)
 
 
-def check_tensor(x, name: str = "x") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+def check_device(x: torch.Tensor, name: str = "x") -> None:
     if x.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name} is on {x.device}: symmcoll runs on cuda tensors (and on cpu tensors "
                          f"under TRITON_INTERPRET=1 with a gloo group)")
+
+
+def check_tensor(x, name: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_device(x, name)
     if not x.is_contiguous():
         raise ValueError(f"{name} must be contiguous (got shape {tuple(x.shape)}, strides {tuple(x.stride())})")
 
@@ -325,7 +329,7 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
     name = _choose(request, world, algorithm)
     chosen = table[name]
-    ws = None if name == BACKEND else memory.get_workspace(group, x.device)
+    ws = None if name == BACKEND else memory.get_workspace(group, x.device, op=f"{op}.{name}")
     if ws is not None and ws.device.type != x.device.type:
         raise ValueError(f"x is on {x.device}, expected a {ws.device.type} tensor")
     cfg = config

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..comm.backend import all_gather_single, reduce_scatter_single
 from .impls import Bound, Implementation
 from .symm_buffers import symmetric_view
 
@@ -37,11 +38,9 @@ def _bind_backend_all_reduce(x: torch.Tensor, group) -> Bound:
 
 def _bind_backend_reduce_scatter(x: torch.Tensor, group) -> Bound:
     out = x.new_empty(x.numel() // dist.get_world_size(group))
-    # torch 2.13 renamed reduce_scatter_tensor (and warns on every call); older torch has only that.
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
     def call():
-        reduce_scatter(out, x, group=group)
+        reduce_scatter_single(out, x, group=group)
         return out
     return Bound(load=x.copy_, call=call)
 
@@ -50,7 +49,7 @@ def _bind_backend_all_gather(x: torch.Tensor, group) -> Bound:
     out = x.new_empty(x.numel() * dist.get_world_size(group))
 
     def call():
-        dist.all_gather_into_tensor(out, x, group=group)
+        all_gather_single(out, x, group=group)
         return out
     return Bound(load=x.copy_, call=call)
 

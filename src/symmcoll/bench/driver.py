@@ -263,7 +263,10 @@ def _finish(done: list[BenchResult], options: BenchOptions, console: Console, is
 
 def _failed(result: BenchResult) -> bool:
     aborted = any(n.startswith("run aborted") for n in result.notes)
-    return aborted or any(m.family in ("symmcoll", QUANTIZED) and (m.error is not None or (m.wrong or 0) > 0)
+    # symmcoll's own rows (quantized ones and the fallback "symmcoll:nccl", labelled as the backend in the
+    # tables, included)
+    return aborted or any((m.implementation.startswith("symmcoll:") or m.family == QUANTIZED)
+                          and (m.error is not None or (m.wrong or 0) > 0)
                           for m in result.measurements)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .metrics import SIZE_CONVENTION
+from .report import backend_label, fallback_name
 from .results import BenchResult, load
 from .sizes import format_size
 
@@ -27,6 +29,7 @@ def plot_results(results: list[BenchResult], out_dir: Path, prefix: str) -> list
     import matplotlib
     matplotlib.use("Agg")  # files only: no display on GPU hosts or CI
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import ScalarFormatter
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -34,33 +37,38 @@ def plot_results(results: list[BenchResult], out_dir: Path, prefix: str) -> list
     several = len(results) > 1
     written = []
     for op in ops:
-        fig, (latency, busbw) = plt.subplots(1, 2, figsize=(13, 5))
-        # One colour per implementation and one line style per run, so ws4 and ws2 of the same
-        # implementation read as a pair.
+        fig, (latency, busbw) = plt.subplots(1, 2, figsize=(15, 5.5))
+        # One colour per implementation and one line style per run (world size), so ws4 and ws2 of the
+        # same implementation read as a pair; one legend for the figure, outside the axes.
         names = list(dict.fromkeys(name for r in results for name in r.implementations(op)))
-        colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
+        palette = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
+        colours = {name: palette(i % palette.N) for i, name in enumerate(names)}
+        handles = {legend_label(results[0], name): Line2D([], [], color=colours[name], marker="o", markersize=3)
+                   for name in names}
+        wrong = False
         for index, result in enumerate(results):
-            suffix = f" (ws{result.config.world_size})" if several else ""
             style = LINE_STYLES[index % len(LINE_STYLES)]
+            if several:
+                handles[f"world size {result.config.world_size}"] = Line2D([], [], color="gray", linestyle=style)
             for name in result.implementations(op):
-                _draw(latency, busbw, result.rows(op, name), name + suffix, colours[name], style)
+                wrong |= _draw(latency, busbw, result.rows(op, name), colours[name], style)
             bound = result.link.bound_gbps if result.link else None
             if bound:
                 busbw.axhline(bound, linestyle=style, color="gray", linewidth=1)
-                busbw.annotate(f"link {bound:.0f} GB/s{suffix}", (0.01 + 0.3 * index, bound),
+                busbw.annotate(f"link {bound:.0f} GB/s (ws{result.config.world_size})", (0.01 + 0.3 * index, bound),
                                xycoords=("axes fraction", "data"), fontsize=8, color="gray", va="bottom")
-        first = results[0]
-        fig.suptitle(f"{op}: {first.config.dtype}, {first.config.plan.mode}, "
-                     f"{first.provenance.gpu_name or 'CPU (interpreter: not performance)'}")
-        latency.set(xscale="log", yscale="log", xlabel="size (bytes, see convention)",
-                    ylabel="time per call (us)")
+        if wrong:
+            handles["wrong results"] = Line2D([], [], color="red", marker="x", linestyle="none")
+        fig.suptitle(title(results, op))
+        latency.set(xscale="log", yscale="log", xlabel=size_label(op), ylabel="time per call (us)")
         latency.yaxis.set_major_formatter(ScalarFormatter())  # 12.5 rather than 10^1 alone
-        busbw.set(xscale="log", xlabel="size (bytes, see convention)", ylabel="busbw (GB/s)")
+        busbw.set(xscale="log", xlabel=size_label(op), ylabel=f"busbw (GB/s) = {busbw_formula(op)}")
         for ax in (latency, busbw):
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
             _size_ticks(ax, [m.size_bytes for r in results for m in r.measurements if m.op == op])
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 0.8, 1))
+        fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(0.8, 0.5),
+                   fontsize=8, frameon=False)
         path = out_dir / f"{prefix}-{op}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -68,18 +76,53 @@ def plot_results(results: list[BenchResult], out_dir: Path, prefix: str) -> list
     return written
 
 
-def _draw(latency, busbw, rows, label: str, colour, style: str) -> None:
+def legend_label(result: BenchResult, name: str) -> str:
+    """The implementation's name; the fallback is labelled as the backend it calls."""
+    if name == fallback_name():
+        return f"{backend_label(result)} through symmcoll (fallback)"
+    return name
+
+
+def _listed(values) -> str:
+    values = [str(v) for v in dict.fromkeys(values)]
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
+
+
+def title(results: list[BenchResult], op: str) -> str:
+    """What the figure shows: op, world size(s), dtype(s), timing, machine."""
+    worlds = _listed(r.config.world_size for r in results)
+    sizes = "world sizes" if len({r.config.world_size for r in results}) > 1 else "world size"
+    machines = _listed(f"{r.provenance.gpu_name} x{r.provenance.gpu_count}" if r.provenance.gpu_name
+                       else "CPU (Triton interpreter: not performance)" for r in results)
+    return (f"{op}, {sizes} {worlds}, {_listed(r.config.dtype for r in results)}, "
+            f"{_listed(r.config.plan.mode for r in results)} timing, {machines}")
+
+
+def size_label(op: str) -> str:
+    """The x axis: what a size means for ``op`` (metrics.SIZE_CONVENTION)."""
+    meaning = SIZE_CONVENTION[op].split(";")[0].removeprefix("size = ")
+    return f"size: {meaning}"
+
+
+def busbw_formula(op: str) -> str:
+    return next(part.strip().removeprefix("busbw = ") for part in SIZE_CONVENTION[op].split(";")
+                if part.strip().startswith("busbw"))
+
+
+def _draw(latency, busbw, rows, colour, style: str) -> bool:
+    """One implementation of one run: a line through its correct rows, red crosses where results were
+    wrong. Returns whether any were."""
     good = [m for m in rows if m.ok]
     bad = [m for m in rows if not m.ok and m.median_us is not None]
     if good:
         sizes = [m.size_bytes for m in good]
-        line = dict(marker="o", markersize=3, label=label, color=colour, linestyle=style)
+        line = dict(marker="o", markersize=3, color=colour, linestyle=style)
         latency.plot(sizes, [m.median_us for m in good], **line)
         busbw.plot(sizes, [m.busbw_gbps for m in good], **line)
     if bad:
-        latency.scatter([m.size_bytes for m in bad], [m.median_us for m in bad], marker="x", color="red",
-                        label=f"{label}: wrong")
+        latency.scatter([m.size_bytes for m in bad], [m.median_us for m in bad], marker="x", color="red")
         busbw.scatter([m.size_bytes for m in bad], [m.busbw_gbps for m in bad], marker="x", color="red")
+    return bool(bad)
 
 
 def _size_ticks(ax, sizes: list[int]) -> None:

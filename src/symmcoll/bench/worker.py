@@ -11,6 +11,7 @@ an all-gather), so one broken implementation is reported as such and the sweep g
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -26,6 +27,11 @@ from .metrics import bandwidth, summarize
 from .plan import Case
 from .results import LinkLimit, Measurement, Provenance
 from .timing import CapturedCalls, Timing, time_cpu, time_eager, time_graph
+
+# Every rank imports this module before its first case. A torch deprecation (FutureWarning) of an API
+# the bench or a baseline calls would otherwise print once per rank process, W copies of one line
+# among the tables; symmcoll itself calls the current names (comm/backend.py).
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")
 
 
 @dataclass(frozen=True)

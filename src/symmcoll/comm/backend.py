@@ -9,6 +9,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..errors import SymmcollMismatchError
 from ..plan import BACKEND, Algorithm, Plan, register
 
 
@@ -30,11 +31,15 @@ def _all_reduce(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# torch 2.13 renamed reduce_scatter_tensor and all_gather_into_tensor (the old names warn once per
+# process, i.e. once per rank); older torch has only the old names.
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     reduce_op, divide = _reduce_op(plan)
-    # torch 2.13 renamed reduce_scatter_tensor (and warns on every call); older torch has only that.
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    reduce_scatter(out, x, op=reduce_op, group=plan.group)
+    reduce_scatter_single(out, x, op=reduce_op, group=plan.group)
     if divide:
         out /= plan.world
     return out
@@ -43,7 +48,7 @@ def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
 def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(out.shape[0] // plan.world, *out.shape[1:])
     if x.dtype.itemsize in (1, 2, 4, 8):
-        dist.all_gather_into_tensor(out, rows, group=plan.group)
+        all_gather_single(out, rows, group=plan.group)
     else:  # gloo's all_gather_into_tensor lacks some dtypes; the list form takes them
         dist.all_gather(list(out.chunk(plan.world)), rows, group=plan.group)
     return out
@@ -63,6 +68,12 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.
     recv_t = torch.empty_like(send_t)
     dist.all_to_all_single(recv_t, send_t, group=plan.group)
     recv = recv_t.tolist()
+    if splits is None and recv != send:
+        # Equal splits: every peer must send as many rows as this rank does. Checked on the counts
+        # every rank has just exchanged, so every rank raises before any data moves (otherwise the
+        # backend raises on some ranks and waits forever on others).
+        peer = next(s for s in range(world) if recv[s] != send[s])
+        raise SymmcollMismatchError(f"all_to_all.{BACKEND}", plan.rank, peer, ["size (element or row count)"])
     if out is None:
         out = torch.empty((sum(recv), *x.shape[1:]), dtype=x.dtype, device=x.device)
     row_bytes = math.prod(x.shape[1:]) * x.element_size()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, error_from_record
+from ..errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, error_from_record, not_initialized
 from .layout import ANNOUNCE_SLOT, MAX_PROGRAMS, MAX_WORLD, SIGNAL_PAD_INTS
 from .regions import BUFFER, Geometry, RegionSpec, declare, declared
 
@@ -139,6 +139,13 @@ class Workspace:
 
 
 _WORKSPACES: dict[tuple, Workspace] = {}
+# Host-side rendezvous are numbered per group: (generation, sequence number). Every rank counts the
+# same sequence as long as the ranks make the same calls; after a failure they may not have (a rank
+# absent from a workspace creation skipped its rendezvous), so ``reset`` starts a new generation and
+# the numbering of every rank starts again from the same point. Keys of older generations are never
+# looked at again, so a stale key cannot let a rank pass a rendezvous its peers have not reached.
+_RESETS_ALL = 0  # reset() of every group
+_RESETS: dict[str, int] = {}  # reset(group) per group name
 _RENDEZVOUS_SEQ: dict[str, int] = {}
 
 
@@ -146,16 +153,16 @@ def default_group(group):
     if group is not None:
         return group
     if not dist.is_initialized():
-        raise SymmcollError("symmcoll: torch.distributed is not initialized (call "
-                            "torch.distributed.init_process_group, run under torchrun, or use symmcoll.launch)")
+        raise not_initialized()
     return dist.group.WORLD
 
 
-def get_workspace(group=None, device: torch.device | None = None) -> Workspace:
+def get_workspace(group=None, device: torch.device | None = None, op: str = "") -> Workspace:
     """The workspace of (group, device), created collectively on first use.
 
     Every rank of the group must make its first call for a (group, device) together (it is a
-    rendezvous, bounded by SYMMCOLL_TIMEOUT_S). Not during CUDA-graph capture."""
+    rendezvous, bounded by SYMMCOLL_TIMEOUT_S). Not during CUDA-graph capture. ``op``: the call that
+    needs it (named by a failed creation's error instead of the creation step)."""
     group = default_group(group)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
@@ -163,7 +170,12 @@ def get_workspace(group=None, device: torch.device | None = None) -> Workspace:
     key = (group.group_name, device)
     ws = _WORKSPACES.get(key)
     if ws is None:
-        ws = _create(group, torch.device(device))
+        try:
+            ws = _create(group, torch.device(device))
+        except SymmcollTimeoutError as exc:
+            if not op:
+                raise
+            raise SymmcollTimeoutError(op, exc.rank, exc.peers, f"{exc.detail} of {exc.op}") from None
         _WORKSPACES[key] = ws
     ws.check()
     return ws
@@ -180,7 +192,8 @@ def bounded_rendezvous(group, what: str, value: str = "") -> None:
     _RENDEZVOUS_SEQ[name] = seq
     store = c10d._get_default_store()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    keys = [f"symmcoll/{name}/{seq}/{r}" for r in range(world)]
+    generation = f"{_RESETS_ALL}.{_RESETS.get(name, 0)}"
+    keys = [f"symmcoll/{name}/{generation}/{seq}/{r}" for r in range(world)]
     store.set(keys[rank], value)
     seconds = timeout_seconds()
     try:
@@ -274,7 +287,14 @@ def reset(group=None) -> None:
     """Drop the workspaces of ``group`` (all groups if None); the next call rebuilds them.
 
     Collective when followed by a call: every rank must reset together."""
+    global _RESETS_ALL
     names = None if group is None else {group.group_name}
+    if names is None:
+        _RESETS_ALL += 1
+        _RENDEZVOUS_SEQ.clear()
+    else:
+        _RESETS[group.group_name] = _RESETS.get(group.group_name, 0) + 1
+        _RENDEZVOUS_SEQ.pop(group.group_name, None)
     for key in list(_WORKSPACES):
         if names is None or key[0] in names:
             _WORKSPACES.pop(key)
