@@ -206,7 +206,11 @@ class DecoderBlock(torch.nn.Module):
         v = v.transpose(1, 2)                                                   # [B, heads, S, D]
         cache.k[:, :, :seq] = k
         cache.v[:, :, :seq] = v
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        # KV heads repeated for their query heads: plain causal attention, which flash attention takes
+        # on every torch version (the copy is small next to the attention itself).
+        group = self.q_heads // self.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out.transpose(1, 2).reshape(batch * seq, self.q_heads * self.config.head_dim)
 
     def _decode_attention(self, qkv, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -218,10 +222,13 @@ class DecoderBlock(torch.nn.Module):
         cache.k[sequences, :, positions] = k                                    # index_put: graph-safe
         cache.v[sequences, :, positions] = v
         # Attend over the whole (static) cache; a mask keeps each sequence to its positions <= its own.
+        # The query heads sharing a KV head take the place of query positions ([B, kv, group, D]): the
+        # cache is read as it is, never repeated per query head.
         visible = torch.arange(cache.max_seq, device=q.device)[None, :] <= positions[:, None]
-        out = F.scaled_dot_product_attention(q[:, :, None], cache.k, cache.v, attn_mask=visible[:, None, None, :],
-                                             enable_gqa=True)
-        return out.reshape(q.shape[0], self.q_heads * self.config.head_dim)
+        batch, group = q.shape[0], self.q_heads // self.kv_heads
+        out = F.scaled_dot_product_attention(q.view(batch, self.kv_heads, group, -1), cache.k, cache.v,
+                                             attn_mask=visible[:, None, None, :])
+        return out.reshape(batch, self.q_heads * self.config.head_dim)
 
 
 __all__ = ["BlockConfig", "LLAMA_70B", "BlockWeights", "KVCache", "DecoderBlock"]

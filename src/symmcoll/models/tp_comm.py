@@ -10,7 +10,7 @@
 | mode | sequence-parallel (prefill) | classic TP (decode) |
 |---|---|---|
 | nccl | functional all_gather / reduce_scatter (NCCL) + matmul | matmul + dist.all_reduce (NCCL) |
-| torch_async_tp | torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter | matmul + torch.ops.symm_mem.one_shot_all_reduce_copy |
+| torch_async_tp | symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter | matmul + symm_mem.one_shot_all_reduce_copy |
 | symmcoll | symmcoll.all_gather_matmul / matmul_reduce_scatter | symmcoll.matmul_all_reduce / all_reduce_rms_norm |
 | local | matmul (one rank: the unsharded block, the tests' oracle) | matmul |
 
@@ -134,9 +134,7 @@ def make_comm(mode: str, group=None, algorithms: dict[str, str] | None = None):
         raise ValueError(f"algorithms= applies to mode 'symmcoll' only, not {mode!r}")
     if mode == "local":
         return LocalComm()
+    if mode == "symmcoll":   # symmcoll resolves None itself (and the op then takes no group object)
+        return SymmcollComm(group, algorithms)
     group = group if group is not None else dist.group.WORLD
-    if mode == "nccl":
-        return NcclComm(group)
-    if mode == "torch_async_tp":
-        return TorchAsyncTPComm(group)
-    return SymmcollComm(group, algorithms)
+    return NcclComm(group) if mode == "nccl" else TorchAsyncTPComm(group)
