@@ -122,7 +122,8 @@ class SymmcollComm:
         return self.symmcoll.matmul_all_reduce(a, w, self.group, algorithm=self.algorithm["matmul_all_reduce"])
 
     def all_reduce_rms_norm(self, partial, residual, weight, eps: float):
-        return self.symmcoll.all_reduce_rms_norm(partial, residual, weight, eps, self.group,
+        # The fused op takes contiguous rows; a decode input may be a view (a column of a [B, S, H] batch).
+        return self.symmcoll.all_reduce_rms_norm(partial, residual.contiguous(), weight, eps, self.group,
                                                  algorithm=self.algorithm["all_reduce_rms_norm"])
 
 
