@@ -10,12 +10,15 @@ Cases (``--shapes`` keeps those whose name starts with one of its values, e.g. `
   ``torch.compile`` (default mode, static shapes).
 
 Per (case, mode), on every rank, with the same weights (seeded, 70B-class: hidden 8192, 64 heads, 8 KV
-heads, ffn 28672) and inputs: warm up; the relative difference of the block's update (output - input)
-against mode nccl's (``TOLERANCE``), of the first eager step and again of what the timed runs computed
-(nccl's row: its timed output against its first);
-median time per step of the timed samples (slowest rank); tokens/s; the share of GPU time in
-communication and in fused compute+communication kernels from a torch.profiler trace of the same run
-(``kernel_share``). A mode that fails is a row with its error; the sweep goes on.
+heads, ffn 28672) and inputs:
+1. warm up (compile, plan, allocate), then capture the graph (decode);
+2. the relative difference of the block's update (output - input) against mode nccl's, of the first
+   eager step and again of what the timed runs computed (nccl's row: its timed output against its
+   first); must stay under ``TOLERANCE``;
+3. the median time per step of the timed samples (slowest rank), and tokens/s;
+4. the shares of GPU time in communication and in fused compute+communication kernels, from a
+   torch.profiler trace of the same runs (``kernel_share``).
+A mode that fails is a row with its error; the sweep goes on.
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ def _blocks(config: BlockConfig, dtype: torch.dtype, modes) -> dict:
 
 
 def _inputs(config: BlockConfig, case: dict, dtype: torch.dtype):
-    """(x this rank feeds the block, thunk args builder): the same values on every mode."""
+    """(x this rank feeds the block, make: block -> a thunk running one step): the same values in
+    every mode (seeded; prefill: this rank's rows of the tokens; decode: the cache filled at random)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device())
     g = torch.Generator(device=device).manual_seed(SEED + 100)
