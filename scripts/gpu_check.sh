@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared] [gemm]
-#                                                            [fused] [quantized-tests] [quantized-bench] [quantized-accuracy]
+#                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
+#                                                            [quantized-accuracy]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -70,6 +71,13 @@ for stage in $stages; do
       # Fused ops by shape at the world size of the GPUs here (FUSED_OPS, FUSED_SHAPES narrow it).
       timeout ${FUSED_TIMEOUT:-500} python3 -m symmcoll bench --op ${FUSED_OPS:-all_gather_matmul} --world-size "$ngpu" \
         ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} --out "$OUT" 2>&1 | tee "$OUT/fused_bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    tp_block)
+      # The decoder block of symmcoll.models in every mode at one world size (TP_BLOCK_WORLD, default
+      # the GPUs here); TP_BLOCK_CASES narrows the cases (e.g. "decode prefill:1x2048") to fit a call.
+      timeout ${TP_BLOCK_TIMEOUT:-560} python3 -m symmcoll bench --op tp_block --world-size "${TP_BLOCK_WORLD:-$ngpu}" \
+        ${TP_BLOCK_CASES:+--shapes $TP_BLOCK_CASES} --out "$OUT" 2>&1 | tee "$OUT/tp_block_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     gemm)

@@ -3,6 +3,7 @@
     symmcoll bench [--op all_reduce|reduce_scatter|all_gather|all_to_all|all] [-b 4K -e 256M -f 2]
                    [--dtype bf16] [--algorithms NAME ...] [--world-size N[,N...]] [--graph | --eager]
                    [-n ITERS] [-w WARMUP] [--out DIR] [--plot]
+    symmcoll bench --op tp_block [--world-size 2,4] [--shapes decode prefill:1x2048 ...] [--algorithms MODE ...]
     symmcoll plot RESULT.json [RESULT.json ...] [--out DIR]
     symmcoll accuracy [--world-size N[,N...]] [--numel N] [--dtype bf16] [--out DIR]
     symmcoll tune [--world-size N...] [--out FILE]
@@ -20,6 +21,8 @@ from rich.console import Console
 from .bench.metrics import OPS
 from .bench.plan import DTYPES
 from .bench.sizes import parse_size
+
+TP_BLOCK = "tp_block"   # the decoder block of symmcoll.models (bench/tp_block.py)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,10 +42,15 @@ def _console() -> Console:
 def _bench(args: argparse.Namespace) -> int:
     from .bench.driver import BenchOptions, run_bench
 
-    fused_ops = [op for op in dict.fromkeys(args.op) if op in _fused_ops()]
     status = 0
+    if TP_BLOCK in args.op:
+        status = _bench_tp_block(args)
+        args.op = [op for op in args.op if op != TP_BLOCK]
+        if not args.op:
+            return status
+    fused_ops = [op for op in dict.fromkeys(args.op) if op in _fused_ops()]
     if fused_ops:
-        status = _bench_fused(args, fused_ops)
+        status = max(status, _bench_fused(args, fused_ops))
         if len(fused_ops) == len(set(args.op)):
             return status
     ops = OPS if "all" in args.op else tuple(op for op in dict.fromkeys(args.op) if op not in fused_ops)
@@ -80,6 +88,31 @@ def _bench_fused(args: argparse.Namespace, ops: list[str]) -> int:
         status = max(status, fused.run(op, shapes, worlds, args.dtype, tuple(_split(args.algorithms)) or None,
                                        Path(args.out), console, replays=args.iters or 20))
     return status
+
+
+def _bench_tp_block(args: argparse.Namespace) -> int:
+    """The decoder block of symmcoll.models in every mode (--algorithms: modes; --shapes: case names)."""
+    import torch
+
+    console = _console()
+    if not torch.cuda.is_available():
+        console.print(f"[bold yellow]{TP_BLOCK}: the decoder-block benchmark needs GPUs; skipped on this machine "
+                      f"(tests/test_tp_block.py checks the block on CPU)[/]")
+        return 0
+    from .bench import tp_block
+    from .models import MODES
+
+    wanted = _split(args.shapes)
+    cases = [c for c in tp_block.case_names() if not wanted or any(c.startswith(w) for w in wanted)]
+    cases += [w for w in wanted if w not in cases and not any(c.startswith(w) for c in tp_block.case_names())]
+    for case in cases:
+        tp_block.parse_case(case)   # a typo fails here, before any GPU work
+    modes = tuple(_split(args.algorithms)) or MODES
+    if set(modes) - set(MODES):
+        console.print(f"[bold red]{TP_BLOCK}: --algorithms takes modes {', '.join(MODES)}[/]")
+        return 2
+    worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
+    return tp_block.run(worlds, cases, modes, args.dtype, args.iters or 20, Path(args.out), console)
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -241,10 +274,14 @@ def _parser() -> argparse.ArgumentParser:
                     "-b 4K -e 256M -f 2, graph mode; CPU: world size 2, -b 1K -e 64K -f 4.")
     bench.set_defaults(command="bench", handler=_bench)
     bench.add_argument("--shapes", nargs="+", default=None, metavar="MxNxK",
-                       help="fused ops: shapes to measure (default: the op's list)")
-    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, *_fused_ops(), "all"], metavar="OP",
+                       help="fused ops: shapes to measure (default: the op's list); tp_block: cases whose "
+                            "name starts with one of these (decode, decode:8, prefill:4x4096:compile, ...)")
+    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, *_fused_ops(), TP_BLOCK, "all"],
+                       metavar="OP",
                        help=f"collectives: {', '.join(OPS)} or all (default: all); fused ops (GPU, by shape): "
-                            f"{', '.join(_fused_ops())}")
+                            f"{', '.join(_fused_ops())}; {TP_BLOCK}: a tensor-parallel decoder block, decode "
+                            f"and prefill, in modes nccl, torch_async_tp and symmcoll (GPU; --algorithms "
+                            f"picks modes)")
     bench.add_argument("-b", "--minbytes", type=_size, default=None, help="smallest size (4K, 1M, ...)")
     bench.add_argument("-e", "--maxbytes", type=_size, default=None, help="largest size")
     bench.add_argument("-f", "--stepfactor", type=float, default=None,

@@ -1,0 +1,109 @@
+"""Where a step's GPU time goes, from a torch.profiler trace: communication, fused compute+communication,
+or compute.
+
+Every GPU activity of the trace (kernels, memcpys, memsets) is put in one class by its name:
+
+* communication: NCCL kernels; torch's symmetric-memory kernels (``c10d::symmetric_memory::*``);
+  symmcoll's collective kernels (every ``*_kernel`` of ``symmcoll.comm``); peer-to-peer copies, and
+  device copies on a stream other than the step's main one (the copy-engine all-gathers of torch's
+  async-TP and of symmcoll's copy-engine algorithms).
+* fused: symmcoll's kernels that compute and communicate in one (every ``*_kernel`` of
+  ``symmcoll.fused`` except the plain GEMM of ``fused/gemm.py``).
+* compute: everything else (cuBLAS, attention, pointwise, Triton GEMMs, local copies).
+
+Shares are of the summed durations (GPU busy time, not wall time): time overlapped on side streams
+counts in full, so an overlapped all-gather shows as communication even where it hides under a GEMM.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import pkgutil
+import tempfile
+
+COMM_NAME_PARTS = ("nccl", "symmetric_memory", "symm_mem")
+KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+@functools.lru_cache(maxsize=1)
+def symmcoll_kernel_names() -> tuple[frozenset[str], frozenset[str]]:
+    """(collective kernels, fused kernels) defined in symmcoll.comm and symmcoll.fused."""
+    import symmcoll.comm
+    import symmcoll.fused
+
+    def kernels(package, skip=()):
+        names = set()
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name in skip:
+                continue
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            for name, value in vars(module).items():
+                fn = getattr(value, "fn", None)   # a @triton.jit function wraps the Python one
+                if name.endswith("_kernel") and getattr(fn, "__module__", None) == module.__name__:
+                    names.add(name)
+        return frozenset(names)
+
+    return kernels(symmcoll.comm), kernels(symmcoll.fused, skip=("gemm",))
+
+
+def classify(event: dict, main_stream, comm_kernels=frozenset(), fused_kernels=frozenset()) -> str | None:
+    """"comm" | "fused" | "compute" for a GPU activity of a chrome trace; None for anything else."""
+    category, name = event.get("cat"), event.get("name", "")
+    if event.get("ph") != "X" or category not in KERNEL_CATEGORIES:
+        return None
+    if category == "gpu_memcpy":
+        peer = "PtoP" in name or event.get("args", {}).get("stream") != main_stream
+        return "comm" if peer else "compute"
+    if category == "gpu_memset":
+        return "compute"
+    base = name.split("(")[0].split("<")[0].split()[-1] if name.split() else name   # strip "void ", templates
+    if base in fused_kernels:
+        return "fused"
+    if base in comm_kernels or any(part in name.lower() for part in COMM_NAME_PARTS):
+        return "comm"
+    return "compute"
+
+
+def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
+    """Summed GPU microseconds per class and the comm and fused shares of their total."""
+    if comm_kernels is None or fused_kernels is None:
+        comm_kernels, fused_kernels = symmcoll_kernel_names()
+    per_stream: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            stream = e.get("args", {}).get("stream")
+            per_stream[stream] = per_stream.get(stream, 0.0) + float(e.get("dur", 0))
+    main_stream = max(per_stream, key=per_stream.get) if per_stream else None
+    totals = {"comm": 0.0, "fused": 0.0, "compute": 0.0}
+    for e in events:
+        kind = classify(e, main_stream, comm_kernels, fused_kernels)
+        if kind:
+            totals[kind] += float(e.get("dur", 0))
+    busy = sum(totals.values())
+    return {"comm_us": totals["comm"], "fused_us": totals["fused"], "compute_us": totals["compute"],
+            "comm_share": totals["comm"] / busy if busy else None,
+            "fused_share": totals["fused"] / busy if busy else None}
+
+
+def profile(run, calls: int = 2) -> dict:
+    """Shares of ``calls`` calls of ``run`` (CUDA activities only)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+    return shares(events)

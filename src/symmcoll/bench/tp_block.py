@@ -1,0 +1,284 @@
+"""``symmcoll bench --op tp_block``: the tensor-parallel decoder block of ``symmcoll.models`` in every mode
+(nccl, torch_async_tp, symmcoll), one JSON result per world size. GPUs only.
+
+Cases (``--shapes`` keeps those whose name starts with one of its values, e.g. ``decode`` or
+``prefill:1x2048``):
+
+* ``decode:B`` (B = 1, 8, 64): one token per sequence after a cache of 2048 tokens; classic TP; a CUDA
+  graph of ``STEPS_PER_GRAPH`` steps (the layers of a model, replayed as one graph), timed per step.
+* ``prefill:BxS:eager`` / ``prefill:BxS:compile`` (1 x 2048, 4 x 4096): sequence-parallel, eager and
+  ``torch.compile`` (default mode, static shapes).
+
+Per (case, mode), on every rank, with the same weights (seeded, 70B-class: hidden 8192, 64 heads, 8 KV
+heads, ffn 28672) and inputs:
+1. warm up (compile, plan, allocate), then capture the graph (decode);
+2. the relative difference of the block's update (output - input) against mode nccl's, of the first
+   eager step and again of what the timed runs computed (nccl's row: its timed output against its
+   first); must stay under ``TOLERANCE``;
+3. the median time per step of the timed samples (slowest rank), and tokens/s;
+4. the shares of GPU time in communication and in fused compute+communication kernels, from a
+   torch.profiler trace of the same runs (``kernel_share``).
+A mode that fails is a row with its error; the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import time
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+
+from ..models import LLAMA_70B, MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
+from . import kernel_share, provenance
+
+DECODE_BATCHES = (1, 8, 64)
+CACHE_TOKENS = 2048
+PREFILLS = ((1, 2048), (4, 4096))
+STEPS_PER_GRAPH = 8
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Relative difference (Frobenius) of the block's update against mode nccl's: bf16 rounds each of the
+# ~8 intermediate results to 2^-9 relative, and the modes round at different points (fused epilogues,
+# fp32 vs bf16 reductions); 2e-2 leaves a margin over the ~7e-3 measured against fp32 on CPU.
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
+SEED = 0
+
+
+def case_names() -> list[str]:
+    names = [f"decode:{b}" for b in DECODE_BATCHES]
+    return names + [f"prefill:{b}x{s}:{t}" for b, s in PREFILLS for t in ("eager", "compile")]
+
+
+def parse_case(name: str) -> dict:
+    parts = name.split(":")
+    if parts[0] == "decode" and len(parts) == 2:
+        return {"name": name, "phase": "decode", "batch": int(parts[1]), "seq": 1, "timing": "graph"}
+    if parts[0] == "prefill" and len(parts) == 3 and parts[2] in ("eager", "compile"):
+        batch, seq = (int(v) for v in parts[1].lower().split("x"))
+        return {"name": name, "phase": "prefill", "batch": batch, "seq": seq, "timing": parts[2]}
+    raise ValueError(f"tp_block case {name!r}: want decode:B or prefill:BxS:eager|compile")
+
+
+# ---- rank side ---------------------------------------------------------------------------------------
+
+_STATE: dict = {}   # per rank process: the weights and blocks of the current (config, world, dtype)
+
+
+def _blocks(config: BlockConfig, dtype: torch.dtype, modes) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    key = (config, world, dtype)
+    if _STATE.get("key") != key:
+        _STATE.clear()
+        device = torch.device("cuda", torch.cuda.current_device())
+        weights = BlockWeights.random(config, rank, world, seed=SEED, dtype=dtype, device=device)
+        _STATE.update(key=key, weights=weights, blocks={})
+        torch.cuda.empty_cache()
+    blocks = _STATE["blocks"]
+    for mode in modes:
+        if mode not in blocks:
+            blocks[mode] = DecoderBlock(config, _STATE["weights"], mode)
+    return blocks
+
+
+def _inputs(config: BlockConfig, case: dict, dtype: torch.dtype):
+    """(x this rank feeds the block, make: block -> a thunk running one step): the same values in
+    every mode (seeded; prefill: this rank's rows of the tokens; decode: the cache filled at random)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator(device=device).manual_seed(SEED + 100)
+    batch, seq = case["batch"], case["seq"]
+    if case["phase"] == "decode":
+        x = torch.randn(batch, config.hidden, generator=g, device=device).to(dtype)
+        cache = KVCache.empty(config, world, batch, CACHE_TOKENS + 64, dtype=dtype, device=device)
+        cache.fill_random(rank, world, CACHE_TOKENS, seed=SEED + 200)
+        positions = torch.full((batch,), CACHE_TOKENS, dtype=torch.int64, device=device)
+        return x, lambda block: (lambda: block.decode(x, positions, cache))
+    tokens = batch * seq
+    if tokens % world:
+        raise ValueError(f"{case['name']}: {tokens} tokens are not divisible by the world size {world}")
+    rows = tokens // world
+    x = torch.randn(tokens, config.hidden, generator=g, device=device)[rank * rows:(rank + 1) * rows].to(dtype)
+    cache = KVCache.empty(config, world, batch, seq, dtype=dtype, device=device)
+
+    def make(block):
+        prefill = block.prefill
+        if case["timing"] == "compile":
+            # Each (case, mode) compiles afresh: one code object (prefill) across modes and shapes
+            # would reach dynamo's recompile limit and run eager without saying so.
+            torch._dynamo.reset()
+            prefill = torch.compile(block.prefill, dynamic=False)
+        return lambda: prefill(x, cache)
+    return x, make
+
+
+def _prepare(step, timing: str):
+    """(run, steps per run, output of a first eager step, output the timed runs leave or None). Warms
+    up first: compiles, plans, allocates symmetric buffers, none of which may happen during capture."""
+    first = step()
+    torch.cuda.synchronize()
+    if timing != "graph":
+        return step, 1, first, None
+    gc.collect()
+    gc.disable()   # tensors of earlier cases must not be freed during the capture
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(STEPS_PER_GRAPH):
+                captured = step()
+    finally:
+        gc.enable()
+    _STATE["graph"] = graph    # kept alive until the next case
+    return graph.replay, STEPS_PER_GRAPH, first, captured
+
+
+def _time_ms(run, per: int, replays: int, group) -> float:
+    run()
+    times = []
+    for _ in range(replays):
+        dist.barrier(group)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / per)
+    return statistics.median(times)
+
+
+def _rel_diff(update: torch.Tensor, reference: torch.Tensor | None) -> float | None:
+    if reference is None:
+        return None
+    return float((update.float() - reference.float()).norm() / reference.float().norm().clamp_min(1e-30))
+
+
+def _agree(value, group) -> list:
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return values
+
+
+def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replays: int) -> list[dict]:
+    """Every mode on one case (collective; the same rows on every rank)."""
+    group, world = dist.group.WORLD, dist.get_world_size()
+    case, dtype = parse_case(case_name), TORCH_DTYPES[dtype_name]
+    modes = [m for m in MODES if m in modes]   # nccl first: the reference of the others
+    blocks = _blocks(config, dtype, modes)
+    x, make = _inputs(config, case, dtype)
+    tokens = case["batch"] * case["seq"]
+    rows, reference = [], None
+    for mode in modes:
+        row = {"case": case_name, "phase": case["phase"], "batch": case["batch"], "seq": case["seq"],
+               "cache_tokens": CACHE_TOKENS if case["phase"] == "decode" else 0, "timing": case["timing"],
+               "mode": mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
+               "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None, "error": None}
+        error, ms, shares, diff = None, None, None, None
+        try:
+            step = make(blocks[mode])
+            run, per, first, captured = _prepare(step, case["timing"])
+            diff = _rel_diff(first - x, reference)
+            if mode == "nccl":
+                reference = first - x
+        except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
+            error = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"[:300]
+        error = next((e for e in _agree(error, group) if e), None)
+        if error is None:
+            try:
+                ms = _time_ms(run, per, replays, group)
+                shares = kernel_share.profile(run)
+                if shares["comm_share"] is None and captured is not None:
+                    # No kernels seen inside graph replays (CUPTI without graph-node tracing): the same
+                    # kernels, launched eagerly.
+                    shares = dict(kernel_share.profile(step), profiled="eager steps")
+                # What the timed runs compute (a graph's replayed output; nccl's against its first).
+                last = captured if captured is not None else step()
+                after = _rel_diff(last - x, reference)
+                diff = max(d for d in (diff, after) if d is not None) if after is not None else diff
+            except Exception as exc:  # noqa: BLE001
+                error = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"[:300]
+            error = next((e for e in _agree(error, group) if e), None)
+        if error is None:
+            ms = max(_agree(ms, group))                                  # the slowest rank
+            diffs = [d for d in _agree(diff, group) if d is not None]
+            per_rank = _agree(shares, group)
+            row.update(ms_per_step=ms, tokens_per_s=tokens / ms * 1e3, rel_diff_vs_nccl=max(diffs) if diffs else None,
+                       comm_share=_mean(s["comm_share"] for s in per_rank),
+                       fused_share=_mean(s["fused_share"] for s in per_rank),
+                       profiled=per_rank[0].get("profiled", "timed runs"))
+        else:
+            row["error"] = error
+            if mode == "nccl":
+                reference = None
+        rows.append(row)
+        _STATE.pop("graph", None)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---- driver ------------------------------------------------------------------------------------------
+
+def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
+        config: BlockConfig = LLAMA_70B) -> int:
+    """Every case in every mode at each world size; one JSON per world size. Returns 1 if a symmcoll
+    row failed or differs from nccl beyond the tolerance."""
+    from rich.table import Table
+
+    from ..launch import RankPool
+    status = 0
+    for world in world_sizes:
+        rows = []
+        with RankPool(world, device="cuda") as pool:
+            info = pool.run(provenance.collect, "cuda")[0]
+            for case in cases:
+                t0 = time.monotonic()
+                rows += pool.run(run_case, config, case, tuple(modes), dtype, replays, timeout=900)[0]
+                console.print(f"ws{world} tp_block {case}: {time.monotonic() - t0:.0f} s", highlight=False)
+        _add_speedups(rows)
+        table = Table(title=f"tp_block (decoder block, {_dims(config)}), world size {world}, {dtype}: "
+                            f"ms per step (slowest rank)")
+        for column in ("case", "mode", "ms/step", "tokens/s", "x nccl", "comm %", "fused %", "rel diff", "note"):
+            table.add_column(column)
+        for r in rows:
+            table.add_row(r["case"], r["mode"], _fmt(r["ms_per_step"], "{:.3f}"), _fmt(r["tokens_per_s"], "{:,.0f}"),
+                          _fmt(r["speedup_vs_nccl"], "{:.3f}"), _fmt(r["comm_share"], "{:.0%}"),
+                          _fmt(r["fused_share"], "{:.0%}"), _fmt(r["rel_diff_vs_nccl"], "{:.1e}"),
+                          (r["error"] or "")[:70])
+            bad_diff = (r["rel_diff_vs_nccl"] or 0) > TOLERANCE[dtype]
+            status |= int(r["mode"] == "symmcoll" and (r["error"] is not None or bad_diff))
+        console.print(table)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"tp_block-ws{world}-{info.created_utc.replace(':', '')}.json"
+        path.write_text(json.dumps({
+            "schema": "symmcoll.bench.tp_block/1", "provenance": asdict(info), "world_size": world,
+            "config": asdict(config), "dtype": dtype, "replays": replays, "steps_per_graph": STEPS_PER_GRAPH,
+            "tolerance": {"rel_diff_vs_nccl": TOLERANCE[dtype],
+                          "measure": "||update - update_nccl|| / ||update_nccl||, update = block output - input, "
+                                     "max over ranks, of the first eager step and of what the timed runs "
+                                     "computed (nccl: its timed output against its first)"},
+            "comm_share": kernel_share.__doc__.strip(), "rows": rows}, indent=1))
+        console.print(f"result written: {path}", highlight=False)
+    return status
+
+
+def _add_speedups(rows: list[dict]) -> None:
+    nccl = {r["case"]: r["ms_per_step"] for r in rows if r["mode"] == "nccl"}
+    for r in rows:
+        base = nccl.get(r["case"])
+        r["speedup_vs_nccl"] = base / r["ms_per_step"] if base and r["ms_per_step"] else None
+
+
+def _dims(c: BlockConfig) -> str:
+    return f"hidden {c.hidden}, {c.n_heads}/{c.n_kv_heads} heads x {c.head_dim}, ffn {c.ffn}"
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else spec.format(value)
