@@ -161,7 +161,7 @@ def _die_on_second_launch(call):
     the call done, its peers inside the second piece's kernel."""
     def dying_call(r):
         if r == LAST:
-            import symmcoll.comm.pull as pull
+            import symmcoll.comm.common as common  # where the collectives' launches go through
             launches = []
 
             def launch_then_die(*args, **kwargs):
@@ -170,7 +170,7 @@ def _die_on_second_launch(call):
                     os._exit(7)
                 return real_launch(*args, **kwargs)
 
-            real_launch, pull.launch = pull.launch, launch_then_die
+            real_launch, common.launch = common.launch, launch_then_die
         return call(r)
     return dying_call
 
