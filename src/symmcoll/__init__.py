@@ -16,6 +16,7 @@ import torch
 
 from . import comm as _comm  # noqa: F401  (registers every algorithm and region)
 from .fused import all_gather_matmul as _all_gather_matmul  # noqa: F401  (registers the fused op)
+from .fused import matmul_reduce_scatter as _matmul_reduce_scatter  # (registers the fused op)
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd
@@ -26,7 +27,7 @@ __version__ = "0.2.0"
 
 __all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "all_gather_matmul", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
            "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError",
-           "__version__"]
+           "__version__", "matmul_reduce_scatter"]
 
 
 class _Algorithms(dict):
@@ -60,9 +61,9 @@ class _Algorithms(dict):
 ALGORITHMS = _Algorithms()
 
 
-def _tensor(x) -> torch.Tensor:
+def _tensor(x, name: str = "x") -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     # Here, not only in the resolver: a meta tensor that goes through the custom op (requires_grad)
     # would get the fake implementation's empty result instead of an error.
     plan.check_device(x)
@@ -195,6 +196,18 @@ def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = 
         outs, gathered = torch.ops.symmcoll.all_gather_matmul(a_shard, bs, name, algorithm)
     result = outs[0] if isinstance(b, torch.Tensor) else list(outs)
     return (result, gathered) if return_gathered else result
+
+
+def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
+    """This rank's row shard of sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own),
+    output [M / W, N] (rows [r * M/W, (r+1) * M/W) on rank r; M % W == 0). bf16/fp16/fp32, fp32
+    accumulation. algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "unfused"
+    (torch.matmul + symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's). Not
+    differentiable."""
+    name = _ops.group_name(group)
+    if _ops.is_plain(_tensor(a, "a")) and _ops.is_plain(_tensor(b, "b")):
+        return _matmul_reduce_scatter.matmul_reduce_scatter_impl(a, b, name, algorithm)
+    return torch.ops.symmcoll.matmul_reduce_scatter(a, b, name, algorithm)
 
 
 def check(group=None) -> None:
