@@ -40,6 +40,30 @@ def launches(name):
     return launcher.LAUNCH_COUNTS[name]
 
 
+def assert_same_on_every_rank(t, what):
+    """An all-reduce's result: the same bits on every rank."""
+    mine = t.reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()]).to(torch.int64)
+    first = mine.clone()
+    dist.broadcast(first, 0)
+    assert torch.equal(mine, first), f"rank {dist.get_rank()}: {what}: differs from rank 0's"
+
+
+def assert_slots_empty():
+    """Every sentinel slot of every region (beyond its headers) is EMPTY again after the calls."""
+    from symmcoll.comm.sentinel import HEADER_WORDS
+    from symmcoll.language import EMPTY
+    from symmcoll.memory.regions import declared
+    dist.barrier()
+    ws = symmcoll.get_workspace()
+    for spec in declared():
+        if spec.symmetric and spec.fill_int32 == EMPTY.value:
+            local = ws.region(spec.name).local
+            words = local[: local.numel() // 4 * 4].view(torch.int32)[HEADER_WORDS.value:]
+            left = (words != EMPTY.value).nonzero().reshape(-1)
+            assert left.numel() == 0, f"rank {ws.rank}: {spec.name}: slots not EMPTY at {left[:8].tolist()}"
+    dist.barrier()
+
+
 # ---- matmul_reduce_scatter ---------------------------------------------------------------------------
 
 MMRS_ALGORITHMS = ["fused", "unfused", "nccl"]
@@ -70,3 +94,98 @@ def _mmrs(algorithm, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_matmul_reduce_scatter(pools, world_size, dtype, algorithm):
     pools(world_size).run(_mmrs, algorithm, dtype)
+
+
+# ---- matmul_all_reduce -------------------------------------------------------------------------------
+
+MMAR_ALGORITHMS = ["one_shot", "two_shot", "unfused", "nccl"]
+
+
+def _mmar_shapes(world):
+    # (M, N, K): 35 rows (not a multiple of the 32-row tile, nor of the world size 2 or 4), N = 50;
+    # 33 x 150 = 2 x 5 tiles: one_shot runs 3 pieces of its 2048-word CPU slot rows (bf16 32x32 tiles are
+    # 512 words); M = 1 (decode; two_shot: most shards empty); the first shape again with fresh data.
+    return [(35, 50, 40), (33, 150, 24), (1, 17, 9), (35, 50, 40)]
+
+
+def _mmar(algorithm, dtype):
+    rank = dist.get_rank()
+    errs = []
+    for call, (m, n, k) in enumerate(_mmar_shapes(dist.get_world_size())):
+        a, b = operand((m, k), dtype, rank, call), operand((k, n), dtype, rank, call, salt=1)
+        before = launches("matmul_all_reduce_kernel")
+        got = symmcoll.matmul_all_reduce(a, b, algorithm=algorithm)
+        assert got.dtype == dtype
+        errs.append(assert_rel_close(got, reference.matmul_all_reduce(a, b), f"{algorithm} {m}x{n}x{k} call {call}"))
+        if algorithm == "one_shot" and (m, n, k) == (33, 150, 24) and dtype != torch.float32:
+            assert launches("matmul_all_reduce_kernel") - before == 3, "10 tiles in 4-tile pieces: 3 launches"
+        if algorithm != "nccl":
+            assert_same_on_every_rank(got, f"{algorithm} {m}x{n}x{k}")
+    assert_slots_empty()
+    return max(errs)
+
+
+@pytest.mark.parametrize("algorithm", MMAR_ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matmul_all_reduce(pools, world_size, dtype, algorithm):
+    pools(world_size).run(_mmar, algorithm, dtype)
+
+
+# ---- all_reduce_rms_norm -----------------------------------------------------------------------------
+
+ARN_ALGORITHMS = ["one_shot", "two_shot", "unfused", "nccl"]
+EPS = 1e-5
+# fp8 e4m3 keeps 3 mantissa bits: half a step is 1/16 of the value.
+FP8_TOL = 0.07
+
+
+def _arn_cases():
+    # (tokens, hidden, quant): H = 48 (24 words a row: the 256-word CPU one-shot slot rows hold 10
+    # rows, the two-shot's 128-word rows 5 rows of each of the W shards: 21 tokens take several
+    # launches); odd H = 33 (a half-filled last word); one token (two-shot: the other shards are
+    # empty); fp8 per token and per tensor; the first case again with fresh data.
+    return [(21, 48, None), (7, 33, None), (1, 64, None), (13, 48, "fp8_per_token"), (6, 40, "fp8_per_tensor"),
+            (21, 48, None)]
+
+
+def _arn_pieces(algorithm, tokens, world):
+    """Launches of the 48-element rows: 10 rows per one-shot launch, 5 per shard per two-shot launch."""
+    return -(-tokens // (10 if algorithm == "one_shot" else 5 * world))
+
+
+def _arn(algorithm, dtype):
+    rank = dist.get_rank()
+    for call, (tokens, h, quant) in enumerate(_arn_cases()):
+        what = f"{algorithm} {tokens}x{h} {quant} call {call}"
+        x = operand((tokens, h), dtype, rank, call)
+        residual = operand((tokens, h), dtype, 0, call, salt=2)  # the same on every rank
+        weight = operand((h,), dtype, 0, call, salt=3)
+        want = reference.all_reduce_rms_norm(x, residual, weight, EPS)
+        scale = None
+        if quant == "fp8_per_tensor":
+            scale = (want[0].abs().max() / 300).reshape(1)
+            want = reference.all_reduce_rms_norm(x, residual, weight, EPS, quant=quant, scale=scale)
+        elif quant:
+            want = reference.all_reduce_rms_norm(x, residual, weight, EPS, quant=quant)
+        before = launches(f"rms_norm_{algorithm}_kernel")
+        got = symmcoll.all_reduce_rms_norm(x, residual, weight, EPS, algorithm=algorithm, quant=quant, scale=scale)
+        assert len(got) == (3 if quant == "fp8_per_token" else 2)
+        assert got[0].dtype == (torch.float8_e4m3fn if quant else dtype) and got[1].dtype == dtype
+        assert_rel_close(got[0].float(), want[0], f"{what}: normed", FP8_TOL if quant else REL_TOL[dtype])
+        assert_rel_close(got[1], want[1], f"{what}: new residual")
+        if quant == "fp8_per_token":
+            assert_rel_close(got[2], want[2], f"{what}: scales", REL_TOL[dtype])
+        if algorithm != "nccl":
+            for t, name in zip(got, ("normed", "new residual", "scales")):
+                assert_same_on_every_rank(t, f"{what}: {name}")
+        if algorithm in ("one_shot", "two_shot") and h == 48:
+            pieces = _arn_pieces(algorithm, tokens, dist.get_world_size())
+            assert launches(f"rms_norm_{algorithm}_kernel") - before == pieces, f"{what}: {pieces} launches"
+    assert_slots_empty()
+    return True
+
+
+@pytest.mark.parametrize("algorithm", ARN_ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_all_reduce_rms_norm(pools, world_size, dtype, algorithm):
+    pools(world_size).run(_arn, algorithm, dtype)
