@@ -51,6 +51,7 @@ from .. import ops, plan
 from ..comm.sentinel import HEADER_WORDS, PHASES, _peer_rows, _take_rows
 from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, end_launch, launch_epoch, narrow,
                         peer_ptr, post_header, values_of, words_of)
+from .rms_rows import FP8_MAX, MIN_AMAX, finish_rows, load_rows, rank_sum, row_words, word_values
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, register, register_op
@@ -61,11 +62,9 @@ MAX_HIDDEN = 32768
 # int32 words per (phase, [scatter|gather,] source) slot row. CPU rows are small, so that the CPU tests
 # run the multi-piece path.
 ONE_SHOT_WORDS = {"cuda": 1 << 19, "cpu": 256}
-TWO_SHOT_WORDS = {"cuda": 1 << 19, "cpu": 128}
+TWO_SHOT_WORDS = {"cuda": 1 << 19, "cpu": 64}
 # "auto": the one-shot kernel up to this many bytes of x per rank (4 ranks; twice as many on 2).
 ONE_SHOT_MAX_BYTES = 256 << 10
-FP8_MAX: tl.constexpr = tl.constexpr(448.0)  # largest float8_e4m3fn
-MIN_AMAX: tl.constexpr = tl.constexpr(1e-12)  # per-token scales of all-zero rows stay finite
 
 
 def _slots(kind: str, sets: int, words: dict):
@@ -84,50 +83,6 @@ TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = _slots("two_shot", 2, TWO_SHOT_WORDS)
 
 
 @triton.jit
-def _row_words(x_ptr, row_ids, row_ok, H, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Rows ``row_ids`` ([R]) of x as sanitised words [R, ROW_BLOCK] (zeros where not ``row_ok``)."""
-    elems = tl.arange(0, BLOCK_H)
-    mask = row_ok[:, None] & (elems < H)[None, :]
-    values = tl.load(x_ptr + row_ids[:, None].to(tl.int64) * H + elems[None, :], mask=mask, other=0).to(tl.float32)
-    R: tl.constexpr = row_ids.shape[0]
-    return tl.reshape(words_of(tl.reshape(values, [R * BLOCK_H]), FORMAT, R * ROW_BLOCK), [R, ROW_BLOCK])
-
-
-@triton.jit
-def _word_values(words, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr):
-    """[R, ROW_BLOCK] words -> [R, BLOCK_H] fp32 values."""
-    R: tl.constexpr = words.shape[0]
-    return tl.reshape(values_of(tl.reshape(words, [R * ROW_BLOCK]), FORMAT, R * ROW_BLOCK), [R, BLOCK_H])
-
-
-@triton.jit
-def _finish_rows(new_residual, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H,
-                 eps, QUANT: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Store rows ``row_ids`` of the new residual ([R, BLOCK_H] fp32, already rounded to the output
-    dtype) and of the normalised (and maybe quantized) rows; per-token scales as well."""
-    elems = tl.arange(0, BLOCK_H)
-    in_row = (elems < H)[None, :]
-    mask = row_ok[:, None] & in_row
-    offs = row_ids[:, None].to(tl.int64) * H + elems[None, :]
-    tl.store(residual_out_ptr + offs, narrow(new_residual, residual_out_ptr.dtype.element_ty), mask=mask)
-    squares = tl.where(in_row, new_residual * new_residual, 0.0)
-    inv_rms = tl.rsqrt(tl.sum(squares, axis=1) / H + eps)
-    weight = tl.load(weight_ptr + elems, mask=elems < H, other=0).to(tl.float32)
-    normed = new_residual * inv_rms[:, None] * weight[None, :]
-    if QUANT == 0:
-        tl.store(normed_ptr + offs, narrow(normed, normed_ptr.dtype.element_ty), mask=mask)
-    else:
-        if QUANT == 1:
-            scaled = normed / tl.load(scale_ptr)
-        else:
-            scales = tl.maximum(tl.max(tl.where(in_row, tl.abs(normed), 0.0), axis=1), MIN_AMAX) / FP8_MAX
-            tl.store(scales_ptr + row_ids, scales, mask=row_ok)
-            scaled = normed / scales[:, None]
-        clamped = tl.minimum(tl.maximum(scaled, -FP8_MAX), FP8_MAX)
-        tl.store(normed_ptr + offs, narrow(clamped, normed_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def rms_norm_one_shot_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -135,9 +90,10 @@ def rms_norm_one_shot_kernel(
     desc, slot_ptrs_dev, epochs_ptr,
     # inputs [rows, H] (weight [H], scale [1]) and outputs (scales [rows]) of this piece
     x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, H, eps,
-    # ROW_BLOCK: words per row rounded up to a power of 2 (BLOCK_H elements); SLOT_WORDS: per source row;
-    # PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per tensor, 2 fp8 per token
-    WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
+    # a row is ROW_BLOCK words in the slots (H values rounded up to a power of 2: BLOCK_H); ROWS rows per
+    # step; SLOT_WORDS per source; PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per
+    # tensor, 2 fp8 per token
+    WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
     SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -145,39 +101,42 @@ def rms_norm_one_shot_kernel(
     epoch = launch_epoch(epochs_ptr)
     phase = epoch % PHASES
     base = HEADER_WORDS + phase * WORLD * SLOT_WORDS
-    row_words = tl.cdiv(H, BLOCK_H // ROW_BLOCK)
-    lanes = tl.arange(0, ROW_BLOCK)
+    # A step is ROWS consecutive rows: ROWS * ROW_BLOCK consecutive slot words.
+    lanes = tl.arange(0, ROWS * ROW_BLOCK)
+    in_step = tl.arange(0, ROWS)
+    used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
     peers = tl.arange(0, PEERS)
     is_peer = (peers < WORLD) & (peers != rank)
     peer_rows = _peer_rows(slot_ptrs_dev, peers, is_peer)
-    one = tl.full([1], 1, tl.int1)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
     post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
     # Stage 1: my rows into my row of every peer's slots (one tile store reaches every peer).
-    for row in range(pid, rows, nprog):
-        words = _row_words(x_ptr, tl.zeros([1], tl.int32) + row, one, H, FORMAT, ROW_BLOCK, BLOCK_H)
-        tl.store(peer_rows + base + rank * SLOT_WORDS + row * row_words + lanes[None, :],
-                 tl.broadcast_to(words, (PEERS, ROW_BLOCK)), mask=is_peer[:, None] & (lanes < row_words)[None, :])
-    # Stage 2: per row, every peer's words at once; sum in rank order, add, normalise.
+    for step in range(pid, tl.cdiv(rows, ROWS), nprog):
+        row_ids = step * ROWS + in_step
+        sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
+        words = row_words(x_ptr, row_ids, row_ids < rows, H, FORMAT, ROW_BLOCK, BLOCK_H)
+        tl.store(peer_rows + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                 tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=is_peer[:, None] & sent[None, :])
+    # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
     region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
     headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
     budget = max_spins
     check = 1
-    for row in range(pid, rows, nprog):
-        row_id = tl.zeros([1], tl.int32) + row
-        tile, budget = _take_rows(region + base + peers[:, None] * SLOT_WORDS + row * row_words + lanes[None, :],
-                                  is_peer[:, None] & (lanes < row_words)[None, :], peers, rank, budget, status_ptr,
-                                  desc, headers, epoch, check, WORLD)
+    for step in range(pid, tl.cdiv(rows, ROWS), nprog):
+        row_ids = step * ROWS + in_step
+        row_ok = row_ids < rows
+        sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
+        slots = region + base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :]
+        tile, budget = _take_rows(slots, is_peer[:, None] & sent[None, :], peers, rank, budget, status_ptr, desc,
+                                  headers, epoch, check, WORLD)
         check = 0
-        own = _row_words(x_ptr, row_id, one, H, FORMAT, ROW_BLOCK, BLOCK_H)
-        values = _word_values(tl.where(peers[:, None] == rank, own, tile), FORMAT, ROW_BLOCK, BLOCK_H)
-        total = tl.sum(tl.where((peers < WORLD)[:, None], values, 0.0), axis=0)
+        own = row_words(x_ptr, row_ids, row_ok, H, FORMAT, ROW_BLOCK, BLOCK_H)
+        total = rank_sum(tile, own, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
         if budget > 0:
-            elems = tl.arange(0, BLOCK_H)
-            residual = tl.load(residual_ptr + tl.cast(row, tl.int64) * H + elems, mask=elems < H, other=0).to(tl.float32)
+            residual = load_rows(residual_ptr, row_ids, row_ok, H, BLOCK_H)
             new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
-            _finish_rows(new_residual[None, :], row_id, one, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr,
-                         scales_ptr, H, eps, QUANT, BLOCK_H)
+            finish_rows(new_residual, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
+                         H, eps, QUANT, BLOCK_H)
     end_launch(epochs_ptr, epoch)
 
 
@@ -190,7 +149,7 @@ def rms_norm_two_shot_kernel(
     # inputs [rows, H] (weight [H], scale [1]) and outputs (scales [rows]) of this piece; shard s = rows
     # [s * shard_rows, (s + 1) * shard_rows) below ``rows``
     x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, shard_rows, H, eps,
-    WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
+    WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
     SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -199,9 +158,9 @@ def rms_norm_two_shot_kernel(
     phase = epoch % PHASES
     scatter_base = HEADER_WORDS + phase * 2 * WORLD * SLOT_WORDS
     gather_base = scatter_base + WORLD * SLOT_WORDS
-    row_words = tl.cdiv(H, BLOCK_H // ROW_BLOCK)
-    lanes = tl.arange(0, ROW_BLOCK)
-    in_row = (lanes < row_words)[None, :]
+    lanes = tl.arange(0, ROWS * ROW_BLOCK)
+    in_step = tl.arange(0, ROWS)
+    used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
     peers = tl.arange(0, PEERS)
     is_peer = (peers < WORLD) & (peers != rank)
     peer_rows = _peer_rows(slot_ptrs_dev, peers, is_peer)
@@ -209,49 +168,59 @@ def rms_norm_two_shot_kernel(
     headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
     post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
-    # Stage 0: row i of shard s of my x -> my row of rank s's scatter slots, every s at once.
-    for i in range(pid, shard_rows, nprog):
-        their_rows = peers * shard_rows + i
-        sent = is_peer & (their_rows < rows)
-        words = _row_words(x_ptr, their_rows, sent, H, FORMAT, ROW_BLOCK, BLOCK_H)
-        tl.store(peer_rows + scatter_base + rank * SLOT_WORDS + i * row_words + lanes[None, :], words,
-                 mask=sent[:, None] & in_row)
+    steps = tl.cdiv(shard_rows, ROWS)
+    # Stage 0: rows i of shard s of my x -> my row of rank s's scatter slots, every s at once.
+    for step in range(pid, steps, nprog):
+        in_shard = step * ROWS + in_step
+        their_rows = peers[:, None] * shard_rows + in_shard[None, :]
+        their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
+        words = row_words(x_ptr, tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), H,
+                           FORMAT, ROW_BLOCK, BLOCK_H)
+        lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
+        sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
+            & (lane_rows < rows)
+        tl.store(peer_rows + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                 tl.reshape(words, [PEERS, ROWS * ROW_BLOCK]), mask=sent)
     # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
     budget = max_spins
     check = 1
-    one = tl.full([1], 1, tl.int1)
-    for i in range(pid, shard_rows, nprog):
-        row = rank * shard_rows + i
-        mine = tl.zeros([1], tl.int32) + row
-        mine_ok = mine < rows
-        received = is_peer & (row < rows)
-        tile, budget = _take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + i * row_words + lanes[None, :],
-                                  received[:, None] & in_row, peers, rank, budget, status_ptr, desc, headers, epoch,
+    for step in range(pid, steps, nprog):
+        in_shard = step * ROWS + in_step
+        my_rows = rank * shard_rows + in_shard
+        mine_ok = (in_shard < shard_rows) & (my_rows < rows)
+        lane_in_shard = step * ROWS + lanes // ROW_BLOCK
+        lane_mine = used & (lane_in_shard < shard_rows) & (rank * shard_rows + lane_in_shard < rows)
+        received = is_peer[:, None] & lane_mine[None, :]
+        tile, budget = _take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
+                                  + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
                                   check, WORLD)
         check = 0
-        own = _row_words(x_ptr, mine, mine_ok, H, FORMAT, ROW_BLOCK, BLOCK_H)
-        values = _word_values(tl.where(peers[:, None] == rank, own, tile), FORMAT, ROW_BLOCK, BLOCK_H)
-        total = tl.sum(tl.where((peers < WORLD)[:, None], values, 0.0), axis=0)
-        elems = tl.arange(0, BLOCK_H)
-        residual = tl.load(residual_ptr + tl.cast(row, tl.int64) * H + elems, mask=(elems < H) & (row < rows),
-                           other=0).to(tl.float32)
+        own = row_words(x_ptr, my_rows, mine_ok, H, FORMAT, ROW_BLOCK, BLOCK_H)
+        total = rank_sum(tile, own, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
+        residual = load_rows(residual_ptr, my_rows, mine_ok, H, BLOCK_H)
         # The new residual as the peers will see it (rounded and sanitised alike).
-        words = words_of(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32), FORMAT, ROW_BLOCK)
+        words = words_of(tl.reshape(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
+                                    [ROWS * BLOCK_H]), FORMAT, ROWS * ROW_BLOCK)
         if budget > 0:
-            _finish_rows(values_of(words, FORMAT, ROW_BLOCK)[None, :], mine, mine_ok & one, weight_ptr, scale_ptr,
-                         normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
-            tl.store(peer_rows + gather_base + rank * SLOT_WORDS + i * row_words + lanes[None, :],
-                     tl.broadcast_to(words[None, :], (PEERS, ROW_BLOCK)), mask=received[:, None] & in_row)
+            finish_rows(tl.reshape(values_of(words, FORMAT, ROWS * ROW_BLOCK), [ROWS, BLOCK_H]), my_rows, mine_ok,
+                         weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
+            tl.store(peer_rows + gather_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                     tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=received)
     # Stage 2: every peer's new residual rows from my gather slots; store and normalise them here.
-    for i in range(pid, shard_rows, nprog):
-        their_rows = peers * shard_rows + i
-        received = is_peer & (their_rows < rows)
-        tile, budget = _take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + i * row_words + lanes[None, :],
-                                  received[:, None] & in_row, peers, rank, budget, status_ptr, desc, headers, epoch, 0,
-                                  WORLD)
+    for step in range(pid, steps, nprog):
+        in_shard = step * ROWS + in_step
+        their_rows = peers[:, None] * shard_rows + in_shard[None, :]
+        their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
+        lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
+        received = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
+            & (lane_rows < rows)
+        tile, budget = _take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
+                                  + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
+                                  0, WORLD)
         if budget > 0:
-            _finish_rows(_word_values(tile, FORMAT, ROW_BLOCK, BLOCK_H), their_rows, received, weight_ptr, scale_ptr,
-                         normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
+            finish_rows(word_values(tl.reshape(tile, [PEERS * ROWS, ROW_BLOCK]), FORMAT, ROW_BLOCK, BLOCK_H),
+                         tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), weight_ptr,
+                         scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
     end_launch(epochs_ptr, epoch)
 
 
@@ -266,15 +235,22 @@ def _outputs(x: torch.Tensor, quant: str | None):
     return normed, torch.empty_like(x), scales, h
 
 
+def _row_block(h: int, itemsize: int) -> int:
+    """Slot words of a row: H values, 4 // itemsize to a word, rounded up to a power of two."""
+    return triton.next_power_of_2(triton.cdiv(max(h, 1), 4 // itemsize))
+
+
 def _launch_config(p: plan.Plan, h: int, itemsize: int) -> tuple[dict, int]:
-    """Constexprs of both kernels and their programs' cap."""
-    row_block = triton.next_power_of_2(triton.cdiv(h, 4 // itemsize))
+    """Constexprs of both kernels and their programs' cap. GPU: one row per step for long rows, up to 8
+    short ones (starting points for the sweep, not measurements); CPU: 4 rows per step (each
+    interpreted step costs milliseconds)."""
+    row_block = _row_block(h, itemsize)
     block_h = row_block * (4 // itemsize)
     if p.ws.device.type == "cuda":
-        warps, programs = (16 if block_h >= 8192 else 8 if block_h >= 2048 else 4), 132
+        rows, warps, programs = max(1, min(8, 8192 // block_h)), (16 if block_h >= 8192 else 8), 132
     else:
-        warps, programs = p.config.num_warps, p.config.max_programs
-    return dict(WORLD=p.world, FORMAT=WORD_FORMAT[p.request.dtype], ROW_BLOCK=row_block, BLOCK_H=block_h,
+        rows, warps, programs = 4, p.config.num_warps, p.config.max_programs
+    return dict(WORLD=p.world, FORMAT=WORD_FORMAT[p.request.dtype], ROW_BLOCK=row_block, BLOCK_H=block_h, ROWS=rows,
                 PEERS=triton.next_power_of_2(p.world), QUANT=QUANT[dict(p.request.options)["quant"]],
                 num_warps=warps), programs
 
@@ -291,10 +267,9 @@ def _kernel_run(kind: str):
         normed, new_residual, scales, h = _outputs(x, quant)
         meta, max_programs = _launch_config(p, h, x.element_size())
         slot_words = words[ws.device.type]
-        row_words = triton.cdiv(h, meta["BLOCK_H"] // meta["ROW_BLOCK"])
         total = x.numel() // h if h else 0
-        # Rows per launch: one slot row holds every row of a piece (one-shot) or of a piece's shard.
-        piece = slot_words // row_words * (1 if one_shot else world)
+        # Rows per launch: a slot row holds every row of a piece (one-shot) or of a piece's shard.
+        piece = slot_words // meta["ROW_BLOCK"] * (1 if one_shot else world)
         region, epochs = ws.region(slots.name), ws.local_state(epochs_spec.name)
         flat = [t.reshape(-1) for t in (x, residual, normed, new_residual)]
         scale_arg = scale if scale is not None else scales
@@ -303,7 +278,7 @@ def _kernel_run(kind: str):
             shard = rows if one_shot else triton.cdiv(rows, world)
             pieces = [t[start * h:] for t in flat]
             sizes = (rows, h, eps) if one_shot else (rows, shard, h, eps)
-            launch(kernel, (max(1, min(max_programs, shard)),),
+            launch(kernel, (max(1, min(max_programs, triton.cdiv(shard, meta["ROWS"]))),),
                    (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, pieces[0], pieces[1], weight, scale_arg,
                     pieces[2], pieces[3], scales.reshape(-1)[start:] if scales.numel() else scales, *sizes),
                    dict(meta, SLOT_WORDS=slot_words))
@@ -314,18 +289,14 @@ def _kernel_run(kind: str):
 def _torch_tail(p: plan.Plan, total: torch.Tensor, residual, weight, scale):
     """The baselines' tail in torch: add (rounded to the dtype), RMSNorm, quantize."""
     eps, quant = dict(p.request.options)["eps"], dict(p.request.options)["quant"]
-    new_residual = residual + total
-    h = new_residual.shape[-1]
+    new_residual, h = residual + total, total.shape[-1]
+    scales = total.new_empty((0,), dtype=torch.float32)
     if quant is None:
-        return torch.nn.functional.rms_norm(new_residual, (h,), weight, eps), new_residual, total.new_empty((0,),
-                                                                                                        dtype=torch.float32)
+        return torch.nn.functional.rms_norm(new_residual, (h,), weight, eps), new_residual, scales
     normed = torch.nn.functional.rms_norm(new_residual.float(), (h,), weight.float(), eps)
-    if quant == "fp8_per_tensor":
-        scales = normed.new_empty((0,))
-        normed = normed / scale
-    else:
+    if quant == "fp8_per_token":
         scales = normed.abs().amax(-1, keepdim=True).clamp_min(MIN_AMAX.value) / FP8_MAX.value
-        normed = normed / scales
+    normed = normed / (scale if quant == "fp8_per_tensor" else scales)
     return normed.clamp(-FP8_MAX.value, FP8_MAX.value).to(torch.float8_e4m3fn), new_residual, scales
 
 
@@ -351,26 +322,27 @@ def _shape_rule(request: plan.Request, world: int):
         raise ValueError(f"quant must be None, 'fp8_per_tensor' or 'fp8_per_token', got {quant!r}")
     if not options["eps"] >= 0:
         raise ValueError(f"eps must be a number >= 0, got {options['eps']!r}")
-    names = ["residual", "weight", "scale"]
-    for name, (other_shape, dtype, device) in zip(names, request.others):
+    for name, (_, _, device) in zip(["residual", "weight", "scale"], request.others):
         if device != request.device:
             raise ValueError(f"{name} is on {device}, x on {request.device}: all must be on this rank's device")
     (res_shape, res_dtype, _), (w_shape, w_dtype, _) = request.others[:2]
     if res_shape != shape or res_dtype != request.dtype:
-        raise ValueError(f"residual must have x's shape {shape} and dtype {request.dtype}, got {res_shape} {res_dtype}")
+        raise ValueError(f"residual must have x's shape {shape} and dtype {request.dtype}, got {res_shape} "
+                         f"{res_dtype}")
     if w_shape != shape[-1:] or not w_dtype.is_floating_point:
         raise ValueError(f"weight must be a float vector of shape ({shape[-1]},), got {w_shape} {w_dtype}")
     has_scale = len(request.others) > 2
     if (quant == "fp8_per_tensor") != has_scale:
         raise ValueError("scale (a one-element fp32 tensor) is required with quant='fp8_per_tensor' and only then")
     if has_scale and (request.others[2][0] not in ((), (1,)) or request.others[2][1] != torch.float32):
-        raise ValueError(f"scale must be a one-element fp32 tensor, got {request.others[2][0]} {request.others[2][1]}")
+        raise ValueError(f"scale must be a one-element fp32 tensor, got {request.others[2][:2]}")
     return None, (request.numel << 4) ^ (shape[-1] << 2) ^ QUANT[quant]
 
 
 def _kernel_reason(request: plan.Request, world: int) -> str | None:
-    if request.shape[-1] > MAX_HIDDEN:
-        return f"rows of {request.shape[-1]} elements are longer than the kernels' {MAX_HIDDEN}"
+    h = request.shape[-1]
+    if h > MAX_HIDDEN or _row_block(h, request.dtype.itemsize) > TWO_SHOT_WORDS[request.device.type]:
+        return f"rows of {h} elements are longer than the kernels take ({MAX_HIDDEN} on GPU)"
     return None
 
 
@@ -379,7 +351,7 @@ def _default(request: plan.Request, world: int) -> str:
 
 
 register_op(OP, _shape_rule, default=_default)
-register(Algorithm(OP, plan.BACKEND, 80, "backend", _nccl, "the process group's all-reduce, then torch add + RMSNorm"))
+register(Algorithm(OP, plan.BACKEND, 80, "backend", _nccl, "process group all-reduce, then torch add + RMSNorm"))
 register(Algorithm(OP, "unfused", 81, "fused", _unfused, "symmcoll.all_reduce, then torch add + RMSNorm"))
 register(Algorithm(OP, "one_shot", 82, "fused", _kernel_run("one_shot"),
                    "sentinel one-shot over whole rows with the residual add and RMSNorm (+ fp8) inside",
@@ -404,8 +376,7 @@ def all_reduce_rms_norm_impl(x, residual, weight, eps: float, group_name: str, a
 
 
 def _fake(x, residual, weight, eps, group_name, algorithm, quant, scale=None):
-    normed, new_residual, scales, _ = _outputs(x, quant or None)
-    return normed, new_residual, scales
+    return _outputs(x, quant or None)[:3]
 
 
 ops.define(OP, "(Tensor x, Tensor residual, Tensor weight, float eps, str group_name, str algorithm, str quant, "
