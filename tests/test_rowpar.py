@@ -87,7 +87,8 @@ def _mmrs(algorithm, dtype):
         want = reference.matmul_reduce_scatter(a, b)
         errs.append(assert_rel_close(got, want, f"{algorithm} {m}x{n}x{k} call {call}"))
         if algorithm == "fused" and (m, n, k) == (33 * world, 150, 24):
-            assert launches("matmul_reduce_scatter_kernel") - before == 3, "10 tiles in 4-tile pieces: 3 launches"
+            pieces = 3 if dtype != torch.float32 else 5  # 10 tiles of 2 KB (4 KB) in 8 KB slots
+            assert launches("matmul_reduce_scatter_kernel") - before == pieces, f"10 tiles: {pieces} launches"
     return max(errs)
 
 
@@ -149,9 +150,11 @@ def _arn_cases():
             (11, 48, None)]
 
 
-def _arn_pieces(algorithm, tokens, world):
-    """Launches of the 48-element rows: 8 rows per one-shot launch, 2 per shard per two-shot launch."""
-    return -(-tokens // (8 if algorithm == "one_shot" else 2 * world))
+def _arn_pieces(algorithm, tokens, world, dtype):
+    """Launches of the 48-element rows (32 slot words in 16-bit formats, 64 in fp32): 8 (4) rows per
+    one-shot launch, 2 (1) per shard per two-shot launch."""
+    rows = (8 if algorithm == "one_shot" else 2 * world) // (2 if dtype == torch.float32 else 1)
+    return -(-tokens // rows)
 
 
 def _arn(algorithm, dtype):
@@ -180,7 +183,7 @@ def _arn(algorithm, dtype):
             for t, name in zip(got, ("normed", "new residual", "scales")):
                 assert_same_on_every_rank(t, f"{what}: {name}")
         if algorithm in ("one_shot", "two_shot") and h == 48:
-            pieces = _arn_pieces(algorithm, tokens, dist.get_world_size())
+            pieces = _arn_pieces(algorithm, tokens, dist.get_world_size(), dtype)
             assert launches(f"rms_norm_{algorithm}_kernel") - before == pieces, f"{what}: {pieces} launches"
     assert_slots_empty()
     return True
@@ -318,3 +321,43 @@ def _fakes_and_compile():
 
 def test_fake_implementations_and_fullgraph_compile(pools):
     assert pools(2).run(_fakes_and_compile, timeout=600) == [True] * 2
+
+
+def _fp32(fn, algorithm):
+    """The fp32 word format (one value a word; the EMPTY pattern is an fp32 value) end to end."""
+    return fn(algorithm, torch.float32) is not None
+
+
+@pytest.mark.parametrize("fn, algorithm", [(_mmrs, "fused"), (_mmar, "one_shot"), (_mmar, "two_shot"),
+                                           (_arn, "one_shot"), (_arn, "two_shot")],
+                         ids=lambda v: getattr(v, "__name__", v))
+def test_fp32(pools, fn, algorithm):
+    assert pools(3).run(_fp32, fn, algorithm) == [True] * 3
+
+
+def _sentinel_words(algorithm, dtype):
+    """Inputs made of the words the sentinel protocol never sends (16-bit negative zeros; the EMPTY
+    pattern itself in fp32) still arrive, and every slot is EMPTY again afterwards."""
+    from symmcoll.language import EMPTY
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.full((5, 40), -0.0, dtype=dtype, device=device())
+    if dtype == torch.float32:
+        x.view(torch.int32)[:, ::3] = EMPTY.value  # -4.6e-41: sent as -0.0
+    x[:, 1::4] = rank + 1
+    residual = torch.arange(200, dtype=torch.float32, device=device()).reshape(5, 40).remainder(7).to(dtype)
+    normed, new_residual = symmcoll.all_reduce_rms_norm(x, residual, torch.ones(40, dtype=dtype, device=device()),
+                                                        1e-5, algorithm=algorithm)
+    want = residual.float().clone()
+    want[:, 1::4] += world * (world + 1) / 2
+    assert torch.equal(new_residual.float(), want), f"rank {rank}: {algorithm} {dtype}: negative zeros"
+    a = torch.full((3, 8), -0.0, dtype=dtype, device=device())
+    got = symmcoll.matmul_all_reduce(a, torch.ones(8, 6, dtype=dtype, device=device()), algorithm="one_shot")
+    assert bool((got == 0).all()), f"rank {rank}: matmul_all_reduce of zeros: {got}"
+    assert_slots_empty()
+    return True
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_sentinel_bit_patterns(pools, algorithm, dtype):
+    assert pools(2).run(_sentinel_words, algorithm, dtype) == [True] * 2
