@@ -48,9 +48,9 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..comm.sentinel import HEADER_WORDS, PHASES, _peer_rows, _take_rows
+from ..comm.sentinel import HEADER_WORDS, PHASES, _take_rows
 from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, end_launch, launch_epoch, narrow,
-                        peer_ptr, post_header, values_of, words_of)
+                        peer_ptr, peer_rows, post_header, values_of, words_of)
 from .rms_rows import FP8_MAX, MIN_AMAX, finish_rows, load_rows, rank_sum, row_words, word_values
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
@@ -107,7 +107,7 @@ def rms_norm_one_shot_kernel(
     used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
     peers = tl.arange(0, PEERS)
     is_peer = (peers < WORLD) & (peers != rank)
-    peer_rows = _peer_rows(slot_ptrs_dev, peers, is_peer)
+    to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
     post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
     # Stage 1: my rows into my row of every peer's slots (one tile store reaches every peer).
@@ -115,7 +115,7 @@ def rms_norm_one_shot_kernel(
         row_ids = step * ROWS + in_step
         sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
         words = row_words(x_ptr, row_ids, row_ids < rows, H, FORMAT, ROW_BLOCK, BLOCK_H)
-        tl.store(peer_rows + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+        tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
                  tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=is_peer[:, None] & sent[None, :])
     # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
     region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
@@ -163,7 +163,7 @@ def rms_norm_two_shot_kernel(
     used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
     peers = tl.arange(0, PEERS)
     is_peer = (peers < WORLD) & (peers != rank)
-    peer_rows = _peer_rows(slot_ptrs_dev, peers, is_peer)
+    to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
     region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
     headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
@@ -179,7 +179,7 @@ def rms_norm_two_shot_kernel(
         lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
         sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
             & (lane_rows < rows)
-        tl.store(peer_rows + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+        tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
                  tl.reshape(words, [PEERS, ROWS * ROW_BLOCK]), mask=sent)
     # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
     budget = max_spins
@@ -204,7 +204,7 @@ def rms_norm_two_shot_kernel(
         if budget > 0:
             finish_rows(tl.reshape(values_of(words, FORMAT, ROWS * ROW_BLOCK), [ROWS, BLOCK_H]), my_rows, mine_ok,
                          weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
-            tl.store(peer_rows + gather_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+            tl.store(to_peers + gather_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
                      tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=received)
     # Stage 2: every peer's new residual rows from my gather slots; store and normalise them here.
     for step in range(pid, steps, nprog):
@@ -351,12 +351,12 @@ def _default(request: plan.Request, world: int) -> str:
 
 
 register_op(OP, _shape_rule, default=_default)
-register(Algorithm(OP, plan.BACKEND, 80, "backend", _nccl, "process group all-reduce, then torch add + RMSNorm"))
-register(Algorithm(OP, "unfused", 81, "fused", _unfused, "symmcoll.all_reduce, then torch add + RMSNorm"))
-register(Algorithm(OP, "one_shot", 82, "fused", _kernel_run("one_shot"),
+register(Algorithm(OP, plan.BACKEND, 90, "backend", _nccl, "process group all-reduce, then torch add + RMSNorm"))
+register(Algorithm(OP, "unfused", 91, "fused", _unfused, "symmcoll.all_reduce, then torch add + RMSNorm"))
+register(Algorithm(OP, "one_shot", 92, "fused", _kernel_run("one_shot"),
                    "sentinel one-shot over whole rows with the residual add and RMSNorm (+ fp8) inside",
                    accepts=_kernel_reason, instead="unfused"))
-register(Algorithm(OP, "two_shot", 83, "fused", _kernel_run("two_shot"),
+register(Algorithm(OP, "two_shot", 93, "fused", _kernel_run("two_shot"),
                    "sentinel two-shot over shards of whole rows: norm at the owner and where gathered rows land",
                    accepts=_kernel_reason, instead="unfused"))
 
