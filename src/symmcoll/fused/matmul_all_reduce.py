@@ -133,7 +133,7 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
     M, K = a.shape
     N = b.shape[1]
     device_type = ws.device.type
-    cfg = tile_config(M, device_type)
+    cfg = tile_config(M, device_type, a.element_size())
     tile_words = cfg.bm * cfg.bn * out.element_size() // 4
     per_piece = SLOT_WORDS[device_type] // tile_words
     tiles = triton.cdiv(M, cfg.bm) * triton.cdiv(N, cfg.bn)

@@ -157,7 +157,7 @@ def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     M, K = a.shape
     N = b.shape[1]
     device_type = ws.device.type
-    cfg = tile_config(M, device_type)
+    cfg = tile_config(M, device_type, a.element_size())
     slot = slot_bytes(device_type, ws.buffer_bytes, world)
     per_piece = min(slot // (cfg.bm * cfg.bn * out.element_size()), MAX_TILES[device_type])
     tiles = triton.cdiv(rows_per_shard, cfg.bm) * triton.cdiv(N, cfg.bn)
@@ -260,6 +260,7 @@ def compile_cases(make_workspace):
                                          (2, 1, torch.bfloat16, (16, 8192, 14336)),
                                          (4, 1, torch.float16, (512, 8190, 7168)),
                                          (3, 2, torch.float32, (96, 200, 64)),
+                                         (2, 1, torch.float32, (4096, 4096, 1024)),
                                          (8, 1, torch.bfloat16, (2048, 8192, 3584))):
         def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k):
             a = torch.empty((m, k), dtype=dtype, device="meta")

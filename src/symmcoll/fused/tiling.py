@@ -5,7 +5,7 @@ output tile of A @ B over all of K, for kernels that do more with a finished til
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -42,14 +42,14 @@ CPU_TILE = TileConfig(*CPU_GEMM)
 META_SMS = 132
 
 
-def tile_config(rows: int, device_type: str) -> TileConfig:
-    """The tile config for a GEMM whose tile grid has ``rows`` rows (every rank must pass the same)."""
+def tile_config(rows: int, device_type: str, itemsize: int = 2) -> TileConfig:
+    """The tile config for a GEMM whose tile grid has ``rows`` rows (every rank must pass the same);
+    4-byte operands take half the k-step, so that the pipeline's stages fit a Hopper block's 227 KB of
+    shared memory."""
     if device_type != "cuda":
         return CPU_TILE
-    for max_rows, config in GPU_TILES:
-        if rows <= max_rows:
-            return config
-    return GPU_TILES[-1][1]
+    config = next((c for max_rows, c in GPU_TILES if rows <= max_rows), GPU_TILES[-1][1])
+    return replace(config, bk=config.bk // 2) if itemsize > 2 else config
 
 
 def programs(t: torch.Tensor, work: int) -> int:
