@@ -11,26 +11,21 @@ given ``scale`` (a one-element fp32 tensor, read on the device); ``"fp8_per_toke
 per row (max |row| / 448) and returns the scales too. Both clamp to +-448 before rounding.
 
 Both kernels are the sentinel (Lamport) all-reduces of comm/sentinel.py with whole rows as the unit of
-work, so the norm, which needs a whole row, runs where the row's sum appears. Slots start EMPTY; senders
-store sanitised words (language.tiles.words_of: no word equals EMPTY); a receiver polls its slots until
-no word is EMPTY, reads them and empties them again. Slot sets rotate by launch epoch (epoch % 3) and
-each region starts with epoch-tagged call headers, exactly as in the sentinel all-reduce.
+work, so the norm, which needs a whole row, runs where the row's sum appears: sanitised words (never
+EMPTY) stored into peers' slots, polled until no word is EMPTY, emptied after reading; slot sets rotate
+by launch epoch (epoch % 3) behind epoch-tagged call headers. Every rank adds the same words in rank
+order, so results agree bit for bit. Program p handles the same rows in every stage, so it waits only
+on program p of its peers. (docs/algorithms.md has the pictures.)
 
 one_shot
-    Program p owns rows p, p+P, ... . It stores its rows of x into its row of every peer's slots, then
-    per row polls every peer's words as one [PEERS, row] tile, sums all ranks in rank order (fp32; the
-    same words everywhere: every rank's result is bit-identical), adds the residual and normalises.
-    Traffic: (W-1) * S stored per rank. For a few hundred KB per rank (decode).
+    Rows of x into my row of every peer's slots; per step of rows, every peer's words as one tile: sum,
+    add the residual, round, normalise. (W-1) * S stored per rank; for decode-sized inputs.
 
 two_shot
-    Rows are cut into W shards of whole rows, ceil(T / W) each (the last short or empty); rank s owns
-    shard s. Stage 0: shard s of my x goes to rank s's scatter slots. Stage 1: I sum my shard's rows,
-    add the residual, round: the new residual rows are stored, normalised, and pushed (as words) into
-    every peer's gather slots. Stage 2: I take every peer's new residual rows from my gather slots,
-    store them and normalise them here (the norm is recomputed where the rows land, so the gather moves
-    the residual only: the all-reduce's volume, 2 (W-1)/W * S per rank). Every rank normalises the
-    same words: results agree bit for bit. Program p handles row i = p, p+P, ... of every shard in every
-    stage, so it waits only on program p of its peers.
+    W shards of ceil(T / W) whole rows. Stage 0: shard s of x to rank s's scatter slots; stage 1: my
+    shard's sums + residual, rounded: stored, normalised, and pushed to every peer's gather slots;
+    stage 2: peers' new residual rows stored and normalised here (the gather moves the residual only:
+    2 (W-1)/W * S per rank).
 
 Rows longer than MAX_HIDDEN elements run the unfused baseline; more rows than the slots hold go in
 pieces of whole rows (one launch each).
@@ -59,27 +54,36 @@ from ..plan import Algorithm, register, register_op
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
 MAX_HIDDEN = 32768
-# int32 words per (phase, [scatter|gather,] source) slot row. CPU rows are small, so that the CPU tests
-# run the multi-piece path.
-ONE_SHOT_WORDS = {"cuda": 1 << 19, "cpu": 256}
-TWO_SHOT_WORDS = {"cuda": 1 << 19, "cpu": 64}
 # "auto": the one-shot kernel up to this many bytes of x per rank (4 ranks; twice as many on 2).
 ONE_SHOT_MAX_BYTES = 256 << 10
 
 
-def _slots(kind: str, sets: int, words: dict):
+def one_shot_words(device_type: str, world: int) -> int:
+    """int32 words per (phase, source) slot row: 2 MB of x per launch on GPU, as sentinel_one_shot. CPU
+    rows are small, so that the CPU tests run the multi-piece path."""
+    return 1 << 19 if device_type == "cuda" else 256
+
+
+def two_shot_words(device_type: str, world: int) -> int:
+    """int32 words per (phase, scatter|gather, source) slot row: 16 MB of x per launch on GPU, as
+    sentinel_two_shot; small on CPU."""
+    return (4 << 20) // world if device_type == "cuda" else 64
+
+
+def _slots(kind: str, sets: int, words):
     rule = ("rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
             "empties what it read; a set is written again only after every receiver emptied it")
     slots = declare(RegionSpec(f"{OP}.{kind}.slots", f"fused.{OP}",
                                lambda g: (HEADER_WORDS.value + PHASES.value * sets * g.world_size
-                                          * words[g.device_type]) * 4, rule, fill_int32=EMPTY.value))
+                                          * words(g.device_type, g.world_size)) * 4, rule,
+                               fill_int32=EMPTY.value))
     epochs = declare(RegionSpec(f"{OP}.{kind}.epochs", f"fused.{OP}", lambda g: EPOCH_SLOTS.value,
                                 "this rank's launch-epoch table (kernels only)", symmetric=False))
     return slots, epochs
 
 
-ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = _slots("one_shot", 1, ONE_SHOT_WORDS)
-TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = _slots("two_shot", 2, TWO_SHOT_WORDS)
+ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = _slots("one_shot", 1, one_shot_words)
+TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = _slots("two_shot", 2, two_shot_words)
 
 
 @triton.jit
@@ -258,15 +262,15 @@ def _launch_config(p: plan.Plan, h: int, itemsize: int) -> tuple[dict, int]:
 def _kernel_run(kind: str):
     one_shot = kind == "one_shot"
     kernel = rms_norm_one_shot_kernel if one_shot else rms_norm_two_shot_kernel
-    slots, epochs_spec, words = ((ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS, ONE_SHOT_WORDS) if one_shot
-                                 else (TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS, TWO_SHOT_WORDS))
+    slots, epochs_spec, words = ((ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS, one_shot_words) if one_shot
+                                 else (TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS, two_shot_words))
 
     def run(p: plan.Plan, x: torch.Tensor, _out, residual, weight, scale=None):
         ws, world = p.ws, p.world
         eps, quant = dict(p.request.options)["eps"], dict(p.request.options)["quant"]
         normed, new_residual, scales, h = _outputs(x, quant)
         meta, max_programs = _launch_config(p, h, x.element_size())
-        slot_words = words[ws.device.type]
+        slot_words = words(ws.device.type, world)
         total = x.numel() // h if h else 0
         # Rows per launch: a slot row holds every row of a piece (one-shot) or of a piece's shard.
         piece = slot_words // meta["ROW_BLOCK"] * (1 if one_shot else world)
@@ -341,7 +345,7 @@ def _shape_rule(request: plan.Request, world: int):
 
 def _kernel_reason(request: plan.Request, world: int) -> str | None:
     h = request.shape[-1]
-    if h > MAX_HIDDEN or _row_block(h, request.dtype.itemsize) > TWO_SHOT_WORDS[request.device.type]:
+    if h > MAX_HIDDEN or _row_block(h, request.dtype.itemsize) > two_shot_words(request.device.type, world):
         return f"rows of {h} elements are longer than the kernels take ({MAX_HIDDEN} on GPU)"
     return None
 
