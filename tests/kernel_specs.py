@@ -87,6 +87,8 @@ def _arg_type(value):
         return "i1"
     if isinstance(value, int):
         return "i32" if -(2 ** 31) <= value < 2 ** 31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
     raise TypeError(f"unexpected kernel argument {value!r}")
 
 

@@ -16,6 +16,9 @@ import torch
 
 from . import comm as _comm  # noqa: F401  (registers every algorithm and region)
 from .fused import all_gather_matmul as _all_gather_matmul  # noqa: F401  (registers the fused op)
+from .fused import matmul_reduce_scatter as _matmul_reduce_scatter  # (registers the fused op)
+from .fused import matmul_all_reduce as _matmul_all_reduce  # (registers the fused op)
+from .fused import all_reduce_rms_norm as _all_reduce_rms_norm  # (registers the fused op)
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd
@@ -26,7 +29,7 @@ __version__ = "0.2.0"
 
 __all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "all_gather_matmul", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
            "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError",
-           "__version__"]
+           "__version__", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm"]
 
 
 class _Algorithms(dict):
@@ -60,9 +63,9 @@ class _Algorithms(dict):
 ALGORITHMS = _Algorithms()
 
 
-def _tensor(x) -> torch.Tensor:
+def _tensor(x, name: str = "x") -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     # Here, not only in the resolver: a meta tensor that goes through the custom op (requires_grad)
     # would get the fake implementation's empty result instead of an error.
     plan.check_device(x)
@@ -195,6 +198,53 @@ def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = 
         outs, gathered = torch.ops.symmcoll.all_gather_matmul(a_shard, bs, name, algorithm)
     result = outs[0] if isinstance(b, torch.Tensor) else list(outs)
     return (result, gathered) if return_gathered else result
+
+
+def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
+    """This rank's row shard of sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own),
+    output [M / W, N] (rows [r * M/W, (r+1) * M/W) on rank r; M % W == 0). bf16/fp16/fp32, fp32
+    accumulation. algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "unfused"
+    (torch.matmul + symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's). Not
+    differentiable."""
+    name = _ops.group_name(group)
+    if _ops.is_plain(_tensor(a, "a")) and _ops.is_plain(_tensor(b, "b")):
+        return _matmul_reduce_scatter.matmul_reduce_scatter_impl(a, b, name, algorithm)
+    return torch.ops.symmcoll.matmul_reduce_scatter(a, b, name, algorithm)
+
+
+def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
+    """sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own), output [M, N], the same bits
+    on every rank. bf16/fp16/fp32, fp32 accumulation. algorithm: "auto" (one_shot up to 256 rows,
+    two_shot above), "one_shot" (one kernel pushing finished tiles to every peer), "two_shot" (the
+    fused matmul + reduce-scatter, then an all-gather), "unfused" (torch.matmul + symmcoll.all_reduce)
+    or "nccl" (torch.matmul + the process group's). Not differentiable."""
+    name = _ops.group_name(group)
+    if _ops.is_plain(_tensor(a, "a")) and _ops.is_plain(_tensor(b, "b")):
+        return _matmul_all_reduce.matmul_all_reduce_impl(a, b, name, algorithm)
+    return torch.ops.symmcoll.matmul_all_reduce(a, b, name, algorithm)
+
+
+def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group=None, *,
+                        algorithm: str = "auto", quant: str | None = None, scale: torch.Tensor | None = None):
+    """The tail of a tensor-parallel block in one kernel: returns ``(normed, new_residual)`` with
+    new_residual = residual + all_reduce(x) (rounded to x.dtype) and normed = RMSNorm(new_residual) *
+    weight over the last dim. x and residual [..., H] (residual the same on every rank), weight [H].
+
+    quant: None (normed in x.dtype); "fp8_per_tensor" (normed / ``scale``, a one-element fp32 tensor,
+    as float8_e4m3fn); "fp8_per_token" (a scale per row, max |row| / 448: returns ``(normed, new_residual,
+    scales)`` with scales [..., 1] fp32). algorithm: "auto", "one_shot", "two_shot" (sentinel
+    all-reduces over whole rows), "unfused" (symmcoll.all_reduce + torch) or "nccl". Not differentiable."""
+    name = _ops.group_name(group)
+    tensors = [_tensor(x), _tensor(residual, "residual"), _tensor(weight, "weight")]
+    if scale is not None:
+        tensors.append(_tensor(scale, "scale"))
+    if all(_ops.is_plain(t) for t in tensors):
+        normed, new_residual, scales = _all_reduce_rms_norm.all_reduce_rms_norm_impl(
+            x, residual, weight, eps, name, algorithm, quant or "", scale)
+    else:
+        normed, new_residual, scales = torch.ops.symmcoll.all_reduce_rms_norm(x, residual, weight, float(eps), name,
+                                                                             algorithm, quant or "", scale)
+    return (normed, new_residual, scales) if quant == "fp8_per_token" else (normed, new_residual)
 
 
 def check(group=None) -> None:

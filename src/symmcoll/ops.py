@@ -181,4 +181,16 @@ def is_plain(x) -> bool:
     return type(x) is torch.Tensor and not torch.compiler.is_compiling()
 
 
-__all__ = ["group_name", "resolve_group", "is_plain"]
+def define(name: str, schema: str, impl, fake) -> None:
+    """Define ``torch.ops.symmcoll.<name>`` (schema without the name) with its implementation and fake
+    implementation, as the loop above does for the collectives; fused ops call it from their modules."""
+    _LIB.define(name + schema)
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"symmcoll::{name}", fake, lib=_LIB)
+
+
+def world_size(group_name: str) -> int:
+    return _world(group_name)
+
+
+__all__ = ["group_name", "resolve_group", "is_plain", "define", "world_size"]

@@ -134,11 +134,13 @@ _OP_RULES: dict[str, Callable] = {}
 _REDUCING_OPS: set[str] = set(("all_reduce", "reduce_scatter"))
 
 
-def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | None = None,
+def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | Callable | None = None,
                 dispatch_size: Callable | None = None) -> None:
     """Make ``op`` known to the resolver: its shape rule, whether it takes a reduce op, what "auto" runs
-    where the tuned table has no rule, and the size the table is keyed by (``dispatch_size(request,
-    world)``; default: input bytes per rank, output bytes per rank for reduce_scatter)."""
+    where the tuned table has no rule (an algorithm name, or ``default(request, world) -> name`` where the
+    choice depends on the shape, e.g. decode-sized M), and the size the table is keyed by
+    (``dispatch_size(request, world)``; default: input bytes per rank, output bytes per rank for
+    reduce_scatter)."""
     _REGISTRY.setdefault(op, {})
     _OP_RULES[op] = shape_rule
     if dispatch_size is not None:
@@ -149,7 +151,7 @@ def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default
         _DEFAULTS[op] = default
 
 
-_DEFAULTS: dict[str, str] = {"all_reduce": "two_shot"}
+_DEFAULTS: dict[str, str | Callable] = {"all_reduce": "two_shot"}
 _DISPATCH_SIZE: dict[str, Callable] = {}
 
 
@@ -362,7 +364,7 @@ def _choose(request: Request, world: int, algorithm: str) -> str:
     else:
         name = dispatch.choose(request.op, world, request.dtype, _dispatch_bytes(request, world))
         if name not in table:
-            name = default_algorithm(request.op)
+            name = default_algorithm(request.op, request, world)
     seen = []
     while name != BACKEND:
         chosen = table[name]
@@ -387,9 +389,11 @@ def _dispatch_bytes(request: Request, world: int) -> int:
     return request.nbytes // world if request.op == "reduce_scatter" else request.nbytes
 
 
-def default_algorithm(op: str) -> str:
-    """What "auto" runs where the table has no rule (no table, or a name this build lacks)."""
-    return _DEFAULTS.get(op, "pull")
+def default_algorithm(op: str, request: Request | None = None, world: int | None = None) -> str:
+    """What "auto" runs where the table has no rule (no table, or a name this build lacks); a
+    shape-dependent default needs the request and world size."""
+    default = _DEFAULTS.get(op, "pull")
+    return default(request, world) if callable(default) else default
 
 
 def _local(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

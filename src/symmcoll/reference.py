@@ -144,3 +144,39 @@ def all_reduce_quantized(x: torch.Tensor, group=None, op: str = "sum", quantize:
                 acc = torch.div(acc, torch.full_like(acc, world))
             out[lo:hi] = _round_trip(acc, quantize, group_size)
     return out.to(x.dtype).reshape(x.shape)
+
+
+# ---- fused ops: fp32 results (not rounded), for relative-error checks --------------------------------
+
+def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
+    """sum over ranks of a @ b, in fp32 from the inputs' values."""
+    acc = a.float() @ b.float()
+    dist.all_reduce(acc, group=group)
+    return acc
+
+
+def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
+    """This rank's rows [r * M/W, (r+1) * M/W) of sum over ranks of a @ b, in fp32."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    rows = a.shape[0] // world
+    return matmul_all_reduce(a, b, group)[rank * rows:(rank + 1) * rows]
+
+
+FP8_MAX = 448.0  # largest float8_e4m3fn
+
+
+def all_reduce_rms_norm(x, residual, weight, eps: float, group=None, quant: str | None = None, scale=None):
+    """(normed, new_residual[, scales]) in fp32: new_residual = residual + sum over ranks of x, normed =
+    new_residual / sqrt(mean(new_residual^2) + eps) * weight over the last dim. quant "fp8_per_tensor":
+    normed is divided by ``scale`` and clamped to +-448 (still fp32, not rounded to fp8);
+    "fp8_per_token": the same with a scale per row, max|row| / 448, also returned ([rows, 1])."""
+    total = x.float().clone()
+    dist.all_reduce(total, group=group)
+    new_residual = residual.float() + total
+    normed = new_residual * torch.rsqrt(new_residual.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    if quant == "fp8_per_tensor":
+        return (normed / scale.float()).clamp(-FP8_MAX, FP8_MAX), new_residual
+    if quant == "fp8_per_token":
+        scales = normed.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_MAX
+        return (normed / scales).clamp(-FP8_MAX, FP8_MAX), new_residual, scales
+    return normed, new_residual

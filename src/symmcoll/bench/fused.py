@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import symmcoll
+import symmcoll.reference
 from symmcoll import plan
 
 from . import provenance
@@ -84,7 +85,87 @@ AGMM = FusedSpec(
     baselines={"torch:fused_all_gather_matmul": _agmm_torch_fused},
 )
 
-SPECS = {AGMM.op: AGMM}
+
+
+# ---- the row-parallel side: matmul + reduce-scatter / all-reduce, all-reduce + RMSNorm -----------------
+# Shapes (M, N, K) give the whole layer's K: each of W ranks multiplies by its K / W slice (the issue's
+# 70B-class MLP down-projection: N = 8192, K = 28672).
+
+def _row_parallel_inputs(shape, dtype, rank, world, call, device):
+    M, N, K = shape
+    g = torch.Generator(device=device).manual_seed(1000 * call + rank)
+    a = torch.randn(M, K // world, generator=g, device=device, dtype=torch.float32).to(dtype)
+    b = (torch.randn(K // world, N, generator=g, device=device, dtype=torch.float32) / K ** 0.5).to(dtype)
+    return a, b
+
+
+def _local_rank_matmul(shape, dtype, device):
+    """cuBLAS on one rank's part (A [M, K/W] @ B [K/W, N]): the GEMM the fused op hides its
+    communication under."""
+    a, b = _row_parallel_inputs(shape, dtype, 0, dist.get_world_size(), 0, device)
+    out = torch.empty(shape[0], shape[1], device=device, dtype=dtype)
+    return lambda: torch.matmul(a, b, out=out)
+
+
+def _torch_fused_matmul_reduce_scatter(inputs, group):
+    import torch.distributed._symmetric_memory as symm_mem  # noqa: F401
+    a, b = inputs
+    return lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group.group_name)
+
+
+MMRS = FusedSpec(
+    op="matmul_reduce_scatter",
+    shapes=tuple((m, 8192, 28672) for m in (16, 128, 512, 2048, 8192, 16384)),
+    inputs=_row_parallel_inputs,
+    reference=lambda inputs, group: symmcoll.reference.matmul_reduce_scatter(*inputs, group),
+    run=lambda algorithm, inputs, group: symmcoll.matmul_reduce_scatter(*inputs, group, algorithm=algorithm),
+    flops=lambda s: 2 * s[0] * s[1] * s[2] // dist.get_world_size(),
+    local=_local_rank_matmul,
+    baselines={"torch:fused_matmul_reduce_scatter": _torch_fused_matmul_reduce_scatter},
+)
+
+MMAR = FusedSpec(
+    op="matmul_all_reduce",
+    shapes=tuple((m, 8192, 28672) for m in (1, 16, 128, 512, 2048, 8192, 16384)),
+    inputs=_row_parallel_inputs,
+    reference=lambda inputs, group: symmcoll.reference.matmul_all_reduce(*inputs, group),
+    run=lambda algorithm, inputs, group: symmcoll.matmul_all_reduce(*inputs, group, algorithm=algorithm),
+    flops=lambda s: 2 * s[0] * s[1] * s[2] // dist.get_world_size(),
+    local=_local_rank_matmul,
+)
+
+
+# all-reduce + residual + RMSNorm: shapes (tokens, hidden); the "local" row is torch's add + RMSNorm
+# without communication, and a baseline row times symmcoll.all_reduce alone (the target: the fused op
+# costs at most that + 0.5 us up to 512 tokens).
+
+def _norm_inputs(shape, dtype, rank, world, call, device):
+    tokens, hidden = shape
+    g = torch.Generator(device=device).manual_seed(1000 * call + rank)
+    x = torch.randn(tokens, hidden, generator=g, device=device, dtype=torch.float32).to(dtype)
+    shared = torch.Generator(device=device).manual_seed(1000 * call + 77)  # the same on every rank
+    residual = torch.randn(tokens, hidden, generator=shared, device=device, dtype=torch.float32).to(dtype)
+    weight = torch.randn(hidden, generator=shared, device=device, dtype=torch.float32).to(dtype)
+    return x, residual, weight
+
+
+def _local_add_rms_norm(shape, dtype, device):
+    x, residual, weight = _norm_inputs(shape, dtype, 0, 1, 0, device)
+    return lambda: torch.nn.functional.rms_norm(residual + x, (shape[1],), weight, 1e-6)
+
+
+ARN = FusedSpec(
+    op="all_reduce_rms_norm",
+    shapes=tuple((t, h) for h in (8192, 6144) for t in (1, 6, 32, 138, 512, 2048, 8192)),
+    inputs=_norm_inputs,
+    reference=lambda inputs, group: symmcoll.reference.all_reduce_rms_norm(*inputs, 1e-6, group)[0],
+    run=lambda algorithm, inputs, group: symmcoll.all_reduce_rms_norm(*inputs, 1e-6, group, algorithm=algorithm)[0],
+    flops=lambda s: 0,
+    local=_local_add_rms_norm,
+    baselines={"symmcoll:all_reduce alone": lambda inputs, group: lambda: symmcoll.all_reduce(inputs[0], group)},
+)
+
+SPECS = {spec.op: spec for spec in (AGMM, MMRS, MMAR, ARN)}
 
 
 def _local_matmul(shape, dtype, device):

@@ -1,2 +1,11 @@
 """Communication fused with compute, one module per op, built on comm-style primitives, language/ and
-the persistent GEMM in gemm.py."""
+the persistent GEMM in gemm.py.
+
+all_gather_matmul.py       all_gather(A shards) @ B (column-parallel linear, SP)
+matmul_reduce_scatter.py   A @ B summed over ranks, row shards scattered (row-parallel linear, SP)
+matmul_all_reduce.py       A @ B summed over ranks (row-parallel linear)
+all_reduce_rms_norm.py     all-reduce + residual add + RMSNorm (+ fp8) in one kernel
+
+``symmcoll/__init__.py`` imports each op's module, which registers the op and its algorithms
+(symmcoll.plan) and declares its regions (symmcoll.memory.regions) before any workspace is laid out.
+"""

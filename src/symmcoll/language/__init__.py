@@ -1,6 +1,7 @@
 """@triton.jit building blocks shared by every kernel: signals and waits (signals.py), block copies
-and fp32 reductions (blocks.py), word formats of the barrier-free protocols (words.py), and the
-one-program barrier kernel (barrier.py), group quantization codecs (codecs.py)."""
+and fp32 reductions (blocks.py), word formats of the barrier-free protocols (words.py), results as
+messages (tiles.py: rows and GEMM tiles as sentinel words, per-tile ready flags), the one-program
+barrier kernel (barrier.py), group quantization codecs (codecs.py)."""
 
 from .blocks import (INTERPRETED, OP_AVG, OP_MAX, OP_MIN, OP_SUM, REDUCE_OPS, combine, copy_blocks, finalize,
                      move_block, narrow, reduce_rows, tee_blocks)
@@ -8,6 +9,7 @@ from .signals import (EPOCH_SLOTS, MAX_WORLD, announce, block_barrier, end_launc
                       peer_ptr, peer_rows, post_header, record_error, record_timeout, send_signals,
                       wait_filled, wait_filled_rows, wait_flagged, wait_signals)
 from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, unpack
+from .tiles import send_tile_flag, values_of, wait_tile_flag, words_of
 from .barrier import barrier_kernel
 from .codecs import FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, unpack_words
 
@@ -17,4 +19,4 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "peer_ptr", "peer_rows", "post_header", "record_error", "record_timeout", "send_signals", "wait_filled",
            "wait_filled_rows", "wait_flagged", "wait_signals", "EMPTY", "WORD_FORMAT", "pack", "padded_words",
            "sanitize", "unpack", "barrier_kernel", "FORMAT_BITS", "FORMATS", "dequantize_groups", "pack_words",
-           "quantize_groups", "unpack_words"]
+           "quantize_groups", "unpack_words", "send_tile_flag", "values_of", "wait_tile_flag", "words_of"]

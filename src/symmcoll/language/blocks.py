@@ -3,8 +3,9 @@ way on every machine.
 
 ``narrow`` converts fp32 to a kernel's element type. On the GPU ``.to(tl.bfloat16)`` rounds to
 nearest-even; triton 3.6's interpreter truncates instead, so under ``TRITON_INTERPRET=1`` bf16 is
-rounded with integer operations on the fp32 bits (the same result, bit for bit). fp16 and fp32 need
-no help (the interpreter uses numpy's rounding conversions).
+rounded with integer operations on the fp32 bits (the same result, bit for bit); fp8 e4m3 likewise
+(the interpreter rounds its ties away and loses mantissa carries). fp16 and fp32 need no help (the
+interpreter uses numpy's rounding conversions).
 """
 
 import os
@@ -29,10 +30,32 @@ def _bf16_round_bits(values):
 
 
 @triton.jit
+def _e4m3_round_bits(values):
+    """fp32 -> float8_e4m3fn by integer arithmetic: round to nearest, ties to even, saturating at +-448
+    (as the GPU's cvt.rn.satfinite); NaN stays NaN. triton 3.6's interpreter rounds ties away and loses
+    a mantissa carry (127.0 -> 64.0)."""
+    bits = values.to(tl.int32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    # Normal e4m3 (>= 2^-6): round the fp32 word to 3 mantissa bits, then rebias the exponent (127 -> 7);
+    # a mantissa carry moves into the exponent by itself.
+    rounded = magnitude + 0x7FFFF + ((magnitude >> 20) & 1)
+    normal = (rounded >> 20) - ((127 - 7) << 3)
+    # Subnormal (< 2^-6): multiples of 2^-9; adding 2^23 rounds to an integer, ties to even.
+    steps = (magnitude.to(tl.float32, bitcast=True) * 512.0 + 8388608.0) - 8388608.0
+    subnormal = magnitude < 0x3C800000
+    code = tl.where(subnormal, tl.where(subnormal, steps, 0.0).to(tl.int32), normal)
+    code = tl.where(values != values, 0x7F, tl.minimum(code, 0x7E))
+    return (code | ((bits >> 24) & 0x80)).to(tl.int8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def narrow(values, ELEM: tl.constexpr):
-    """``values`` (fp32) as ``ELEM``, rounded to nearest-even on GPU and CPU alike."""
+    """``values`` (fp32) as ``ELEM``, rounded to nearest-even on GPU and CPU alike (fp8 e4m3:
+    saturating at +-448)."""
     if INTERPRETED and ELEM == tl.bfloat16:
         return _bf16_round_bits(values)
+    elif INTERPRETED and ELEM == tl.float8e4nv:
+        return _e4m3_round_bits(values)
     else:
         return values.to(ELEM)
 

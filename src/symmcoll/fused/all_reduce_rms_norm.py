@@ -1,0 +1,410 @@
+"""all-reduce + residual add + RMSNorm (+ fp8 quantization) in one kernel: the tail of every
+tensor-parallel transformer block.
+
+x, residual [..., H] (residual the same on every rank), weight [H]; returns normed and new_residual:
+
+    new_residual = residual + sum over ranks of x            (fp32, rounded once to x.dtype)
+    normed       = new_residual * rsqrt(mean(new_residual^2) + eps) * weight    (from the rounded residual)
+
+Optionally normed comes out as fp8 e4m3 for the next GEMM: ``quant="fp8_per_tensor"`` divides by a
+given ``scale`` (a one-element fp32 tensor, read on the device); ``"fp8_per_token"`` computes a scale
+per row (max |row| / 448) and returns the scales too. Both clamp to +-448 before rounding.
+
+Both kernels are the sentinel (Lamport) all-reduces of comm/sentinel.py with whole rows as the unit of
+work, so the norm, which needs a whole row, runs where the row's sum appears: sanitised words (never
+EMPTY) stored into peers' slots, polled until no word is EMPTY, emptied after reading; slot sets rotate
+by launch epoch (epoch % 3) behind epoch-tagged call headers. Every rank adds the same words in rank
+order, so results agree bit for bit. Program p handles the same rows in every stage, so it waits only
+on program p of its peers. (docs/algorithms.md has the pictures.)
+
+one_shot
+    Rows of x into my row of every peer's slots; per step of rows, every peer's words as one tile: sum,
+    add the residual, round, normalise. (W-1) * S stored per rank; for decode-sized inputs.
+
+two_shot
+    W shards of ceil(T / W) whole rows. Stage 0: shard s of x to rank s's scatter slots; stage 1: my
+    shard's sums + residual, rounded: stored, normalised, and pushed to every peer's gather slots;
+    stage 2: peers' new residual rows stored and normalised here (the gather moves the residual only:
+    2 (W-1)/W * S per rank).
+
+Rows longer than MAX_HIDDEN elements run the unfused baseline; more rows than the slots hold go in
+pieces of whole rows (one launch each).
+
+nccl / unfused
+    The process group's all-reduce / symmcoll.all_reduce ("auto"), then torch: residual + sum (rounded),
+    torch.nn.functional.rms_norm (fp32 when quantizing), and the same quantization in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from .. import ops, plan
+from ..comm.sentinel import HEADER_WORDS, PHASES, _take_rows
+from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, end_launch, launch_epoch, narrow,
+                        peer_ptr, peer_rows, post_header, values_of, words_of)
+from .rms_rows import FP8_MAX, MIN_AMAX, finish_rows, load_rows, rank_sum, row_words, word_values
+from ..launcher import launch
+from ..memory.regions import RegionSpec, declare
+from ..plan import Algorithm, register, register_op
+
+OP = "all_reduce_rms_norm"
+QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
+MAX_HIDDEN = 32768
+# "auto": the one-shot kernel up to this many bytes of x per rank (4 ranks; twice as many on 2).
+ONE_SHOT_MAX_BYTES = 256 << 10
+
+
+def one_shot_words(device_type: str, world: int) -> int:
+    """int32 words per (phase, source) slot row: 2 MB of x per launch on GPU, as sentinel_one_shot. CPU
+    rows are small, so that the CPU tests run the multi-piece path."""
+    return 1 << 19 if device_type == "cuda" else 256
+
+
+def two_shot_words(device_type: str, world: int) -> int:
+    """int32 words per (phase, scatter|gather, source) slot row: 16 MB of x per launch on GPU, as
+    sentinel_two_shot; small on CPU."""
+    return (4 << 20) // world if device_type == "cuda" else 64
+
+
+def _slots(kind: str, sets: int, words):
+    rule = ("rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
+            "empties what it read; a set is written again only after every receiver emptied it")
+    slots = declare(RegionSpec(f"{OP}.{kind}.slots", f"fused.{OP}",
+                               lambda g: (HEADER_WORDS.value + PHASES.value * sets * g.world_size
+                                          * words(g.device_type, g.world_size)) * 4, rule,
+                               fill_int32=EMPTY.value))
+    epochs = declare(RegionSpec(f"{OP}.{kind}.epochs", f"fused.{OP}", lambda g: EPOCH_SLOTS.value,
+                                "this rank's launch-epoch table (kernels only)", symmetric=False))
+    return slots, epochs
+
+
+ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = _slots("one_shot", 1, one_shot_words)
+TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = _slots("two_shot", 2, two_shot_words)
+
+
+@triton.jit
+def rms_norm_one_shot_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
+    desc, slot_ptrs_dev, epochs_ptr,
+    # inputs [rows, H] (weight [H], scale [1]) and outputs (scales [rows]) of this piece
+    x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, H, eps,
+    # a row is ROW_BLOCK words in the slots (H values rounded up to a power of 2: BLOCK_H); ROWS rows per
+    # step; SLOT_WORDS per source; PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per
+    # tensor, 2 fp8 per token
+    WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
+    SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = launch_epoch(epochs_ptr)
+    phase = epoch % PHASES
+    base = HEADER_WORDS + phase * WORLD * SLOT_WORDS
+    # A step is ROWS consecutive rows: ROWS * ROW_BLOCK consecutive slot words.
+    lanes = tl.arange(0, ROWS * ROW_BLOCK)
+    in_step = tl.arange(0, ROWS)
+    used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
+    peers = tl.arange(0, PEERS)
+    is_peer = (peers < WORLD) & (peers != rank)
+    to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+    # Stage 1: my rows into my row of every peer's slots (one tile store reaches every peer).
+    for step in range(pid, tl.cdiv(rows, ROWS), nprog):
+        row_ids = step * ROWS + in_step
+        sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
+        words = row_words(x_ptr, row_ids, row_ids < rows, H, FORMAT, ROW_BLOCK, BLOCK_H)
+        tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                 tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=is_peer[:, None] & sent[None, :])
+    # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
+    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
+    budget = max_spins
+    check = 1
+    for step in range(pid, tl.cdiv(rows, ROWS), nprog):
+        row_ids = step * ROWS + in_step
+        row_ok = row_ids < rows
+        sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
+        slots = region + base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :]
+        tile, budget = _take_rows(slots, is_peer[:, None] & sent[None, :], peers, rank, budget, status_ptr, desc,
+                                  headers, epoch, check, WORLD)
+        check = 0
+        own = row_words(x_ptr, row_ids, row_ok, H, FORMAT, ROW_BLOCK, BLOCK_H)
+        total = rank_sum(tile, own, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
+        if budget > 0:
+            residual = load_rows(residual_ptr, row_ids, row_ok, H, BLOCK_H)
+            new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
+            finish_rows(new_residual, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
+                         H, eps, QUANT, BLOCK_H)
+    end_launch(epochs_ptr, epoch)
+
+
+@triton.jit
+def rms_norm_two_shot_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
+    desc, slot_ptrs_dev, epochs_ptr,
+    # inputs [rows, H] (weight [H], scale [1]) and outputs (scales [rows]) of this piece; shard s = rows
+    # [s * shard_rows, (s + 1) * shard_rows) below ``rows``
+    x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, shard_rows, H, eps,
+    WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
+    SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = launch_epoch(epochs_ptr)
+    phase = epoch % PHASES
+    scatter_base = HEADER_WORDS + phase * 2 * WORLD * SLOT_WORDS
+    gather_base = scatter_base + WORLD * SLOT_WORDS
+    lanes = tl.arange(0, ROWS * ROW_BLOCK)
+    in_step = tl.arange(0, ROWS)
+    used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
+    peers = tl.arange(0, PEERS)
+    is_peer = (peers < WORLD) & (peers != rank)
+    to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
+    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+    steps = tl.cdiv(shard_rows, ROWS)
+    # Stage 0: rows i of shard s of my x -> my row of rank s's scatter slots, every s at once.
+    for step in range(pid, steps, nprog):
+        in_shard = step * ROWS + in_step
+        their_rows = peers[:, None] * shard_rows + in_shard[None, :]
+        their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
+        words = row_words(x_ptr, tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), H,
+                           FORMAT, ROW_BLOCK, BLOCK_H)
+        lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
+        sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
+            & (lane_rows < rows)
+        tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                 tl.reshape(words, [PEERS, ROWS * ROW_BLOCK]), mask=sent)
+    # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
+    budget = max_spins
+    check = 1
+    for step in range(pid, steps, nprog):
+        in_shard = step * ROWS + in_step
+        my_rows = rank * shard_rows + in_shard
+        mine_ok = (in_shard < shard_rows) & (my_rows < rows)
+        lane_in_shard = step * ROWS + lanes // ROW_BLOCK
+        lane_mine = used & (lane_in_shard < shard_rows) & (rank * shard_rows + lane_in_shard < rows)
+        received = is_peer[:, None] & lane_mine[None, :]
+        tile, budget = _take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
+                                  + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
+                                  check, WORLD)
+        check = 0
+        own = row_words(x_ptr, my_rows, mine_ok, H, FORMAT, ROW_BLOCK, BLOCK_H)
+        total = rank_sum(tile, own, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
+        residual = load_rows(residual_ptr, my_rows, mine_ok, H, BLOCK_H)
+        # The new residual as the peers will see it (rounded and sanitised alike).
+        words = words_of(tl.reshape(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
+                                    [ROWS * BLOCK_H]), FORMAT, ROWS * ROW_BLOCK)
+        if budget > 0:
+            finish_rows(tl.reshape(values_of(words, FORMAT, ROWS * ROW_BLOCK), [ROWS, BLOCK_H]), my_rows, mine_ok,
+                         weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
+            tl.store(to_peers + gather_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                     tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=received)
+    # Stage 2: every peer's new residual rows from my gather slots; store and normalise them here.
+    for step in range(pid, steps, nprog):
+        in_shard = step * ROWS + in_step
+        their_rows = peers[:, None] * shard_rows + in_shard[None, :]
+        their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
+        lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
+        received = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
+            & (lane_rows < rows)
+        tile, budget = _take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
+                                  + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
+                                  0, WORLD)
+        if budget > 0:
+            finish_rows(word_values(tl.reshape(tile, [PEERS * ROWS, ROW_BLOCK]), FORMAT, ROW_BLOCK, BLOCK_H),
+                         tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), weight_ptr,
+                         scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
+    end_launch(epochs_ptr, epoch)
+
+
+# ---- host side ---------------------------------------------------------------------------------------
+
+def _outputs(x: torch.Tensor, quant: str | None):
+    """(normed, new_residual, scales) as [rows, H] / [rows] views of the returned tensors."""
+    h = x.shape[-1]
+    normed = torch.empty(x.shape, dtype=torch.float8_e4m3fn if quant else x.dtype, device=x.device)
+    scales = torch.empty((*x.shape[:-1], 1) if quant == "fp8_per_token" else (0,), dtype=torch.float32,
+                         device=x.device)
+    return normed, torch.empty_like(x), scales, h
+
+
+def _row_block(h: int, itemsize: int) -> int:
+    """Slot words of a row: H values, 4 // itemsize to a word, rounded up to a power of two."""
+    return triton.next_power_of_2(triton.cdiv(max(h, 1), 4 // itemsize))
+
+
+def _launch_config(p: plan.Plan, h: int, itemsize: int) -> tuple[dict, int]:
+    """Constexprs of both kernels and their programs' cap. GPU: one row per step for long rows, up to 8
+    short ones (starting points for the sweep, not measurements); CPU: 4 rows per step (each
+    interpreted step costs milliseconds)."""
+    row_block = _row_block(h, itemsize)
+    block_h = row_block * (4 // itemsize)
+    if p.ws.device.type == "cuda":
+        rows, warps, programs = max(1, min(8, 8192 // block_h)), (16 if block_h >= 8192 else 8), 132
+    else:
+        rows, warps, programs = 4, p.config.num_warps, p.config.max_programs
+    return dict(WORLD=p.world, FORMAT=WORD_FORMAT[p.request.dtype], ROW_BLOCK=row_block, BLOCK_H=block_h, ROWS=rows,
+                PEERS=triton.next_power_of_2(p.world), QUANT=QUANT[dict(p.request.options)["quant"]],
+                num_warps=warps), programs
+
+
+def _kernel_run(kind: str):
+    one_shot = kind == "one_shot"
+    kernel = rms_norm_one_shot_kernel if one_shot else rms_norm_two_shot_kernel
+    slots, epochs_spec, words = ((ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS, one_shot_words) if one_shot
+                                 else (TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS, two_shot_words))
+
+    def run(p: plan.Plan, x: torch.Tensor, _out, residual, weight, scale=None):
+        ws, world = p.ws, p.world
+        eps, quant = dict(p.request.options)["eps"], dict(p.request.options)["quant"]
+        normed, new_residual, scales, h = _outputs(x, quant)
+        meta, max_programs = _launch_config(p, h, x.element_size())
+        slot_words = words(ws.device.type, world)
+        total = x.numel() // h if h else 0
+        # Rows per launch: a slot row holds every row of a piece (one-shot) or of a piece's shard.
+        piece = slot_words // meta["ROW_BLOCK"] * (1 if one_shot else world)
+        region, epochs = ws.region(slots.name), ws.local_state(epochs_spec.name)
+        flat = [t.reshape(-1) for t in (x, residual, normed, new_residual)]
+        scale_arg = scale if scale is not None else scales
+        for start in range(0, total, piece):
+            rows = min(piece, total - start)
+            shard = rows if one_shot else triton.cdiv(rows, world)
+            pieces = [t[start * h:] for t in flat]
+            sizes = (rows, h, eps) if one_shot else (rows, shard, h, eps)
+            launch(kernel, (max(1, min(max_programs, triton.cdiv(shard, meta["ROWS"]))),),
+                   (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, pieces[0], pieces[1], weight, scale_arg,
+                    pieces[2], pieces[3], scales.reshape(-1)[start:] if scales.numel() else scales, *sizes),
+                   dict(meta, SLOT_WORDS=slot_words))
+        return normed, new_residual, scales
+    return run
+
+
+def _torch_tail(p: plan.Plan, total: torch.Tensor, residual, weight, scale):
+    """The baselines' tail in torch: add (rounded to the dtype), RMSNorm, quantize."""
+    eps, quant = dict(p.request.options)["eps"], dict(p.request.options)["quant"]
+    new_residual, h = residual + total, total.shape[-1]
+    scales = total.new_empty((0,), dtype=torch.float32)
+    if quant is None:
+        return torch.nn.functional.rms_norm(new_residual, (h,), weight, eps), new_residual, scales
+    normed = torch.nn.functional.rms_norm(new_residual.float(), (h,), weight.float(), eps)
+    if quant == "fp8_per_token":
+        scales = normed.abs().amax(-1, keepdim=True).clamp_min(MIN_AMAX.value) / FP8_MAX.value
+    normed = normed / (scale if quant == "fp8_per_tensor" else scales)
+    return normed.clamp(-FP8_MAX.value, FP8_MAX.value).to(torch.float8_e4m3fn), new_residual, scales
+
+
+def _nccl(p: plan.Plan, x, _out, residual, weight, scale=None):
+    total = x.clone()
+    dist.all_reduce(total, group=p.group)
+    return _torch_tail(p, total, residual, weight, scale)
+
+
+def _unfused(p: plan.Plan, x, _out, residual, weight, scale=None):
+    total = plan.resolve("all_reduce", x, p.group, "auto").execute(x)
+    return _torch_tail(p, total, residual, weight, scale)
+
+
+def _shape_rule(request: plan.Request, world: int):
+    options = dict(request.options)
+    shape, quant = request.shape, options["quant"]
+    if len(shape) == 0:
+        raise ValueError("x must have at least one dimension (the hidden size is its last), got a 0-dim tensor")
+    if request.dtype not in plan.REDUCTION_DTYPES:
+        raise ValueError(f"x.dtype must be bf16, fp16 or fp32, got {request.dtype}")
+    if quant not in QUANT:
+        raise ValueError(f"quant must be None, 'fp8_per_tensor' or 'fp8_per_token', got {quant!r}")
+    if not options["eps"] >= 0:
+        raise ValueError(f"eps must be a number >= 0, got {options['eps']!r}")
+    for name, (_, _, device) in zip(["residual", "weight", "scale"], request.others):
+        if device != request.device:
+            raise ValueError(f"{name} is on {device}, x on {request.device}: all must be on this rank's device")
+    (res_shape, res_dtype, _), (w_shape, w_dtype, _) = request.others[:2]
+    if res_shape != shape or res_dtype != request.dtype:
+        raise ValueError(f"residual must have x's shape {shape} and dtype {request.dtype}, got {res_shape} "
+                         f"{res_dtype}")
+    if w_shape != shape[-1:] or not w_dtype.is_floating_point:
+        raise ValueError(f"weight must be a float vector of shape ({shape[-1]},), got {w_shape} {w_dtype}")
+    has_scale = len(request.others) > 2
+    if (quant == "fp8_per_tensor") != has_scale:
+        raise ValueError("scale (a one-element fp32 tensor) is required with quant='fp8_per_tensor' and only then")
+    if has_scale and (request.others[2][0] not in ((), (1,)) or request.others[2][1] != torch.float32):
+        raise ValueError(f"scale must be a one-element fp32 tensor, got {request.others[2][:2]}")
+    return None, (request.numel << 4) ^ (shape[-1] << 2) ^ QUANT[quant]
+
+
+def _kernel_reason(request: plan.Request, world: int) -> str | None:
+    h = request.shape[-1]
+    if h > MAX_HIDDEN or _row_block(h, request.dtype.itemsize) > two_shot_words(request.device.type, world):
+        return f"rows of {h} elements are longer than the kernels take ({MAX_HIDDEN} on GPU)"
+    return None
+
+
+def _default(request: plan.Request, world: int) -> str:
+    return "one_shot" if request.nbytes <= ONE_SHOT_MAX_BYTES * (2 if world <= 2 else 1) else "two_shot"
+
+
+register_op(OP, _shape_rule, default=_default)
+register(Algorithm(OP, plan.BACKEND, 90, "backend", _nccl, "process group all-reduce, then torch add + RMSNorm"))
+register(Algorithm(OP, "unfused", 91, "fused", _unfused, "symmcoll.all_reduce, then torch add + RMSNorm"))
+register(Algorithm(OP, "one_shot", 92, "fused", _kernel_run("one_shot"),
+                   "sentinel one-shot over whole rows with the residual add and RMSNorm (+ fp8) inside",
+                   accepts=_kernel_reason, instead="unfused"))
+register(Algorithm(OP, "two_shot", 93, "fused", _kernel_run("two_shot"),
+                   "sentinel two-shot over shards of whole rows: norm at the owner and where gathered rows land",
+                   accepts=_kernel_reason, instead="unfused"))
+
+
+def all_reduce_rms_norm_impl(x, residual, weight, eps: float, group_name: str, algorithm: str, quant: str,
+                             scale=None):
+    """(normed, new_residual, scales); ``quant`` "" for none; scales empty unless fp8_per_token."""
+    others = (residual, weight) if scale is None else (residual, weight, scale)
+    for name, t in zip(("x", "residual", "weight", "scale"), (x, *others)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())})")
+    options = (("eps", float(eps)), ("quant", quant or None))
+    return plan.resolve(OP, x, ops.resolve_group(group_name), algorithm, others=others,
+                        options=options).execute(x, others=others)
+
+
+def _fake(x, residual, weight, eps, group_name, algorithm, quant, scale=None):
+    return _outputs(x, quant or None)[:3]
+
+
+ops.define(OP, "(Tensor x, Tensor residual, Tensor weight, float eps, str group_name, str algorithm, str quant, "
+               "Tensor? scale=None) -> (Tensor, Tensor, Tensor)", all_reduce_rms_norm_impl, _fake)
+
+
+def compile_cases(make_workspace):
+    """Both kernels' launches on meta tensors: hidden 8192 and 6144, an odd hidden size, every quant
+    mode and dtype, every world size, rank 1 somewhere."""
+    cases = []
+    for kind in ("one_shot", "two_shot"):
+        for world, rank, dtype, (tokens, h), quant in ((2, 1, torch.bfloat16, (6, 8192), None),
+                                                       (4, 0, torch.bfloat16, (138, 6144), "fp8_per_token"),
+                                                       (3, 1, torch.float16, (33, 4099), "fp8_per_tensor"),
+                                                       (8, 1, torch.float32, (512, 1024), None)):
+            def thunk(kind=kind, world=world, rank=rank, dtype=dtype, tokens=tokens, h=h, quant=quant):
+                x = torch.empty((tokens, h), dtype=dtype, device="meta")
+                others = (torch.empty_like(x), torch.empty((h,), dtype=dtype, device="meta"))
+                if quant == "fp8_per_tensor":
+                    others += (torch.empty((1,), dtype=torch.float32, device="meta"),)
+                request = plan.Request(OP, (tokens, h), dtype, torch.device("cuda"),
+                                       options=(("eps", 1e-6), ("quant", quant)))
+                p = plan.Plan(request, "kernel", plan.algorithms(OP)[kind], None, world, rank,
+                              make_workspace(world, rank), None, 3, None)
+                p.algorithm.run(p, x, None, *others)
+            cases.append((f"{OP}.{kind} ws{world} {tokens}x{h} {quant}", thunk))
+    return cases

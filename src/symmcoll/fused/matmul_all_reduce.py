@@ -1,0 +1,229 @@
+"""matmul + all-reduce: the end of a row-parallel linear layer without sequence parallelism.
+
+Every rank holds A [M, K] and B [K, N] (its K-slice of the layer); every rank returns the sum over
+ranks of A @ B, [M, N], bit-identical on every rank.
+
+one_shot (one persistent kernel, barrier-free; for decode-sized M)
+    The sentinel (Lamport) scheme of comm/sentinel.py applied to GEMM tiles. Every rank computes every
+    tile of its partial product; as soon as a tile is done it is packed into sanitised words (two
+    bf16/fp16 or one fp32 per word; no word equals EMPTY) and stored into its row of every peer's slots;
+    the rank keeps its own copy, rounded the same way, in ``out``. Then each program sums its tiles::
+
+        tile j:  acc --words--> slots_d[phase][r][j]  for every peer d        (NVLink stores)
+                 own words' values --> out[tile j]
+        then:    out[tile j] = sum over ranks s in rank order of (s == r: out[tile j];
+                               else: slots_r[phase][s][j] once no word is EMPTY, then reset to EMPTY)
+
+    No flag, no fence, no barrier: a word that is not EMPTY is final (4-byte stores land whole). Every
+    rank adds the same rounded partials in the same order: the results agree bit for bit. Tile j goes
+    to program j % P on every rank, so program p polls only what program p of each peer sends.
+    Slot sets rotate by launch epoch (epoch % 3, as the sentinel all-reduce: a rank is at most one
+    launch ahead, and it has emptied what it read before it sends the next launch's tiles). Products
+    larger than a slot row go in pieces of whole tiles (one launch each). Traffic: (W-1) x the product
+    per rank, all stores issued while later tiles are still being computed.
+
+two_shot (for large M)
+    matmul_reduce_scatter's fused kernel over row shards of ceil(M / W) rows (the last may be short or
+    empty), then symmcoll.all_gather of the shards: 2 (W-1)/W of the product per rank.
+
+nccl / unfused
+    torch.matmul, then the process group's all-reduce (NCCL) / symmcoll.all_reduce ("auto").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from .. import ops, plan
+from ..comm.sentinel import HEADER_WORDS, PHASES, _take
+from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, end_launch, launch_epoch, peer_ptr,
+                        post_header, values_of, words_of)
+from ..launcher import launch
+from ..memory.regions import RegionSpec, declare
+from ..plan import Algorithm, register, register_op
+from .gemm import grouped_tile, load_tile, store_tile
+from .matmul_reduce_scatter import check_operands, run_tiles, size_key
+from .tiling import operand_descriptors, programs, tile_config, tile_product, use_tma
+
+OP = "matmul_all_reduce"
+# int32 words per (phase, source) slot row; CPU rows are small, so the CPU tests run the multi-piece path.
+SLOT_WORDS = {"cuda": 1 << 20, "cpu": 2048}
+# "auto": the one-shot kernel up to this many rows (decode), the reduce-scatter kernel + all-gather above.
+ONE_SHOT_MAX_ROWS = 256
+
+SLOTS = declare(RegionSpec(
+    "matmul_all_reduce.slots", "fused.matmul_all_reduce",
+    lambda g: (HEADER_WORDS.value + PHASES.value * g.world_size * SLOT_WORDS[g.device_type]) * 4,
+    "rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver empties "
+    "what it read; a set is written again only after every receiver emptied it (one launch ahead at most)",
+    fill_int32=EMPTY.value))
+EPOCHS = declare(RegionSpec("matmul_all_reduce.epochs", "fused.matmul_all_reduce", lambda g: EPOCH_SLOTS.value,
+                            "this rank's launch-epoch table (kernels only)", symmetric=False))
+
+
+@triton.jit
+def matmul_all_reduce_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
+    desc, slot_ptrs_dev, epochs_ptr,
+    # A [M, K], B [K, N], out [M, N] (row strides given)
+    a_ptr, b_ptr, out_ptr, M, N, K, stride_a, stride_b, stride_out,
+    # this piece: tiles [first_tile, first_tile + piece_tiles) of the grouped tile order
+    first_tile, piece_tiles,
+    # FORMAT: words.py's; TILE_WORDS = BM * BN / values per word; SLOT_WORDS: words per source row
+    WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    TMA: tl.constexpr, FORMAT: tl.constexpr, TILE_WORDS: tl.constexpr, SLOT_WORDS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = launch_epoch(epochs_ptr)
+    phase = epoch % PHASES
+    base = HEADER_WORDS + phase * WORLD * SLOT_WORDS
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    lane = tl.arange(0, TILE_WORDS)
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA)
+
+    # Stage 1: my partial tiles, each sent to every peer as soon as it is done.
+    for j in range(pid, piece_tiles, nprog):
+        pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
+        acc = tile_product(a_ptr, b_ptr, a_desc, b_desc, pid_m * BM, pid_n * BN, M, N, K, stride_a, stride_b,
+                           BM, BN, BK, TMA)
+        words = words_of(tl.reshape(acc, [BM * BN]), FORMAT, TILE_WORDS)
+        for r in tl.static_range(WORLD):
+            if r != rank:
+                tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * SLOT_WORDS + j * TILE_WORDS + lane, words)
+        # My own partial as the peers will see it (rounded and sanitised alike), parked in out.
+        store_tile(out_ptr, tl.reshape(values_of(words, FORMAT, TILE_WORDS), [BM, BN]), pid_m * BM + tl.arange(0, BM),
+                   pid_n * BN + tl.arange(0, BN), M, N, stride_out)
+    tl.debug_barrier()  # stage 2 reads back what other threads of this program parked in out
+
+    # Stage 2: each of my tiles summed over ranks in rank order.
+    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
+    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
+    budget = max_spins
+    check = 1
+    for j in range(pid, piece_tiles, nprog):
+        pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
+        rows = pid_m * BM + tl.arange(0, BM)
+        cols = pid_n * BN + tl.arange(0, BN)
+        total = tl.zeros([BM, BN], tl.float32)
+        for src in tl.static_range(WORLD):
+            if src == rank:
+                part = load_tile(out_ptr, rows, cols, M, N, stride_out).to(tl.float32)
+            else:
+                words, budget = _take(region + base + src * SLOT_WORDS + j * TILE_WORDS + lane, lane < TILE_WORDS, src,
+                                      rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+                check = 0
+                part = tl.reshape(values_of(words, FORMAT, TILE_WORDS), [BM, BN])
+            total += part
+        if budget > 0:
+            store_tile(out_ptr, total, rows, cols, M, N, stride_out)
+    end_launch(epochs_ptr, epoch)
+
+
+def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    ws, world = p.ws, p.world
+    M, K = a.shape
+    N = b.shape[1]
+    device_type = ws.device.type
+    cfg = tile_config(M, device_type, a.element_size())
+    tile_words = cfg.bm * cfg.bn * out.element_size() // 4
+    per_piece = SLOT_WORDS[device_type] // tile_words
+    tiles = triton.cdiv(M, cfg.bm) * triton.cdiv(N, cfg.bn)
+    region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
+    meta = dict(WORLD=world, TMA=use_tma(device_type, a, b), FORMAT=WORD_FORMAT[out.dtype], TILE_WORDS=tile_words,
+                SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta())
+    for first in range(0, tiles, per_piece):
+        n = min(per_piece, tiles - first)
+        launch(matmul_all_reduce_kernel, (programs(a, n),),
+               (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a, b, out, M, N, K, a.stride(0), b.stride(0),
+                out.stride(0), first, n), meta)
+    return out
+
+
+def _two_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    rows = triton.cdiv(a.shape[0], p.world)
+    shard = run_tiles(p, a, b, torch.empty((rows, b.shape[1]), dtype=out.dtype, device=out.device), rows)
+    gather = plan.resolve("all_gather", shard, p.group, "auto")
+    if rows * p.world == out.shape[0]:
+        return gather.execute(shard, out)
+    out.copy_(gather.execute(shard)[:out.shape[0]])
+    return out
+
+
+def _fused_or_empty(run):
+    def guarded(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if out.numel() and a.shape[1]:
+            return run(p, a, out, b)
+        return out.zero_()
+    return guarded
+
+
+def _nccl(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    torch.matmul(a, b, out=out)
+    dist.all_reduce(out, group=p.group)
+    return out
+
+
+def _unfused(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    partial = torch.matmul(a, b)
+    return plan.resolve("all_reduce", partial, p.group, "auto").execute(partial, out)
+
+
+def _shape_rule(request: plan.Request, world: int):
+    m, n, k = check_operands(request)
+    return (m, n), size_key(m, n, k)
+
+
+def _default(request: plan.Request, world: int) -> str:
+    return "one_shot" if request.shape[0] <= ONE_SHOT_MAX_ROWS else "two_shot"
+
+
+register_op(OP, _shape_rule, default=_default)
+register(Algorithm(OP, plan.BACKEND, 74, "backend", _nccl, "torch.matmul + the process group's all-reduce"))
+register(Algorithm(OP, "unfused", 75, "fused", _unfused, "torch.matmul + symmcoll.all_reduce"))
+register(Algorithm(OP, "one_shot", 76, "fused", _fused_or_empty(_one_shot),
+                   "persistent GEMM pushing each finished tile to every peer (sentinel words, no barrier); "
+                   "every rank sums all tiles"))
+register(Algorithm(OP, "two_shot", 77, "fused", _fused_or_empty(_two_shot),
+                   "matmul_reduce_scatter's fused kernel, then symmcoll.all_gather"))
+
+
+def matmul_all_reduce_impl(a: torch.Tensor, b: torch.Tensor, group_name: str, algorithm: str) -> torch.Tensor:
+    for name, t in (("a", a), ("b", b)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())})")
+    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,)).execute(a, others=(b,))
+
+
+def _fake(a, b, group_name, algorithm):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+ops.define(OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_all_reduce_impl, _fake)
+
+
+def compile_cases(make_workspace):
+    """The one-shot kernel's launches on meta tensors (the two-shot launches matmul_reduce_scatter's
+    kernel, checked there): decode-sized M, TMA and pointer loads, bf16/fp16/fp32, every world size."""
+    cases = []
+    for world, rank, dtype, (m, n, k) in ((2, 1, torch.bfloat16, (1, 8192, 14336)),
+                                         (4, 0, torch.bfloat16, (128, 8192, 7168)),
+                                         (3, 1, torch.float16, (256, 8190, 1000)),
+                                         (8, 1, torch.float32, (7, 96, 64))):
+        def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k):
+            a = torch.empty((m, k), dtype=dtype, device="meta")
+            b = torch.empty((k, n), dtype=dtype, device="meta")
+            request = plan.Request(OP, (m, k), dtype, torch.device("cuda"), others=(((k, n), dtype, a.device),))
+            p = plan.Plan(request, "kernel", plan.algorithms(OP)["one_shot"], None, world, rank,
+                          make_workspace(world, rank), None, 3, (m, n))
+            _one_shot(p, a, torch.empty((m, n), dtype=dtype, device="meta"), b)
+        cases.append((f"{OP}.one_shot ws{world} {m}x{n}x{k}", thunk))
+    return cases

@@ -1,0 +1,273 @@
+"""matmul + reduce-scatter: the end of a row-parallel linear layer with sequence parallelism.
+
+Every rank holds A [M, K] and B [K, N] (its K-slice of the layer); rank r returns rows
+[r * M/W, (r+1) * M/W) of sum over ranks of A @ B, shape [M/W, N].
+
+fused (one persistent kernel; one launch per piece)
+    Row shard s of the product belongs to rank s. Each program computes its tiles shard by shard in
+    the order rank+1, rank+2, ..., rank (peers' shards first, its own last), and every finished peer
+    tile travels at once::
+
+        tile of shard s != r:  acc --narrow, NVLink stores--> stage_s[phase][slot(r)][tile]
+                               flag_s[phase][r][tile] = (epoch << 32) | desc     (release, system scope)
+        tile of my shard:      acc (fp32, registers) + stage_r[phase][slot(src)][tile] for src in rank
+                               order, each after flag_r[phase][src][tile] == (epoch, desc) (acquire)
+                               --narrow--> out
+
+    By the time a program reaches its own shard, its peers have been computing (and sending) tiles of
+    it for one to W-1 shards' worth of GEMM: the communication hides under the remaining GEMM.
+    Traffic: (W-1)/W of the product per rank, remote stores in the output dtype (the partial rounded
+    once, as torch.matmul's output is); the owner accumulates in fp32 in a fixed order (its own
+    partial, then the peers' in rank order) and rounds once.
+
+    Which program computes a tile is the same on every rank: tile j of shard s (in the shard's
+    grouped order, gemm.grouped_tile) goes to program (s * tiles + j) % P. So program p waits only on
+    program p of its peers (graph-safe with no co-residency assumption; the interpreter, which runs
+    programs one by one, cannot deadlock), and over all shards each program gets an equal share.
+
+    Stage slots alternate between two phases by launch epoch (a per-rank device counter,
+    language.signals.launch_epoch): a rank finishes launch e only with every peer's launch-e tiles,
+    which a peer sends only after it finished launch e-1, so a rank is at most one launch ahead and
+    a phase's slots are read before anybody writes them again. Flags carry (epoch, desc): never reset
+    (graph replays need no host work), and a flag of this epoch naming another call is reported as a
+    mismatch. Products larger than a slot go in pieces of whole tiles (one launch each).
+
+nccl / unfused
+    torch.matmul, then the process group's reduce-scatter (NCCL) / symmcoll.reduce_scatter ("auto").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from .. import ops, plan
+from ..language import (EPOCH_SLOTS, MAX_WORLD, announce, end_launch, launch_epoch, narrow, send_tile_flag,
+                        wait_tile_flag)
+from ..launcher import launch
+from ..memory.regions import RegionSpec, declare
+from ..plan import Algorithm, register, register_op
+from .gemm import grouped_tile, store_tile
+from .tiling import operand_descriptors, programs, tile_config, tile_product, use_tma
+
+OP = "matmul_reduce_scatter"
+STAGE_PHASES: tl.constexpr = tl.constexpr(2)
+# Tiles per piece at most (the flag table's length per (phase, source)).
+MAX_TILES = {"cuda": 8192, "cpu": 64}
+# CPU slots are small, so that the CPU tests run the multi-piece path.
+CPU_SLOT_BYTES = 8 << 10
+
+
+def slot_bytes(device_type: str, buffer_bytes: int, world: int) -> int:
+    """Bytes of one (phase, source) slot: a quarter of the shared buffer's size over W-1 sources on GPU
+    (two phases: the stage region is half the buffer's size)."""
+    if device_type != "cuda":
+        return CPU_SLOT_BYTES
+    return buffer_bytes // 4 // max(1, world - 1) // 4096 * 4096
+
+
+def flag_bytes(device_type: str) -> int:
+    return STAGE_PHASES.value * MAX_WORLD.value * MAX_TILES[device_type] * 8
+
+
+STAGE = declare(RegionSpec(
+    "matmul_reduce_scatter.stage", "fused.matmul_reduce_scatter",
+    lambda g: flag_bytes(g.device_type) + STAGE_PHASES.value * max(1, g.world_size - 1)
+    * slot_bytes(g.device_type, g.buffer_bytes, g.world_size),
+    "int64 tile flags [phase][source][tile], then tile slots [phase][source slot][tile]: rank r writes only "
+    "its slot and flags of phase epoch % 2 in the owner's region; the owner reads a tile after its flag; a "
+    "phase is written again two launches later, after every peer finished reading it (one launch ahead at "
+    "most); flags are epoch-tagged and never reset"))
+EPOCHS = declare(RegionSpec("matmul_reduce_scatter.epochs", "fused.matmul_reduce_scatter",
+                            lambda g: EPOCH_SLOTS.value, "this rank's launch-epoch table (kernels only)",
+                            symmetric=False))
+
+
+@triton.jit
+def _region_at(ptrs_dev, peer, byte_offset, ELEM: tl.constexpr):
+    """Typed pointer ``byte_offset`` bytes into ``peer``'s region (offsets are multiples of 16)."""
+    table = ptrs_dev.to(tl.pointer_type(tl.uint64))
+    return tl.multiple_of((tl.load(table + peer) + byte_offset).to(tl.pointer_type(ELEM)), 16)
+
+
+@triton.jit
+def matmul_reduce_scatter_kernel(
+    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call: descriptor; the stage region's address table; this rank's launch-epoch table
+    desc, stage_ptrs_dev, epochs_ptr,
+    # A [M, K], B [K, N] (row strides given); out: my shard [rows_per_shard, N]
+    a_ptr, b_ptr, out_ptr, M, N, K, stride_a, stride_b, stride_out,
+    # shard s = rows [s * rows_per_shard, min(M, (s + 1) * rows_per_shard)); this piece = tiles
+    # [first_tile, first_tile + piece_tiles) of every shard's grouped tile order
+    rows_per_shard, first_tile, piece_tiles,
+    # SLOT_ELEMS: elements per (phase, source) slot; DATA_OFFSET: bytes of the flag table
+    WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    TMA: tl.constexpr, SLOT_ELEMS: tl.constexpr, MAX_TILES: tl.constexpr, DATA_OFFSET: tl.constexpr,
+):
+    ELEM: tl.constexpr = out_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = launch_epoch(epochs_ptr)
+    phase = epoch % STAGE_PHASES
+    ready = (epoch.to(tl.int64) << 32) | desc
+    num_m = tl.cdiv(rows_per_shard, BM)
+    num_n = tl.cdiv(N, BN)
+    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA)
+    in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    my_flags = _region_at(stage_ptrs_dev, rank, 0, tl.int64) + phase * (MAX_WORLD * MAX_TILES)
+    my_slots = _region_at(stage_ptrs_dev, rank, DATA_OFFSET, ELEM) + phase * (WORLD - 1) * SLOT_ELEMS
+    budget = max_spins
+    for k in range(1, WORLD + 1):
+        owner = (rank + k) % WORLD  # k == WORLD: my own shard, last
+        first_row = owner * rows_per_shard
+        shard_rows = tl.minimum(rows_per_shard, M - first_row)
+        # My tiles of this shard: j with (owner * piece_tiles + j) % nprog == pid.
+        for j in range((pid + nprog - (owner * piece_tiles) % nprog) % nprog, piece_tiles, nprog):
+            pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
+            acc = tile_product(a_ptr, b_ptr, a_desc, b_desc, first_row + pid_m * BM, pid_n * BN,
+                               first_row + shard_rows, N, K, stride_a, stride_b, BM, BN, BK, TMA)
+            if owner != rank:
+                slot = rank - tl.cast(rank > owner, tl.int32)
+                peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
+                tile = peer_slots + (phase * (WORLD - 1) + slot).to(tl.int64) * SLOT_ELEMS + j * (BM * BN)
+                tl.store(tile + in_tile, narrow(acc, ELEM))
+                peer_flags = _region_at(stage_ptrs_dev, owner, 0, tl.int64)
+                send_tile_flag(peer_flags + (phase * MAX_WORLD + rank) * MAX_TILES + j, ready)
+            else:
+                for src in tl.static_range(WORLD):
+                    if src != rank:
+                        budget = wait_tile_flag(my_flags + src * MAX_TILES + j, ready, budget, status_ptr, rank,
+                                                src, desc)
+                        slot = src - tl.cast(src > rank, tl.int32)
+                        acc += tl.load(my_slots + slot * SLOT_ELEMS + j * (BM * BN) + in_tile).to(tl.float32)
+                if budget > 0:
+                    store_tile(out_ptr, acc, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN),
+                               shard_rows, N, stride_out)
+    end_launch(epochs_ptr, epoch)
+
+
+def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows_per_shard: int) -> torch.Tensor:
+    """The fused kernel, piece by piece: ``out`` [rows_per_shard, N] gets this rank's shard of the sum
+    (shards past M are empty; matmul_all_reduce uses a last shard cut short by M)."""
+    ws, world = p.ws, p.world
+    M, K = a.shape
+    N = b.shape[1]
+    device_type = ws.device.type
+    cfg = tile_config(M, device_type, a.element_size())
+    slot = slot_bytes(device_type, ws.buffer_bytes, world)
+    per_piece = min(slot // (cfg.bm * cfg.bn * out.element_size()), MAX_TILES[device_type])
+    tiles = triton.cdiv(rows_per_shard, cfg.bm) * triton.cdiv(N, cfg.bn)
+    region, epochs = ws.region(STAGE.name), ws.local_state(EPOCHS.name)
+    meta = dict(WORLD=world, TMA=use_tma(device_type, a, b), SLOT_ELEMS=slot // out.element_size(),
+                MAX_TILES=MAX_TILES[device_type], DATA_OFFSET=flag_bytes(device_type), **cfg.meta())
+    for first in range(0, tiles, per_piece):
+        n = min(per_piece, tiles - first)
+        launch(matmul_reduce_scatter_kernel, (programs(a, world * n),),
+               (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a, b, out, M, N, K, a.stride(0), b.stride(0),
+                out.stride(0), rows_per_shard, first, n), meta)
+    return out
+
+
+def _fused(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if out.numel() and a.shape[1]:
+        return run_tiles(p, a, b, out, out.shape[0])
+    return out.zero_()
+
+
+def _nccl(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    partial = torch.matmul(a, b)
+    # torch 2.13 renamed reduce_scatter_tensor (and warns on every call); older torch has only that.
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(out, partial, group=p.group)
+    return out
+
+
+def _unfused(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    partial = torch.matmul(a, b)
+    return plan.resolve("reduce_scatter", partial, p.group, "auto").execute(partial, out)
+
+
+def check_operands(request: plan.Request) -> tuple[int, int, int]:
+    """(M, N, K) of a matmul request ``a`` [M, K] @ ``b`` [K, N]; ValueError naming the argument."""
+    a_shape = request.shape
+    (b_shape, b_dtype, b_device), = request.others
+    if len(a_shape) != 2:
+        raise ValueError(f"a must be a 2-D [M, K] matrix, got shape {a_shape}")
+    if len(b_shape) != 2:
+        raise ValueError(f"b must be a 2-D [K, N] matrix, got shape {b_shape}")
+    if a_shape[1] != b_shape[0]:
+        raise ValueError(f"b.shape[0] must equal a.shape[1] (K): a has shape {a_shape}, b has shape {b_shape}")
+    if request.dtype not in plan.REDUCTION_DTYPES:
+        raise ValueError(f"a.dtype must be bf16, fp16 or fp32, got {request.dtype}")
+    if b_dtype != request.dtype:
+        raise ValueError(f"b.dtype must equal a.dtype ({request.dtype}), got {b_dtype}")
+    if b_device != request.device:
+        raise ValueError(f"b is on {b_device}, a on {request.device}: both must be on this rank's device")
+    return a_shape[0], b_shape[1], a_shape[1]
+
+
+def size_key(m: int, n: int, k: int) -> int:
+    return (m << 42) ^ (n << 21) ^ k
+
+
+def _shape_rule(request: plan.Request, world: int):
+    m, n, k = check_operands(request)
+    if m % world:
+        raise ValueError(f"a.shape[0] (M = {m}) must be divisible by the world size {world}: rank r returns "
+                         f"rows [r * M/W, (r+1) * M/W) of the sum")
+    return (m // world, n), size_key(m, n, k)
+
+
+register_op(OP, _shape_rule, default="fused")
+register(Algorithm(OP, plan.BACKEND, 70, "backend", _nccl, "torch.matmul + the process group's reduce-scatter"))
+register(Algorithm(OP, "unfused", 71, "fused", _unfused, "torch.matmul + symmcoll.reduce_scatter"))
+register(Algorithm(OP, "fused", 72, "fused", _fused,
+                   "persistent GEMM, peers' row shards first; finished tiles stored into the owner's slots "
+                   "with a flag each; the owner adds them to its own tiles"))
+
+
+def _check(a, b) -> None:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())})")
+
+
+def matmul_reduce_scatter_impl(a: torch.Tensor, b: torch.Tensor, group_name: str, algorithm: str) -> torch.Tensor:
+    _check(a, b)
+    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,)).execute(a, others=(b,))
+
+
+def _fake(a, b, group_name, algorithm):
+    world = ops.world_size(group_name)
+    torch._check(a.shape[0] % world == 0, lambda: f"a.shape[0] must be divisible by the world size {world}")
+    return a.new_empty((a.shape[0] // world, b.shape[1]))
+
+
+ops.define(OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_reduce_scatter_impl, _fake)
+
+
+def compile_cases(make_workspace):
+    """The fused kernel's launches on meta tensors: TMA (aligned) and pointer (odd N) loads, decode-sized
+    and large M, every world size, rank 1 somewhere."""
+    cases = []
+    for world, rank, dtype, (m, n, k) in ((2, 0, torch.bfloat16, (8192, 8192, 14336)),
+                                         (2, 1, torch.bfloat16, (16, 8192, 14336)),
+                                         (4, 1, torch.float16, (512, 8190, 7168)),
+                                         (3, 2, torch.float32, (96, 200, 64)),
+                                         (2, 1, torch.float32, (4096, 4096, 1024)),
+                                         (8, 1, torch.bfloat16, (2048, 8192, 3584))):
+        def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k):
+            a = torch.empty((m, k), dtype=dtype, device="meta")
+            b = torch.empty((k, n), dtype=dtype, device="meta")
+            request = plan.Request(OP, (m, k), dtype, torch.device("cuda"), others=(((k, n), dtype, a.device),))
+            p = plan.Plan(request, "kernel", plan.algorithms(OP)["fused"], None, world, rank,
+                          make_workspace(world, rank), None, 3, (m // world, n))
+            _fused(p, a, torch.empty((m // world, n), dtype=dtype, device="meta"), b)
+        cases.append((f"{OP}.fused ws{world} {m}x{n}x{k}", thunk))
+    return cases

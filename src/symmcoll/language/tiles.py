@@ -1,0 +1,79 @@
+"""Results of a computation as messages: rows and GEMM tiles turned into sentinel words, and per-tile
+ready flags.
+
+Words (the sentinel protocol, words.py): ``words_of`` packs a flat block of fp32 values into sanitised
+int32 words (two bf16/fp16 values or one fp32 per word, rounded to nearest-even on every machine) and
+``values_of`` unpacks them. A [BM, BN] tile or a row is flattened row-major first, so a word always
+holds two neighbouring elements of one row. Senders store whole words (never 16-bit halves): only an
+aligned 4-byte store is guaranteed to land whole, which is what lets a receiver take any word that is
+not EMPTY as final.
+
+Tile flags (the reduce-scatter GEMM): an int64 flag per (source, tile) in the receiver's region holds
+``(epoch << 32) | desc`` once the tile's data is there. The sender stores the tile, synchronises its
+block (``tl.debug_barrier``: every thread's stores are issued) and exchanges the flag with release
+semantics at system scope; the receiver spins with acquire CAS until the flag equals its own
+``(epoch, desc)`` and synchronises its block before reading. Flags are epoch-tagged (the launch
+counter of language.signals), so nobody resets them and graph replays need no host work; a flag of
+this epoch carrying another descriptor is a peer that made a different call (recorded as a mismatch).
+"""
+
+import triton
+import triton.language as tl
+
+from .signals import KIND_MISMATCH, failed_elsewhere, record_error, record_timeout
+from .words import pack, sanitize, unpack
+
+
+@triton.jit
+def words_of(values, FORMAT: tl.constexpr, WORDS: tl.constexpr):
+    """Sanitised int32 words [WORDS] of flat fp32 ``values`` ([2 * WORDS] for bf16/fp16 (FORMAT 0, 1),
+    [WORDS] for fp32 (FORMAT 2)); element 2i goes to the low half of word i."""
+    if FORMAT == 2:
+        return sanitize(values.to(tl.int32, bitcast=True), FORMAT)
+    else:
+        lo, hi = tl.split(tl.reshape(values, [WORDS, 2]))
+        return sanitize(pack(lo, hi, FORMAT), FORMAT)
+
+
+@triton.jit
+def values_of(words, FORMAT: tl.constexpr, WORDS: tl.constexpr):
+    """The flat fp32 values of int32 ``words`` [WORDS] (inverse of ``words_of``)."""
+    if FORMAT == 2:
+        return words.to(tl.float32, bitcast=True)
+    else:
+        lo, hi = unpack(words, FORMAT)
+        return tl.reshape(tl.join(lo, hi), [2 * WORDS])
+
+
+@triton.jit
+def send_tile_flag(flag_ptr, ready):
+    """Publish a tile this block stored: every thread's stores first, then the flag (release, system
+    scope)."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flag_ptr, ready, sem="release", scope="sys")
+
+
+@triton.jit
+def wait_tile_flag(flag_ptr, ready, budget, status_ptr, rank, peer, desc):
+    """Wait until the int64 flag at ``flag_ptr`` holds ``ready`` = (epoch << 32) | desc (acquire,
+    system scope), at most ``budget`` spins. Returns the spins left: 0 means this wait (or an earlier
+    one of this program, or another program of this rank) failed and was recorded; the caller must not
+    use the tile. A flag of this epoch naming another descriptor is a mismatched call."""
+    epoch = ready >> 32
+    seen = tl.atomic_cas(flag_ptr, ready, ready, sem="acquire", scope="sys")
+    spins = 0
+    while (seen != ready) & ((seen >> 32) != epoch) & (budget > 0):
+        seen = tl.atomic_cas(flag_ptr, ready, ready, sem="acquire", scope="sys")
+        budget -= 1
+        spins += 1
+        if failed_elsewhere(status_ptr, spins):
+            budget = budget * 0
+    if seen != ready:
+        if (seen >> 32) == epoch:
+            record_error(status_ptr, KIND_MISMATCH, rank, peer, desc, (seen & 0xFFFFFFFF).to(tl.int32))
+        else:
+            record_timeout(status_ptr, rank, peer, desc)
+        budget = budget * 0
+    # The acquiring thread's view must reach every thread that reads the tile next.
+    tl.debug_barrier()
+    return budget
