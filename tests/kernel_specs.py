@@ -117,10 +117,13 @@ NUMELS = [7, 4 << 20]
 
 def _request(op, dtype, numel, world, splits=None):
     shape = (world * numel,) if op in ("reduce_scatter", "all_to_all") else (numel,)
-    if splits is not None:
+    others, options = (), ()
+    if splits == plan.DEVICE_SPLITS:  # device-side splits: rows of 4 elements, a bound of 37 rows
+        shape, others, options = (5, 4), (((world,), torch.int32, torch.device("cuda")),), (("max_rows", 37),)
+    elif splits is not None:
         shape = (sum(splits), 3)
     return plan.Request(op, shape, dtype, torch.device("cuda"), "sum" if op in plan.REDUCTIONS else None,
-                        0 if op == "broadcast" else None, splits)
+                        0 if op == "broadcast" else None, splits, others, options)
 
 
 def recorded_launches() -> list[tuple[str, launcher.Recorded]]:
@@ -130,20 +133,22 @@ def recorded_launches() -> list[tuple[str, launcher.Recorded]]:
         for name, algorithm in plan.algorithms(op).items():
             cases = REDUCTION_CASES if op in plan.REDUCTIONS else MOVE_CASES
             for world, rank, dtype in cases:
-                for numel in NUMELS + ([None] if op == "all_to_all" else []):
-                    splits = tuple(range(1, world + 1)) if numel is None else None
+                for numel in NUMELS + (["list", "device"] if op == "all_to_all" else []):
+                    splits = {"list": tuple(range(1, world + 1)), "device": plan.DEVICE_SPLITS}.get(numel)
+                    numel = numel if splits is None else None
                     request = _request(op, dtype, numel or 1, world, splits)
                     if algorithm.accepts and algorithm.accepts(request, world):
                         continue
                     ws = FakeWorkspace(world, rank)
                     cfg = algorithm.gpu_configs(request, world) if callable(algorithm.gpu_configs) else (
                         algorithm.gpu_configs.pick(request.nbytes, world) if algorithm.gpu_configs else None)
-                    out_shape, size_key = plan._shape_rules(request, world)
+                    out_shape, size_key = plan.shape_rule(request, world)
                     p = plan.Plan(request, "kernel", algorithm, None, world, rank, ws, cfg, 3, out_shape)
                     x = torch.empty(request.shape, dtype=dtype, device="meta")
                     out = None if out_shape is None else torch.empty(out_shape, dtype=dtype, device="meta")
+                    others = [torch.empty(shape, dtype=t, device="meta") for shape, t, _ in request.others]
                     with launcher.recording() as launches:
-                        algorithm.run(p, x, out)
+                        algorithm.run(p, x, out, *others)
                     found += [(f"{op}.{name},", rec) for rec in launches]
     return found
 

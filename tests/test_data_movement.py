@@ -263,7 +263,7 @@ def test_larger_than_workspace(world_size, monkeypatch):
 
 
 def test_plan_rounds():
-    from symmcoll.comm.all_to_all import plan_rounds
+    from symmcoll.comm.splits import plan_rounds
 
     def staged(words, piece):
         return max(sum(min(n, piece) for j, n in enumerate(row) if j != s) for s, row in enumerate(words))

@@ -18,13 +18,13 @@ from . import comm as _comm  # noqa: F401  (registers every algorithm and region
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd
-from .errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError
+from .errors import SymmcollArgumentError, SymmcollError, SymmcollMismatchError, SymmcollTimeoutError
 from .memory import get_workspace
 
 __version__ = "0.2.0"
 
 __all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
-           "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError",
+           "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError", "SymmcollArgumentError",
            "__version__"]
 
 
@@ -118,16 +118,39 @@ def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch
     return torch.ops.symmcoll.all_gather(x, name, algorithm)
 
 
-def all_to_all(x: torch.Tensor, group=None, *, splits=None, algorithm: str = "auto") -> torch.Tensor:
+def all_to_all(x: torch.Tensor, group=None, *, splits=None, max_rows: int | None = None, algorithm: str = "auto"):
     """Send rows of ``x`` to every rank and return the rows received, in source-rank order.
 
-    splits: None (x.shape[0] divisible by W, chunk j to rank j, like ``all_to_all_single``) or W ints,
-    the rows this rank sends to each rank (summing to x.shape[0]); the output's row count is the sum of
-    what the peers send here (one device-to-host synchronisation). Any dtype."""
+    splits:
+      * None: x.shape[0] divisible by W, chunk j to rank j (like ``all_to_all_single``); returns a tensor
+        shaped like x.
+      * W ints (a list): the rows this rank sends to each rank, summing to x.shape[0]; returns exactly
+        the rows received (their count is read back to the host: one synchronisation).
+      * an int32/int64 tensor of W counts on x's device, with ``max_rows`` (the same on every rank: the
+        most rows this rank can receive): nothing is read back to the host, so the call can be captured
+        in a CUDA graph (like torch's ``all_to_all_vdev``). Returns ``(out, received)``: ``out`` has
+        max_rows rows, of which the first ``received.sum()`` hold the rows from rank 0, then rank 1, ...;
+        ``received`` is an int64 tensor [W], rows received from each rank. The counts may sum to less
+        than x.shape[0] (the rest is not sent). Errors only the device can see are raised by the next
+        symmcoll call on this rank, or by ``symmcoll.check()`` after a synchronisation, as
+        ``SymmcollArgumentError`` naming the argument: more rows arriving than max_rows (the first
+        max_rows are written, ``received`` stays exact), counts asking for more rows than x has.
+    Any dtype."""
     name = _ops.group_name(group)
+    _tensor(x)
+    if isinstance(splits, torch.Tensor):
+        if max_rows is None:
+            raise ValueError("max_rows is required when splits is a tensor: the output is allocated with max_rows "
+                             "rows (the most this rank can receive), since the host does not read the counts")
+        if _ops.is_plain(x):
+            return _ops.all_to_all_splits_impl(x, splits, max_rows, name, algorithm)
+        return torch.ops.symmcoll.all_to_all_splits(x, splits, max_rows, name, algorithm)
+    if max_rows is not None:
+        raise ValueError("max_rows is only for splits given as a device tensor (with equal or listed splits the "
+                         "output is sized exactly)")
     if splits is not None and not isinstance(splits, (list, tuple)):
-        raise ValueError(f"splits must be a list of ints (rows sent to each rank), got {splits!r}")
-    if _ops.is_plain(_tensor(x)):
+        raise ValueError(f"splits must be a list of ints or an int tensor (rows sent to each rank), got {splits!r}")
+    if _ops.is_plain(x):
         return _ops.all_to_all_impl(x, name, splits, algorithm)
     return torch.ops.symmcoll.all_to_all(x, name, None if splits is None else list(splits), algorithm)
 

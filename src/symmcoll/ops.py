@@ -11,6 +11,7 @@ collectives.
     torch.ops.symmcoll.reduce_scatter(x, group_name, reduce_op, algorithm) -> Tensor
     torch.ops.symmcoll.all_gather(x, group_name, algorithm) -> Tensor
     torch.ops.symmcoll.all_to_all(x, group_name, splits: int[]?, algorithm) -> Tensor
+    torch.ops.symmcoll.all_to_all_splits(x, splits: Tensor, max_rows, group_name, algorithm) -> (Tensor, Tensor)
     torch.ops.symmcoll.broadcast(x, src, group_name, algorithm) -> Tensor
 
 The ops are defined with ``torch.library.Library`` (not ``custom_op``) and without an autograd kernel:
@@ -84,6 +85,12 @@ def all_to_all_impl(x, group_name: str, splits, algorithm: str):
                         splits=None if splits is None else tuple(splits)).execute(x)
 
 
+def all_to_all_splits_impl(x, splits, max_rows: int, group_name: str, algorithm: str):
+    """Device-side splits: (out [max_rows, ...], rows received from each rank [W] int64)."""
+    return plan.resolve("all_to_all", x, resolve_group(group_name), algorithm, splits=plan.DEVICE_SPLITS,
+                        others=(splits,), options=(("max_rows", max_rows),)).execute(x, others=(splits,))
+
+
 def broadcast_impl(x, src: int, group_name: str, algorithm: str):
     return plan.resolve("broadcast", x, resolve_group(group_name), algorithm, src=src).execute(x)
 
@@ -119,6 +126,10 @@ def _all_to_all_fake(x, group_name, splits, algorithm):
     return x.new_empty((rows, *x.shape[1:]))
 
 
+def _all_to_all_splits_fake(x, splits, max_rows, group_name, algorithm):
+    return x.new_empty((max_rows, *x.shape[1:])), splits.new_empty((_world(group_name),), dtype=torch.int64)
+
+
 def _broadcast_fake(x, src, group_name, algorithm):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -133,6 +144,8 @@ _SCHEMAS = {
     "all_gather": ("(Tensor x, str group_name, str algorithm) -> Tensor", all_gather_impl, _all_gather_fake),
     "all_to_all": ("(Tensor x, str group_name, int[]? splits, str algorithm) -> Tensor", all_to_all_impl,
                    _all_to_all_fake),
+    "all_to_all_splits": ("(Tensor x, Tensor splits, int max_rows, str group_name, str algorithm) -> (Tensor, Tensor)",
+                          all_to_all_splits_impl, _all_to_all_splits_fake),
     "broadcast": ("(Tensor x, int src, str group_name, str algorithm) -> Tensor", broadcast_impl, _broadcast_fake),
 }
 

@@ -34,6 +34,9 @@ REDUCTIONS = ("all_reduce", "reduce_scatter")
 REDUCTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 BACKEND = dispatch.FALLBACK  # "nccl": the process group's own collective
+# Request.splits of an all-to-all whose splits are a device tensor (passed in ``others``): nothing about
+# them is known on the host.
+DEVICE_SPLITS = "device"
 
 
 @dataclass(frozen=True)
@@ -134,9 +137,11 @@ _OP_RULES: dict[str, Callable] = {}
 _REDUCING_OPS: set[str] = set(("all_reduce", "reduce_scatter"))
 
 
-def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | None = None) -> None:
-    """Make ``op`` (a fused op) known to the resolver: its shape rule, whether it takes a reduce op, and
-    what "auto" runs where the tuned table has no rule."""
+def register_op(op: str, shape_rule: Callable, *, reduces: bool = False,
+                default: str | Callable | None = None) -> None:
+    """Make ``op`` known to the resolver: its shape rule, whether it takes a reduce op, and what "auto"
+    runs where the tuned table has no rule (a name, or ``default(request, world) -> name``). Fused ops
+    register this way; so does the all-to-all family (comm/splits.py), whose rule knows its splits."""
     _REGISTRY.setdefault(op, {})
     _OP_RULES[op] = shape_rule
     if reduces:
@@ -145,7 +150,7 @@ def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default
         _DEFAULTS[op] = default
 
 
-_DEFAULTS: dict[str, str] = {"all_reduce": "two_shot"}
+_DEFAULTS: dict[str, str | Callable] = {"all_reduce": "two_shot"}
 
 
 def register(algorithm: Algorithm) -> Algorithm:
@@ -294,9 +299,10 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
         if not 0 <= src < world:
             raise ValueError(f"src must be a group rank in [0, {world}), got {src}")
     request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits, others, options)
-    out_shape, size_key = _OP_RULES[op](request, world) if op in _OP_RULES else _shape_rules(request, world)
-    if op in OPS and (world == 1 or (out_shape is not None and math.prod(out_shape) == 0)
-                      or x.numel() == 0 and op != "all_to_all"):
+    out_shape, size_key = shape_rule(request, world)
+    # Device-side splits always run a kernel: the received counts and the bound check live on the device.
+    if op in OPS and splits != DEVICE_SPLITS and (world == 1 or (out_shape is not None and math.prod(out_shape) == 0)
+                                                  or x.numel() == 0 and op != "all_to_all"):
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
     name = _choose(request, world, algorithm)
     chosen = table[name]
@@ -317,6 +323,13 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
     return Plan(request, "kernel", chosen, group, world, rank, ws, cfg, desc, out_shape)
 
 
+def shape_rule(request: Request, world: int) -> tuple[tuple | None, int]:
+    """(output shape or None if it depends on the peers, the size key of the call descriptor); raises
+    ValueError naming the argument."""
+    rule = _OP_RULES.get(request.op)
+    return rule(request, world) if rule is not None else _shape_rules(request, world)
+
+
 def _shape_rules(request: Request, world: int) -> tuple[tuple | None, int]:
     """(output shape or None if it depends on the peers, the size key of the call descriptor)."""
     op, shape = request.op, request.shape
@@ -332,32 +345,7 @@ def _shape_rules(request: Request, world: int) -> tuple[tuple | None, int]:
     if op == "all_gather":
         rows = shape if shape else (1,)
         return (world * rows[0], *rows[1:]), request.nbytes
-    if op == "all_to_all":
-        if len(shape) == 0:
-            raise ValueError("x must have at least one dimension (rows are exchanged along dim 0), got a "
-                             "0-dim tensor")
-        row_bytes = math.prod(shape[1:]) * request.dtype.itemsize
-        if request.splits is None:
-            if shape[0] % world:
-                raise ValueError(f"x.shape[0] must be divisible by the world size for equal splits: x has "
-                                 f"shape {shape}, world size {world} (or pass splits=)")
-            return shape, request.nbytes
-        _check_splits(request.splits, shape[0], world)
-        return None, row_bytes | 1 << 40
     raise ValueError(f"unknown op {op!r}")
-
-
-def _check_splits(splits, rows: int, world: int) -> None:
-    try:
-        values = [operator.index(s) for s in splits]
-    except TypeError:
-        raise ValueError(f"splits must be a list of {world} ints (rows sent to each rank), got {splits!r}") from None
-    if len(values) != world:
-        raise ValueError(f"splits must have one entry per rank ({world}), got {len(values)}: {values}")
-    if min(values) < 0:
-        raise ValueError(f"splits must be >= 0, got {values}")
-    if sum(values) != rows:
-        raise ValueError(f"splits must sum to x.shape[0] = {rows}, got {values} (sum {sum(values)})")
 
 
 def _choose(request: Request, world: int, algorithm: str) -> str:
@@ -375,8 +363,10 @@ def _choose(request: Request, world: int, algorithm: str) -> str:
         name = algorithm
     else:
         name = dispatch.choose(request.op, world, request.dtype, _dispatch_bytes(request, world))
-        if name not in table:
-            name = default_algorithm(request.op)
+        # The backend would read device-side splits back to the host (a synchronisation the caller
+        # asked to avoid): "auto" keeps them on the device.
+        if name not in table or (name == BACKEND and request.splits == DEVICE_SPLITS):
+            name = default_algorithm(request, world)
     seen = []
     while name != BACKEND:
         chosen = table[name]
@@ -399,9 +389,10 @@ def _dispatch_bytes(request: Request, world: int) -> int:
     return request.nbytes // world if request.op == "reduce_scatter" else request.nbytes
 
 
-def default_algorithm(op: str) -> str:
+def default_algorithm(request: Request, world: int) -> str:
     """What "auto" runs where the table has no rule (no table, or a name this build lacks)."""
-    return _DEFAULTS.get(op, "pull")
+    default = _DEFAULTS.get(request.op, "pull")
+    return default(request, world) if callable(default) else default
 
 
 def _local(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

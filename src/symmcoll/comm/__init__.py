@@ -6,11 +6,14 @@ sentinel.py     Lamport sentinels: all_reduce sentinel_one_shot / sentinel_two_s
 push.py         remote stores: reduce_scatter push, all_reduce push_copy_engine
 tree.py         double binary tree: all_reduce tree
 gather.py       data movement by pulls: all_gather pull / copy_engine, broadcast pull
-all_to_all.py   data movement: all_to_all pull (and its split exchange)
+all_to_all.py   data movement: all_to_all pull (device-side splits published in the kernel)
+all_to_all_sentinel.py  Lamport sentinels for data movement: all_to_all sentinel (barrier-free)
+splits.py       the all-to-all family's shared host side: shape rule, split exchange, rounds, "auto" default
 backend.py      the process group's own collectives ("nccl")
 
 Importing this package registers every algorithm (symmcoll.plan) and declares every region
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 
-from . import all_to_all, backend, gather, low_latency, pull, push, sentinel, tree  # noqa: F401
+from . import (all_to_all, backend, gather, low_latency, pull, push, sentinel,  # noqa: F401
+               splits, tree)

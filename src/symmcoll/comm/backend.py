@@ -55,8 +55,10 @@ def _broadcast(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_dev: torch.Tensor | None = None):
     world = plan.world
+    if splits_dev is not None:
+        return _all_to_all_device_splits(plan, x, out, splits_dev)
     splits = plan.request.splits
     send = list(splits) if splits is not None else [x.shape[0] // world] * world
     send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
@@ -71,6 +73,33 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.
                                output_split_sizes=[r * row_bytes for r in recv],
                                input_split_sizes=[s * row_bytes for s in send], group=plan.group)
     return out
+
+
+def _all_to_all_device_splits(plan: Plan, x: torch.Tensor, out: torch.Tensor, splits_dev: torch.Tensor):
+    """Device-side splits on the process group: they are read back to the host (the synchronisation the
+    kernels avoid); errors are raised at once, with the kernels' wording."""
+    from ..errors import SymmcollArgumentError
+    send = [int(v) for v in splits_dev.tolist()]
+    if min(send) < 0 or sum(send) > x.shape[0]:
+        raise SymmcollArgumentError("all_to_all.nccl", plan.rank, "splits",
+                                    f"splits (a device tensor) asks for {sum(send)} rows but x has {x.shape[0]} rows, "
+                                    f"or holds a negative count")
+    send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
+    recv_t = torch.empty_like(send_t)
+    dist.all_to_all_single(recv_t, send_t, group=plan.group)
+    received = torch.empty((int(recv_t.sum()), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    row_bytes = math.prod(x.shape[1:]) * x.element_size()
+    if row_bytes:
+        dist.all_to_all_single(received.reshape(-1).view(torch.uint8), x[:sum(send)].reshape(-1).view(torch.uint8),
+                               output_split_sizes=[r * row_bytes for r in recv_t.tolist()],
+                               input_split_sizes=[s * row_bytes for s in send], group=plan.group)
+    kept = min(received.shape[0], out.shape[0])
+    out[:kept].copy_(received[:kept])
+    if received.shape[0] > out.shape[0]:
+        raise SymmcollArgumentError("all_to_all.nccl", plan.rank, "max_rows",
+                                    f"max_rows = {out.shape[0]} is too small: {received.shape[0]} rows arrived in one "
+                                    f"call; only the first {out.shape[0]} were written")
+    return out, recv_t
 
 
 for _op, _fn, _code in (("all_reduce", _all_reduce, 9), ("reduce_scatter", _reduce_scatter, 23),

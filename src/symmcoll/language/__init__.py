@@ -1,18 +1,21 @@
 """@triton.jit building blocks shared by every kernel: signals and waits (signals.py), block copies
-and fp32 reductions (blocks.py), word formats of the barrier-free protocols (words.py), and the
-one-program barrier kernel (barrier.py)."""
+and fp32 reductions (blocks.py), word formats of the barrier-free protocols (words.py), epoch-tagged
+counts, escaped words and device-side splits (tagged.py), and the one-program barrier kernel
+(barrier.py)."""
 
 from .blocks import (INTERPRETED, OP_AVG, OP_MAX, OP_MIN, OP_SUM, REDUCE_OPS, combine, copy_blocks, finalize,
                      move_block, narrow, reduce_rows, tee_blocks)
-from .signals import (EPOCH_SLOTS, MAX_WORLD, announce, block_barrier, end_launch, launch_epoch,
-                      peer_ptr, post_header, record_error, record_timeout, send_signals,
-                      wait_filled, wait_filled_rows, wait_flagged, wait_signals)
+from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, EPOCH_SLOTS, MAX_WORLD, announce, block_barrier,
+                      end_launch, launch_epoch, peer_ptr, post_header, record_argument, record_error, record_timeout,
+                      send_signals, wait_filled, wait_filled_rows, wait_flagged, wait_signals)
+from .tagged import ESCAPE_GROUP, clamped_splits, escape, post_counts, wait_counts, wait_escaped
 from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, unpack
 from .barrier import barrier_kernel
 
 __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", "combine", "copy_blocks",
-           "finalize", "move_block", "narrow", "reduce_rows", "tee_blocks", "EPOCH_SLOTS", "MAX_WORLD",
-           "announce", "block_barrier", "end_launch", "launch_epoch",
-           "peer_ptr", "post_header", "record_error", "record_timeout", "send_signals", "wait_filled",
-           "wait_filled_rows", "wait_flagged", "wait_signals", "EMPTY", "WORD_FORMAT", "pack", "padded_words",
+           "finalize", "move_block", "narrow", "reduce_rows", "tee_blocks", "ARG_MAX_ROWS", "ARG_SPLITS",
+           "ARG_TOPK_IDS", "EPOCH_SLOTS", "MAX_WORLD", "announce", "block_barrier", "end_launch", "launch_epoch",
+           "peer_ptr", "post_header", "record_argument", "record_error", "record_timeout", "send_signals",
+           "wait_filled", "wait_filled_rows", "wait_flagged", "wait_signals", "ESCAPE_GROUP", "clamped_splits",
+           "escape", "post_counts", "wait_counts", "wait_escaped", "EMPTY", "WORD_FORMAT", "pack", "padded_words",
            "sanitize", "unpack", "barrier_kernel"]
