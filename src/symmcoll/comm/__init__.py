@@ -15,5 +15,5 @@ Importing this package registers every algorithm (symmcoll.plan) and declares ev
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 
-from . import (all_to_all, backend, gather, low_latency, pull, push, sentinel,  # noqa: F401
+from . import (all_to_all, all_to_all_sentinel, backend, gather, low_latency, pull, push, sentinel,  # noqa: F401
                splits, tree)
