@@ -8,6 +8,7 @@ tree.py         double binary tree: all_reduce tree
 gather.py       data movement by pulls: all_gather pull / copy_engine, broadcast pull
 all_to_all.py   data movement: all_to_all pull (device-side splits published in the kernel)
 all_to_all_sentinel.py  Lamport sentinels for data movement: all_to_all sentinel (barrier-free)
+all_to_all_copy_engine.py  staggered copy-engine steps: all_to_all copy_engine (bandwidth)
 splits.py       the all-to-all family's shared host side: shape rule, split exchange, rounds, "auto" default
 backend.py      the process group's own collectives ("nccl")
 
@@ -15,5 +16,5 @@ Importing this package registers every algorithm (symmcoll.plan) and declares ev
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 
-from . import (all_to_all, all_to_all_sentinel, backend, gather, low_latency, pull, push, sentinel,  # noqa: F401
+from . import (all_to_all, all_to_all_copy_engine, all_to_all_sentinel, backend, gather, low_latency, pull, push, sentinel,  # noqa: F401
                splits, tree)
