@@ -247,13 +247,29 @@ def _larger_than_workspace():
             splits = [16 * n for n in splits]
         x = coded((sum(splits), 16) if call == 0 else (sum(splits),), torch.int64, rank, call)
         snapshot = x.clone()
+        want = reference.all_to_all(x, splits=splits)
         _check(f"chunked all_to_all splits {splits} call {call}",
-               symmcoll.all_to_all(x, splits=splits, algorithm="pull"),
-               reference.all_to_all(x, splits=splits), x, snapshot)
+               symmcoll.all_to_all(x, splits=splits, algorithm="pull"), want, x, snapshot)
+        if call == 0:
+            # 40 rows of 16 words to the next rank (5120 bytes): copy_engine in two rounds, each a barrier
+            # per stage (W-1 steps, cut in 2 on 2 ranks) and an exit barrier; device-side splits in
+            # rounds sized by the bound max_rows
+            splits = [40 if j == (rank + 1) % world else 0 for j in range(world)]
+            x = coded((40, 16), torch.int64, rank, 5)
+            snapshot, want = x.clone(), reference.all_to_all(x, splits=splits)
+            barriers = LAUNCH_COUNTS["barrier_kernel"]
+            _check("chunked all_to_all copy_engine", symmcoll.all_to_all(x, splits=splits, algorithm="copy_engine"),
+                   want, x, snapshot)
+            assert LAUNCH_COUNTS["barrier_kernel"] - barriers == 2 * ((world - 1) * (2 if world == 2 else 1) + 1)
+            rounds_before = LAUNCH_COUNTS["all_to_all_kernel"]
+            got, received = symmcoll.all_to_all(x, splits=torch.tensor(splits, device=device()), max_rows=40,
+                                                algorithm="pull")
+            _check("chunked all_to_all device splits", got, want, x, snapshot)
+            assert LAUNCH_COUNTS["all_to_all_kernel"] - rounds_before >= 2
     launched = {k: LAUNCH_COUNTS[k] - before.get(k, 0) for k in LAUNCH_COUNTS}
     # per call: all_gather 5600 bytes in pieces of 4096, broadcast 12293 bytes, all_to_all several rounds
     assert launched["all_gather_kernel"] >= 2 * 2 and launched["broadcast_kernel"] >= 2 * 4, launched
-    assert launched["all_to_all_kernel"] >= 2 * 2 * 2 and launched["barrier_kernel"] >= 2 * 2 * 2, launched
+    assert launched["all_to_all_kernel"] >= 2 * 2 * 2 + 2 and launched["barrier_kernel"] >= 2 * 2 * 2, launched
 
 
 def test_larger_than_workspace(world_size, monkeypatch):

@@ -76,14 +76,13 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_de
 
 
 def _all_to_all_device_splits(plan: Plan, x: torch.Tensor, out: torch.Tensor, splits_dev: torch.Tensor):
-    """Device-side splits on the process group: they are read back to the host (the synchronisation the
-    kernels avoid); errors are raised at once, with the kernels' wording."""
+    """Device-side splits on the process group: read back to the host (the synchronisation the kernels
+    avoid), clamped as the kernels clamp them, exchanged, and what is wrong raised afterwards (every rank
+    takes part in the exchange first, so nobody is left waiting)."""
     from ..errors import SymmcollArgumentError
-    send = [int(v) for v in splits_dev.tolist()]
-    if min(send) < 0 or sum(send) > x.shape[0]:
-        raise SymmcollArgumentError("all_to_all.nccl", plan.rank, "splits",
-                                    f"splits (a device tensor) asks for {sum(send)} rows but x has {x.shape[0]} rows, "
-                                    f"or holds a negative count")
+    wanted = [int(v) for v in splits_dev.tolist()]
+    ends = [min(sum(max(w, 0) for w in wanted[:j + 1]), x.shape[0]) for j in range(len(wanted))]
+    send = [end - (ends[j - 1] if j else 0) for j, end in enumerate(ends)]
     send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
     recv_t = torch.empty_like(send_t)
     dist.all_to_all_single(recv_t, send_t, group=plan.group)
@@ -95,6 +94,10 @@ def _all_to_all_device_splits(plan: Plan, x: torch.Tensor, out: torch.Tensor, sp
                                input_split_sizes=[s * row_bytes for s in send], group=plan.group)
     kept = min(received.shape[0], out.shape[0])
     out[:kept].copy_(received[:kept])
+    if min(wanted) < 0 or sum(max(w, 0) for w in wanted) > x.shape[0]:
+        raise SymmcollArgumentError("all_to_all.nccl", plan.rank, "splits",
+                                    f"splits (a device tensor) asks for {sum(wanted)} rows but x has {x.shape[0]} "
+                                    f"rows, or holds a negative count: only the rows x holds were sent")
     if received.shape[0] > out.shape[0]:
         raise SymmcollArgumentError("all_to_all.nccl", plan.rank, "max_rows",
                                     f"max_rows = {out.shape[0]} is too small: {received.shape[0]} rows arrived in one "
