@@ -235,10 +235,46 @@ _GLOBAL_LOAD = re.compile(r"\bld\.global\.(\S+)")
 _ORDERED = ("volatile", "acquire", "relaxed")
 
 
+_BLOCK = re.compile(r"^(?:(\$L__BB\w+):|// (%bb\.\d+):)")  # labelled and fall-through blocks (not $L__tmp)
+_LOOP_HEADER = re.compile(r"Loop Header: Depth=")
+_IN_LOOP = re.compile(r"in Loop: Header=(BB\w+) Depth=")
+_CHILD_LOOP = re.compile(r"Child Loop (BB\w+) Depth")
+
+
+def _loop_bodies(lines: list[str]) -> tuple[dict, dict]:
+    """From LLVM's loop comments in the PTX: (the innermost loop of each block label, the line numbers
+    of every loop's blocks, its inner loops' included). The compiler may lay an inner loop out after
+    its outer loop's backward branch; the outer loop still contains it."""
+    starts = [(i, m.group(1) or m.group(2)) for i, l in enumerate(lines) if (m := _BLOCK.match(l.strip()))]
+    innermost, own, children = {}, {}, {}
+    for n, (start, label) in enumerate(starts):
+        end = starts[n + 1][0] if n + 1 < len(starts) else len(lines)
+        notes = [lines[start]] + [l for l in lines[start + 1:end] if l.strip().startswith("//")][:4]
+        name = label.removeprefix("$L__")
+        header = name if any(_LOOP_HEADER.search(l) for l in notes) else None
+        parent = next((m.group(1) for l in notes if (m := _IN_LOOP.search(l))), None)
+        loop = header or parent
+        if loop is None:
+            continue
+        innermost[label] = loop
+        own.setdefault(loop, set()).update(range(start, end))
+        if header:
+            children.setdefault(header, set()).update(m.group(1) for l in lines[start:end] if (m := _CHILD_LOOP.search(l)))
+
+    def body(loop, seen=()):
+        lines_of = set(own.get(loop, ()))
+        for child in children.get(loop, ()):
+            if child not in seen:
+                lines_of |= body(child, (*seen, loop))
+        return lines_of
+    return innermost, {loop: body(loop) for loop in own}
+
+
 def spin_loop_problems(ptx: str) -> list[str]:
-    """Wait loops in ``ptx`` (loops storing nothing to global memory) with no atomic and no
-    volatile/acquire load: they spin on plain loads, which may never see a peer's write."""
+    """Wait loops in ``ptx`` (loops storing nothing to global memory, inner loops included) with no
+    atomic and no volatile/acquire load: they spin on plain loads, which may never see a peer's write."""
     lines = ptx.splitlines()
+    innermost, bodies = _loop_bodies(lines)
     labels = {}
     problems = []
     for i, line in enumerate(lines):
@@ -247,7 +283,8 @@ def spin_loop_problems(ptx: str) -> list[str]:
             labels[m.group(1)] = i
         b = _BRANCH.search(line)
         if b and b.group(1) in labels and labels[b.group(1)] < i:
-            body = lines[labels[b.group(1)]:i + 1]
+            span = set(range(labels[b.group(1)], i + 1)) | bodies.get(innermost.get(b.group(1)), set())
+            body = [lines[n] for n in sorted(span)]
             if any("st.global" in l for l in body):
                 continue  # a loop that writes data, not a wait
             plain = [l.strip() for l in body if (g := _GLOBAL_LOAD.search(l)) and not g.group(1).startswith(_ORDERED)]

@@ -11,10 +11,12 @@ besides "auto" and "nccl", and what ``symmcoll bench`` compares).
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import torch
 
 from . import comm as _comm  # noqa: F401  (registers every algorithm and region)
+from .fused import moe as _moe  # noqa: F401  (registers moe_dispatch / moe_combine)
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd
@@ -24,7 +26,7 @@ from .memory import get_workspace
 __version__ = "0.2.0"
 
 __all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
-           "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError", "SymmcollArgumentError",
+           "reset", "get_workspace", "moe_dispatch", "moe_combine", "MoEHandle", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError", "SymmcollArgumentError",
            "__version__"]
 
 
@@ -168,6 +170,66 @@ def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto")
     if _ops.is_plain(x):
         return _ops.broadcast_impl(x, src, name, algorithm)
     return torch.ops.symmcoll.broadcast(x, src, name, algorithm)
+
+
+class MoEHandle(NamedTuple):
+    """What ``moe_combine`` needs from ``moe_dispatch`` (device tensors; nothing is on the host).
+
+    row_origin[i]: for row i of the dispatch output, (source rank * T + token) * k + slot (-1 past the rows
+    received); self_rows[t, j]: the row of this rank's own token t for its local expert in slot j (-1 for
+    other slots). ``topk_ids`` is the dispatch's own tensor: do not change it before the combine."""
+
+    group_name: str
+    num_experts: int
+    topk_ids: torch.Tensor
+    expert_counts: torch.Tensor
+    row_origin: torch.Tensor
+    self_rows: torch.Tensor
+
+
+def moe_dispatch(tokens: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, group=None, *,
+                 max_recv_rows: int | None = None, algorithm: str = "auto"):
+    """Send every token once to each rank that owns one of its experts (expert e on rank e // (E / W)).
+
+    tokens [T, H] (any dtype), topk_ids [T, k] (int32/int64; ids outside [0, E) are ignored); every rank
+    passes the same T, H, k, num_experts and max_recv_rows. Returns ``(recv, expert_counts, handle)``:
+    recv [max_recv_rows, H] holds the rows received by local expert (expert 0's ``expert_counts[0]`` rows
+    first, then expert 1's, ...; within an expert by source rank, token, slot), expert_counts [E / W]
+    int64. max_recv_rows defaults to the worst case W * T * min(k, E / W); rows past it are counted,
+    not written, and reported (SymmcollArgumentError naming max_rows, at the next check). No host
+    synchronisation: graph-capturable. Not differentiable."""
+    name = _ops.group_name(group)
+    world = _group_size(group)
+    if max_recv_rows is None:
+        local = num_experts // world if isinstance(num_experts, int) and num_experts >= world else 1
+        k = topk_ids.shape[1] if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 else 1
+        max_recv_rows = world * _tensor(tokens).shape[0] * min(k, local)
+    if _ops.is_plain(_tensor(tokens)):
+        recv, counts, origin, self_rows = _ops.moe_dispatch_impl(tokens, topk_ids, num_experts, max_recv_rows, name,
+                                                                 algorithm)
+    else:
+        recv, counts, origin, self_rows = torch.ops.symmcoll.moe_dispatch(tokens, topk_ids, num_experts,
+                                                                          max_recv_rows, name, algorithm)
+    return recv, counts, MoEHandle(name, num_experts, topk_ids, counts, origin, self_rows)
+
+
+def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, handle: MoEHandle, *,
+                algorithm: str = "auto") -> torch.Tensor:
+    """[T, H]: for every token this rank dispatched, sum over its k slots of topk_weights[t, j] * (that
+    expert's row of ``expert_out``), in fp32, rounded once to expert_out's dtype (bf16/fp16/fp32).
+    expert_out is laid out like the dispatch output (max_recv_rows rows by local expert)."""
+    if not isinstance(handle, MoEHandle):
+        raise ValueError(f"handle must be the MoEHandle moe_dispatch returned, got {type(handle).__name__}")
+    args = (expert_out, topk_weights, handle.topk_ids, handle.expert_counts, handle.row_origin, handle.self_rows,
+            handle.num_experts, handle.group_name, algorithm)
+    if _ops.is_plain(_tensor(expert_out)):
+        return _ops.moe_combine_impl(*args)
+    return torch.ops.symmcoll.moe_combine(*args)
+
+
+def _group_size(group) -> int:
+    import torch.distributed as dist
+    return dist.get_world_size(memory.default_group(group))
 
 
 def check(group=None) -> None:

@@ -13,6 +13,10 @@ collectives.
     torch.ops.symmcoll.all_to_all(x, group_name, splits: int[]?, algorithm) -> Tensor
     torch.ops.symmcoll.all_to_all_splits(x, splits: Tensor, max_rows, group_name, algorithm) -> (Tensor, Tensor)
     torch.ops.symmcoll.broadcast(x, src, group_name, algorithm) -> Tensor
+    torch.ops.symmcoll.moe_dispatch(tokens, topk_ids, num_experts, max_recv_rows, group_name, algorithm)
+        -> (recv, expert_counts, row_origin, self_rows)
+    torch.ops.symmcoll.moe_combine(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows,
+        num_experts, group_name, algorithm) -> Tensor
 
 The ops are defined with ``torch.library.Library`` (not ``custom_op``) and without an autograd kernel:
 a ``custom_op`` call costs about 4x more host time, and a registered autograd kernel runs Python on
@@ -95,6 +99,19 @@ def broadcast_impl(x, src: int, group_name: str, algorithm: str):
     return plan.resolve("broadcast", x, resolve_group(group_name), algorithm, src=src).execute(x)
 
 
+def moe_dispatch_impl(tokens, topk_ids, num_experts: int, max_recv_rows: int, group_name: str, algorithm: str):
+    return plan.resolve("moe_dispatch", tokens, resolve_group(group_name), algorithm, others=(topk_ids,),
+                        options=(("num_experts", num_experts), ("max_rows", max_recv_rows))).execute(
+                            tokens, others=(topk_ids,))
+
+
+def moe_combine_impl(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows, num_experts: int,
+                     group_name: str, algorithm: str):
+    others = (topk_weights, topk_ids, expert_counts, row_origin, self_rows)
+    return plan.resolve("moe_combine", expert_out, resolve_group(group_name), algorithm, others=others,
+                        options=(("num_experts", num_experts),)).execute(expert_out, others=others)
+
+
 # ---- fake implementations (shapes only) ---------------------------------------------------------------
 
 def _all_reduce_fake(x, group_name, reduce_op, algorithm):
@@ -130,6 +147,17 @@ def _all_to_all_splits_fake(x, splits, max_rows, group_name, algorithm):
     return x.new_empty((max_rows, *x.shape[1:])), splits.new_empty((_world(group_name),), dtype=torch.int64)
 
 
+def _moe_dispatch_fake(tokens, topk_ids, num_experts, max_recv_rows, group_name, algorithm):
+    local_experts = num_experts // _world(group_name)
+    return (tokens.new_empty((max_recv_rows, tokens.shape[1])), topk_ids.new_empty((local_experts,), dtype=torch.int64),
+            topk_ids.new_empty((max_recv_rows,), dtype=torch.int64), topk_ids.new_empty(topk_ids.shape, dtype=torch.int64))
+
+
+def _moe_combine_fake(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows, num_experts,
+                      group_name, algorithm):
+    return expert_out.new_empty((topk_ids.shape[0], expert_out.shape[1]))
+
+
 def _broadcast_fake(x, src, group_name, algorithm):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -146,6 +174,11 @@ _SCHEMAS = {
                    _all_to_all_fake),
     "all_to_all_splits": ("(Tensor x, Tensor splits, int max_rows, str group_name, str algorithm) -> (Tensor, Tensor)",
                           all_to_all_splits_impl, _all_to_all_splits_fake),
+    "moe_dispatch": ("(Tensor tokens, Tensor topk_ids, int num_experts, int max_recv_rows, str group_name, "
+                     "str algorithm) -> (Tensor, Tensor, Tensor, Tensor)", moe_dispatch_impl, _moe_dispatch_fake),
+    "moe_combine": ("(Tensor expert_out, Tensor topk_weights, Tensor topk_ids, Tensor expert_counts, Tensor row_origin, "
+                    "Tensor self_rows, int num_experts, str group_name, str algorithm) -> Tensor", moe_combine_impl,
+                    _moe_combine_fake),
     "broadcast": ("(Tensor x, int src, str group_name, str algorithm) -> Tensor", broadcast_impl, _broadcast_fake),
 }
 
