@@ -13,7 +13,7 @@ and max_recv_rows (part of the call descriptor: a peer that differs is reported)
 dispatch ("pull"), per round of tokens::
 
     rank s:  moe_route_kernel: tokens_s --copy--> buf_s;  topk_ids_s (sanitised) --> meta_s;
-             per block of TBR tokens, slots per expert --> meta_s; the last program: prefixes over
+             per block of TB tokens, slots per expert --> meta_s; the last program: prefixes over
              blocks and totals per expert --> meta_s                                  (local)
     rank r:  moe_dispatch_kernel: entry barrier;
              offsets of my experts' rows from every source's totals (meta_s, NVLink reads);
@@ -59,7 +59,6 @@ LANDING = declare(RegionSpec(
     "stores come after that exit barrier"))
 COUNTER = declare(RegionSpec("moe.route_counter", "moe", lambda g: 1,
                              "programs of the route kernel that are done (the last one resets it)", symmetric=False))
-TBR = 256  # tokens per routing block (the granularity of the per-expert prefixes)
 GPU_CONFIG = LaunchConfig(block=4096, max_programs=132, num_warps=8)  # untuned: one program per SM
 MOVE_WORDS = {"cuda": 4096, "cpu": 16384}  # words per [tokens, words] tile
 
@@ -156,33 +155,38 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     local_experts, max_rows = experts // world, out.shape[0]
     words, out_words = _words(tokens), _words(out)
     row = tokens.shape[1] * tokens.element_size() // words.element_size()
-    blocks = triton.cdiv(tokens_n, TBR)
+    cfg, tiles = _config(ws.device), _tiles(k, local_experts, row, ws.device.type)
+    tb = tiles["TB"]
+    blocks = triton.cdiv(tokens_n, tb)
     hist_off = -(-tokens_n * k // 16) * 16
     totals_off = hist_off + -(-blocks * experts // 16) * 16
     meta_bytes = (totals_off + -(-experts // 16) * 16) * 4
-    per_round = (ws.buffer_bytes - meta_bytes) // max(1, row * words.element_size()) // TBR * TBR
+    per_round = (ws.buffer_bytes - meta_bytes) // max(1, row * words.element_size()) // tb * tb
     if per_round == 0:
-        raise ValueError(f"tokens: a block of {TBR} rows of {row * words.element_size()} bytes does not fit the "
+        raise ValueError(f"tokens: a block of {tb} rows of {row * words.element_size()} bytes does not fit the "
                          f"{ws.buffer_bytes}-byte workspace beside the routing metadata (SYMMCOLL_WORKSPACE_BYTES)")
     counts = torch.empty(local_experts, dtype=torch.int64, device=tokens.device)
     origin = torch.empty(max_rows, dtype=torch.int64, device=tokens.device)
     self_rows = torch.empty((tokens_n, k), dtype=torch.int64, device=tokens.device)
-    cfg, tiles = _config(ws.device), _tiles(k, local_experts, row, ws.device.type)
     e_p2 = triton.next_power_of_2(experts)
-    grid = cfg.grid(max(blocks, triton.cdiv(min(tokens_n, per_round) * row, cfg.block)))
+    round_blocks = triton.cdiv(min(tokens_n, per_round), tb)
+    grid = cfg.grid(max(world * round_blocks, triton.cdiv(min(tokens_n, per_round) * row, cfg.block)))
+    # Rows cut in parts when there are too few (source, block) items for the programs (small batches).
+    parts = max(1, min(triton.cdiv(2 * grid[0], world * max(round_blocks, 1)), triton.cdiv(row, tiles["HB"])))
+    part_words = triton.cdiv(triton.cdiv(row, parts), tiles["HB"]) * tiles["HB"]
     for t0 in range(0, max(tokens_n, 1), per_round):
         n = min(per_round, tokens_n - t0)
         launch(moe_route_kernel, grid,
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, ws.local_state(COUNTER.name), words[t0 * row:],
                 n * row, topk_ids, tokens_n, experts, hist_off, totals_off, meta_bytes // words.element_size()),
-               dict(WORLD=world, K=k, KP2=tiles["KP2"], TBR=TBR, E_P2=e_p2, SCAN_ROWS=max(1, 8192 // e_p2),
+               dict(WORLD=world, K=k, KP2=tiles["KP2"], TB=tb, E_P2=e_p2, SCAN_ROWS=max(1, 8192 // e_p2),
                     BLOCK=cfg.block, ROUTE=t0 == 0, num_warps=cfg.num_warps))
         launch(moe_dispatch_kernel, grid,
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, out_words, counts, origin, self_rows, tokens_n, row,
-                max_rows, experts, hist_off, totals_off, meta_bytes // words.element_size(), t0 // TBR,
-                triton.cdiv(t0 + n, TBR)),
-               dict(WORLD=world, K=k, EL=local_experts, TBR=TBR, PEERS=triton.next_power_of_2(world),
-                    num_warps=cfg.num_warps, **tiles))
+                max_rows, experts, hist_off, totals_off, meta_bytes // words.element_size(), t0 // tb,
+                triton.cdiv(t0 + n, tb), parts, part_words),
+               dict(WORLD=world, K=k, EL=local_experts, PEERS=triton.next_power_of_2(world), num_warps=cfg.num_warps,
+                    **tiles))
     return out, counts, origin, self_rows
 
 
@@ -207,9 +211,13 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
                 t0, tq),
                dict(WORLD=world, K=k, EL=local_experts, ELP2=tiles["ELP2"], RB=1 << (rows_per_step.bit_length() - 1),
                     HB=tiles["HB"], num_warps=cfg.num_warps))
-        launch(moe_combine_kernel, cfg.grid(triton.cdiv(max(tq, 1), tiles["TB"])),
+        blocks = triton.cdiv(max(tq, 1), tiles["TB"])
+        grid = cfg.grid(blocks * triton.cdiv(hidden, tiles["HB"]))
+        parts = max(1, min(triton.cdiv(2 * grid[0], blocks), triton.cdiv(hidden, tiles["HB"])))
+        part_words = triton.cdiv(triton.cdiv(hidden, parts), tiles["HB"]) * tiles["HB"]
+        launch(moe_combine_kernel, grid,
                (*ws.kernel_args, plan.desc, landing.ptrs_dev, expert_out, topk_weights, topk_ids, self_rows, out,
-                tokens_n, hidden, max_rows, experts, t0, tq),
+                tokens_n, hidden, max_rows, experts, t0, tq, parts, part_words),
                dict(WORLD=world, K=k, KP2=tiles["KP2"], EL=local_experts, TB=tiles["TB"], HB=tiles["HB"],
                     num_warps=cfg.num_warps))
     return out

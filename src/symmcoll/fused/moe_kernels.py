@@ -2,7 +2,7 @@
 
 Dispatch, per round of tokens: ``moe_route_kernel`` (local: stage token rows in my buffer; in the
 first round also sanitise topk_ids into my buffer's metadata and count slots per expert per block of
-TBR tokens, the last program to finish turning the counts into prefixes over blocks and totals), then
+TB tokens, the last program to finish turning the counts into prefixes over blocks and totals), then
 ``moe_dispatch_kernel`` (entry barrier; pull every token row that has a local expert once from its
 source's buffer and store it into each of its local experts' rows; exit barrier).
 
@@ -29,9 +29,9 @@ def moe_route_kernel(
     tokens_ptr, n_words, ids_ptr, tokens_n, num_experts,
     # where in my buffer: block prefixes [NB, E] and totals [E] (int32 words), token rows (token words)
     hist_off, totals_off, tokens_off,
-    # ROUTE: the first round (routes); TBR tokens per routing block; E_P2 >= num_experts; SCAN_ROWS
+    # ROUTE: the first round (routes); TB tokens per routing block; E_P2 >= num_experts; SCAN_ROWS
     # blocks per step of the scan
-    WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, TBR: tl.constexpr, E_P2: tl.constexpr,
+    WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, TB: tl.constexpr, E_P2: tl.constexpr,
     SCAN_ROWS: tl.constexpr, BLOCK: tl.constexpr, ROUTE: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -40,11 +40,11 @@ def moe_route_kernel(
     copy_blocks(tokens_ptr, peer_ptr(buffer_ptrs_dev, rank, tokens_ptr.dtype.element_ty) + tokens_off, n_words, BLOCK)
     if ROUTE:
         meta = peer_ptr(buffer_ptrs_dev, rank, tl.int32)
-        blocks = tl.cdiv(tokens_n, TBR)
-        slot = tl.arange(0, TBR * KP2)
+        blocks = tl.cdiv(tokens_n, TB)
+        slot = tl.arange(0, TB * KP2)
         experts = tl.arange(0, E_P2)
         for b in range(pid, blocks, nprog):
-            token = b * TBR + slot // KP2
+            token = b * TB + slot // KP2
             valid = (token < tokens_n) & (slot % KP2 < K)
             index = token * K + slot % KP2
             raw = tl.load(ids_ptr + index, mask=valid, other=-1)
@@ -82,10 +82,12 @@ def moe_dispatch_kernel(
     # my own tokens' rows [T, K] int64
     out_ptr, counts_ptr, origin_ptr, self_ptr,
     tokens_n, row_words, max_rows, num_experts, hist_off, totals_off, tokens_off,
-    # this round: routing blocks [first_block, end_block), whose first token is staged first
-    first_block, end_block,
+    # this round: routing blocks [first_block, end_block) (the first one staged first in every buffer);
+    # each block's rows are moved in `parts` parts of part_words words (programs take (source, block,
+    # part) items, so that small batches still keep every program busy)
+    first_block, end_block, parts, part_words,
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, EL: tl.constexpr, ELP2: tl.constexpr,
-    TBR: tl.constexpr, TB: tl.constexpr, HB: tl.constexpr, PEERS: tl.constexpr,
+    TB: tl.constexpr, HB: tl.constexpr, PEERS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -110,44 +112,46 @@ def moe_dispatch_kernel(
                 rows = r0 + tl.arange(0, 1024)
                 tl.store(origin_ptr + rows, tl.full([1024], -1, tl.int64), mask=rows < max_rows)
         slot = tl.arange(0, TB * KP2)
+        j = slot % KP2
         column = tl.arange(0, KP2)
         lane = tl.arange(0, HB)
-        for k in tl.static_range(WORLD):
-            src = (rank + k) % WORLD
+        blocks = end_block - first_block
+        for item in range(pid, WORLD * blocks * parts, nprog):
+            # Sources in the order rank+1, rank+2, ...: the ranks do not all read rank 0 first.
+            src = (rank + 1 + item // (blocks * parts)) % WORLD
+            b = first_block + item // parts % blocks
+            part = item % parts
             meta = peer_ptr(buffer_ptrs_dev, src, tl.int32)
-            rows_of_src = peer_ptr(buffer_ptrs_dev, src, out_ptr.dtype.element_ty) + tokens_off
-            src_start = tl.sum(tl.where(ranks[:, None] == src, starts, 0), axis=0)
-            for b in range(first_block + pid, end_block, nprog):
-                # Rows so far of each local expert: earlier experts, earlier sources, earlier blocks.
-                carry = src_start + tl.load(meta + hist_off + b * num_experts + rank * EL + local, mask=local < EL,
-                                            other=0)
-                for c in range(0, TBR, TB):
-                    token = b * TBR + c + slot // KP2
-                    j = slot % KP2
-                    valid = (token < tokens_n) & (j < K)
-                    ids = tl.load(meta + token * K + j, mask=valid, other=-1)
-                    mine = valid & (ids >= rank * EL) & (ids < (rank + 1) * EL)
-                    onehot = (mine[:, None] & ((ids - rank * EL)[:, None] == local[None, :])).to(tl.int32)
-                    dest = tl.sum(onehot * (tl.cumsum(onehot, axis=0) - onehot + carry[None, :]), axis=1)
-                    carry += tl.sum(onehot, axis=0)
-                    kept = mine & (dest < max_rows)
-                    tl.store(origin_ptr + dest, (src * tokens_n + token).to(tl.int64) * K + j, mask=kept)
-                    if src == rank:
-                        tl.store(self_ptr + token * K + j, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
-                    # Each token row with a local expert is read once, and stored for each local expert.
-                    dest2 = tl.reshape(dest, [TB, KP2]).to(tl.int64)
-                    kept2 = tl.reshape(kept, [TB, KP2]).to(tl.int32)
-                    wanted = tl.max(kept2, axis=1) > 0
-                    staged = (b * TBR + c - first_block * TBR + tl.arange(0, TB)).to(tl.int64) * row_words
-                    for h0 in range(0, row_words, HB):
-                        h = h0 + lane
-                        values = tl.load(rows_of_src + staged[:, None] + h[None, :],
-                                         mask=wanted[:, None] & (h[None, :] < row_words))
-                        for slot_j in tl.static_range(K):
-                            to = tl.sum(tl.where(column[None, :] == slot_j, dest2, 0), axis=1)
-                            keep = tl.sum(tl.where(column[None, :] == slot_j, kept2, 0), axis=1) > 0
-                            tl.store(out_ptr + to[:, None] * row_words + h[None, :], values,
-                                     mask=keep[:, None] & (h[None, :] < row_words))
+            # Rows of each local expert before this block: earlier experts, earlier sources, earlier blocks.
+            before = tl.sum(tl.where(ranks[:, None] == src, starts, 0), axis=0) + \
+                tl.load(meta + hist_off + b * num_experts + rank * EL + local, mask=local < EL, other=0)
+            token = b * TB + slot // KP2
+            valid = (token < tokens_n) & (j < K)
+            ids = tl.load(meta + token * K + j, mask=valid, other=-1)
+            mine = valid & (ids >= rank * EL) & (ids < (rank + 1) * EL)
+            onehot = (mine[:, None] & ((ids - rank * EL)[:, None] == local[None, :])).to(tl.int32)
+            dest = tl.sum(onehot * (tl.cumsum(onehot, axis=0) - onehot + before[None, :]), axis=1)
+            kept = mine & (dest < max_rows)
+            if part == 0:
+                tl.store(origin_ptr + dest, (src * tokens_n + token).to(tl.int64) * K + j, mask=kept)
+                if src == rank:
+                    tl.store(self_ptr + token * K + j, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
+            # Each token row with a local expert is read once, and stored for each of its local experts.
+            dest2 = tl.reshape(dest, [TB, KP2]).to(tl.int64)
+            kept2 = tl.reshape(kept, [TB, KP2]).to(tl.int32)
+            wanted = tl.max(kept2, axis=1) > 0
+            staged = peer_ptr(buffer_ptrs_dev, src, out_ptr.dtype.element_ty) + tokens_off + \
+                ((b - first_block) * TB + tl.arange(0, TB)).to(tl.int64)[:, None] * row_words
+            part_end = tl.minimum(part * part_words + part_words, row_words)
+            for h0 in range(part * part_words, part_end, HB):
+                h = h0 + lane
+                in_row = h[None, :] < part_end
+                values = tl.load(staged + h[None, :], mask=wanted[:, None] & in_row)
+                for slot_j in tl.static_range(K):
+                    pick = column[None, :] == slot_j
+                    to = tl.sum(tl.where(pick, dest2, 0), axis=1)
+                    keep = tl.sum(tl.where(pick, kept2, 0), axis=1) > 0
+                    tl.store(out_ptr + to[:, None] * row_words + h[None, :], values, mask=keep[:, None] & in_row)
         # Nobody restages its buffer (next round or call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
 
@@ -197,8 +201,9 @@ def moe_combine_kernel(
     # my expert outputs [max_rows, hidden]; my tokens' weights and ids [T, K]; my own tokens' rows
     # [T, K] (from dispatch); the result [T, hidden]
     expert_ptr, weights_ptr, ids_ptr, self_ptr, out_ptr, tokens_n, hidden, max_rows, num_experts,
-    # this round: my tokens [t0, t0 + tq)
-    t0, tq,
+    # this round: my tokens [t0, t0 + tq); rows in `parts` parts of part_words elements (programs take
+    # (block of tokens, part) items)
+    t0, tq, parts, part_words,
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr,
     HB: tl.constexpr,
 ):
@@ -210,8 +215,10 @@ def moe_combine_kernel(
         column = tl.arange(0, KP2)
         lane = tl.arange(0, HB)
         end = tl.minimum(t0 + tq, tokens_n)
-        for b in range(pid, tl.cdiv(end - t0, TB), nprog):
-            token = t0 + b * TB + tl.arange(0, TB)
+        for item in range(pid, tl.cdiv(end - t0, TB) * parts, nprog):
+            token = t0 + item // parts * TB + tl.arange(0, TB)
+            part = item % parts
+            part_end = tl.minimum(part * part_words + part_words, hidden)
             in_round = token < end
             at = token[:, None] * K + column[None, :]
             slots = in_round[:, None] & (column[None, :] < K)
@@ -222,7 +229,7 @@ def moe_combine_kernel(
             mine = ids // EL == rank
             # A local slot whose row did not fit max_rows (reported by dispatch) contributes nothing.
             use = valid & (~mine | ((own_row >= 0) & (own_row < max_rows)))
-            for h0 in range(0, hidden, HB):
+            for h0 in range(part * part_words, part_end, HB):
                 h = h0 + lane
                 acc = tl.zeros([TB, HB], tl.float32)
                 for j in tl.static_range(K):
@@ -233,9 +240,9 @@ def moe_combine_kernel(
                     landed = ((token - t0) * K + j).to(tl.int64)
                     src = tl.where(from_self[:, None], expert_ptr + own_j[:, None] * hidden,
                                    landing + landed[:, None] * hidden) + h[None, :]
-                    values = tl.load(src, mask=use_j[:, None] & (h[None, :] < hidden), other=0).to(tl.float32)
+                    values = tl.load(src, mask=use_j[:, None] & (h[None, :] < part_end), other=0).to(tl.float32)
                     acc += values * tl.sum(tl.where(pick, weights, 0.0), axis=1)[:, None]
                 tl.store(out_ptr + token.to(tl.int64)[:, None] * hidden + h[None, :],
-                         narrow(acc, out_ptr.dtype.element_ty), mask=in_round[:, None] & (h[None, :] < hidden))
+                         narrow(acc, out_ptr.dtype.element_ty), mask=in_round[:, None] & (h[None, :] < part_end))
         # Nobody pushes into my landing region (next round or call) until I have read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
