@@ -5,8 +5,12 @@ names its source rank, token and expert; the "nccl" baseline; max_recv_rows too 
 reported naming the argument; rounds when the workspace is small; fake shapes. GPU-only: 200 calls of
 random routing, and CUDA-graph replays with new routing."""
 
+import json
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,6 +181,22 @@ def test_rounds_in_a_small_workspace(monkeypatch):
     # workspace size is read when a process creates its first workspace.
     monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "10240")
     assert launch.run(_round_trip, 3, 600, 8, 6, 2, 1, ("pull", "push"), device=DEVICE) == [True] * 3
+
+
+def test_bench_script_on_cpu(tmp_path):
+    """benchmarks/moe_bench.py end to end on CPU ranks (tiny case): every row checked, nothing wrong."""
+    out = tmp_path / "moe.json"
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "moe_bench.py"), "--device", "cpu",
+           "--world-size", "2", "--tokens", "16", "--hidden", "8", "--experts", "4", "--topk", "2",
+           "--implementations", "symmcoll", "nccl", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result, = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [r["implementation"] for r in rows] == ["symmcoll", "nccl"], rows
+    assert all(r["wrong"] == 0 and r["error"] is None and r["dispatch_us"] > 0 and r["combine_us"] > 0 for r in rows)
+    assert rows[0]["dispatch_bytes_per_rank"] > 0 and result["world_size"] == 2 and result["provenance"]["backend"] == "gloo"
 
 
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------
