@@ -259,7 +259,8 @@ def _loop_bodies(lines: list[str]) -> tuple[dict, dict]:
         innermost[label] = loop
         own.setdefault(loop, set()).update(range(start, end))
         if header:
-            children.setdefault(header, set()).update(m.group(1) for l in lines[start:end] if (m := _CHILD_LOOP.search(l)))
+            children.setdefault(header, set()).update(m.group(1) for line in lines[start:end]
+                                                      if (m := _CHILD_LOOP.search(line)))
 
     def body(loop, seen=()):
         lines_of = set(own.get(loop, ()))

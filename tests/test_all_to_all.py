@@ -145,6 +145,7 @@ def _argument_errors():
                                       (good, 2.5, "max_rows must be an int"),
                                       (torch.ones(world + 1, dtype=torch.int64), 4, r"splits must be .* shape"),
                                       (torch.ones(world), 4, "splits must be an int32/int64"),
+                                      (torch.ones(2, world, dtype=torch.int64).t()[0], 4, "splits must be contiguous"),
                                       (None, 4, "max_rows is only for splits given as a device tensor"),
                                       ([1] * world, 4, "max_rows is only for splits given as a device tensor")]:
         with pytest.raises(ValueError, match=pattern):

@@ -92,7 +92,8 @@ def _round_trip(tokens_n, hidden, experts, k, calls, algorithms=("auto", "auto")
         what = f"{algorithms} T={tokens_n} H={hidden} E={experts} top-{k} call {call}"
         recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, experts, algorithm=algorithms[0])
         want = reference.moe_dispatch(tokens, ids, experts, max_rows=recv.shape[0])
-        assert torch.equal(counts, want[1]), f"rank {rank}: {what}: expert counts {counts.tolist()}, want {want[1].tolist()}"
+        assert torch.equal(counts, want[1]), \
+            f"rank {rank}: {what}: expert counts {counts.tolist()}, want {want[1].tolist()}"
         assert_dispatch(recv, want[0], counts, what)
         assert torch.equal(handle.row_origin, want[2]), f"rank {rank}: {what}: row origins differ"
         assert torch.equal(handle.self_rows, want[3]), f"rank {rank}: {what}: own-token rows differ"
@@ -153,7 +154,11 @@ def _reports():
                          (lambda: symmcoll.moe_dispatch(tokens, ids[:5], 2 * world), "topk_ids"),
                          (lambda: symmcoll.moe_dispatch(tokens, ids.float(), 2 * world), "topk_ids"),
                          (lambda: symmcoll.moe_dispatch(tokens[0], ids, 2 * world), "tokens"),
-                         (lambda: symmcoll.moe_combine(recv, torch.ones(16, 3, device=device()), handle), "topk_weights"),
+                         (lambda: symmcoll.moe_dispatch(tokens.t(), ids, 2 * world), "tokens must be contiguous"),
+                         (lambda: symmcoll.moe_combine(recv, torch.ones(16, 3, device=device()), handle),
+                          "topk_weights"),
+                         (lambda: symmcoll.moe_combine(recv, torch.ones(2, 16, device=device()).t(), handle),
+                          "topk_weights must be contiguous"),
                          (lambda: symmcoll.moe_combine(recv[:-1], torch.ones(16, 2, device=device()), handle),
                           "expert_out"),
                          (lambda: symmcoll.moe_combine(recv, torch.ones(16, 2, device=device()), None), "handle")]:
@@ -196,7 +201,8 @@ def test_bench_script_on_cpu(tmp_path):
     rows = result["rows"]
     assert [r["implementation"] for r in rows] == ["symmcoll", "nccl"], rows
     assert all(r["wrong"] == 0 and r["error"] is None and r["dispatch_us"] > 0 and r["combine_us"] > 0 for r in rows)
-    assert rows[0]["dispatch_bytes_per_rank"] > 0 and result["world_size"] == 2 and result["provenance"]["backend"] == "gloo"
+    assert rows[0]["dispatch_bytes_per_rank"] > 0 and result["world_size"] == 2
+    assert result["provenance"]["backend"] == "gloo"
 
 
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------

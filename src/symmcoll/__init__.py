@@ -25,9 +25,9 @@ from .memory import get_workspace
 
 __version__ = "0.2.0"
 
-__all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
-           "reset", "get_workspace", "moe_dispatch", "moe_combine", "MoEHandle", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError", "SymmcollArgumentError",
-           "__version__"]
+__all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
+           "check", "reset", "get_workspace", "moe_dispatch", "moe_combine", "MoEHandle", "SymmcollError",
+           "SymmcollTimeoutError", "SymmcollMismatchError", "SymmcollArgumentError", "__version__"]
 
 
 class _Algorithms(dict):
@@ -196,8 +196,9 @@ def moe_dispatch(tokens: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
     recv [max_recv_rows, H] holds the rows received by local expert (expert 0's ``expert_counts[0]`` rows
     first, then expert 1's, ...; within an expert by source rank, token, slot), expert_counts [E / W]
     int64. max_recv_rows defaults to the worst case W * T * min(k, E / W); rows past it are counted,
-    not written, and reported (SymmcollArgumentError naming max_rows, at the next check). No host
-    synchronisation: graph-capturable. Not differentiable."""
+    not written, and reported by the rank that received them (SymmcollArgumentError naming max_rows, at
+    its next check): the combine of such a call is undefined for the tokens whose rows were dropped.
+    No host synchronisation: graph-capturable. Not differentiable."""
     name = _ops.group_name(group)
     world = _group_size(group)
     if max_recv_rows is None:

@@ -92,7 +92,8 @@ def all_to_all_impl(x, group_name: str, splits, algorithm: str):
 def all_to_all_splits_impl(x, splits, max_rows: int, group_name: str, algorithm: str):
     """Device-side splits: (out [max_rows, ...], rows received from each rank [W] int64)."""
     return plan.resolve("all_to_all", x, resolve_group(group_name), algorithm, splits=plan.DEVICE_SPLITS,
-                        others=(splits,), options=(("max_rows", max_rows),)).execute(x, others=(splits,))
+                        others=(splits,), options=(("max_rows", max_rows),), other_names=("splits",)).execute(
+                            x, others=(splits,))
 
 
 def broadcast_impl(x, src: int, group_name: str, algorithm: str):
@@ -101,15 +102,17 @@ def broadcast_impl(x, src: int, group_name: str, algorithm: str):
 
 def moe_dispatch_impl(tokens, topk_ids, num_experts: int, max_recv_rows: int, group_name: str, algorithm: str):
     return plan.resolve("moe_dispatch", tokens, resolve_group(group_name), algorithm, others=(topk_ids,),
-                        options=(("num_experts", num_experts), ("max_rows", max_recv_rows))).execute(
-                            tokens, others=(topk_ids,))
+                        options=(("num_experts", num_experts), ("max_rows", max_recv_rows)),
+                        other_names=("topk_ids",), x_name="tokens").execute(tokens, others=(topk_ids,))
 
 
 def moe_combine_impl(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows, num_experts: int,
                      group_name: str, algorithm: str):
     others = (topk_weights, topk_ids, expert_counts, row_origin, self_rows)
     return plan.resolve("moe_combine", expert_out, resolve_group(group_name), algorithm, others=others,
-                        options=(("num_experts", num_experts),)).execute(expert_out, others=others)
+                        options=(("num_experts", num_experts),),
+                        other_names=("topk_weights", "topk_ids", "handle.expert_counts", "handle.row_origin",
+                                     "handle.self_rows"), x_name="expert_out").execute(expert_out, others=others)
 
 
 # ---- fake implementations (shapes only) ---------------------------------------------------------------
@@ -150,7 +153,8 @@ def _all_to_all_splits_fake(x, splits, max_rows, group_name, algorithm):
 def _moe_dispatch_fake(tokens, topk_ids, num_experts, max_recv_rows, group_name, algorithm):
     local_experts = num_experts // _world(group_name)
     return (tokens.new_empty((max_recv_rows, tokens.shape[1])), topk_ids.new_empty((local_experts,), dtype=torch.int64),
-            topk_ids.new_empty((max_recv_rows,), dtype=torch.int64), topk_ids.new_empty(topk_ids.shape, dtype=torch.int64))
+            topk_ids.new_empty((max_recv_rows,), dtype=torch.int64),
+            topk_ids.new_empty(topk_ids.shape, dtype=torch.int64))
 
 
 def _moe_combine_fake(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows, num_experts,
@@ -176,8 +180,9 @@ _SCHEMAS = {
                           all_to_all_splits_impl, _all_to_all_splits_fake),
     "moe_dispatch": ("(Tensor tokens, Tensor topk_ids, int num_experts, int max_recv_rows, str group_name, "
                      "str algorithm) -> (Tensor, Tensor, Tensor, Tensor)", moe_dispatch_impl, _moe_dispatch_fake),
-    "moe_combine": ("(Tensor expert_out, Tensor topk_weights, Tensor topk_ids, Tensor expert_counts, Tensor row_origin, "
-                    "Tensor self_rows, int num_experts, str group_name, str algorithm) -> Tensor", moe_combine_impl,
+    "moe_combine": ("(Tensor expert_out, Tensor topk_weights, Tensor topk_ids, Tensor expert_counts, "
+                    "Tensor row_origin, Tensor self_rows, int num_experts, str group_name, str algorithm) -> Tensor",
+                    moe_combine_impl,
                     _moe_combine_fake),
     "broadcast": ("(Tensor x, int src, str group_name, str algorithm) -> Tensor", broadcast_impl, _broadcast_fake),
 }

@@ -247,10 +247,11 @@ def check_tensor(x, name: str = "x") -> None:
 
 def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, reduce_op: str | None = None,
             src: int | None = None, splits=None, config: LaunchConfig | None = None, others: tuple = (),
-            options: tuple = ()) -> Plan:
+            options: tuple = (), other_names: tuple = (), x_name: str = "x") -> Plan:
     """The plan for this call (cached). Raises ValueError naming the argument for bad input.
-    ``others``: the other input tensors of a fused op; ``options``: its hashable options."""
-    check_tensor(x)
+    ``others``: the other input tensors of a fused op (``x_name``, ``other_names``: argument names for errors);
+    ``options``: its hashable options."""
+    check_tensor(x, x_name)
     if isinstance(splits, list):
         splits = tuple(splits)
     other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others)
@@ -262,7 +263,7 @@ def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, re
     if plan is not None:
         return plan
     for i, t in enumerate(others):
-        check_tensor(t, f"input {i + 1}")
+        check_tensor(t, other_names[i] if i < len(other_names) else f"input {i + 1}")
     plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:

@@ -16,5 +16,5 @@ Importing this package registers every algorithm (symmcoll.plan) and declares ev
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 
-from . import (all_to_all, all_to_all_copy_engine, all_to_all_sentinel, backend, gather, low_latency, pull, push, sentinel,  # noqa: F401
-               splits, tree)
+from . import (all_to_all, all_to_all_copy_engine, all_to_all_sentinel, backend, gather, low_latency,  # noqa: F401
+               pull, push, sentinel, splits, tree)

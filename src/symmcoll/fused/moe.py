@@ -70,7 +70,8 @@ def _option(request: Request, name: str):
 def _routing_checks(tokens_n: int, topk, num_experts, world: int) -> int:
     shape, dtype, device = topk
     if len(shape) != 2 or shape[0] != tokens_n or dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"topk_ids must be an int32/int64 tensor of shape ({tokens_n}, k), got {dtype} of shape {shape}")
+        raise ValueError(f"topk_ids must be an int32/int64 tensor of shape ({tokens_n}, k), got {dtype} of shape "
+                         f"{shape}")
     if not 1 <= shape[1] <= 64:
         raise ValueError(f"topk_ids must have 1 to 64 slots per token, got {shape[1]}")
     try:
