@@ -326,13 +326,15 @@ def _stress(calls, seed):
         all_splits = [[rows if op == "all_to_all" else rng.randrange(2 * rows) for _ in range(world)]
                       for _ in range(world)]
         shape = (sum(all_splits[rank]) if op.startswith("all_to_all") else rows, row)
+        algorithm = rng.choice(["auto", "pull", "sentinel", "copy_engine"])  # all_to_all only
         x = coded(shape, dtype, rank, call)
         if op == "all_gather":
             got = symmcoll.all_gather(x)
         elif op == "broadcast":
             got = symmcoll.broadcast(x, src)
         else:
-            got = symmcoll.all_to_all(x, splits=all_splits[rank] if op == "all_to_all_splits" else None)
+            got = symmcoll.all_to_all(x, splits=all_splits[rank] if op == "all_to_all_splits" else None,
+                                      algorithm=algorithm)
         want = _expected(op.replace("_splits", ""), shape, dtype, world, rank, call, src, all_splits)
         wrong += int((got.reshape(-1).view(torch.uint8) != want.reshape(-1).view(torch.uint8)).sum())
     assert_clean_finish("after stress")
@@ -351,8 +353,11 @@ def test_data_movement_gpu_stress(pools, ws):
 def _graph_replay(numel, replays):
     rank, world = dist.get_rank(), dist.get_world_size()
     x = coded((world * numel,), torch.bfloat16, rank, 0)
+    y = coded((2 * world, 2 * numel), torch.bfloat16, rank, 0)  # rows of whole words: the sentinel's own path
     calls = [lambda: symmcoll.all_gather(x), lambda: symmcoll.broadcast(x, world - 1),
-             lambda: symmcoll.all_to_all(x), lambda: symmcoll.all_gather(x, algorithm="copy_engine")]
+             lambda: symmcoll.all_to_all(x), lambda: symmcoll.all_gather(x, algorithm="copy_engine"),
+             lambda: symmcoll.all_to_all(y, algorithm="sentinel"),
+             lambda: symmcoll.all_to_all(y, algorithm="copy_engine")]
     for fn in calls:  # workspace + compilation before capture
         fn()
     torch.cuda.synchronize()
@@ -361,10 +366,13 @@ def _graph_replay(numel, replays):
         outs = [fn() for fn in calls]
     for replay in range(1, replays + 1):
         x.copy_(coded((world * numel,), torch.bfloat16, rank, replay))
+        y.copy_(coded((2 * world, 2 * numel), torch.bfloat16, rank, replay))
         graph.replay()
-        for name, out, want in zip(("all_gather", "broadcast", "all_to_all", "all_gather copy_engine"),
+        words = reference.all_to_all(y)
+        for name, out, want in zip(("all_gather", "broadcast", "all_to_all", "all_gather copy_engine",
+                                    "all_to_all sentinel", "all_to_all copy_engine"),
                                    outs, (reference.all_gather(x), reference.broadcast(x, world - 1),
-                                          reference.all_to_all(x), reference.all_gather(x))):
+                                          reference.all_to_all(x), reference.all_gather(x), words, words)):
             assert_same(out, want, f"{name} graph replay {replay}")
     assert_pads_zero("after graph replays")
     return replays
