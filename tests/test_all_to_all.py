@@ -184,8 +184,11 @@ def test_auto_without_a_table_rule(monkeypatch):
     assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "auto") == "sentinel"
     assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "nccl") == "nccl"  # asked for: it syncs
     assert plan._choose(request(8), 4, "auto") == "nccl"
-    # an explicit algorithm that cannot take device splits runs its substitute
+    # an explicit algorithm that cannot take device splits runs its substitute; so does the sentinel
+    # when max_rows would make it launch more than 16 pieces
     assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "copy_engine") == "pull"
+    assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "sentinel") == "sentinel"
+    assert plan._choose(request(8, plan.DEVICE_SPLITS, 65536), 4, "sentinel") == "pull"
 
 
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------

@@ -41,8 +41,8 @@ from ..language import (EMPTY, EPOCH_SLOTS, ESCAPE_GROUP, MAX_WORLD, announce, c
 from ..language.signals import ARG_MAX_ROWS
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
-from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, register, word_dtype_reason
-from .splits import row_bytes, scratch_counts, split_matrix, splits_tensor
+from ..plan import CPU_CONFIG, DEVICE_SPLITS, Algorithm, LaunchConfig, Plan, register, word_dtype_reason
+from .splits import option, row_bytes, scratch_counts, split_matrix, splits_tensor
 
 PHASES: tl.constexpr = tl.constexpr(3)
 # int64 call headers [PHASES][MAX_WORLD], then int64 counts [PHASES][MAX_WORLD], then the slots
@@ -50,6 +50,8 @@ COUNT_BASE: tl.constexpr = tl.constexpr(PHASES.value * MAX_WORLD.value)  # in in
 DATA_BASE: tl.constexpr = tl.constexpr(4 * PHASES.value * MAX_WORLD.value)  # in int32 words
 # Data words per source row of a slot set (CPU: small, so that the tests run the multi-launch path).
 ROW_WORDS = {"cuda": 64 << 10, "cpu": 1 << 10}
+# Device-side splits launch as many pieces as max_rows could need: beyond this many, pull runs instead.
+MAX_DEVICE_SPLIT_LAUNCHES = 16
 
 
 def _region_bytes(g) -> int:
@@ -211,13 +213,17 @@ def _sentinel(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_dev:
     return (out, recv) if matrix is None else out
 
 
-def _whole_words(request, world: int) -> str | None:
+def _accepts(request, world: int) -> str | None:
     reason = word_dtype_reason(request, world)
     if reason is None and row_bytes(request) % 4:
         reason = f"rows of {row_bytes(request)} bytes are not whole 4-byte words"
+    if reason is None and request.splits == DEVICE_SPLITS:
+        bound = option(request, "max_rows") * row_bytes(request)
+        if bound > MAX_DEVICE_SPLIT_LAUNCHES * ROW_WORDS[request.device.type] * 4:
+            reason = f"max_rows bounds {bound} bytes per source, more than {MAX_DEVICE_SPLIT_LAUNCHES} launches' worth"
     return reason
 
 
 register(Algorithm("all_to_all", "sentinel", 42, "all_to_all_sentinel", _sentinel,
                    "barrier-free: counts then chunks pushed into peers' slots, polled for a sentinel", None,
-                   accepts=_whole_words, instead="pull"))
+                   accepts=_accepts, instead="pull"))
