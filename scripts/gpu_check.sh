@@ -2,7 +2,7 @@
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared] [gemm]
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
-#                                                            [quantized-accuracy]
+#                                                            [quantized-accuracy] [moe]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -82,6 +82,14 @@ for stage in $stages; do
       ;;
     gemm)
       timeout ${GEMM_TIMEOUT:-300} python3 benchmarks/gemm_probe.py --out "$OUT/gemm_probe.json" 2>&1 | tee "$OUT/gemm_probe.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    moe)
+      # MoE dispatch/combine against NCCL all_to_all_single (+ .tolist()) and torch's all_to_all_vdev_2d.
+      # One world size per call fits 10 minutes: MOE_WORLD_SIZES="4" in one call, "2" in the next.
+      sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
+      timeout ${MOE_TIMEOUT:-560} python3 benchmarks/moe_bench.py --world-size ${MOE_WORLD_SIZES:-$sizes} \
+        ${MOE_ARGS:-} --out "$OUT/moe.json" 2>&1 | tee "$OUT/moe.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     shared)

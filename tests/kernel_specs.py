@@ -121,10 +121,13 @@ NUMELS = [7, 4 << 20]
 
 def _request(op, dtype, numel, world, splits=None):
     shape = (world * numel,) if op in ("reduce_scatter", "all_to_all") else (numel,)
-    if splits is not None:
+    others, options = (), ()
+    if splits == plan.DEVICE_SPLITS:  # device-side splits: rows of 4 elements, a bound of 37 rows
+        shape, others, options = (5, 4), (((world,), torch.int32, torch.device("cuda")),), (("max_rows", 37),)
+    elif splits is not None:
         shape = (sum(splits), 3)
     return plan.Request(op, shape, dtype, torch.device("cuda"), "sum" if op in plan.REDUCTIONS else None,
-                        0 if op == "broadcast" else None, splits)
+                        0 if op == "broadcast" else None, splits, others, options)
 
 
 def recorded_launches() -> list[tuple[str, launcher.Recorded]]:
@@ -134,8 +137,9 @@ def recorded_launches() -> list[tuple[str, launcher.Recorded]]:
         for name, algorithm in plan.algorithms(op).items():
             cases = REDUCTION_CASES if op in plan.REDUCTIONS else MOVE_CASES
             for world, rank, dtype in cases:
-                for numel in NUMELS + ([None] if op == "all_to_all" else []):
-                    splits = tuple(range(1, world + 1)) if numel is None else None
+                for numel in NUMELS + (["list", "device"] if op == "all_to_all" else []):
+                    splits = {"list": tuple(range(1, world + 1)), "device": plan.DEVICE_SPLITS}.get(numel)
+                    numel = numel if splits is None else None
                     request = _request(op, dtype, numel or 1, world, splits)
                     if algorithm.accepts and algorithm.accepts(request, world):
                         continue
@@ -146,8 +150,9 @@ def recorded_launches() -> list[tuple[str, launcher.Recorded]]:
                     p = plan.Plan(request, "kernel", algorithm, None, world, rank, ws, cfg, 3, out_shape)
                     x = torch.empty(request.shape, dtype=dtype, device="meta")
                     out = None if out_shape is None else torch.empty(out_shape, dtype=dtype, device="meta")
+                    others = [torch.empty(shape, dtype=t, device="meta") for shape, t, _ in request.others]
                     with launcher.recording() as launches:
-                        algorithm.run(p, x, out)
+                        algorithm.run(p, x, out, *others)
                     found += [(f"{op}.{name},", rec) for rec in launches]
     return found
 
@@ -243,11 +248,48 @@ _GLOBAL_LOAD = re.compile(r"\bld\.global\.(\S+)")
 _ORDERED = ("volatile", "acquire", "relaxed")
 
 
+_BLOCK = re.compile(r"^(?:(\$L__BB\w+):|// (%bb\.\d+):)")  # labelled and fall-through blocks (not $L__tmp)
+_LOOP_HEADER = re.compile(r"Loop Header: Depth=")
+_IN_LOOP = re.compile(r"in Loop: Header=(BB\w+) Depth=")
+_CHILD_LOOP = re.compile(r"Child Loop (BB\w+) Depth")
+
+
+def _loop_bodies(lines: list[str]) -> tuple[dict, dict]:
+    """From LLVM's loop comments in the PTX: (the innermost loop of each block label, the line numbers
+    of every loop's blocks, its inner loops' included). The compiler may lay an inner loop out after
+    its outer loop's backward branch; the outer loop still contains it."""
+    starts = [(i, m.group(1) or m.group(2)) for i, l in enumerate(lines) if (m := _BLOCK.match(l.strip()))]
+    innermost, own, children = {}, {}, {}
+    for n, (start, label) in enumerate(starts):
+        end = starts[n + 1][0] if n + 1 < len(starts) else len(lines)
+        notes = [lines[start]] + [l for l in lines[start + 1:end] if l.strip().startswith("//")][:4]
+        name = label.removeprefix("$L__")
+        header = name if any(_LOOP_HEADER.search(l) for l in notes) else None
+        parent = next((m.group(1) for l in notes if (m := _IN_LOOP.search(l))), None)
+        loop = header or parent
+        if loop is None:
+            continue
+        innermost[label] = loop
+        own.setdefault(loop, set()).update(range(start, end))
+        if header:
+            children.setdefault(header, set()).update(m.group(1) for line in lines[start:end]
+                                                      if (m := _CHILD_LOOP.search(line)))
+
+    def body(loop, seen=()):
+        lines_of = set(own.get(loop, ()))
+        for child in children.get(loop, ()):
+            if child not in seen:
+                lines_of |= body(child, (*seen, loop))
+        return lines_of
+    return innermost, {loop: body(loop) for loop in own}
+
+
 def spin_loop_problems(ptx: str) -> list[str]:
-    """Wait loops in ``ptx`` (loops storing nothing to global memory and doing no tensor-core work)
-    with no atomic and no volatile/acquire load: they spin on plain loads, which may never see a peer's
-    write."""
+    """Wait loops in ``ptx`` (loops storing nothing to global memory, inner loops included, and doing no
+    tensor-core work) with no atomic and no volatile/acquire load: they spin on plain loads, which may
+    never see a peer's write."""
     lines = ptx.splitlines()
+    innermost, bodies = _loop_bodies(lines)
     labels = {}
     problems = []
     for i, line in enumerate(lines):
@@ -256,7 +298,8 @@ def spin_loop_problems(ptx: str) -> list[str]:
             labels[m.group(1)] = i
         b = _BRANCH.search(line)
         if b and b.group(1) in labels and labels[b.group(1)] < i:
-            body = lines[labels[b.group(1)]:i + 1]
+            span = set(range(labels[b.group(1)], i + 1)) | bodies.get(innermost.get(b.group(1)), set())
+            body = [lines[n] for n in sorted(span)]
             if any("st.global" in l for l in body):
                 continue  # a loop that writes data, not a wait
             if any("mma" in l or "cp.async" in l for l in body):

@@ -247,13 +247,29 @@ def _larger_than_workspace():
             splits = [16 * n for n in splits]
         x = coded((sum(splits), 16) if call == 0 else (sum(splits),), torch.int64, rank, call)
         snapshot = x.clone()
+        want = reference.all_to_all(x, splits=splits)
         _check(f"chunked all_to_all splits {splits} call {call}",
-               symmcoll.all_to_all(x, splits=splits, algorithm="pull"),
-               reference.all_to_all(x, splits=splits), x, snapshot)
+               symmcoll.all_to_all(x, splits=splits, algorithm="pull"), want, x, snapshot)
+        if call == 0:
+            # 40 rows of 16 words to the next rank (5120 bytes): copy_engine in two rounds, each a barrier
+            # per stage (W-1 steps, cut in 2 on 2 ranks) and an exit barrier; device-side splits in
+            # rounds sized by the bound max_rows
+            splits = [40 if j == (rank + 1) % world else 0 for j in range(world)]
+            x = coded((40, 16), torch.int64, rank, 5)
+            snapshot, want = x.clone(), reference.all_to_all(x, splits=splits)
+            barriers = LAUNCH_COUNTS["barrier_kernel"]
+            _check("chunked all_to_all copy_engine", symmcoll.all_to_all(x, splits=splits, algorithm="copy_engine"),
+                   want, x, snapshot)
+            assert LAUNCH_COUNTS["barrier_kernel"] - barriers == 2 * ((world - 1) * (2 if world == 2 else 1) + 1)
+            rounds_before = LAUNCH_COUNTS["all_to_all_kernel"]
+            got, received = symmcoll.all_to_all(x, splits=torch.tensor(splits, device=device()), max_rows=40,
+                                                algorithm="pull")
+            _check("chunked all_to_all device splits", got, want, x, snapshot)
+            assert LAUNCH_COUNTS["all_to_all_kernel"] - rounds_before >= 2
     launched = {k: LAUNCH_COUNTS[k] - before.get(k, 0) for k in LAUNCH_COUNTS}
     # per call: all_gather 5600 bytes in pieces of 4096, broadcast 12293 bytes, all_to_all several rounds
     assert launched["all_gather_kernel"] >= 2 * 2 and launched["broadcast_kernel"] >= 2 * 4, launched
-    assert launched["all_to_all_kernel"] >= 2 * 2 * 2 and launched["barrier_kernel"] >= 2 * 2 * 2, launched
+    assert launched["all_to_all_kernel"] >= 2 * 2 * 2 + 2 and launched["barrier_kernel"] >= 2 * 2 * 2, launched
 
 
 def test_larger_than_workspace(world_size, monkeypatch):
@@ -263,7 +279,7 @@ def test_larger_than_workspace(world_size, monkeypatch):
 
 
 def test_plan_rounds():
-    from symmcoll.comm.all_to_all import plan_rounds
+    from symmcoll.comm.splits import plan_rounds
 
     def staged(words, piece):
         return max(sum(min(n, piece) for j, n in enumerate(row) if j != s) for s, row in enumerate(words))
@@ -310,13 +326,15 @@ def _stress(calls, seed):
         all_splits = [[rows if op == "all_to_all" else rng.randrange(2 * rows) for _ in range(world)]
                       for _ in range(world)]
         shape = (sum(all_splits[rank]) if op.startswith("all_to_all") else rows, row)
+        algorithm = rng.choice(["auto", "pull", "sentinel", "copy_engine"])  # all_to_all only
         x = coded(shape, dtype, rank, call)
         if op == "all_gather":
             got = symmcoll.all_gather(x)
         elif op == "broadcast":
             got = symmcoll.broadcast(x, src)
         else:
-            got = symmcoll.all_to_all(x, splits=all_splits[rank] if op == "all_to_all_splits" else None)
+            got = symmcoll.all_to_all(x, splits=all_splits[rank] if op == "all_to_all_splits" else None,
+                                      algorithm=algorithm)
         want = _expected(op.replace("_splits", ""), shape, dtype, world, rank, call, src, all_splits)
         wrong += int((got.reshape(-1).view(torch.uint8) != want.reshape(-1).view(torch.uint8)).sum())
     assert_clean_finish("after stress")
@@ -335,8 +353,11 @@ def test_data_movement_gpu_stress(pools, ws):
 def _graph_replay(numel, replays):
     rank, world = dist.get_rank(), dist.get_world_size()
     x = coded((world * numel,), torch.bfloat16, rank, 0)
+    y = coded((2 * world, 2 * numel), torch.bfloat16, rank, 0)  # rows of whole words: the sentinel's own path
     calls = [lambda: symmcoll.all_gather(x), lambda: symmcoll.broadcast(x, world - 1),
-             lambda: symmcoll.all_to_all(x), lambda: symmcoll.all_gather(x, algorithm="copy_engine")]
+             lambda: symmcoll.all_to_all(x), lambda: symmcoll.all_gather(x, algorithm="copy_engine"),
+             lambda: symmcoll.all_to_all(y, algorithm="sentinel"),
+             lambda: symmcoll.all_to_all(y, algorithm="copy_engine")]
     for fn in calls:  # workspace + compilation before capture
         fn()
     torch.cuda.synchronize()
@@ -345,10 +366,13 @@ def _graph_replay(numel, replays):
         outs = [fn() for fn in calls]
     for replay in range(1, replays + 1):
         x.copy_(coded((world * numel,), torch.bfloat16, rank, replay))
+        y.copy_(coded((2 * world, 2 * numel), torch.bfloat16, rank, replay))
         graph.replay()
-        for name, out, want in zip(("all_gather", "broadcast", "all_to_all", "all_gather copy_engine"),
+        words = reference.all_to_all(y)
+        for name, out, want in zip(("all_gather", "broadcast", "all_to_all", "all_gather copy_engine",
+                                    "all_to_all sentinel", "all_to_all copy_engine"),
                                    outs, (reference.all_gather(x), reference.broadcast(x, world - 1),
-                                          reference.all_to_all(x), reference.all_gather(x))):
+                                          reference.all_to_all(x), reference.all_gather(x), words, words)):
             assert_same(out, want, f"{name} graph replay {replay}")
     assert_pads_zero("after graph replays")
     return replays

@@ -11,6 +11,7 @@ besides "auto" and "nccl", and what ``symmcoll bench`` compares).
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import torch
 
@@ -19,17 +20,19 @@ from .fused import all_gather_matmul as _all_gather_matmul  # noqa: F401  (regis
 from .fused import matmul_reduce_scatter as _matmul_reduce_scatter  # (registers the fused op)
 from .fused import matmul_all_reduce as _matmul_all_reduce  # (registers the fused op)
 from .fused import all_reduce_rms_norm as _all_reduce_rms_norm  # (registers the fused op)
+from .fused import moe as _moe  # noqa: F401  (registers moe_dispatch / moe_combine)
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd
-from .errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError
+from .errors import SymmcollArgumentError, SymmcollError, SymmcollMismatchError, SymmcollTimeoutError
 from .memory import get_workspace
 
 __version__ = "0.2.0"
 
-__all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "all_gather_matmul", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "check",
-           "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError", "SymmcollMismatchError",
-           "__version__", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm"]
+__all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
+           "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm", "moe_dispatch",
+           "moe_combine", "MoEHandle", "check", "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError",
+           "SymmcollMismatchError", "SymmcollArgumentError", "__version__"]
 
 
 class _Algorithms(dict):
@@ -150,16 +153,39 @@ def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch
     return torch.ops.symmcoll.all_gather(x, name, algorithm)
 
 
-def all_to_all(x: torch.Tensor, group=None, *, splits=None, algorithm: str = "auto") -> torch.Tensor:
+def all_to_all(x: torch.Tensor, group=None, *, splits=None, max_rows: int | None = None, algorithm: str = "auto"):
     """Send rows of ``x`` to every rank and return the rows received, in source-rank order.
 
-    splits: None (x.shape[0] divisible by W, chunk j to rank j, like ``all_to_all_single``) or W ints,
-    the rows this rank sends to each rank (summing to x.shape[0]); the output's row count is the sum of
-    what the peers send here (one device-to-host synchronisation). Any dtype."""
+    splits:
+      * None: x.shape[0] divisible by W, chunk j to rank j (like ``all_to_all_single``); returns a tensor
+        shaped like x.
+      * W ints (a list): the rows this rank sends to each rank, summing to x.shape[0]; returns exactly
+        the rows received (their count is read back to the host: one synchronisation).
+      * an int32/int64 tensor of W counts on x's device, with ``max_rows`` (the same on every rank: the
+        most rows this rank can receive): nothing is read back to the host, so the call can be captured
+        in a CUDA graph (like torch's ``all_to_all_vdev``). Returns ``(out, received)``: ``out`` has
+        max_rows rows, of which the first ``received.sum()`` hold the rows from rank 0, then rank 1, ...;
+        ``received`` is an int64 tensor [W], rows received from each rank. The counts may sum to less
+        than x.shape[0] (the rest is not sent). Errors only the device can see are raised by the next
+        symmcoll call on this rank, or by ``symmcoll.check()`` after a synchronisation, as
+        ``SymmcollArgumentError`` naming the argument: more rows arriving than max_rows (the first
+        max_rows are written, ``received`` stays exact), counts asking for more rows than x has.
+    Any dtype."""
     name = _ops.group_name(group)
+    _tensor(x)
+    if isinstance(splits, torch.Tensor):
+        if max_rows is None:
+            raise ValueError("max_rows is required when splits is a tensor: the output is allocated with max_rows "
+                             "rows (the most this rank can receive), since the host does not read the counts")
+        if _ops.is_plain(x):
+            return _ops.all_to_all_splits_impl(x, splits, max_rows, name, algorithm)
+        return torch.ops.symmcoll.all_to_all_splits(x, splits, max_rows, name, algorithm)
+    if max_rows is not None:
+        raise ValueError("max_rows is only for splits given as a device tensor (with equal or listed splits the "
+                         "output is sized exactly)")
     if splits is not None and not isinstance(splits, (list, tuple)):
-        raise ValueError(f"splits must be a list of ints (rows sent to each rank), got {splits!r}")
-    if _ops.is_plain(_tensor(x)):
+        raise ValueError(f"splits must be a list of ints or an int tensor (rows sent to each rank), got {splits!r}")
+    if _ops.is_plain(x):
         return _ops.all_to_all_impl(x, name, splits, algorithm)
     return torch.ops.symmcoll.all_to_all(x, name, None if splits is None else list(splits), algorithm)
 
@@ -245,6 +271,67 @@ def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
         normed, new_residual, scales = torch.ops.symmcoll.all_reduce_rms_norm(x, residual, weight, float(eps), name,
                                                                              algorithm, quant or "", scale)
     return (normed, new_residual, scales) if quant == "fp8_per_token" else (normed, new_residual)
+
+
+class MoEHandle(NamedTuple):
+    """What ``moe_combine`` needs from ``moe_dispatch`` (device tensors; nothing is on the host).
+
+    row_origin[i]: for row i of the dispatch output, (source rank * T + token) * k + slot (-1 past the rows
+    received); self_rows[t, j]: the row of this rank's own token t for its local expert in slot j (-1 for
+    other slots). ``topk_ids`` is the dispatch's own tensor: do not change it before the combine."""
+
+    group_name: str
+    num_experts: int
+    topk_ids: torch.Tensor
+    expert_counts: torch.Tensor
+    row_origin: torch.Tensor
+    self_rows: torch.Tensor
+
+
+def moe_dispatch(tokens: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, group=None, *,
+                 max_recv_rows: int | None = None, algorithm: str = "auto"):
+    """Send every token once to each rank that owns one of its experts (expert e on rank e // (E / W)).
+
+    tokens [T, H] (any dtype), topk_ids [T, k] (int32/int64; ids outside [0, E) are ignored); every rank
+    passes the same T, H, k, num_experts and max_recv_rows. Returns ``(recv, expert_counts, handle)``:
+    recv [max_recv_rows, H] holds the rows received by local expert (expert 0's ``expert_counts[0]`` rows
+    first, then expert 1's, ...; within an expert by source rank, token, slot), expert_counts [E / W]
+    int64. max_recv_rows defaults to the worst case W * T * min(k, E / W); rows past it are counted,
+    not written, and reported by the rank that received them (SymmcollArgumentError naming max_rows, at
+    its next check): the combine of such a call is undefined for the tokens whose rows were dropped.
+    No host synchronisation: graph-capturable. Not differentiable."""
+    name = _ops.group_name(group)
+    world = _group_size(group)
+    if max_recv_rows is None:
+        local = num_experts // world if isinstance(num_experts, int) and num_experts >= world else 1
+        k = topk_ids.shape[1] if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 else 1
+        max_recv_rows = world * _tensor(tokens).shape[0] * min(k, local)
+    if _ops.is_plain(_tensor(tokens)):
+        recv, counts, origin, self_rows = _ops.moe_dispatch_impl(tokens, topk_ids, num_experts, max_recv_rows, name,
+                                                                 algorithm)
+    else:
+        recv, counts, origin, self_rows = torch.ops.symmcoll.moe_dispatch(tokens, topk_ids, num_experts,
+                                                                          max_recv_rows, name, algorithm)
+    return recv, counts, MoEHandle(name, num_experts, topk_ids, counts, origin, self_rows)
+
+
+def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, handle: MoEHandle, *,
+                algorithm: str = "auto") -> torch.Tensor:
+    """[T, H]: for every token this rank dispatched, sum over its k slots of topk_weights[t, j] * (that
+    expert's row of ``expert_out``), in fp32, rounded once to expert_out's dtype (bf16/fp16/fp32).
+    expert_out is laid out like the dispatch output (max_recv_rows rows by local expert)."""
+    if not isinstance(handle, MoEHandle):
+        raise ValueError(f"handle must be the MoEHandle moe_dispatch returned, got {type(handle).__name__}")
+    args = (expert_out, topk_weights, handle.topk_ids, handle.expert_counts, handle.row_origin, handle.self_rows,
+            handle.num_experts, handle.group_name, algorithm)
+    if _ops.is_plain(_tensor(expert_out)):
+        return _ops.moe_combine_impl(*args)
+    return torch.ops.symmcoll.moe_combine(*args)
+
+
+def _group_size(group) -> int:
+    import torch.distributed as dist
+    return dist.get_world_size(memory.default_group(group))
 
 
 def check(group=None) -> None:

@@ -43,6 +43,38 @@ class SymmcollMismatchError(SymmcollError):
             f"sequence of calls with the same op, algorithm, dtype, shape, reduce op and src. {_RESET}")
 
 
+class SymmcollArgumentError(SymmcollError, ValueError):
+    """A kernel found an argument wrong that only the device could check (device-side splits, routing,
+    an output bound too small for what arrived). Raised once, on the rank that found it, by the next
+    check; the workspace stays usable (the protocol completed, with the offending rows left out)."""
+
+    def __init__(self, op: str, rank: int, argument: str, message: str):
+        self.op, self.rank, self.argument = op, rank, argument
+        super().__init__(f"symmcoll: {op} on rank {rank}: {message}")
+
+
+# Argument codes of the kernels' reports (language/signals.py ARG_*).
+_ARGUMENTS = {1: "max_rows", 2: "splits", 3: "topk_ids"}
+
+
+def argument_error_from_record(record: list[int], new_reports: int) -> SymmcollArgumentError:
+    """The exception for the report words [count, argument, value, limit, rank, desc] of the record."""
+    _, code, value, limit, rank, desc = record[8:14]
+    op = algorithm_name(desc)
+    argument = _ARGUMENTS.get(code, f"argument#{code}")
+    if argument == "max_rows":
+        message = (f"max_rows = {limit} is too small: {value} rows arrived in one call; only the first {limit} "
+                   f"were written (the received counts are exact). Pass a larger max_rows")
+    elif argument == "splits":
+        message = (f"splits (a device tensor) asks for {value} rows but x has {limit} rows, or holds a negative "
+                   f"count: only the rows x holds were sent")
+    else:
+        message = f"topk_ids holds {value}, outside [-1, num_experts = {limit}): those slots were ignored"
+    if new_reports > 1:
+        message += f" ({new_reports} such reports since the last check; this is the latest)"
+    return SymmcollArgumentError(op, rank, argument, message)
+
+
 def error_from_record(record: list[int], announced: int) -> SymmcollError:
     """The exception for a kernel's error record [flag, kind, rank, peer, desc, peer desc, ...];
     ``announced`` is the descriptor the peer last announced to this rank (0 if none)."""

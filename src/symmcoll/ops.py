@@ -12,8 +12,13 @@ collectives.
     torch.ops.symmcoll.reduce_scatter(x, group_name, reduce_op, algorithm) -> Tensor
     torch.ops.symmcoll.all_gather(x, group_name, algorithm) -> Tensor
     torch.ops.symmcoll.all_to_all(x, group_name, splits: int[]?, algorithm) -> Tensor
+    torch.ops.symmcoll.all_to_all_splits(x, splits: Tensor, max_rows, group_name, algorithm) -> (Tensor, Tensor)
     torch.ops.symmcoll.broadcast(x, src, group_name, algorithm) -> Tensor
     torch.ops.symmcoll.all_gather_matmul(a_shard, bs, group_name, algorithm) -> (Tensor[], Tensor)
+    torch.ops.symmcoll.moe_dispatch(tokens, topk_ids, num_experts, max_recv_rows, group_name, algorithm)
+        -> (recv, expert_counts, row_origin, self_rows)
+    torch.ops.symmcoll.moe_combine(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows,
+        num_experts, group_name, algorithm) -> Tensor
 
 The ops are defined with ``torch.library.Library`` (not ``custom_op``) and without an autograd kernel:
 a ``custom_op`` call costs about 4x more host time, and a registered autograd kernel runs Python on
@@ -95,6 +100,13 @@ def all_to_all_impl(x, group_name: str, splits, algorithm: str):
                         splits=None if splits is None else tuple(splits)).execute(x)
 
 
+def all_to_all_splits_impl(x, splits, max_rows: int, group_name: str, algorithm: str):
+    """Device-side splits: (out [max_rows, ...], rows received from each rank [W] int64)."""
+    return plan.resolve("all_to_all", x, resolve_group(group_name), algorithm, splits=plan.DEVICE_SPLITS,
+                        others=(splits,), options=(("max_rows", max_rows),), other_names=("splits",)).execute(
+                            x, others=(splits,))
+
+
 def broadcast_impl(x, src: int, group_name: str, algorithm: str):
     return plan.resolve("broadcast", x, resolve_group(group_name), algorithm, src=src).execute(x)
 
@@ -105,6 +117,21 @@ def all_gather_matmul_impl(a_shard, bs, group_name: str, algorithm: str):
     outs, gathered = plan.resolve("all_gather_matmul", a_shard, resolve_group(group_name), algorithm,
                                   others=bs).execute(a_shard, others=bs)
     return list(outs), gathered
+
+
+def moe_dispatch_impl(tokens, topk_ids, num_experts: int, max_recv_rows: int, group_name: str, algorithm: str):
+    return plan.resolve("moe_dispatch", tokens, resolve_group(group_name), algorithm, others=(topk_ids,),
+                        options=(("num_experts", num_experts), ("max_rows", max_recv_rows)),
+                        other_names=("topk_ids",), x_name="tokens").execute(tokens, others=(topk_ids,))
+
+
+def moe_combine_impl(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows, num_experts: int,
+                     group_name: str, algorithm: str):
+    others = (topk_weights, topk_ids, expert_counts, row_origin, self_rows)
+    return plan.resolve("moe_combine", expert_out, resolve_group(group_name), algorithm, others=others,
+                        options=(("num_experts", num_experts),),
+                        other_names=("topk_weights", "topk_ids", "handle.expert_counts", "handle.row_origin",
+                                     "handle.self_rows"), x_name="expert_out").execute(expert_out, others=others)
 
 
 # ---- fake implementations (shapes only) ---------------------------------------------------------------
@@ -142,6 +169,22 @@ def _all_to_all_fake(x, group_name, splits, algorithm):
     return x.new_empty((rows, *x.shape[1:]))
 
 
+def _all_to_all_splits_fake(x, splits, max_rows, group_name, algorithm):
+    return x.new_empty((max_rows, *x.shape[1:])), splits.new_empty((_world(group_name),), dtype=torch.int64)
+
+
+def _moe_dispatch_fake(tokens, topk_ids, num_experts, max_recv_rows, group_name, algorithm):
+    local_experts = num_experts // _world(group_name)
+    return (tokens.new_empty((max_recv_rows, tokens.shape[1])), topk_ids.new_empty((local_experts,), dtype=torch.int64),
+            topk_ids.new_empty((max_recv_rows,), dtype=torch.int64),
+            topk_ids.new_empty(topk_ids.shape, dtype=torch.int64))
+
+
+def _moe_combine_fake(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows, num_experts,
+                      group_name, algorithm):
+    return expert_out.new_empty((topk_ids.shape[0], expert_out.shape[1]))
+
+
 def _broadcast_fake(x, src, group_name, algorithm):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -163,6 +206,14 @@ _SCHEMAS = {
     "all_gather": ("(Tensor x, str group_name, str algorithm) -> Tensor", all_gather_impl, _all_gather_fake),
     "all_to_all": ("(Tensor x, str group_name, int[]? splits, str algorithm) -> Tensor", all_to_all_impl,
                    _all_to_all_fake),
+    "all_to_all_splits": ("(Tensor x, Tensor splits, int max_rows, str group_name, str algorithm) -> (Tensor, Tensor)",
+                          all_to_all_splits_impl, _all_to_all_splits_fake),
+    "moe_dispatch": ("(Tensor tokens, Tensor topk_ids, int num_experts, int max_recv_rows, str group_name, "
+                     "str algorithm) -> (Tensor, Tensor, Tensor, Tensor)", moe_dispatch_impl, _moe_dispatch_fake),
+    "moe_combine": ("(Tensor expert_out, Tensor topk_weights, Tensor topk_ids, Tensor expert_counts, "
+                    "Tensor row_origin, Tensor self_rows, int num_experts, str group_name, str algorithm) -> Tensor",
+                    moe_combine_impl,
+                    _moe_combine_fake),
     "broadcast": ("(Tensor x, int src, str group_name, str algorithm) -> Tensor", broadcast_impl, _broadcast_fake),
     "all_gather_matmul": ("(Tensor a_shard, Tensor[] bs, str group_name, str algorithm) -> (Tensor[], Tensor)",
                           all_gather_matmul_impl, _all_gather_matmul_fake),

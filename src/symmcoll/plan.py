@@ -34,6 +34,9 @@ REDUCTIONS = ("all_reduce", "reduce_scatter")
 REDUCTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 BACKEND = dispatch.FALLBACK  # "nccl": the process group's own collective
+# Request.splits of an all-to-all whose splits are a device tensor (passed in ``others``): nothing about
+# them is known on the host.
+DEVICE_SPLITS = "device"
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,8 @@ def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default
     where the tuned table has no rule (an algorithm name, or ``default(request, world) -> name`` where the
     choice depends on the shape, e.g. decode-sized M), and the size the table is keyed by
     (``dispatch_size(request, world)``; default: input bytes per rank, output bytes per rank for
-    reduce_scatter)."""
+    reduce_scatter). The collectives register in comm/shapes.py and comm/splits.py; fused ops in their
+    modules."""
     _REGISTRY.setdefault(op, {})
     _OP_RULES[op] = shape_rule
     if dispatch_size is not None:
@@ -226,7 +230,7 @@ class Plan:
         fast = self.fast
         if fast is not None and not others:
             ws = self.ws
-            if ws.status_view[0]:
+            if ws.status_view[0] or ws.status_view[memory.STATUS_REPORTS] != ws.reports_raised:
                 ws.check()
             if fast.try_fast(x, out):
                 return out
@@ -268,9 +272,10 @@ def check_tensor(x, name: str = "x") -> None:
 
 def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, reduce_op: str | None = None,
             src: int | None = None, splits=None, config: LaunchConfig | None = None, others: tuple = (),
-            options: tuple = ()) -> Plan:
+            options: tuple = (), other_names: tuple = (), x_name: str = "x") -> Plan:
     """The plan for this call (cached). Raises ValueError naming the argument for bad input.
-    ``others``: the other input tensors of a fused op; ``options``: its hashable options."""
+    ``others``: the other input tensors of a fused op (``x_name``, ``other_names``: argument names for
+    errors); ``options``: its hashable options."""
     if isinstance(splits, list):
         splits = tuple(splits)
     other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others) if others else ()
@@ -281,14 +286,14 @@ def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, re
         plan, key = None, None
     if plan is not None:
         if not x.is_contiguous():
-            check_tensor(x)  # raises, naming the argument
+            check_tensor(x, x_name)  # raises, naming the argument
         for i, t in enumerate(others):
             if not t.is_contiguous():
-                check_tensor(t, f"input {i + 1}")
+                check_tensor(t, other_names[i] if i < len(other_names) else f"input {i + 1}")
         return plan
-    check_tensor(x)
+    check_tensor(x, x_name)
     for i, t in enumerate(others):
-        check_tensor(t, f"input {i + 1}")
+        check_tensor(t, other_names[i] if i < len(other_names) else f"input {i + 1}")
     plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
@@ -326,8 +331,9 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
             raise ValueError(f"src must be a group rank in [0, {world}), got {src}")
     request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits, others, options)
     out_shape, size_key = _OP_RULES[op](request, world)
-    if op in OPS and (world == 1 or (out_shape is not None and math.prod(out_shape) == 0)
-                      or x.numel() == 0 and op != "all_to_all"):
+    # Device-side splits always run a kernel: the received counts and the bound check live on the device.
+    if op in OPS and splits != DEVICE_SPLITS and (world == 1 or (out_shape is not None and math.prod(out_shape) == 0)
+                                                  or x.numel() == 0 and op != "all_to_all"):
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
     name = _choose(request, world, algorithm)
     chosen = table[name]
@@ -363,7 +369,9 @@ def _choose(request: Request, world: int, algorithm: str) -> str:
         name = algorithm
     else:
         name = dispatch.choose(request.op, world, request.dtype, _dispatch_bytes(request, world))
-        if name not in table:
+        # The backend would read device-side splits back to the host (a synchronisation the caller
+        # asked to avoid): "auto" keeps them on the device.
+        if name not in table or (name == BACKEND and request.splits == DEVICE_SPLITS):
             name = default_algorithm(request.op, request, world)
     seen = []
     while name != BACKEND:

@@ -180,3 +180,84 @@ def all_reduce_rms_norm(x, residual, weight, eps: float, group=None, quant: str 
         scales = normed.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_MAX
         return (normed / scales).clamp(-FP8_MAX, FP8_MAX), new_residual, scales
     return normed, new_residual
+
+
+# ---- MoE dispatch / combine (experts split evenly over ranks: expert e lives on rank e // (E / W)) ---
+
+def _exchange_rows(rows: torch.Tensor, counts: list[int], group) -> tuple[torch.Tensor, list[int]]:
+    """all_to_all_single of ``rows`` (grouped by destination, ``counts[d]`` rows for rank d) with the
+    counts exchanged first and read back to the host, as any all_to_all_single user must."""
+    send_t = torch.tensor(counts, dtype=torch.int64, device=rows.device)
+    recv_t = torch.empty_like(send_t)
+    dist.all_to_all_single(recv_t, send_t, group=group)
+    recv = recv_t.tolist()
+    out = rows.new_empty((sum(recv), *rows.shape[1:]))
+    row_bytes = math.prod(rows.shape[1:]) * rows.element_size()
+    if row_bytes:
+        dist.all_to_all_single(_as_bytes(out), _as_bytes(rows.contiguous()),
+                               output_split_sizes=[r * row_bytes for r in recv],
+                               input_split_sizes=[c * row_bytes for c in counts], group=group)
+    return out, recv
+
+
+def _valid_ids(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    ids = topk_ids.long()
+    return torch.where((ids >= 0) & (ids < num_experts), ids, -1)
+
+
+def moe_dispatch(tokens: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, group=None,
+                 max_rows: int | None = None):
+    """(recv [max_rows, H], expert_counts [E/W] int64, row_origin [max_rows] int64, self_rows [T, k] int64).
+
+    Token t goes once to every rank owning one of its experts (ids outside [0, E) are ignored); the
+    receiver lays its rows out by local expert, then source rank, then token, then slot; row_origin[i]
+    = (source * T + token) * k + slot (-1 past the rows received), self_rows[t, j] = the row of this
+    rank's own token t for its local expert in slot j (-1 elsewhere). Rows past max_rows are dropped."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    tokens_n, k = topk_ids.shape
+    local_experts = num_experts // world
+    max_rows = world * tokens_n * min(k, local_experts) if max_rows is None else max_rows
+    ids = _valid_ids(topk_ids, num_experts)
+    owner = torch.where(ids >= 0, ids // local_experts, -1)
+    chosen = [(owner == d).any(dim=1).nonzero().reshape(-1) for d in range(world)]  # tokens per rank, in order
+    meta = torch.cat([torch.cat([c[:, None], ids[c]], dim=1) for c in chosen])
+    recv_tokens, recv = _exchange_rows(torch.cat([tokens[c] for c in chosen]), [len(c) for c in chosen], group)
+    recv_meta, _ = _exchange_rows(meta, [len(c) for c in chosen], group)
+    source = torch.repeat_interleave(torch.arange(world, device=tokens.device),
+                                     torch.tensor(recv, device=tokens.device))
+    recv_ids = recv_meta[:, 1:]
+    local = (recv_ids >= 0) & (recv_ids // local_experts == rank)
+    row, slot = local.nonzero(as_tuple=True)                     # by (source, token), then slot
+    expert = recv_ids[row, slot] - rank * local_experts
+    order = torch.sort(expert, stable=True).indices              # by local expert, keeping that order
+    row, slot, expert = row[order], slot[order], expert[order]
+    kept = min(row.numel(), max_rows)
+    out = tokens.new_zeros((max_rows, tokens.shape[1]))
+    out[:kept] = recv_tokens[row[:kept]]
+    origin = (source[row] * tokens_n + recv_meta[row, 0]) * k + slot
+    row_origin = torch.full((max_rows,), -1, dtype=torch.int64, device=tokens.device)
+    row_origin[:kept] = origin[:kept]
+    self_rows = torch.full((tokens_n, k), -1, dtype=torch.int64, device=tokens.device)
+    mine = (source[row[:kept]] == rank).nonzero().reshape(-1)
+    self_rows[recv_meta[row[mine], 0], slot[mine]] = mine
+    counts = torch.bincount(expert, minlength=local_experts)[:local_experts]
+    return out, counts, row_origin, self_rows
+
+
+def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                row_origin: torch.Tensor, num_experts: int, group=None) -> torch.Tensor:
+    """[T, H]: for every token of this rank, sum over its slots j with a valid expert of
+    topk_weights[t, j] * (that expert's output row for it), in fp32, rounded once to expert_out's dtype."""
+    world = dist.get_world_size(group)
+    tokens_n, k = topk_ids.shape
+    rows = (row_origin >= 0).nonzero().reshape(-1)
+    origin = row_origin[rows]
+    dest = origin // (tokens_n * k)
+    order = torch.sort(dest, stable=True).indices
+    counts = torch.bincount(dest, minlength=world)[:world].tolist()
+    got, _ = _exchange_rows(expert_out[rows[order]], counts, group)
+    where, _ = _exchange_rows((origin % (tokens_n * k))[order, None], counts, group)
+    slots = expert_out.new_zeros((tokens_n * k, expert_out.shape[1])).float()
+    slots[where.reshape(-1)] = got.float()
+    weights = torch.where(_valid_ids(topk_ids, num_experts) >= 0, topk_weights.float(), 0.0)
+    return (weights[..., None] * slots.reshape(tokens_n, k, -1)).sum(dim=1).to(expert_out.dtype)

@@ -6,7 +6,10 @@ sentinel.py     Lamport sentinels: all_reduce sentinel_one_shot / sentinel_two_s
 push.py         remote stores: reduce_scatter push, all_reduce push_copy_engine
 tree.py         double binary tree: all_reduce tree
 gather.py       data movement by pulls: all_gather pull / copy_engine, broadcast pull
-all_to_all.py   data movement: all_to_all pull (and its split exchange)
+all_to_all.py   data movement: all_to_all pull (device-side splits published in the kernel)
+all_to_all_sentinel.py  Lamport sentinels for data movement: all_to_all sentinel (barrier-free)
+all_to_all_copy_engine.py  staggered copy-engine steps: all_to_all copy_engine (bandwidth)
+splits.py       the all-to-all family's shared host side: shape rule, split exchange, rounds, "auto" default
 quantized.py    quantized two-shot (int8 / fp8 / int4 on the wire): op all_reduce_quantized
 backend.py      the process group's own collectives ("nccl")
 shapes.py       what each collective returns and refuses (shape rules)
@@ -15,4 +18,5 @@ Importing this package registers every algorithm (symmcoll.plan) and declares ev
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 
-from . import all_to_all, backend, gather, low_latency, pull, push, quantized, sentinel, shapes, tree  # noqa: F401
+from . import (all_to_all, all_to_all_copy_engine, all_to_all_sentinel, backend, gather, low_latency,  # noqa: F401
+               pull, push, quantized, sentinel, shapes, splits, tree)

@@ -60,8 +60,10 @@ def _broadcast(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_dev: torch.Tensor | None = None):
     world = plan.world
+    if splits_dev is not None:
+        return _all_to_all_device_splits(plan, x, out, splits_dev)
     splits = plan.request.splits
     send = list(splits) if splits is not None else [x.shape[0] // world] * world
     send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
@@ -82,6 +84,36 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.
                                output_split_sizes=[r * row_bytes for r in recv],
                                input_split_sizes=[s * row_bytes for s in send], group=plan.group)
     return out
+
+
+def _all_to_all_device_splits(plan: Plan, x: torch.Tensor, out: torch.Tensor, splits_dev: torch.Tensor):
+    """Device-side splits on the process group: read back to the host (the synchronisation the kernels
+    avoid), clamped as the kernels clamp them, exchanged, and what is wrong raised afterwards (every rank
+    takes part in the exchange first, so nobody is left waiting)."""
+    from ..errors import SymmcollArgumentError
+    wanted = [int(v) for v in splits_dev.tolist()]
+    ends = [min(sum(max(w, 0) for w in wanted[:j + 1]), x.shape[0]) for j in range(len(wanted))]
+    send = [end - (ends[j - 1] if j else 0) for j, end in enumerate(ends)]
+    send_t = torch.tensor(send, dtype=torch.int64, device=x.device)
+    recv_t = torch.empty_like(send_t)
+    dist.all_to_all_single(recv_t, send_t, group=plan.group)
+    received = torch.empty((int(recv_t.sum()), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    row_bytes = math.prod(x.shape[1:]) * x.element_size()
+    if row_bytes:
+        dist.all_to_all_single(received.reshape(-1).view(torch.uint8), x[:sum(send)].reshape(-1).view(torch.uint8),
+                               output_split_sizes=[r * row_bytes for r in recv_t.tolist()],
+                               input_split_sizes=[s * row_bytes for s in send], group=plan.group)
+    kept = min(received.shape[0], out.shape[0])
+    out[:kept].copy_(received[:kept])
+    if min(wanted) < 0 or sum(max(w, 0) for w in wanted) > x.shape[0]:
+        raise SymmcollArgumentError("all_to_all.nccl", plan.rank, "splits",
+                                    f"splits (a device tensor) asks for {sum(wanted)} rows but x has {x.shape[0]} "
+                                    f"rows, or holds a negative count: only the rows x holds were sent")
+    if received.shape[0] > out.shape[0]:
+        raise SymmcollArgumentError("all_to_all.nccl", plan.rank, "max_rows",
+                                    f"max_rows = {out.shape[0]} is too small: {received.shape[0]} rows arrived in one "
+                                    f"call; only the first {out.shape[0]} were written")
+    return out, recv_t
 
 
 for _op, _fn, _code in (("all_reduce", _all_reduce, 9), ("reduce_scatter", _reduce_scatter, 23),

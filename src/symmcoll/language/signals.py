@@ -49,6 +49,14 @@ STATUS_DESC: tl.constexpr = tl.constexpr(4)
 STATUS_PEER_DESC: tl.constexpr = tl.constexpr(5)
 KIND_TIMEOUT: tl.constexpr = tl.constexpr(1)
 KIND_MISMATCH: tl.constexpr = tl.constexpr(2)
+# Argument reports (words 8..13 of the record): a call whose input the kernel found wrong (device-side
+# splits or routing that cannot be right, an output bound too small). The protocol still completed, so
+# they do not break the workspace: the host raises each new report once (SymmcollArgumentError naming
+# the argument). Word 8 counts reports (the host remembers how many it raised), 9..13 describe the last.
+STATUS_REPORTS: tl.constexpr = tl.constexpr(8)
+ARG_MAX_ROWS: tl.constexpr = tl.constexpr(1)
+ARG_SPLITS: tl.constexpr = tl.constexpr(2)
+ARG_TOPK_IDS: tl.constexpr = tl.constexpr(3)
 # A spinning wait looks at this rank's error record once per this many spins.
 ABORT_CHECK_SPINS: tl.constexpr = tl.constexpr(64)
 
@@ -88,6 +96,19 @@ def record_error(status_ptr, kind, rank, peer, desc, peer_desc):
 @triton.jit
 def record_timeout(status_ptr, rank, peer, desc):
     record_error(status_ptr, KIND_TIMEOUT, rank, peer, desc, 0)
+
+
+@triton.jit
+def record_argument(status_ptr, argument, value, limit, rank, desc):
+    """Report that ``argument`` (ARG_*) held ``value`` where ``limit`` bounds it (e.g. rows received
+    against max_rows). Fields first, then the count (release): a host that sees the count sees them."""
+    status = status_ptr.to(tl.pointer_type(tl.int32))
+    tl.store(status + STATUS_REPORTS + 1, argument)
+    tl.store(status + STATUS_REPORTS + 2, value)  # stores narrow to the record's int32
+    tl.store(status + STATUS_REPORTS + 3, limit)
+    tl.store(status + STATUS_REPORTS + 4, rank)
+    tl.store(status + STATUS_REPORTS + 5, desc)
+    tl.atomic_add(status + STATUS_REPORTS, 1, sem="release", scope="sys")
 
 
 @triton.jit

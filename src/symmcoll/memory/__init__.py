@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..errors import SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, error_from_record, not_initialized
+from ..errors import (SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, argument_error_from_record,
+                      error_from_record, not_initialized)
 from .layout import ANNOUNCE_SLOT, MAX_PROGRAMS, MAX_WORLD, SIGNAL_PAD_INTS
 from .regions import BUFFER, Geometry, RegionSpec, declare, declared
 
@@ -37,7 +38,9 @@ DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
 # CAS on H200 takes about a microsecond; one interpreted iteration about 2 ms (measured on 2 cores).
 SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 500}
 DEFAULT_TIMEOUT_S = 20.0
-STATUS_INTS = 8
+# Error record (language/signals.py): words 0..5 a failure that breaks the workspace, 8..13 argument reports.
+STATUS_INTS = 16
+STATUS_REPORTS = 8
 _ALIGN = 4096
 
 SIGNAL_PAD = declare(RegionSpec(
@@ -88,6 +91,7 @@ class Workspace:
     max_spins: int
     _keepalive: list = field(default_factory=list, repr=False)
     broken: bool = False
+    reports_raised: int = 0  # argument reports already raised (the kernels only ever count up)
 
     def __post_init__(self):
         self.buffer = self.regions["buffer"].local
@@ -121,12 +125,19 @@ class Workspace:
         return self.buffer_bytes // dtype.itemsize
 
     def check(self) -> None:
-        """Raise the error a kernel of this rank recorded (timeout or mismatched call), once; after
-        that the workspace is broken until ``symmcoll.reset()``."""
+        """Raise what a kernel of this rank recorded: a failure (timeout or mismatched call) once, after
+        which the workspace is broken until ``symmcoll.reset()``; or an argument report (an output bound
+        too small, device-side splits or routing that cannot be right: SymmcollArgumentError) once per
+        report, the workspace staying usable."""
         if self.broken:
             raise SymmcollError("symmcoll: the workspace is broken by an earlier failure; call "
                                 "symmcoll.reset() on every rank before the next call")
-        if self.status_view[0] != 0:
+        record = self.status_view
+        if record[STATUS_REPORTS] != self.reports_raised and record[0] == 0:
+            new = int(record[STATUS_REPORTS]) - self.reports_raised
+            self.reports_raised = int(record[STATUS_REPORTS])
+            raise argument_error_from_record([int(v) for v in record], new)
+        if record[0] != 0:
             self.broken = True
             record = [int(v) for v in self.status.tolist()]
             peer = record[3]

@@ -1,0 +1,269 @@
+"""MoE dispatch and combine (the shape of DeepEP's low-latency API), with routing that never leaves the GPU.
+
+Experts are split evenly over the ranks: expert e lives on rank e // (E / W) as its local expert
+e % (E / W). ``moe_dispatch(tokens [T, H], topk_ids [T, k], num_experts)`` sends every token once to each
+rank that owns at least one of its experts and returns, on every rank, the rows received laid out by
+local expert (then source rank, token, slot: deterministic), the row count of each local expert, and a
+handle; ``moe_combine(expert_out, topk_weights, handle)`` returns to every token's rank the sum over its
+k slots of weight * (that expert's output row), accumulated in fp32 and rounded once. Slots with an id
+outside [0, E) are ignored (DeepEP's -1 for a dropped slot); other bad ids are reported, naming topk_ids.
+Nothing is read back to the host: both are CUDA-graph capturable. Every rank passes the same T, H, k, E
+and max_recv_rows (part of the call descriptor: a peer that differs is reported).
+
+dispatch ("pull"), per round of tokens::
+
+    rank s:  moe_route_kernel: tokens_s --copy--> buf_s;  topk_ids_s (sanitised) --> meta_s;
+             per block of TB tokens, slots per expert --> meta_s; the last program: prefixes over
+             blocks and totals per expert --> meta_s                                  (local)
+    rank r:  moe_dispatch_kernel: entry barrier;
+             offsets of my experts' rows from every source's totals (meta_s, NVLink reads);
+             for every source s and block b: ids of s's tokens (meta_s), the rows of my experts they go to
+             (block prefix + in-block position), buf_s[token] --NVLink read, once--> out[row of each
+             local expert of the token]; row origins (source, token, slot) for combine; exit barrier
+
+combine ("push"), per round of tokens::
+
+    rank r:  moe_push_kernel: expert_out_r[row] --NVLink store--> landing_s[token, slot]   (s = its origin)
+    rank s:  moe_combine_kernel: entry barrier; out_s[t] = sum_j w[t, j] * (expert_out_s[own row] for a
+             local expert, landing_s[t, j] otherwise), fp32, slot order; exit barrier
+
+Traffic: dispatch reads each token once per destination rank over NVLink (plus one local staging copy
+of the tokens: they are not in symmetric memory); combine stores each remote (token, slot) row once.
+The dispatch's reads and the combine's stores skip everything a rank sends itself. Tokens that do not
+fit the buffer (dispatch) or the landing region (combine, T * k rows) go in rounds, each a pair of
+launches; every rank derives the rounds from T, H, k and E.
+
+Compared with torch's ``all_to_all_single`` (the "nccl" algorithm, ``reference.moe_dispatch`` /
+``moe_combine``), which needs the counts on the host and a gather/scatter around each exchange, this is
+two launches and two barriers per round, no host synchronisation, and no expansion or reordering pass.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import triton
+
+from .. import reference
+from ..launcher import launch
+from ..memory.regions import RegionSpec, declare
+from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, Request, register, register_op
+from .moe_kernels import moe_combine_kernel, moe_dispatch_kernel, moe_push_kernel, moe_route_kernel
+
+LANDING = declare(RegionSpec(
+    "moe.landing", "moe", lambda g: g.buffer_bytes // 2,
+    "expert ranks store a round's (token, slot) rows into the source's landing region before the source's "
+    "entry barrier; the source reads it between its entry and exit barriers; the next round's (or call's) "
+    "stores come after that exit barrier"))
+COUNTER = declare(RegionSpec("moe.route_counter", "moe", lambda g: 1,
+                             "programs of the route kernel that are done (the last one resets it)", symmetric=False))
+GPU_CONFIG = LaunchConfig(block=4096, max_programs=132, num_warps=8)  # untuned: one program per SM
+MOVE_WORDS = {"cuda": 4096, "cpu": 16384}  # words per [tokens, words] tile
+
+
+def _option(request: Request, name: str):
+    return dict(request.options)[name]
+
+
+def _routing_checks(tokens_n: int, topk, num_experts, world: int) -> int:
+    shape, dtype, device = topk
+    if len(shape) != 2 or shape[0] != tokens_n or dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be an int32/int64 tensor of shape ({tokens_n}, k), got {dtype} of shape "
+                         f"{shape}")
+    if not 1 <= shape[1] <= 64:
+        raise ValueError(f"topk_ids must have 1 to 64 slots per token, got {shape[1]}")
+    try:
+        num_experts = operator.index(num_experts)
+    except TypeError:
+        raise ValueError(f"num_experts must be an int, got {num_experts!r}") from None
+    if num_experts < world or num_experts % world:
+        raise ValueError(f"num_experts must be a positive multiple of the world size {world} (experts are split "
+                         f"evenly over the ranks), got {num_experts}")
+    return num_experts
+
+
+def dispatch_shape(request: Request, world: int) -> tuple[tuple, int]:
+    shape = request.shape
+    if len(shape) != 2:
+        raise ValueError(f"tokens must be 2-D [T, H], got shape {shape}")
+    if request.dtype.itemsize not in (1, 2, 4, 8):
+        raise ValueError(f"tokens.dtype {request.dtype} has no word type")
+    topk = request.others[0]
+    if topk[2] != request.device:
+        raise ValueError(f"topk_ids must be on tokens' device ({request.device}), got {topk[2]}")
+    experts = _routing_checks(shape[0], topk, _option(request, "num_experts"), world)
+    max_rows = _option(request, "max_rows")
+    if not isinstance(max_rows, int) or max_rows < 0:
+        raise ValueError(f"max_recv_rows must be an int >= 0, got {max_rows!r}")
+    return (max_rows, shape[1]), hash((shape, topk[0], experts, max_rows)) & ((1 << 62) - 1)
+
+
+def combine_shape(request: Request, world: int) -> tuple[tuple, int]:
+    shape = request.shape
+    if len(shape) != 2 or request.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"expert_out must be a 2-D bf16/fp16/fp32 tensor [max_recv_rows, H], got {request.dtype} "
+                         f"of shape {shape}")
+    weights, topk = request.others[0], request.others[1]
+    tokens_n = topk[0][0] if len(topk[0]) == 2 else -1
+    experts = _routing_checks(tokens_n, topk, _option(request, "num_experts"), world)
+    if weights[0] != topk[0] or not weights[1].is_floating_point:
+        raise ValueError(f"topk_weights must be a float tensor shaped like topk_ids {topk[0]}, got {weights[1]} of "
+                         f"shape {weights[0]}")
+    for (other_shape, _, other_device), name in zip(request.others, ("topk_weights", "topk_ids", "handle")):
+        if other_device != request.device:
+            raise ValueError(f"{name} must be on expert_out's device ({request.device}), got {other_device}")
+    if request.others[3][0] != (shape[0],):
+        raise ValueError(f"expert_out must have the handle's max_recv_rows = {request.others[3][0][0]} rows, got "
+                         f"{shape[0]}")
+    return (tokens_n, shape[1]), hash((shape, topk[0], experts, 7)) & ((1 << 62) - 1)
+
+
+register_op("moe_dispatch", dispatch_shape, default="pull")
+register_op("moe_combine", combine_shape, default="push")
+
+
+def _tiles(k: int, local_experts: int, row: int, device_type: str) -> dict:
+    """Constexprs of the tiles: KP2 slots, ELP2 local experts, TB tokens per step (at most 32, so that a
+    [TB, HB] tile covers long stretches of each row; the [TB * KP2, ELP2] one-hot of a step stays <= 8K
+    elements), HB words of a row per step."""
+    kp2, elp2 = triton.next_power_of_2(k), triton.next_power_of_2(local_experts)
+    tb = max(1, min(32, 8192 // (kp2 * elp2)))
+    tb = 1 << (tb.bit_length() - 1)
+    hb = triton.next_power_of_2(max(16, min(triton.next_power_of_2(max(row, 1)), MOVE_WORDS[device_type] // tb)))
+    return dict(KP2=kp2, ELP2=elp2, TB=tb, HB=hb)
+
+
+def _config(device: torch.device) -> LaunchConfig:
+    return CPU_CONFIG if device.type == "cpu" else GPU_CONFIG
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """Rows as the widest words (<= 4 bytes) dividing them: fewer, wider accesses."""
+    row_bytes = t.shape[1] * t.element_size()
+    size = 4 if row_bytes % 4 == 0 else (2 if row_bytes % 2 == 0 else 1)
+    flat = t.reshape(-1).view(torch.uint8)
+    if flat.data_ptr() % size:
+        flat = flat.clone()
+    return flat.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[size])
+
+
+def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: torch.Tensor):
+    ws, world, rank = plan.ws, plan.world, plan.rank
+    tokens_n, k = topk_ids.shape
+    experts = _option(plan.request, "num_experts")
+    local_experts, max_rows = experts // world, out.shape[0]
+    words, out_words = _words(tokens), _words(out)
+    row = tokens.shape[1] * tokens.element_size() // words.element_size()
+    cfg, tiles = _config(ws.device), _tiles(k, local_experts, row, ws.device.type)
+    tb = tiles["TB"]
+    blocks = triton.cdiv(tokens_n, tb)
+    hist_off = -(-tokens_n * k // 16) * 16
+    totals_off = hist_off + -(-blocks * experts // 16) * 16
+    meta_bytes = (totals_off + -(-experts // 16) * 16) * 4
+    per_round = (ws.buffer_bytes - meta_bytes) // max(1, row * words.element_size()) // tb * tb
+    if per_round == 0:
+        raise ValueError(f"tokens: a block of {tb} rows of {row * words.element_size()} bytes does not fit the "
+                         f"{ws.buffer_bytes}-byte workspace beside the routing metadata (SYMMCOLL_WORKSPACE_BYTES)")
+    counts = torch.empty(local_experts, dtype=torch.int64, device=tokens.device)
+    origin = torch.empty(max_rows, dtype=torch.int64, device=tokens.device)
+    self_rows = torch.empty((tokens_n, k), dtype=torch.int64, device=tokens.device)
+    e_p2 = triton.next_power_of_2(experts)
+    round_blocks = triton.cdiv(min(tokens_n, per_round), tb)
+    grid = cfg.grid(max(world * round_blocks, triton.cdiv(min(tokens_n, per_round) * row, cfg.block)))
+    # Rows cut in parts when there are too few (source, block) items for the programs (small batches).
+    parts = max(1, min(triton.cdiv(2 * grid[0], world * max(round_blocks, 1)), triton.cdiv(row, tiles["HB"])))
+    part_words = triton.cdiv(triton.cdiv(row, parts), tiles["HB"]) * tiles["HB"]
+    for t0 in range(0, max(tokens_n, 1), per_round):
+        n = min(per_round, tokens_n - t0)
+        launch(moe_route_kernel, grid,
+               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, ws.local_state(COUNTER.name), words[t0 * row:],
+                n * row, topk_ids, tokens_n, experts, hist_off, totals_off, meta_bytes // words.element_size()),
+               dict(WORLD=world, K=k, KP2=tiles["KP2"], TB=tb, E_P2=e_p2, SCAN_ROWS=max(1, 8192 // e_p2),
+                    BLOCK=cfg.block, ROUTE=t0 == 0, num_warps=cfg.num_warps))
+        launch(moe_dispatch_kernel, grid,
+               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, out_words, counts, origin, self_rows, tokens_n, row,
+                max_rows, experts, hist_off, totals_off, meta_bytes // words.element_size(), t0 // tb,
+                triton.cdiv(t0 + n, tb), parts, part_words),
+               dict(WORLD=world, K=k, EL=local_experts, PEERS=triton.next_power_of_2(world), num_warps=cfg.num_warps,
+                    **tiles))
+    return out, counts, origin, self_rows
+
+
+def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weights: torch.Tensor,
+             topk_ids: torch.Tensor, counts: torch.Tensor, origin: torch.Tensor, self_rows: torch.Tensor):
+    ws, world = plan.ws, plan.world
+    tokens_n, k = topk_ids.shape
+    hidden, max_rows = expert_out.shape[1], expert_out.shape[0]
+    experts = _option(plan.request, "num_experts")
+    local_experts = experts // world
+    cfg, tiles = _config(ws.device), _tiles(k, local_experts, hidden, ws.device.type)
+    landing = ws.region(LANDING.name)
+    per_round = landing.local.numel() // expert_out.element_size() // max(1, k * hidden) // tiles["TB"] * tiles["TB"]
+    if per_round == 0:
+        raise ValueError(f"expert_out: {k} rows of {hidden} elements per token do not fit the landing region "
+                         f"({landing.local.numel()} bytes; SYMMCOLL_WORKSPACE_BYTES)")
+    rows_per_step = max(1, MOVE_WORDS[ws.device.type] // tiles["HB"])
+    for t0 in range(0, max(tokens_n, 1), per_round):
+        tq = min(per_round, tokens_n - t0)
+        launch(moe_push_kernel, cfg.grid(triton.cdiv(max_rows, rows_per_step)),
+               (*ws.kernel_args, plan.desc, landing.ptrs_dev, expert_out, counts, origin, tokens_n, hidden, max_rows,
+                t0, tq),
+               dict(WORLD=world, K=k, EL=local_experts, ELP2=tiles["ELP2"], RB=1 << (rows_per_step.bit_length() - 1),
+                    HB=tiles["HB"], num_warps=cfg.num_warps))
+        blocks = triton.cdiv(max(tq, 1), tiles["TB"])
+        grid = cfg.grid(blocks * triton.cdiv(hidden, tiles["HB"]))
+        parts = max(1, min(triton.cdiv(2 * grid[0], blocks), triton.cdiv(hidden, tiles["HB"])))
+        part_words = triton.cdiv(triton.cdiv(hidden, parts), tiles["HB"]) * tiles["HB"]
+        launch(moe_combine_kernel, grid,
+               (*ws.kernel_args, plan.desc, landing.ptrs_dev, expert_out, topk_weights, topk_ids, self_rows, out,
+                tokens_n, hidden, max_rows, experts, t0, tq, parts, part_words),
+               dict(WORLD=world, K=k, KP2=tiles["KP2"], EL=local_experts, TB=tiles["TB"], HB=tiles["HB"],
+                    num_warps=cfg.num_warps))
+    return out
+
+
+def _dispatch_reference(plan: Plan, tokens, out, topk_ids):
+    """torch's all_to_all_single, with the counts read back to the host (the baseline)."""
+    return reference.moe_dispatch(tokens, topk_ids, _option(plan.request, "num_experts"), plan.group, out.shape[0])
+
+
+def _combine_reference(plan: Plan, expert_out, out, topk_weights, topk_ids, counts, origin, self_rows):
+    return reference.moe_combine(expert_out, topk_weights, topk_ids, origin, _option(plan.request, "num_experts"),
+                                 plan.group)
+
+
+register(Algorithm("moe_dispatch", "pull", 100, "moe", _dispatch,
+                   "route locally, barrier, pull each token once per rank into its experts' rows", None))
+register(Algorithm("moe_dispatch", "nccl", 101, "backend", _dispatch_reference,
+                   "torch all_to_all_single with host-side counts (.tolist()), gather/scatter around it", None))
+register(Algorithm("moe_combine", "push", 102, "moe", _combine,
+                   "push expert rows to their tokens' ranks, barrier, weighted fp32 sum per token", None))
+register(Algorithm("moe_combine", "nccl", 103, "backend", _combine_reference,
+                   "torch all_to_all_single with host-side counts, weighted sum per token", None))
+
+
+def compile_cases(make_workspace):
+    """(label, thunk) launches on meta tensors for the compile checks: 2 and 4 ranks, bf16 and fp8,
+    top-2 of 8 and top-8 of 64 experts."""
+    cases = []
+    for world, dtype, experts, k, hidden in ((2, torch.bfloat16, 8, 2, 4096), (4, torch.float8_e4m3fn, 64, 8, 7168),
+                                             (3, torch.float32, 6, 3, 5)):
+        def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden):
+            ws = make_workspace(world, 1)
+            meta = torch.device("meta")
+            tokens = torch.empty(300, hidden, dtype=dtype, device=meta)
+            ids = torch.empty(300, k, dtype=torch.int64, device=meta)
+            max_rows = 300 * world * min(k, experts // world)
+            request = Request("moe_dispatch", tuple(tokens.shape), dtype, meta,
+                              others=(((300, k), torch.int64, meta),),
+                              options=(("num_experts", experts), ("max_rows", max_rows)))
+            plan = Plan(request, "kernel", None, None, world, 1, ws, None, 3, (max_rows, hidden))
+            out = torch.empty(max_rows, hidden, dtype=dtype, device=meta)
+            _, counts, origin, self_rows = _dispatch(plan, tokens, out, ids)
+            if dtype.is_floating_point and dtype.itemsize > 1:
+                combined = torch.empty(300, hidden, dtype=dtype, device=meta)
+                _combine(plan, out, combined, torch.empty(300, k, device=meta), ids, counts, origin, self_rows)
+        cases.append((f"moe.{world}ranks.{dtype}.top{k}of{experts}", thunk))
+    return cases
