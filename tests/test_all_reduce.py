@@ -102,7 +102,6 @@ def test_double_binary_tree_shape(world):
 def _sentinel_bit_patterns(algorithm):
     """Inputs made of the values the sentinel protocol must never send (negative zeros, and for fp32
     the EMPTY word itself) still arrive, and every slot is EMPTY again after the call."""
-    from symmcoll.comm.sentinel import HEADER_WORDS
     from symmcoll.language import EMPTY
     from symmcoll.memory.regions import declared
     dev, world = device(), dist.get_world_size()
@@ -120,11 +119,12 @@ def _sentinel_bit_patterns(algorithm):
         torch.cuda.synchronize()
     dist.barrier()
     ws = symmcoll.get_workspace()
-    slot_regions = [spec.name for spec in declared() if spec.fill_int32 == EMPTY.value]
+    slot_regions = [spec for spec in declared() if spec.fill_int32 == EMPTY.value]
     assert len(slot_regions) >= 2, f"sentinel slot regions not found among the declared regions: {slot_regions}"
-    for name in slot_regions:
+    for spec in slot_regions:
+        name = spec.name
         region = ws.region(name)
-        words = region.local[: region.local.numel() // 4 * 4].view(torch.int32)[HEADER_WORDS.value:]
+        words = region.local[: region.local.numel() // 4 * 4].view(torch.int32)[spec.header_words:]
         left = (words != EMPTY.value).nonzero().reshape(-1)
         assert left.numel() == 0, f"rank {ws.rank}: {name}: slots not EMPTY at {left[:8].tolist()}"
 

@@ -54,7 +54,6 @@ def assert_same_on_every_rank(t, what):
 
 def assert_slots_empty():
     """Every sentinel slot of every region (beyond its headers) is EMPTY again after the calls."""
-    from symmcoll.comm.sentinel import HEADER_WORDS
     from symmcoll.language import EMPTY
     from symmcoll.memory.regions import declared
     if torch.cuda.is_available():
@@ -64,7 +63,7 @@ def assert_slots_empty():
     for spec in declared():
         if spec.symmetric and spec.fill_int32 == EMPTY.value:
             local = ws.region(spec.name).local
-            words = local[: local.numel() // 4 * 4].view(torch.int32)[HEADER_WORDS.value:]
+            words = local[: local.numel() // 4 * 4].view(torch.int32)[spec.header_words:]
             left = (words != EMPTY.value).nonzero().reshape(-1)
             assert left.numel() == 0, f"rank {ws.rank}: {spec.name}: slots not EMPTY at {left[:8].tolist()}"
     dist.barrier()

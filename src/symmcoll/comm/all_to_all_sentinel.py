@@ -63,7 +63,8 @@ SLOTS = declare(RegionSpec(
     "all_to_all.sentinel.slots", "all_to_all_sentinel", _region_bytes,
     "rank s writes only its count, header and row of slot set epoch % 3 in each receiver; the receiver "
     "empties the slots it read; every launch waits for every peer's counts, so nobody is more than one "
-    "launch ahead and a set is empty again before it is written again", fill_int32=EMPTY.value))
+    "launch ahead and a set is empty again before it is written again", fill_int32=EMPTY.value,
+    header_words=DATA_BASE.value))
 EPOCHS = declare(RegionSpec("all_to_all.sentinel.epochs", "all_to_all_sentinel", lambda g: EPOCH_SLOTS.value,
                             "this rank's launch-epoch table (kernels only)", symmetric=False))
 

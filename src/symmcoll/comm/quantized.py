@@ -102,7 +102,7 @@ SLOTS = declare(RegionSpec(
     lambda g: (HEADER_WORDS.value + PHASES.value * 2 * g.world_size * row_words(g.device_type, g.world_size)) * 4,
     "rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
     "empties what it read; a set is written again only after every receiver emptied it (one launch ahead "
-    "at most)", fill_int32=EMPTY.value))
+    "at most)", fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
 EPOCHS = declare(RegionSpec("quantized.epochs", "quantized", lambda g: EPOCH_SLOTS.value,
                             "this rank's launch-epoch table (kernels only)", symmetric=False))
 

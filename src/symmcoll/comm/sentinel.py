@@ -79,9 +79,9 @@ _RULE = ("rank s writes only its row of slot set epoch % 3 (and its header) in e
          "empties what it read; a set is written again only after every receiver emptied it (one launch "
          "ahead at most)")
 ONE_SHOT_SLOTS = declare(RegionSpec("sentinel.one_shot.slots", "sentinel", _region_bytes("one_shot"), _RULE,
-                                    fill_int32=EMPTY.value))
+                                    fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
 TWO_SHOT_SLOTS = declare(RegionSpec("sentinel.two_shot.slots", "sentinel", _region_bytes("two_shot"), _RULE,
-                                    fill_int32=EMPTY.value))
+                                    fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
 ONE_SHOT_EPOCHS = declare(RegionSpec("sentinel.one_shot.epochs", "sentinel", lambda g: EPOCH_SLOTS.value,
                                      "this rank's launch-epoch table (kernels only)", symmetric=False))
 TWO_SHOT_EPOCHS = declare(RegionSpec("sentinel.two_shot.epochs", "sentinel", lambda g: EPOCH_SLOTS.value,

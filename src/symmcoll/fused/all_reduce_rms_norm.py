@@ -76,7 +76,7 @@ def _slots(kind: str, sets: int, words):
     slots = declare(RegionSpec(f"{OP}.{kind}.slots", f"fused.{OP}",
                                lambda g: (HEADER_WORDS.value + PHASES.value * sets * g.world_size
                                           * words(g.device_type, g.world_size)) * 4, rule,
-                               fill_int32=EMPTY.value))
+                               fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
     epochs = declare(RegionSpec(f"{OP}.{kind}.epochs", f"fused.{OP}", lambda g: EPOCH_SLOTS.value,
                                 "this rank's launch-epoch table (kernels only)", symmetric=False))
     return slots, epochs

@@ -59,7 +59,7 @@ SLOTS = declare(RegionSpec(
     lambda g: (HEADER_WORDS.value + PHASES.value * g.world_size * SLOT_WORDS[g.device_type]) * 4,
     "rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver empties "
     "what it read; a set is written again only after every receiver emptied it (one launch ahead at most)",
-    fill_int32=EMPTY.value))
+    fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
 EPOCHS = declare(RegionSpec("matmul_all_reduce.epochs", "fused.matmul_all_reduce", lambda g: EPOCH_SLOTS.value,
                             "this rank's launch-epoch table (kernels only)", symmetric=False))
 

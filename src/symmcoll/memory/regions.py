@@ -33,6 +33,9 @@ class RegionSpec:
     rule: str
     fill_int32: int = 0
     symmetric: bool = True
+    # Sentinel slot regions: the int32 words at the start that hold headers or counts, not slots (every
+    # word after them is back to fill_int32 between calls; the tests check that).
+    header_words: int = 0
 
 
 _DECLARED: dict[str, RegionSpec] = {}
