@@ -94,6 +94,95 @@ def _all_gather_matmul(rank, world, rows):
                          "wrong": int(worst > 1e-2), "error": error})
 
 
+def _row_parallel(rank, world, rows):
+    """matmul_reduce_scatter, matmul_all_reduce and all_reduce_rms_norm, every variant, against fp32
+    answers computed locally from every rank's (seeded) inputs; odd sizes; bf16."""
+    dev = torch.device("cuda", 0)
+    gen = lambda seed: torch.Generator(device=dev).manual_seed(seed)
+    for M, N, K in ((256, 512, 384), (6 * world, 296, 200)):
+        a_of = lambda r: torch.randn(M, K, generator=gen(10 + r), device=dev).to(torch.bfloat16)
+        b_of = lambda r: (torch.randn(K, N, generator=gen(50 + r), device=dev) / K ** 0.5).to(torch.bfloat16)
+        total = sum(a_of(r).float() @ b_of(r).float() for r in range(world))
+        for op, want in (("matmul_reduce_scatter", total.chunk(world)[rank]), ("matmul_all_reduce", total)):
+            for name in ["auto", *plan.algorithms(op, kernels_only=False)]:
+                error, err = None, None
+                try:
+                    got = getattr(symmcoll, op)(a_of(rank), b_of(rank), algorithm=name)
+                    torch.cuda.synchronize()
+                    symmcoll.check()
+                    err = float((got.float() - want).norm() / want.norm())
+                except Exception as exc:  # noqa: BLE001
+                    error = f"{type(exc).__name__}: {exc}"[:300]
+                    symmcoll.reset()
+                rows.append({"check": op, "algorithm": name, "shape": [M, N, K], "rel_err": err,
+                             "wrong": int(err is None or err > 1e-2), "error": error})
+    for tokens, hidden in ((6, 8192), (138, 6144), (512, 1024)):
+        x_of = lambda r: torch.randn(tokens, hidden, generator=gen(200 + r), device=dev).to(torch.bfloat16)
+        residual = torch.randn(tokens, hidden, generator=gen(300), device=dev).to(torch.bfloat16)
+        weight = torch.randn(hidden, generator=gen(301), device=dev).to(torch.bfloat16)
+        new_res = residual.float() + sum(x_of(r).float() for r in range(world))
+        normed = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
+        for name in ["auto", *plan.algorithms("all_reduce_rms_norm", kernels_only=False)]:
+            error, err = None, None
+            try:
+                out = symmcoll.all_reduce_rms_norm(x_of(rank), residual.clone(), weight, 1e-6, algorithm=name)
+                torch.cuda.synchronize()
+                symmcoll.check()
+                got_n, got_r = out[0], out[1]
+                err = max(float((got_r.float() - new_res).norm() / new_res.norm()),
+                          float((got_n.float() - normed).norm() / normed.norm()))
+            except Exception as exc:  # noqa: BLE001
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                symmcoll.reset()
+            rows.append({"check": "all_reduce_rms_norm", "algorithm": name, "shape": [tokens, hidden],
+                         "rel_err": err, "wrong": int(err is None or err > 2e-2), "error": error})
+
+
+def _quantized_and_moe(rank, world, rows):
+    """The quantized all-reduce within its error bound and identical on every rank; MoE dispatch then
+    combine with an identity expert gives every token times the sum of its weights."""
+    dev = torch.device("cuda", 0)
+    n = 1 << 20
+    x_of = lambda r: torch.randn(n, generator=torch.Generator(device=dev).manual_seed(400 + r), device=dev).to(
+        torch.bfloat16)
+    exact = sum(x_of(r).float() for r in range(world))
+    for quantize, bound in (("int8", 2e-2), ("fp8", 6e-2), ("int4", 0.3)):
+        error, err, digest = None, None, None
+        try:
+            got = symmcoll.all_reduce(x_of(rank), quantize=quantize)
+            torch.cuda.synchronize()
+            symmcoll.check()
+            err = float((got.float() - exact).norm() / exact.norm())
+            digest = int(got.view(torch.int16).to(torch.int64).sum())
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            symmcoll.reset()
+        digests = [None] * world
+        dist.all_gather_object(digests, digest)
+        rows.append({"check": "all_reduce_quantized", "algorithm": quantize, "rel_err": err,
+                     "same_on_every_rank": len(set(digests)) == 1,
+                     "wrong": int(err is None or err > bound or len(set(digests)) != 1), "error": error})
+    T, H, E, k = 512, 1024, 8, 2
+    g = torch.Generator(device=dev).manual_seed(500 + rank)
+    tokens = torch.randn(T, H, generator=g, device=dev).to(torch.bfloat16)
+    topk_ids = torch.stack([torch.randperm(E, generator=g, device=dev)[:k] for _ in range(T)])
+    weights = torch.rand(T, k, generator=g, device=dev)
+    error, err = None, None
+    try:
+        for _ in range(3):
+            recv, counts, handle = symmcoll.moe_dispatch(tokens, topk_ids, E)
+            out = symmcoll.moe_combine(recv, weights, handle)
+        torch.cuda.synchronize()
+        symmcoll.check()
+        want = tokens.float() * weights.sum(1, keepdim=True)
+        err = float((out.float() - want).norm() / want.norm())
+    except Exception as exc:  # noqa: BLE001
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        symmcoll.reset()
+    rows.append({"check": "moe_dispatch_combine", "algorithm": "auto", "rel_err": err,
+                 "wrong": int(err is None or err > 1e-2), "error": error})
+
+
 def _remote_tma(rank, world, rows):
     """Can a device-side TMA descriptor address a peer's mapped memory? Here the peer's buffer is an IPC
     mapping of memory on the same GPU (between GPUs the mapping is over NVLink; not tested here)."""
@@ -233,8 +322,8 @@ def _host_overhead(rank, world, rows, rounds=30, calls=20):
 def _all_checks():
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = []
-    for stage in (_correctness, _all_gather_matmul, _remote_tma, _mismatch, _graphs, _compile, _host_overhead,
-                  _capture_without_warmup):
+    for stage in (_correctness, _all_gather_matmul, _row_parallel, _quantized_and_moe, _remote_tma, _mismatch, _graphs,
+                  _compile, _host_overhead, _capture_without_warmup):
         t0 = time.monotonic()
         try:
             stage(rank, world, rows)
@@ -263,7 +352,8 @@ def main() -> None:
     bad = [r for r in rows if r.get("wrong") or r.get("error") or r.get("outcome") == "NO ERROR"]
     for r in rows:
         if r["check"] in ("host_us_per_call", "mismatch", "compile", "cuda_graph", "capture_without_warmup",
-                          "stage_seconds", "all_gather_matmul", "remote_tma"):
+                          "stage_seconds", "all_gather_matmul", "remote_tma", "matmul_reduce_scatter",
+                          "matmul_all_reduce", "all_reduce_rms_norm", "all_reduce_quantized", "moe_dispatch_combine"):
             print(json.dumps(r))
     exact = [r for r in rows if r["check"] == "exact"]
     print(f"exact checks: {len(exact)} cases, {sum(1 for r in exact if not r['wrong'] and not r['error'])} exact")
