@@ -36,28 +36,33 @@ __all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gat
 
 
 class _Algorithms(dict):
-    """op -> {name: summary} of the registered kernel algorithms (live view of symmcoll.plan)."""
+    """op -> {name: summary} of the registered kernel algorithms of every op, collectives and fused ops
+    (live view of symmcoll.plan; "nccl", the process group's own, is not listed)."""
+
+    @staticmethod
+    def _ops():
+        return [op for op in plan.registered_ops() if plan.algorithms(op)]
 
     def __getitem__(self, op):
         return {name: a.summary for name, a in plan.algorithms(op).items()}
 
     def get(self, op, default=None):
-        return self[op] if op in plan.OPS or plan.algorithms(op) else default
+        return self[op] if op in self else default
 
     def __iter__(self):
-        return iter(plan.OPS)
+        return iter(self._ops())
 
     def __contains__(self, op):
         return bool(plan.algorithms(op))
 
     def keys(self):
-        return list(plan.OPS)
+        return self._ops()
 
     def items(self):
-        return [(op, self[op]) for op in plan.OPS]
+        return [(op, self[op]) for op in self._ops()]
 
     def __len__(self):
-        return len(plan.OPS)
+        return len(self._ops())
 
     def __repr__(self):
         return repr(dict(self.items()))

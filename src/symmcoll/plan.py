@@ -159,6 +159,11 @@ _DEFAULTS: dict[str, str | Callable] = {"all_reduce": "two_shot"}
 _DISPATCH_SIZE: dict[str, Callable] = {}
 
 
+def registered_ops() -> list[str]:
+    """Every op the resolver knows: the collectives first, then the fused ops, in registration order."""
+    return [*OPS, *(op for op in _REGISTRY if op not in OPS)]
+
+
 def shape_rule(op: str) -> Callable:
     """The registered shape rule of ``op``: rule(request, world) -> (output shape or None, size key)."""
     return _OP_RULES[op]
