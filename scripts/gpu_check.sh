@@ -2,7 +2,7 @@
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared] [gemm]
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
-#                                                            [quantized-accuracy] [moe]
+#                                                            [quantized-accuracy] [moe] [faults]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -95,6 +95,14 @@ for stage in $stages; do
     shared)
       timeout ${SHARED_TIMEOUT:-560} python3 benchmarks/shared_gpu_check.py --world-size ${SHARED_WORLD_SIZE:-2} \
         --out "$OUT/shared_gpu.json" 2>&1 | tee "$OUT/shared_gpu.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    faults)
+      # The fault suite (tests/test_faults.py) at world size 2: on two GPUs, or two ranks sharing GPU 0
+      # (launch device "cuda-shared") on a one-GPU machine.
+      dev=cuda; [ "$ngpu" -ge 2 ] || dev=cuda-shared
+      SYMMCOLL_TEST_DEVICE=$dev timeout ${FAULTS_TIMEOUT:-500} python3 -m pytest -v -rA -p no:cacheprovider \
+        tests/test_faults.py 2>&1 | tee "$OUT/faults_$dev.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     quantized-tests)
