@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
-#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared] [gemm]
+#   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared]
+#                                                            [gemm-tune] [gemm-bench]
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
@@ -80,8 +81,20 @@ for stage in $stages; do
         ${TP_BLOCK_CASES:+--shapes $TP_BLOCK_CASES} --out "$OUT" 2>&1 | tee "$OUT/tp_block_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
-    gemm)
-      timeout ${GEMM_TIMEOUT:-300} python3 benchmarks/gemm_probe.py --out "$OUT/gemm_probe.json" 2>&1 | tee "$OUT/gemm_probe.log"
+    gemm-tune)
+      # The GEMM core's tile table for this GPU model (symmcoll tune --op gemm): $OUT/gemm_<gpu>.json and its
+      # measurements; also copied into the package here so that later stages of this call use it.
+      # GEMM_SHAPES (layer-name prefixes) and GEMM_M narrow it.
+      key=$(python3 -c 'import torch; from symmcoll.fused.gemm_configs import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
+      timeout ${GEMM_TUNE_TIMEOUT:-540} python3 -m symmcoll tune --op gemm ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
+        ${GEMM_M:+--m $GEMM_M} --out "$OUT/gemm_$key.json" 2>&1 | tee "$OUT/gemm_tune.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      [ -f "$OUT/gemm_$key.json" ] && cp "$OUT/gemm_$key.json" src/symmcoll/data/
+      ;;
+    gemm-bench)
+      # The GEMM core beside cuBLAS over the serving grid (bf16; GEMM_DTYPE=fp16), with its plot.
+      timeout ${GEMM_BENCH_TIMEOUT:-400} python3 -m symmcoll bench --op gemm --dtype ${GEMM_DTYPE:-bf16} \
+        ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} --plot --out "$OUT" 2>&1 | tee "$OUT/gemm_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     moe)

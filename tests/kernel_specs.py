@@ -284,6 +284,40 @@ def _loop_bodies(lines: list[str]) -> tuple[dict, dict]:
     return innermost, {loop: body(loop) for loop in own}
 
 
+_REGISTER = re.compile(r"%[a-z]+\d+")
+
+
+def _exit_depends_on_load(body: list[str]) -> bool:
+    """Whether a conditional branch in the loop body tests a value computed (inside the body) from a
+    global load: what makes a loop a wait. A loop that only accumulates what it loads (a reduction)
+    branches on its counter."""
+    defs: dict[str, list[str]] = {}
+    for line in body:
+        code = line.split("//")[0].strip().rstrip(";")
+        if not code or code.endswith(":") or code.startswith(("@", "bra", "{", "}", ".")):
+            continue
+        opcode, _, operands = code.partition(" ")
+        if not operands:
+            continue
+        dst, _, sources = operands.partition(",") if not operands.startswith("{") else operands.partition("}")
+        for reg in _REGISTER.findall(dst):
+            defs.setdefault(reg, []).append(code)
+    predicates = {m.group(1) for line in body if (m := re.search(r"@!?(%p\d+)\s+bra", line))}
+    seen, todo = set(), list(predicates)
+    while todo:
+        reg = todo.pop()
+        if reg in seen:
+            continue
+        seen.add(reg)
+        for code in defs.get(reg, ()):
+            if code.startswith("ld.global"):
+                return True
+            opcode, _, operands = code.partition(" ")
+            dst_end = operands.index("}") + 1 if operands.startswith("{") else operands.find(",")
+            todo.extend(_REGISTER.findall(operands[dst_end:]) if dst_end > 0 else [])
+    return False
+
+
 def spin_loop_problems(ptx: str) -> list[str]:
     """Wait loops in ``ptx`` (loops storing nothing to global memory, inner loops included, and doing no
     tensor-core work) with no atomic and no volatile/acquire load: they spin on plain loads, which may
@@ -306,7 +340,7 @@ def spin_loop_problems(ptx: str) -> list[str]:
                 continue  # a matmul's k-loop: it computes on what it loads, it does not wait for it
             plain = [l.strip() for l in body if (g := _GLOBAL_LOAD.search(l)) and not g.group(1).startswith(_ORDERED)]
             waits = [l for l in body if "atom." in l or "ld.volatile" in l or "ld.acquire" in l]
-            if not waits and plain:
+            if not waits and plain and _exit_depends_on_load(body):
                 problems.append(f"loop at {b.group(1)} spins on plain loads {plain[:3]}")
     return problems
 

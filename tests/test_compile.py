@@ -31,6 +31,20 @@ def _volatile_spin(flag_ptr, spins_ptr):
     tl.store(spins_ptr, spins)
 
 
+@triton.jit
+def _reduction_loop(values_ptr, n, total_ptr):
+    total = 0.0
+    for i in range(n):  # loads in a loop that stores nothing, but its exit tests the counter only
+        total += tl.load(values_ptr + i)
+    tl.store(total_ptr, total)
+
+
+def test_checker_accepts_a_reduction_loop():
+    sig = (("values_ptr", "*fp32"), ("n", "i32"), ("total_ptr", "*fp32"))
+    assert kernel_specs.spin_loop_problems(
+        kernel_specs.compile_ptx(kernel_specs.CompileSpec(_reduction_loop, sig, (), 4))) == []
+
+
 def test_checker_flags_a_plain_spin_and_accepts_a_volatile_one():
     sig = (("flag_ptr", "*i32"), ("spins_ptr", "*i32"))
     bad = kernel_specs.spin_loop_problems(kernel_specs.compile_ptx(kernel_specs.CompileSpec(_plain_spin, sig, (), 4)))

@@ -6,7 +6,9 @@
     symmcoll bench --op tp_block [--world-size 2,4] [--shapes decode prefill:1x2048 ...] [--algorithms MODE ...]
     symmcoll plot RESULT.json [RESULT.json ...] [--out DIR]
     symmcoll accuracy [--world-size N[,N...]] [--numel N] [--dtype bf16] [--out DIR]
+    symmcoll bench --op gemm [--shapes 70b-tp8 ...] [--m 1 16 ...] [--dtype bf16|fp16]
     symmcoll tune [--world-size N...] [--out FILE]
+    symmcoll tune --op gemm [--shapes ...] [--m ...] [--out gemm_h200.json]
     symmcoll info
 """
 
@@ -23,6 +25,7 @@ from .bench.plan import DTYPES
 from .bench.sizes import parse_size
 
 TP_BLOCK = "tp_block"   # the decoder block of symmcoll.models (bench/tp_block.py)
+GEMM = "gemm"           # the GEMM core beside cuBLAS on one GPU (bench/gemm.py)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +46,11 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench.driver import BenchOptions, run_bench
 
     status = 0
+    if GEMM in args.op:
+        status = _bench_gemm(args)
+        args.op = [op for op in args.op if op != GEMM]
+        if not args.op:
+            return status
     if TP_BLOCK in args.op:
         status = _bench_tp_block(args)
         args.op = [op for op in args.op if op != TP_BLOCK]
@@ -88,6 +96,31 @@ def _bench_fused(args: argparse.Namespace, ops: list[str]) -> int:
         status = max(status, fused.run(op, shapes, worlds, args.dtype, tuple(_split(args.algorithms)) or None,
                                        Path(args.out), console, replays=args.iters or 20))
     return status
+
+
+def _gemm_ms(args) -> tuple[int, ...]:
+    from .bench.gemm import GRID_M
+    return tuple(int(m) for m in _split(args.m)) or GRID_M
+
+
+def _bench_gemm(args: argparse.Namespace) -> int:
+    """The GEMM core against cuBLAS over the serving grid (--shapes: shape-name prefixes, --m: M values)."""
+    import torch
+
+    console = _console()
+    if not torch.cuda.is_available():
+        console.print(f"[bold yellow]{GEMM}: the GEMM benchmark needs a GPU; skipped on this machine "
+                      f"(tests/test_gemm.py checks the kernels on CPU)[/]")
+        return 0
+    from .bench import gemm
+
+    dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
+    path = gemm.run_bench(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 30, Path(args.out),
+                          console)
+    if args.plot:
+        from .bench.plot import plot_gemm
+        console.print(f"plot written: {plot_gemm(path)}", highlight=False)
+    return 0
 
 
 def _bench_tp_block(args: argparse.Namespace) -> int:
@@ -188,6 +221,11 @@ def _tune(args: argparse.Namespace) -> int:
 
     console = _console()
     requested = tuple(_split(args.op)) or OPS
+    if GEMM in requested:
+        status = _tune_gemm(args, console)
+        requested = tuple(op for op in requested if op != GEMM)
+        if not requested:
+            return status
     fused_ops = tuple(op for op in requested if op in _fused_ops())
     ops = tuple(op for op in requested if op not in fused_ops)
     fused_rules, status = _tune_fused(args, fused_ops, console) if fused_ops else ((), 0)
@@ -212,6 +250,22 @@ def _tune(args: argparse.Namespace) -> int:
                f"{args.dtype}, git {prov.git_sha}")
     table = dispatch.Table(table.rules + tuple(fused_rules), table.source)
     return max(status, _write_table(args, console, table, requested))
+
+
+def _tune_gemm(args, console) -> int:
+    """The GEMM core's tile table for this GPU model (written to --out if it names a .json file, else
+    to the package's data/gemm_<gpu>.json)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        console.print(f"[bold yellow]tune: {GEMM} needs a GPU; not tuned here[/]")
+        return 0
+    from .bench import gemm
+
+    out = Path(args.out) if str(args.out).endswith(".json") and "dispatch" not in Path(args.out).name else None
+    dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
+    gemm.tune(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, out, console)
+    return 0
 
 
 def _write_table(args, console, table, measured_ops) -> int:
@@ -276,12 +330,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--shapes", nargs="+", default=None, metavar="MxNxK",
                        help="fused ops: shapes to measure (default: the op's list); tp_block: cases whose "
                             "name starts with one of these (decode, decode:8, prefill:4x4096:compile, ...)")
-    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, *_fused_ops(), TP_BLOCK, "all"],
+    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, *_fused_ops(), TP_BLOCK, GEMM, "all"],
                        metavar="OP",
                        help=f"collectives: {', '.join(OPS)} or all (default: all); fused ops (GPU, by shape): "
                             f"{', '.join(_fused_ops())}; {TP_BLOCK}: a tensor-parallel decoder block, decode "
                             f"and prefill, in modes nccl, torch_async_tp and symmcoll (GPU; --algorithms "
-                            f"picks modes)")
+                            f"picks modes); {GEMM}: the GEMM core beside cuBLAS on one GPU over the serving "
+                            f"grid (--shapes: layer-name prefixes such as 70b-tp8, --m: M values)")
+    bench.add_argument("--m", nargs="+", default=None, metavar="M", help=f"{GEMM}: M values (default: the grid)")
     bench.add_argument("-b", "--minbytes", type=_size, default=None, help="smallest size (4K, 1M, ...)")
     bench.add_argument("-e", "--maxbytes", type=_size, default=None, help="largest size")
     bench.add_argument("-f", "--stepfactor", type=float, default=None,
@@ -340,8 +396,12 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--op", nargs="+", default=None, metavar="OP",  # collectives and fused ops
                       help=f"ops to measure: {', '.join(OPS)}, or fused ops ({', '.join(_fused_ops())}, GPU, by "
                            f"shape) (default: the collectives); the others keep "
-                           f"the rules of the table in use")
+                           f"the rules of the table in use; {GEMM}: the GEMM core's tile table for this GPU "
+                           f"(written to --out FILE.json, default the package's data/gemm_<gpu>.json)")
     tune.add_argument("--dtype", choices=DTYPES, default="bf16")
+    tune.add_argument("--shapes", nargs="+", default=None, help=f"{GEMM}: layer-name prefixes (default: all)")
+    tune.add_argument("--m", nargs="+", default=None, metavar="M", help=f"{GEMM}: M values (default: the grid)")
+    tune.add_argument("-n", "--iters", type=int, default=None, help=f"{GEMM}: graph replays per candidate")
     tune.add_argument("--world-size", nargs="+", default=None, metavar="N")
     tune.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     from .dispatch import USER_TABLE

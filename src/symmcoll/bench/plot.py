@@ -132,3 +132,38 @@ def _size_ticks(ax, sizes: list[int]) -> None:
     ax.set_xticks(ticks)
     ax.set_xticklabels([format_size(s) for s in ticks], rotation=45, fontsize=8)
     ax.minorticks_off()
+
+
+def plot_gemm(path: str | Path, out: str | Path | None = None) -> Path:
+    """GEMM core / cuBLAS time against M, one line per (N, K) shape, from a ``bench --op gemm`` result."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    data = json.loads(path.read_text())
+    rows = [r for r in data["rows"] if "ratio" in r]
+    fig, ax = plt.subplots(figsize=(11, 6))
+    palette = plt.get_cmap("tab20")
+    for i, shape in enumerate(dict.fromkeys(r["shape"] for r in rows)):
+        points = sorted((r["m"], r["ratio"]) for r in rows if r["shape"] == shape)
+        n, k = next((r["n"], r["k"]) for r in rows if r["shape"] == shape)
+        ax.plot(*zip(*points), marker="o", markersize=3, color=palette(i % palette.N),
+                linestyle=LINE_STYLES[i // palette.N % len(LINE_STYLES)], label=f"{shape} (N={n}, K={k})")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.10, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (tokens)")
+    ax.set_ylabel("time / cuBLAS time (lower is better)")
+    prov = data["provenance"]
+    summary = data["summary"]
+    ax.set_title(f"symmcoll GEMM core vs cuBLAS, {prov['gpu']}, {rows[0]['dtype'] if rows else ''}: geomean "
+                 f"{summary['geomean_ratio']:.3f}, worst {summary['worst_ratio']:.3f} (git {prov['git'][:10]})")
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    fig.tight_layout()
+    target = Path(out) if out else path.with_suffix(".png")
+    fig.savefig(target, dpi=120)
+    plt.close(fig)
+    return target

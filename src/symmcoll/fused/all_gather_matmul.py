@@ -38,26 +38,20 @@ import triton.language as tl
 
 from .. import plan as planner
 from ..language import (EPOCH_SLOTS, announce, barrier_kernel, block_barrier, end_launch, launch_epoch, peer_ptr,
-                        record_timeout)
+                        send_tile_flag, wait_tile_flag)
 from ..launcher import launch
 from ..plan import Algorithm, Plan, register, register_op
 from . import gemm
+from .gemm_configs import gemm_config
 
 OP = "all_gather_matmul"
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-@triton.jit
-def _wait_flag(flags_ptr, chunk, epoch, budget, status_ptr, rank, owner, desc):
-    """Spin (volatile, bounded) until chunk ``chunk``'s flag carries ``epoch``; returns spins left."""
-    value = tl.load(flags_ptr + chunk, volatile=True)
-    while (value != epoch) & (budget > 0):
-        value = tl.load(flags_ptr + chunk, volatile=True)
-        budget -= 1
-    if value != epoch:
-        record_timeout(status_ptr, rank, owner, desc)
-        budget = budget * 0
-    return budget
+# Where consumers read peers' rows of A (the variants' one difference inside the kernel).
+PEER_BUFFERS: tl.constexpr = tl.constexpr(1)    # naive_remote: straight from the owners' buffers over NVLink
+COPY_ENGINE: tl.constexpr = tl.constexpr(3)     # copy_engine_producer: from G once the copy engine flags a chunk
+PRODUCERS: tl.constexpr = tl.constexpr(4)       # fused: from G once this kernel's producer programs flag a chunk
 
 
 @triton.jit
@@ -78,28 +72,30 @@ def _copy_rows(src, dst, dst2, rows, K, src_stride, dst_stride, dst2_stride, ROW
 def ag_matmul_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
-    # this call: descriptor; buffer address table; chunk flags and the epoch source of this plan
+    # this call: descriptor; buffer address table; int64 chunk flags and the int32 epoch table of this plan
     desc, buffer_ptrs_dev, flags_ptr, epoch_ptr,
     # A shard [rows, K] (my input), B [K, N], C and gathered A (rows of owner s start at s * shard_stride)
     a_ptr, b_ptr, c_ptr, g_ptr, rows, N, K, shard_stride, stride_a, stride_b, stride_c, stride_g,
-    # MODE 1: peers' rows straight from their buffers; 3: from G once the copy engine's flags arrive;
-    # 4: from G, pulled by the PRODUCERS first programs of this kernel
-    WORLD: tl.constexpr, MODE: tl.constexpr, PRODUCERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    BK: tl.constexpr, GROUP_M: tl.constexpr, CONSUMERS: tl.constexpr, TMA: tl.constexpr, COPY_COLS: tl.constexpr,
+    # SOURCE: PEER_BUFFERS, COPY_ENGINE or PRODUCERS; the first N_PRODUCERS programs pull (PRODUCERS only)
+    WORLD: tl.constexpr, SOURCE: tl.constexpr, N_PRODUCERS: tl.constexpr, CONSUMERS: tl.constexpr,
+    # the GEMM core's tile config (gemm_configs.GemmConfig.meta, split_k = 1)
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
+    TMA: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if MODE == 4:
+    if SOURCE == PRODUCERS:
         epoch = launch_epoch(epoch_ptr)
     else:
-        epoch = tl.load(epoch_ptr)
+        epoch = tl.load(epoch_ptr)  # COPY_ENGINE: bumped by bump_kernel just before, on this stream
+    ready = (epoch.to(tl.int64) << 32) | desc
     blocks_per_shard = tl.cdiv(rows, BM)
     budget = max_spins
-    if pid < PRODUCERS:
+    if pid < N_PRODUCERS:
         # ---- producer p: publish my chunks p, p+P, ..., then pull the same chunks of every peer ----
         announce(signal_pad_ptrs_dev, desc, rank, WORLD)
         my_buf = peer_ptr(buffer_ptrs_dev, rank, a_ptr.dtype.element_ty)
         my_g = g_ptr + tl.cast(rank * shard_stride, tl.int64) * stride_g
-        for j in range(pid, blocks_per_shard, PRODUCERS):  # my rows go to my buffer and my gathered A
+        for j in range(pid, blocks_per_shard, N_PRODUCERS):  # my rows go to my buffer and my gathered A
             _copy_rows(a_ptr + j * BM * stride_a, my_buf + j * BM * K, my_g + tl.cast(j * BM, tl.int64) * stride_g,
                        tl.minimum(rows - j * BM, BM), K, stride_a, K, stride_g, BM, COPY_COLS, True)
         failed = block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
@@ -107,40 +103,38 @@ def ag_matmul_kernel(
             for k in tl.static_range(1, WORLD):
                 owner = (rank + k) % WORLD
                 theirs = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
-                for j in range(pid, blocks_per_shard, PRODUCERS):
+                for j in range(pid, blocks_per_shard, N_PRODUCERS):
                     dst = g_ptr + tl.cast(owner * shard_stride + j * BM, tl.int64) * stride_g
                     _copy_rows(theirs + j * BM * K, dst, dst, tl.minimum(rows - j * BM, BM), K, K, stride_g, stride_g,
                                BM, COPY_COLS, False)
-                    tl.debug_barrier()  # every thread's stores are done before the flag releases them
-                    tl.atomic_xchg(flags_ptr + owner * blocks_per_shard + j, epoch, sem="release", scope="gpu")
+                    send_tile_flag(flags_ptr + owner * blocks_per_shard + j, ready)
             # Nobody refills its buffer (next call) until every peer's program p has pulled from it.
             block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
     else:
-        # ---- consumer: the persistent GEMM, own rows first ----
-        consumer = pid - PRODUCERS
+        # ---- consumer: the persistent GEMM over row blocks, own rows first ----
+        consumer = pid - N_PRODUCERS
         num_n = tl.cdiv(N, BN)
+        b_src = b_ptr
         if TMA:
-            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
+            b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
         for tile in range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
             logical, pid_n = gemm.grouped_tile(tile, WORLD * blocks_per_shard, num_n, GROUP_M)
             owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
             local_first = first - owner * rows
             if owner != rank:
-                if MODE != 1:
-                    budget = _wait_flag(flags_ptr, owner * blocks_per_shard + local_first // BM, epoch, budget,
-                                        status_ptr, rank, owner, desc)
-            cols = pid_n * BN + tl.arange(0, BN)
-            r = tl.arange(0, BM)
+                if SOURCE != PEER_BUFFERS:
+                    budget = wait_tile_flag(flags_ptr + owner * blocks_per_shard + local_first // BM, ready, budget,
+                                            status_ptr, rank, owner, desc)
             # One k-loop with unconditional loads (loads under a branch inside the pipelined loop gave
             # wrong results on an H200; one loop per source doubles the pipeline's shared memory): pick
             # the source per tile, and with TMA build its descriptor per tile (a few hundred ns against
-            # a tile's tens of microseconds).
+            # a tile's microseconds).
             if owner == rank:
                 base = a_ptr
                 src_rows = rows
                 stride = stride_a
                 row = local_first
-            elif MODE == 1:
+            elif SOURCE == PEER_BUFFERS:
                 base = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
                 src_rows = rows
                 stride = K
@@ -151,27 +145,31 @@ def ag_matmul_kernel(
                 stride = stride_g
                 row = owner * shard_stride + local_first
             if TMA:
-                a_desc = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1], block_shape=[BM, BK])
-                acc = gemm.acc_tile_tma(a_desc, row, b_desc, pid_n * BN, K, BM, BN, BK)
+                a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1], block_shape=[BM, BK])
+                acc = gemm.k_loop(a_src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK,
+                                  TMA, SWAP_AB, False, PRECISION)
             else:
-                acc = gemm.acc_tile(base + tl.cast(row, tl.int64) * stride, stride, count, b_ptr, stride_b, cols, K, N,
-                                    BM, BN, BK)
+                acc = gemm.k_loop(base, b_src, row, pid_n * BN, 0, K, row + count, N, K, stride, stride_b, BM, BN, BK,
+                                  TMA, SWAP_AB, False, PRECISION)
             if budget > 0:
-                gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc, r, cols,
-                                count, N, stride_c)
-    if MODE == 4:
+                gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
+                                tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
+    if SOURCE == PRODUCERS:
         end_launch(epoch_ptr, epoch)
 
 
 @triton.jit
-def bump_kernel(epoch_ptr, n, BLOCK: tl.constexpr):
-    """This call's epoch = entry 0 + 1, written into entries [0, n): the GEMM reads entry 0, the copy
-    engine copies entries [1, n) into the flags of the chunks it has copied (copy_engine_producer).
-    Runs before the GEMM on the main stream, so the side stream's copies never need an SM."""
+def bump_kernel(epoch_ptr, ready_ptr, desc, n, BLOCK: tl.constexpr):
+    """This call's epoch = entry 0 of the epoch table + 1 (stored back), and its ready word
+    (epoch << 32) | desc written into entries [0, n) of the ready table, which the copy engine copies
+    into the flags of the chunks it has copied (copy_engine_producer). Runs before the GEMM on the main
+    stream, so the side stream's copies never need an SM."""
     epoch = tl.load(epoch_ptr) + 1
+    tl.store(epoch_ptr, epoch)
+    ready = (epoch.to(tl.int64) << 32) | desc
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        tl.store(epoch_ptr + offs, tl.zeros([BLOCK], tl.int32) + epoch, mask=offs < n)
+        tl.store(ready_ptr + offs, tl.zeros([BLOCK], tl.int64) + ready, mask=offs < n)
 
 
 # ---- host side --------------------------------------------------------------------------------------
@@ -222,94 +220,102 @@ def _nccl(plan: Plan, a, _out, *bs):
     return outs, g
 
 
+def _gather(plan: Plan, a: torch.Tensor) -> torch.Tensor:
+    return planner.resolve("all_gather", a, plan.group, "auto").execute(a)
+
+
 def _gather_then_gemm(plan: Plan, a, _out, *bs):
-    import symmcoll
-    g = symmcoll.all_gather(a, plan.group)
+    g = _gather(plan, a)
     return [gemm.matmul(g, b) for b in bs], g
 
 
 def _gather_then_cublas(plan: Plan, a, _out, *bs):
-    import symmcoll
-    g = symmcoll.all_gather(a, plan.group)
+    g = _gather(plan, a)
     return [torch.matmul(g, b) for b in bs], g
 
 
-def _config(plan: Plan):
-    return gemm.GPU_GEMM if plan.ws.device.type == "cuda" else gemm.CPU_GEMM
+def _config(plan: Plan, a: torch.Tensor, b: torch.Tensor):
+    """The GEMM core's tile config for the whole product [W * rows, K] @ [K, N] (no split: a tile is
+    finished in one program)."""
+    return gemm_config(plan.world * a.shape[0], b.shape[1], a.shape[1], a.dtype, plan.ws.device, split=False)
 
 
-def _piece_rows(plan: Plan, a: torch.Tensor) -> int:
+def _piece_rows(plan: Plan, a: torch.Tensor, block_m: int) -> int:
     """Rows of every shard per launch: a piece of my shard must fit the workspace buffer."""
-    bm = _config(plan)[0]
     fit = plan.ws.buffer_bytes // (a.shape[1] * a.element_size())
     if fit < 1:
         raise ValueError(f"a_shard rows of {a.shape[1] * a.element_size()} bytes do not fit the workspace buffer")
-    return min(a.shape[0], fit // bm * bm if fit >= bm else fit)
+    return min(a.shape[0], fit // block_m * block_m if fit >= block_m else fit)
 
 
-def _state(plan: Plan, a: torch.Tensor):
-    """This plan's chunk flags and epoch table (device memory, made once per plan: a captured graph
-    replays with the same tensors; epoch-tagged, so nothing is ever reset)."""
-    if "flags" not in plan.cache:
-        chunks = plan.world * triton.cdiv(_piece_rows(plan, a), _config(plan)[0])
-        plan.cache["flags"] = torch.zeros(chunks, dtype=torch.int32, device=a.device)
-        plan.cache["epoch"] = torch.zeros(max(EPOCH_SLOTS.value, chunks + 1), dtype=torch.int32, device=a.device)
-    return plan.cache["flags"], plan.cache["epoch"]
+def _state(plan: Plan, chunks: int, device: torch.device):
+    """This plan's int64 chunk flags, int32 epoch table and int64 ready table (device memory, made once
+    per plan: a captured graph replays with the same tensors; epoch-tagged, so nothing is ever
+    reset)."""
+    if plan.cache.get("chunks", -1) < chunks:
+        plan.cache["chunks"] = chunks
+        plan.cache["flags"] = torch.zeros(chunks, dtype=torch.int64, device=device)
+        plan.cache["epoch"] = torch.zeros(EPOCH_SLOTS.value, dtype=torch.int32, device=device)
+        plan.cache["ready"] = torch.zeros(chunks, dtype=torch.int64, device=device)
+    return plan.cache["flags"], plan.cache["epoch"], plan.cache["ready"]
 
 
-def _run_kernel(plan: Plan, a, bs, mode: int, producers: int = 0):
-    """Variants 1, 3, 4: the first B through the variant's kernel (pieces of rows if the shard exceeds
-    the buffer), the gathered A completed, further Bs by the persistent GEMM over it."""
+def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
+    """naive_remote, copy_engine_producer and fused: the first B through the variant's kernel (pieces of
+    rows if the shard exceeds the buffer), the gathered A completed, further Bs by the GEMM core over
+    it. A group of one has nobody to gather from: the kernel alone (no producers, barriers or copies)."""
     ws, world, rank = plan.ws, plan.world, plan.rank
     rows_total, K = a.shape
     outs, g = _outputs(plan, a, bs, True)
-    flags, epoch = _state(plan, a)
-    bm, bn, bk, group_m, warps, stages = _config(plan)
-    on_gpu = ws.device.type == "cuda"  # (meta tensors when the compile checks record the launches)
-    piece = _piece_rows(plan, a)
+    if rows_total == 0:
+        return outs, g
     b = bs[0]
-    use_tma = on_gpu and mode != 1 and gemm.tma_ok(a, g, b)
-    if use_tma and a.is_cuda:
-        gemm.ensure_tma_allocator()
+    config = _config(plan, a, b)
+    alone = world == 1
+    producers = 0 if alone else producers
+    piece = _piece_rows(plan, a, config.block_m)
+    flags, epoch, ready = _state(plan, world * triton.cdiv(piece, config.block_m), a.device)
+    on_gpu = ws.device.type == "cuda"  # (meta tensors when the compile checks record the launches)
+    tma = source != PEER_BUFFERS.value and gemm.use_tma(ws.device.type, a, g, b)
     consumers = max(1, gemm.num_sms(ws.device) - producers)
+    copies = source in (PEER_BUFFERS.value, COPY_ENGINE.value) and not alone
     for start in range(0, rows_total, piece):
         rows = min(piece, rows_total - start)
         a_piece = a[start:start + rows]
         barrier = lambda: launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
-        if mode in (1, 3):
+        if copies:
             ws.buffer[: rows * K * a.element_size()].view(a.dtype).view(rows, K).copy_(a_piece)
             barrier()
-        if mode == 3:
-            launch(bump_kernel, (1,), (epoch, flags.numel() + 1), dict(BLOCK=256, num_warps=1))
-            _copy_engine_gather(plan, a, g, flags, epoch, start, rows)
+        if source == COPY_ENGINE.value and not alone:
+            launch(bump_kernel, (1,), (epoch, ready, plan.desc, ready.numel()), dict(BLOCK=256, num_warps=1))
+            _copy_engine_gather(plan, a, g, flags, ready, start, rows, config.block_m)
         launch(ag_matmul_kernel, (producers + consumers,),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, outs[0][start:], g[start:],
                 rows, b.shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0)),
-               dict(WORLD=world, MODE=mode, PRODUCERS=producers, BM=bm, BN=bn, BK=bk, GROUP_M=group_m,
-                    CONSUMERS=consumers, TMA=use_tma, COPY_COLS=128 if on_gpu else 32, num_warps=warps,
-                    num_stages=stages))
-        if mode == 3:
-            torch.cuda.current_stream().wait_stream(plan.cache["side_stream"]) if a.is_cuda else None
-        if mode == 1:  # the gathered A was not needed by the GEMM: pull it now, before the exit barrier
+               dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, TMA=tma,
+                    PRECISION=gemm.precision(a.dtype), COPY_COLS=128 if on_gpu else 32, **config.meta()))
+        if source == COPY_ENGINE.value and not alone and a.is_cuda:
+            torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
+        if source == PEER_BUFFERS.value:  # the gathered A was not needed by the GEMM: pull it now
             for k in range(1, world):
                 owner = (rank + k) % world
                 src = ws.peer_buffer(owner)[: rows * K * a.element_size()].view(a.dtype).view(rows, K)
                 g[owner * rows_total + start:][:rows].copy_(src)
-        if mode in (1, 3):
+        if copies:
             barrier()
-    if mode in (1, 3):
+    if source != PRODUCERS.value or alone:
         g[rank * rows_total:(rank + 1) * rows_total].copy_(a)
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
     return outs, g
 
 
-def _copy_engine_gather(plan: Plan, a, g, flags, epoch, start: int, rows: int) -> None:
+def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, block_m: int) -> None:
     """On a side stream: each peer's piece with the copy engine, then its chunks' flags (entries of the
-    epoch table copied into them: a small copy after the data copy on the same stream, so the flags
+    ready table copied into them: a small copy after the data copy on the same stream, so the flags
     say the rows are there). No SM is needed, so the persistent GEMM may occupy them all."""
     ws, world, rank = plan.ws, plan.world, plan.rank
-    blocks = triton.cdiv(rows, _config(plan)[0])
+    blocks = triton.cdiv(rows, block_m)
     K = a.shape[1]
     nbytes = rows * K * a.element_size()
     if a.is_cuda:
@@ -323,15 +329,15 @@ def _copy_engine_gather(plan: Plan, a, g, flags, epoch, start: int, rows: int) -
         for k in range(1, world):
             owner = (rank + k) % world
             g[owner * a.shape[0] + start:][:rows].copy_(ws.peer_buffer(owner)[:nbytes].view(a.dtype).view(rows, K))
-            flags[owner * blocks:(owner + 1) * blocks].copy_(epoch[1:1 + blocks])
+            flags[owner * blocks:(owner + 1) * blocks].copy_(ready[:blocks])
 
 
 def _naive_remote(plan, a, _out, *bs):
-    return _run_kernel(plan, a, bs, mode=1)
+    return _run_kernel(plan, a, bs, PEER_BUFFERS.value)
 
 
 def _copy_engine_producer(plan, a, _out, *bs):
-    return _run_kernel(plan, a, bs, mode=3)
+    return _run_kernel(plan, a, bs, COPY_ENGINE.value)
 
 
 # Producer programs of the fused kernel: each pulls with SM loads (~25-40 GB/s an SM over NVLink).
@@ -339,7 +345,7 @@ FUSED_PRODUCERS = {"cuda": 8, "cpu": 1}
 
 
 def _fused(plan, a, _out, *bs):
-    return _run_kernel(plan, a, bs, mode=4, producers=FUSED_PRODUCERS[plan.ws.device.type])
+    return _run_kernel(plan, a, bs, PRODUCERS.value, producers=FUSED_PRODUCERS[plan.ws.device.type])
 
 
 for _name, _fn, _code, _summary in (

@@ -1,16 +1,22 @@
-"""The persistent tensor-core GEMM every fused op is built on: a tile scheduler, tile loads by TMA
-descriptor or by pointer, fp32 accumulation, and one plain ``matmul`` (C = A @ B) for the two-launch
-variants.
+"""The GEMM core every fused op is built on: one K-loop, one tile scheduler, one split-K reduction, and
+the plain ``matmul`` (C = A @ B) built from them.
 
-Persistent: one program per SM walks tiles ``pid, pid + P, ...`` of a grouped order (GROUP_M row blocks
-share B columns in L2, as in Triton's tutorials 03/09). Fused ops reorder the *row blocks* (their own
-shard first, peers' after) through ``row_block``, which maps a logical row-block index to (shard,
-block within the shard) so that no tile straddles two ranks' rows.
+    k_loop          fp32 [BM, BN] tile of A[rows, k_lo:k_hi] @ B[k_lo:k_hi, cols]: TMA descriptor or
+                    masked pointer loads, straight (acc += A B) or swapped (acc^T += B^T A^T: the
+                    tokens on the tensor core's narrow side, for decode), B row-major [K, N] or given as
+                    its transpose W [N, K] (nn.Linear's weight). The only K-loop of the package.
+    grouped_tile    the persistent scheduler's tile order: GROUP_M row blocks sweep the columns
+                    together, so a column block of B is reused from L2 (Triton tutorials 03/09).
+    split_reduce    split-K without a second kernel: every part stores its fp32 partial, bumps the
+                    tile's counter (acq_rel); the part that arrives last sums the partials in split
+                    order (the result does not depend on who came last), resets the counter (graph
+                    replays need no host work) and owns the epilogue. Nobody waits.
+    matmul_kernel   persistent over (tile, split) work units; fused ops run their own kernels on
+                    ``k_loop`` and ``grouped_tile`` with split_k = 1.
 
-Loads: ``TMA=True`` uses device-side tensor descriptors (Hopper's bulk tensor copies; row strides must be
-16-byte aligned, which the host checks), ``TMA=False`` masked pointer loads (any shape). ``mma`` is
-``tl.dot`` with fp32 accumulation; under the interpreter it upcasts to fp32 first (triton 3.6's
-interpreter adds bf16 bit patterns instead of values) -- the GPU path never does.
+Configs (tile shape, swap, split, warps, stages) come from gemm_configs.gemm_config: a table measured
+per GPU model by ``symmcoll tune --op gemm``, or the untuned rule. Under the interpreter ``mma``
+upcasts to fp32 first (triton 3.6's interpreter adds bf16 bit patterns); the GPU path never does.
 """
 
 from __future__ import annotations
@@ -21,22 +27,24 @@ import triton.language as tl
 
 from ..language import INTERPRETED, narrow
 from ..launcher import launch
-from ..plan import LaunchConfig  # noqa: F401  (fused configs share the dataclass conventions)
+from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config
+
+# tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
+FP32_PRECISION = {"highest": "tf32x3", "high": "tf32", "medium": "tf32"}
 
 
 @triton.jit
-def mma(a, b, acc):
+def mma(a, b, acc, PRECISION: tl.constexpr = "tf32"):
     """acc + a @ b in fp32 (tensor cores on GPU)."""
     if INTERPRETED:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
-        return tl.dot(a, b, acc)
+        return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
 @triton.jit
 def grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    """(row block, column block) of ``tile`` in grouped order: GROUP_M row blocks sweep the columns
-    together, so a column block of B is reused from L2 by GROUP_M tiles."""
+    """(row block, column block) of ``tile`` in grouped order."""
     per_group = GROUP_M * num_n
     first_m = (tile // per_group) * GROUP_M
     group_m = tl.minimum(num_m - first_m, GROUP_M)
@@ -67,70 +75,136 @@ def store_tile(c_ptr, acc, rows, cols, row_limit, col_limit, stride):
 
 
 @triton.jit
-def acc_tile_tma(a_desc, row, b_desc, col, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """fp32 [BM, BN] tile of A[row:row+BM] @ B[:, col:col+BN] by TMA loads (rows beyond A: zeros)."""
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k in range(0, K, BK):
-        acc = mma(a_desc.load([row, k]), b_desc.load([k, col]), acc)
+def operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr, TMA: tl.constexpr, B_T: tl.constexpr):
+    """What ``k_loop`` loads from: tensor descriptors of A [M, K] and B ([K, N], or W [N, K] if B_T),
+    built once per kernel (TMA), or the pointers themselves."""
+    if TMA:
+        a_src = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BM, BK])
+        if B_T:
+            b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
+        else:
+            b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
+        return a_src, b_src
+    else:
+        return a_ptr, b_ptr
+
+
+@triton.jit
+def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stride_b,
+           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
+           B_T: tl.constexpr, PRECISION: tl.constexpr):
+    """fp32 [BM, BN] = A[row0:row0+BM, k_lo:k_hi] @ B[k_lo:k_hi, col0:col0+BN] (k_lo a multiple of BK;
+    k_hi a multiple of BK or K). Pointer loads read A rows below ``row_limit`` only (zeros beyond);
+    TMA loads read whole blocks of A (rows past ``row_limit`` but inside A come in too: callers mask
+    what they store)."""
+    rows = row0 + tl.arange(0, BM)
+    cols = col0 + tl.arange(0, BN)
+    if SWAP_AB:
+        acc_t = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], tl.float32)
+    for k in tl.range(k_lo, k_hi, BK):
+        if TMA:
+            a = a_src.load([row0, k])
+            if B_T:
+                w = b_src.load([col0, k])
+            else:
+                b = b_src.load([k, col0])
+        else:
+            ks = k + tl.arange(0, BK)
+            a = load_tile(a_src, rows, ks, row_limit, k_hi, stride_a)
+            if B_T:
+                w = load_tile(b_src, cols, ks, N, k_hi, stride_b)
+            else:
+                b = load_tile(b_src, ks, cols, k_hi, N, stride_b)
+        if SWAP_AB:
+            if B_T:
+                acc_t = mma(w, tl.trans(a), acc_t, PRECISION)
+            else:
+                acc_t = mma(tl.trans(b), tl.trans(a), acc_t, PRECISION)
+        else:
+            if B_T:
+                acc = mma(a, tl.trans(w), acc, PRECISION)
+            else:
+                acc = mma(a, b, acc, PRECISION)
+    if SWAP_AB:
+        acc = tl.trans(acc_t)
     return acc
 
 
 @triton.jit
-def acc_tile(a_base, stride_a, rows, b_ptr, stride_b, cols, K, N, BM: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr):
-    """The same by masked pointer loads: A rows [0, rows) from ``a_base``, B columns ``cols``."""
-    r = tl.arange(0, BM)
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k in range(0, K, BK):
-        ks = k + tl.arange(0, BK)
-        acc = mma(load_tile(a_base, r, ks, rows, K, stride_a), load_tile(b_ptr, ks, cols, K, N, stride_b), acc)
-    return acc
+def split_range(split, split_k, K, BK: tl.constexpr):
+    """[k_lo, k_hi) of part ``split`` of ``split_k``: whole k-steps, the last part cut at K."""
+    steps = tl.cdiv(tl.cdiv(K, BK), split_k)
+    k_lo = split * steps * BK
+    return k_lo, tl.minimum(K, k_lo + steps * BK)
+
+
+@triton.jit
+def split_reduce(acc, partials_ptr, counters_ptr, tile, split, split_k, BM: tl.constexpr, BN: tl.constexpr):
+    """Publish this part's fp32 partial of ``tile``; returns (is_last, the tile's sum over all parts
+    in split order -- meaningful only where is_last)."""
+    in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    base = partials_ptr + tile.to(tl.int64) * split_k * (BM * BN)
+    tl.store(base + split * (BM * BN) + in_tile, acc)
+    tl.debug_barrier()  # every thread's partial is stored before the counter says so
+    arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    is_last = arrived == split_k - 1
+    total = tl.zeros([BM, BN], tl.float32)
+    if is_last:
+        for s in range(0, split_k):
+            total += tl.load(base + s * (BM * BN) + in_tile, cache_modifier=".cg")
+        tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    return is_last, total
 
 
 @triton.jit
 def matmul_kernel(
-    # C [M, N] = A [M, K] @ B [K, N], row-major (row strides given)
+    # C [M, N] = A [M, K] @ B (B [K, N] row-major, or W = B^T [N, K] row-major if B_T); row strides given
     a_ptr, b_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-    TMA: tl.constexpr,
+    # split-K: parts per tile, fp32 partials [tiles, split_k, BM, BN] and per-tile counters (all zero)
+    split_k, partials_ptr, counters_ptr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
+    B_T: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr,
 ):
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
-    if TMA:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BM, BK])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=True):
+    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T)
+    for unit in tl.range(tl.program_id(0), num_m * num_n * split_k, tl.num_programs(0)):
+        tile = unit // split_k
+        split = unit % split_k
         pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
+        k_lo, k_hi = split_range(split, split_k, K, BK)
+        acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, k_lo, k_hi, M, N, K, stride_a, stride_b, BM, BN, BK,
+                     TMA, SWAP_AB, B_T, PRECISION)
         rows = pid_m * BM + tl.arange(0, BM)
         cols = pid_n * BN + tl.arange(0, BN)
-        acc = tl.zeros([BM, BN], tl.float32)
-        for k in range(0, K, BK):
-            if TMA:
-                acc = mma(a_desc.load([pid_m * BM, k]), b_desc.load([k, pid_n * BN]), acc)
-            else:
-                ks = k + tl.arange(0, BK)
-                acc = mma(load_tile(a_ptr, rows, ks, M, K, stride_a), load_tile(b_ptr, ks, cols, K, N, stride_b), acc)
-        store_tile(c_ptr, acc, rows, cols, M, N, stride_c)
+        if split_k == 1:
+            store_tile(c_ptr, acc, rows, cols, M, N, stride_c)
+        else:
+            is_last, total = split_reduce(acc, partials_ptr, counters_ptr, tile, split, split_k, BM, BN)
+            if is_last:
+                store_tile(c_ptr, total, rows, cols, M, N, stride_c)
 
 
-# Tile configs (BM, BN, BK, GROUP_M, warps, stages), from benchmarks/gemm_probe.py on H200; CPU: small.
-GPU_GEMM = (128, 256, 64, 8, 8, 3)
-CPU_GEMM = (32, 32, 32, 4, 4, 1)
-
+# ---- host side --------------------------------------------------------------------------------------
 
 def num_sms(device: torch.device) -> int:
     """Programs of a persistent kernel: one per SM (4 under the interpreter; an H100/H200's 132 when
     recording launches on a machine without a GPU)."""
+    if device.type == "meta" or (device.type == "cuda" and not torch.cuda.is_available()):
+        return 132
     if device.type != "cuda":
         return 4
-    if not torch.cuda.is_available():
-        return 132
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
-    """Device-side tensor descriptors need 16-byte aligned bases and row strides."""
-    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors if t.dim() == 2)
+    """Device-side tensor descriptors need 16-byte aligned bases and row strides (and unit column
+    strides)."""
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 and t.stride(1) == 1
+               for t in tensors if t.dim() == 2)
 
 
 _ALLOCATOR_SET = False
@@ -144,32 +218,97 @@ def ensure_tma_allocator() -> None:
         _ALLOCATOR_SET = True
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config=None,
+def use_tma(device_type: str, *tensors: torch.Tensor) -> bool:
+    """Tensor-descriptor loads on GPU where every row stride is 16-byte aligned; pointer loads
+    otherwise (and always on CPU). Meta tensors (compile checks) count as GPU tensors."""
+    if device_type not in ("cuda", "meta") or not tma_ok(*tensors):
+        return False
+    if tensors[0].is_cuda:
+        ensure_tma_allocator()
+    return True
+
+
+def precision(dtype: torch.dtype) -> str:
+    return FP32_PRECISION[torch.get_float32_matmul_precision()] if dtype == torch.float32 else "tf32"
+
+
+_COUNTERS: dict = {}
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """Zeroed per-tile counters of split-K launches, one table per (device, stream): every launch
+    leaves them zero. Made during graph capture, they belong to that graph (not kept)."""
+    on_gpu = device.type == "cuda"
+    key = (device.type, device.index, torch.cuda.current_stream(device).cuda_stream if on_gpu else None)
+    counters = _COUNTERS.get(key)
+    if counters is None:
+        counters = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+        if not (on_gpu and torch.cuda.is_current_stream_capturing()):
+            _COUNTERS[key] = counters
+    return counters
+
+
+def _b_layout(b: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
+    """(matrix to load from, B_T): B row-major [K, N], or a transposed view of a row-major W [N, K]."""
+    if b.stride(1) == 1 and (b.stride(0) >= b.shape[1] or b.shape[0] == 1):
+        return b, False
+    if b.stride(0) == 1 and b.stride(1) >= k:
+        return b.t(), True
+    return b.contiguous(), False
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: GemmConfig | None = None,
            programs: int | None = None) -> torch.Tensor:
-    """C = A @ B with the persistent kernel (A [M, K], B [K, N], row-major; fp32 accumulation)."""
+    """C = A @ B with the GEMM core (A [M, K] row-major; B [K, N] row-major or the transpose of a
+    row-major [N, K]; fp32 accumulation; bf16, fp16 or fp32)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul takes a [M, K] and b [K, N], got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if b.dtype != a.dtype:
+        raise ValueError(f"b.dtype ({b.dtype}) must equal a.dtype ({a.dtype})")
     M, K = a.shape
     N = b.shape[1]
     out = torch.empty((M, N), dtype=a.dtype, device=a.device) if out is None else out
-    bm, bn, bk, group, warps, stages = config or (GPU_GEMM if a.device.type != "cpu" else CPU_GEMM)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    nprog = max(1, min(tiles, programs or num_sms(a.device)))
-    on_gpu = a.is_cuda or a.device.type == "meta"  # meta: the compile checks record the launch
-    use_tma = on_gpu and tma_ok(a, b, out)
-    if use_tma and a.is_cuda:
-        ensure_tma_allocator()
-    launch(matmul_kernel, (nprog,), (a, b, out, M, N, K, a.stride(0), b.stride(0), out.stride(0)),
-           dict(BM=bm, BN=bn, BK=bk, GROUP_M=group, NUM_PROGRAMS=nprog, TMA=use_tma, num_warps=warps,
-                num_stages=stages))
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    a = a if a.stride(1) == 1 else a.contiguous()
+    src, b_t = _b_layout(b, K)
+    device_type = "meta" if a.device.type == "meta" else a.device.type
+    config = config or gemm_config(M, N, K, a.dtype, a.device)
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+    split_k = config.split_k if tiles <= MAX_SPLIT_TILES else 1
+    units = tiles * split_k
+    nprog = max(1, min(units, programs or num_sms(a.device)))
+    if split_k > 1:
+        partials = torch.empty((tiles * split_k * config.block_m * config.block_n,), dtype=torch.float32,
+                               device=a.device)
+        counters = split_counters(a.device) if a.device.type != "meta" else torch.empty(
+            MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
+    else:
+        partials = counters = out  # unused
+    launch(matmul_kernel, (nprog,),
+           (a, src, out, M, N, K, a.stride(0), src.stride(0), out.stride(0), split_k, partials, counters),
+           dict(B_T=b_t, TMA=use_tma(device_type, a, src, out), PRECISION=precision(a.dtype), **config.meta()))
     return out
 
 
 def compile_cases(make_workspace):
-    """The plain GEMM's launches on meta tensors (TMA: aligned shapes; pointer loads: odd ones)."""
-    def case(m, n, k, dtype):
+    """The plain GEMM's launches on meta tensors: large-M TMA, swapped decode tiles with split-K, B given
+    transposed, odd K and N by pointer loads, fp16 and fp32."""
+    def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
             a = torch.empty((m, k), dtype=dtype, device="meta")
-            b = torch.empty((k, n), dtype=dtype, device="meta")
-            matmul(a, b, config=GPU_GEMM, programs=132)
-        return f"gemm {m}x{n}x{k} {dtype}", thunk
-    return [case(8192, 8192, 8192, torch.bfloat16), case(1000, 3584, 4096, torch.float16),
-            case(33, 100, 72, torch.bfloat16)]
+            b = torch.empty((n, k), dtype=dtype, device="meta").t() if b_t else torch.empty((k, n), dtype=dtype,
+                                                                                            device="meta")
+            matmul(a, b, config=config, programs=132)
+        label = config.label if config else "auto"
+        return f"gemm {m}x{n}x{k} {dtype} {label}{' B^T' if b_t else ''}", thunk
+    return [case(8192, 8192, 8192, torch.bfloat16),
+            case(16, 1280, 8192, torch.bfloat16),
+            case(16, 1280, 8192, torch.bfloat16, GemmConfig(16, 64, 128, 1, 6, True, 4, 5)),
+            case(64, 8192, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 1, False, 4, 4), b_t=True),
+            case(8, 4096, 7168, torch.float16, GemmConfig(16, 64, 128, 1, 2, True, 4, 5), b_t=True),
+            case(1000, 3584, 4096, torch.float16),
+            case(33, 100, 72, torch.bfloat16),
+            case(300, 512, 1000, torch.float32)]

@@ -44,9 +44,9 @@ from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, en
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, register, register_op
-from .gemm import grouped_tile, load_tile, store_tile
+from .gemm import grouped_tile, k_loop, load_tile, num_sms, operand_sources, precision, store_tile, use_tma
+from .gemm_configs import gemm_config
 from .matmul_reduce_scatter import check_operands, run_tiles, size_key
-from .tiling import operand_descriptors, programs, tile_config, tile_product, use_tma
 
 OP = "matmul_all_reduce"
 # int32 words per (phase, source) slot row; CPU rows are small, so the CPU tests run the multi-piece path.
@@ -76,7 +76,8 @@ def matmul_all_reduce_kernel(
     first_tile, piece_tiles,
     # FORMAT: words.py's; TILE_WORDS = BM * BN / values per word; SLOT_WORDS: words per source row
     WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    TMA: tl.constexpr, FORMAT: tl.constexpr, TILE_WORDS: tl.constexpr, SLOT_WORDS: tl.constexpr,
+    SWAP_AB: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr, FORMAT: tl.constexpr,
+    TILE_WORDS: tl.constexpr, SLOT_WORDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -88,13 +89,13 @@ def matmul_all_reduce_kernel(
     lane = tl.arange(0, TILE_WORDS)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
     post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
-    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA)
+    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False)
 
     # Stage 1: my partial tiles, each sent to every peer as soon as it is done.
     for j in range(pid, piece_tiles, nprog):
         pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
-        acc = tile_product(a_ptr, b_ptr, a_desc, b_desc, pid_m * BM, pid_n * BN, M, N, K, stride_a, stride_b,
-                           BM, BN, BK, TMA)
+        acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
+                     SWAP_AB, False, PRECISION)
         words = words_of(tl.reshape(acc, [BM * BN]), FORMAT, TILE_WORDS)
         for r in tl.static_range(WORLD):
             if r != rank:
@@ -133,16 +134,17 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
     M, K = a.shape
     N = b.shape[1]
     device_type = ws.device.type
-    cfg = tile_config(M, device_type, a.element_size())
-    tile_words = cfg.bm * cfg.bn * out.element_size() // 4
+    cfg = gemm_config(M, N, K, a.dtype, ws.device, split=False)
+    tile_words = cfg.block_m * cfg.block_n * out.element_size() // 4
     per_piece = SLOT_WORDS[device_type] // tile_words
-    tiles = triton.cdiv(M, cfg.bm) * triton.cdiv(N, cfg.bn)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
-    meta = dict(WORLD=world, TMA=use_tma(device_type, a, b), FORMAT=WORD_FORMAT[out.dtype], TILE_WORDS=tile_words,
-                SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta())
+    meta = dict(WORLD=world, TMA=use_tma(device_type, a, b), PRECISION=precision(a.dtype),
+                FORMAT=WORD_FORMAT[out.dtype], TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type],
+                **cfg.meta())
     for first in range(0, tiles, per_piece):
         n = min(per_piece, tiles - first)
-        launch(matmul_all_reduce_kernel, (programs(a, n),),
+        launch(matmul_all_reduce_kernel, (max(1, min(num_sms(a.device), n)),),
                (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a, b, out, M, N, K, a.stride(0), b.stride(0),
                 out.stride(0), first, n), meta)
     return out

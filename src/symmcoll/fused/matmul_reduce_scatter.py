@@ -49,8 +49,8 @@ from ..language import (EPOCH_SLOTS, MAX_WORLD, announce, end_launch, launch_epo
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, register, register_op
-from .gemm import grouped_tile, store_tile
-from .tiling import operand_descriptors, programs, tile_config, tile_product, use_tma
+from .gemm import grouped_tile, k_loop, num_sms, operand_sources, precision, store_tile, use_tma
+from .gemm_configs import gemm_config
 
 OP = "matmul_reduce_scatter"
 STAGE_PHASES: tl.constexpr = tl.constexpr(2)
@@ -105,7 +105,8 @@ def matmul_reduce_scatter_kernel(
     rows_per_shard, first_tile, piece_tiles,
     # SLOT_ELEMS: elements per (phase, source) slot; DATA_OFFSET: bytes of the flag table
     WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    TMA: tl.constexpr, SLOT_ELEMS: tl.constexpr, MAX_TILES: tl.constexpr, DATA_OFFSET: tl.constexpr,
+    SWAP_AB: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr, SLOT_ELEMS: tl.constexpr,
+    MAX_TILES: tl.constexpr, DATA_OFFSET: tl.constexpr,
 ):
     ELEM: tl.constexpr = out_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -116,7 +117,7 @@ def matmul_reduce_scatter_kernel(
     num_m = tl.cdiv(rows_per_shard, BM)
     num_n = tl.cdiv(N, BN)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA)
+    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False)
     in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     my_flags = _region_at(stage_ptrs_dev, rank, 0, tl.int64) + phase * (MAX_WORLD * MAX_TILES)
     my_slots = _region_at(stage_ptrs_dev, rank, DATA_OFFSET, ELEM) + phase * (WORLD - 1) * SLOT_ELEMS
@@ -128,8 +129,8 @@ def matmul_reduce_scatter_kernel(
         # My tiles of this shard: j with (owner * piece_tiles + j) % nprog == pid.
         for j in range((pid + nprog - (owner * piece_tiles) % nprog) % nprog, piece_tiles, nprog):
             pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
-            acc = tile_product(a_ptr, b_ptr, a_desc, b_desc, first_row + pid_m * BM, pid_n * BN,
-                               first_row + shard_rows, N, K, stride_a, stride_b, BM, BN, BK, TMA)
+            acc = k_loop(a_src, b_src, first_row + pid_m * BM, pid_n * BN, 0, K, first_row + shard_rows, N, K,
+                         stride_a, stride_b, BM, BN, BK, TMA, SWAP_AB, False, PRECISION)
             if owner != rank:
                 slot = rank - tl.cast(rank > owner, tl.int32)
                 peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
@@ -157,16 +158,18 @@ def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     M, K = a.shape
     N = b.shape[1]
     device_type = ws.device.type
-    cfg = tile_config(M, device_type, a.element_size())
+    # The tile grid is that of a plain GEMM [rows_per_shard, world * N]: the table's config for it.
+    cfg = gemm_config(rows_per_shard, world * N, K, a.dtype, ws.device, split=False)
     slot = slot_bytes(device_type, ws.buffer_bytes, world)
-    per_piece = min(slot // (cfg.bm * cfg.bn * out.element_size()), MAX_TILES[device_type])
-    tiles = triton.cdiv(rows_per_shard, cfg.bm) * triton.cdiv(N, cfg.bn)
+    per_piece = min(slot // (cfg.block_m * cfg.block_n * out.element_size()), MAX_TILES[device_type])
+    tiles = triton.cdiv(rows_per_shard, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     region, epochs = ws.region(STAGE.name), ws.local_state(EPOCHS.name)
-    meta = dict(WORLD=world, TMA=use_tma(device_type, a, b), SLOT_ELEMS=slot // out.element_size(),
-                MAX_TILES=MAX_TILES[device_type], DATA_OFFSET=flag_bytes(device_type), **cfg.meta())
+    meta = dict(WORLD=world, TMA=use_tma(device_type, a, b), PRECISION=precision(a.dtype),
+                SLOT_ELEMS=slot // out.element_size(), MAX_TILES=MAX_TILES[device_type],
+                DATA_OFFSET=flag_bytes(device_type), **cfg.meta())
     for first in range(0, tiles, per_piece):
         n = min(per_piece, tiles - first)
-        launch(matmul_reduce_scatter_kernel, (programs(a, world * n),),
+        launch(matmul_reduce_scatter_kernel, (max(1, min(num_sms(a.device), world * n)),),
                (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a, b, out, M, N, K, a.stride(0), b.stride(0),
                 out.stride(0), rows_per_shard, first, n), meta)
     return out

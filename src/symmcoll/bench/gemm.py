@@ -1,0 +1,274 @@
+"""The GEMM core beside cuBLAS on one GPU: ``symmcoll bench --op gemm`` (the grid) and
+``symmcoll tune --op gemm`` (the table ``gemm_configs.gemm_config`` reads).
+
+The grid: M in GRID_M x the (N, K) of the layers serving lives in (``SHAPES``: Llama-3-70B at TP 2, 4
+and 8, Llama-3-405B at TP 8, DeepSeek-V3's experts), C = A @ B with B [K, N] the weights. Every cell:
+
+* correctness first: rows of both results (ours and ``torch.matmul``'s, on the same data) against an
+  fp32 reference, ``rel_err`` each; a cell whose result is off is reported and not timed;
+* time: CUDA-graph replays, median per call, ours and cuBLAS interleaved in the same run. Inputs
+  rotate over enough sets that the weights come from HBM, not L2 (as in serving, where each layer's
+  weights are read once per step);
+* rates: TFLOP/s, and the weight-read rate (bytes of B / time) beside the SM read kernel's rate
+  measured in the same run (bench/bandwidth.py).
+
+Tuning measures ``gemm_configs.candidates`` for each cell (compiled in parallel processes first: a
+Triton compile takes seconds, a timing milliseconds), keeps the fastest correct config and the
+fastest without split-K, and writes ``data/gemm_<gpu>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..fused import gemm
+from ..fused.gemm_configs import GemmConfig, candidates, gpu_key, write_table
+from . import bandwidth
+from .timing import graph_us
+
+GRID_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# (model and layer, N, K) of C[M, N] = A[M, K] @ W^T, W^T = B [K, N]
+SHAPES = (
+    ("70b-tp2 qkv", 5120, 8192), ("70b-tp2 o", 8192, 4096), ("70b-tp2 gate_up", 28672, 8192),
+    ("70b-tp2 down", 8192, 14336),
+    ("70b-tp4 qkv", 2560, 8192), ("70b-tp4 o", 8192, 2048), ("70b-tp4 gate_up", 14336, 8192),
+    ("70b-tp4 down", 8192, 7168),
+    ("70b-tp8 qkv", 1280, 8192), ("70b-tp8 o", 8192, 1024), ("70b-tp8 gate_up", 7168, 8192),
+    ("70b-tp8 down", 8192, 3584),
+    ("405b-tp8 qkv", 2304, 16384), ("405b-tp8 o", 16384, 2048), ("405b-tp8 gate_up", 13312, 16384),
+    ("405b-tp8 down", 16384, 6656),
+    ("dsv3-expert gate_up", 4096, 7168), ("dsv3-expert down", 7168, 2048),
+)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Rotating input sets until A + B + C of all sets exceed this (twice an H200's 60 MB of L2 and more).
+ROTATE_BYTES = 256 << 20
+MAX_SETS = 16
+CHECK_ROWS = 256
+# A result further than this from fp32 (relative, Frobenius) is wrong, whatever cuBLAS's error.
+MAX_REL_ERR = 2e-2
+
+
+@dataclass
+class Cell:
+    """One (M, N, K) of the grid and its rotating input sets."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    sets: list
+    reference: torch.Tensor  # fp32 rows ``rows`` of A @ B for set 0
+    rows: torch.Tensor
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.n * self.k * self.sets[0][1].element_size()
+
+
+def make_cell(name: str, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Cell:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    per_set = (m * k + k * n + m * n) * dtype.itemsize
+    count = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / per_set)))
+    sets = []
+    for _ in range(count):
+        a = torch.randn((m, k), device=device, dtype=torch.float32, generator=gen).to(dtype)
+        b = (torch.randn((k, n), device=device, dtype=torch.float32, generator=gen) / math.sqrt(k)).to(dtype)
+        sets.append((a, b, torch.empty((m, n), device=device, dtype=dtype)))
+    rows = torch.randperm(m, device=device, generator=gen)[:CHECK_ROWS]
+    a, b, _ = sets[0]
+    return Cell(name, m, n, k, sets, a[rows].float() @ b.float(), rows)
+
+
+def rel_err(cell: Cell, out: torch.Tensor) -> float:
+    got = out[cell.rows].float()
+    return float((got - cell.reference).norm() / cell.reference.norm().clamp_min(1e-30))
+
+
+def ours(cell: Cell, config: GemmConfig | None):
+    return [lambda a=a, b=b, c=c: gemm.matmul(a, b, out=c, config=config) for a, b, c in cell.sets]
+
+
+def cublas(cell: Cell):
+    return [lambda a=a, b=b, c=c: torch.matmul(a, b, out=c) for a, b, c in cell.sets]
+
+
+def check(cell: Cell, calls) -> float:
+    """Relative error of the first call's result (poisoned output first: every element must be written)."""
+    cell.sets[0][2].fill_(float("nan"))
+    calls[0]()
+    torch.cuda.synchronize()
+    return rel_err(cell, cell.sets[0][2])
+
+
+def timed_us(calls, replays: int) -> float:
+    samples = graph_us(calls, replays)
+    return sorted(samples)[len(samples) // 2]
+
+
+def gpu_facts() -> dict:
+    import triton
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+                git=os.environ.get("SYMMCOLL_GIT_SHA") or _git_sha(), created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                                 time.gmtime()))
+
+
+def _git_sha() -> str:
+    from .provenance import git_sha
+    return git_sha()
+
+
+def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out_dir: Path,
+              console) -> Path:
+    """The grid: every cell checked, then ours (``gemm_config``'s pick) and cuBLAS timed; one JSON."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    dtype = DTYPES[dtype_name]
+    facts = gpu_facts()
+    bw = bandwidth.measure(device)
+    console.print(f"{facts['gpu']}: SM copy kernel {bw.copy_tbs:.2f} TB/s (read + write), SM read kernel "
+                  f"{bw.read_tbs:.2f} TB/s, graph-captured copy_ {bw.torch_copy_tbs:.2f} TB/s", highlight=False)
+    rows = []
+    for name, n, k in _shapes(shape_filter):
+        for m in ms:
+            cell = make_cell(name, m, n, k, dtype, device)
+            config = gemm.gemm_config(m, n, k, dtype, device)
+            row = dict(shape=name, m=m, n=n, k=k, dtype=dtype_name, config=config.label,
+                       weight_mb=cell.weight_bytes / 2 ** 20, sets=len(cell.sets))
+            row["rel_err"], row["cublas_rel_err"] = check(cell, ours(cell, None)), check(cell, cublas(cell))
+            if not row["rel_err"] <= max(MAX_REL_ERR, 2 * row["cublas_rel_err"]):
+                row["error"] = "result off the fp32 reference: not timed"
+            else:
+                row["us"] = timed_us(ours(cell, None), replays)
+                row["cublas_us"] = timed_us(cublas(cell), replays)
+                row["ratio"] = row["us"] / row["cublas_us"]
+                row["tflops"] = cell.flops / row["us"] / 1e6
+                row["weight_tbs"] = cell.weight_bytes / row["us"] / 1e6
+                row["cublas_weight_tbs"] = cell.weight_bytes / row["cublas_us"] / 1e6
+            rows.append(row)
+            console.print(_line(row), highlight=False)
+            del cell
+            torch.cuda.empty_cache()
+    summary = summarize(rows)
+    console.print(json.dumps(summary), highlight=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"gemm-{gpu_key(facts['gpu']) or 'gpu'}-{dtype_name}-{facts['created_utc'].replace(':', '')}.json"
+    path.write_text(json.dumps(dict(provenance=facts, bandwidth=bw.as_dict(), summary=summary, rows=rows), indent=1))
+    console.print(f"result written: {path}", highlight=False)
+    return path
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Geometric mean and worst of ours / cuBLAS; the weight-read rate at M <= 64 for B >= 32 MB."""
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    decode = [r["weight_tbs"] for r in rows if "weight_tbs" in r and r["m"] <= 64 and r["weight_mb"] >= 32]
+    worst = max((r for r in rows if "ratio" in r), key=lambda r: r["ratio"], default=None)
+    return dict(cells=len(rows), timed=len(ratios), wrong=sum("error" in r for r in rows),
+                geomean_ratio=math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
+                worst_ratio=worst and worst["ratio"], worst_cell=worst and f"{worst['shape']} M={worst['m']}",
+                above_1_10=sum(r > 1.10 for r in ratios),
+                min_decode_weight_tbs=min(decode) if decode else None)
+
+
+def _line(row: dict) -> str:
+    head = f"{row['shape']:<20} M={row['m']:<6} {row['config']:<26}"
+    if "error" in row:
+        return f"{head} WRONG rel_err {row['rel_err']:.2e} (cuBLAS {row['cublas_rel_err']:.2e})"
+    return (f"{head} {row['us']:9.1f} us  cuBLAS {row['cublas_us']:9.1f}  x{row['ratio']:.3f}  "
+            f"{row['tflops']:6.1f} TF/s  B {row['weight_tbs']:.2f} TB/s (cuBLAS {row['cublas_weight_tbs']:.2f})  "
+            f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}")
+
+
+def _shapes(names: list[str] | None):
+    return [s for s in SHAPES if not names or any(s[0].startswith(n) for n in names)]
+
+
+# ---- tuning -----------------------------------------------------------------------------------------
+
+def _warm_class(x: int) -> int:
+    """A small size Triton specialises like ``x`` (== 1, multiple of 16, or neither)."""
+    return 1 if x == 1 else (64 if x % 16 == 0 else 24)
+
+
+def _compile_job(job) -> str:
+    """Worker process: compile one (config, specialisation) by launching it on tiny tensors; the
+    parent's launch of the real shape then loads it from Triton's cache."""
+    config_list, m, n, k, dtype_name = job
+    config = GemmConfig.from_list(config_list)
+    dtype = DTYPES[dtype_name]
+    a = torch.randn((m, k), device="cuda", dtype=dtype)
+    b = torch.randn((k, n), device="cuda", dtype=dtype)
+    try:
+        gemm.matmul(a, b, config=config)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as exc:  # noqa: BLE001 - reported by the parent, which skips the config
+        return f"{config.label}: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def precompile(jobs: list[tuple], workers: int) -> list[str]:
+    import multiprocessing
+    unique = list(dict.fromkeys(jobs))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return [e for e in pool.map(_compile_job, unique) if e]
+
+
+def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out: Path | None,
+         console, workers: int = 12) -> Path:
+    """Measure every candidate of every cell; write the table (and every measurement beside it)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    dtype = DTYPES[dtype_name]
+    facts = gpu_facts()
+    sms = facts["sms"]
+    shapes = _shapes(shape_filter)
+    jobs = [(c.as_list(), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name)
+            for _, n, k in shapes for m in ms for c in candidates(m, n, k, sms)]
+    started = time.time()
+    failures = precompile(jobs, workers)
+    console.print(f"precompiled {len(set(jobs))} kernels in {time.time() - started:.0f} s"
+                  f"{'; failed: ' + '; '.join(failures[:5]) if failures else ''}", highlight=False)
+    entries, measured = [], []
+    for name, n, k in shapes:
+        for m in ms:
+            cell = make_cell(name, m, n, k, dtype, device)
+            cublas_us = timed_us(cublas(cell), replays)
+            results = []
+            for config in candidates(m, n, k, sms):
+                try:
+                    err = check(cell, ours(cell, config))
+                except Exception as exc:  # noqa: BLE001 - a config that cannot run is skipped, not fatal
+                    measured.append(dict(m=m, n=n, k=k, config=config.label, error=f"{type(exc).__name__}"))
+                    continue
+                if not err <= MAX_REL_ERR:
+                    measured.append(dict(m=m, n=n, k=k, config=config.label, rel_err=err, error="wrong"))
+                    continue
+                us = timed_us(ours(cell, config), replays)
+                results.append((us, config))
+                measured.append(dict(m=m, n=n, k=k, config=config.label, us=us, rel_err=err))
+            results.sort(key=lambda r: r[0])
+            # The best few again, longer: the choice should not be one noisy sample.
+            final = sorted(((timed_us(ours(cell, c), replays * 2), c) for _, c in results[:3]), key=lambda r: r[0])
+            best_us, best = final[0]
+            no_split = next((c for _, c in final + results if c.split_k == 1), None)
+            entries.append(dict(m=m, n=n, k=k, shape=name, config=best.as_list(), no_split=no_split.as_list(),
+                                label=best.label, us=best_us, cublas_us=cublas_us, ratio=best_us / cublas_us))
+            console.print(f"{name:<20} M={m:<6} best {best.label:<26} {best_us:9.1f} us  cuBLAS {cublas_us:9.1f}  "
+                          f"x{best_us / cublas_us:.3f}  ({len(results)} configs)", highlight=False)
+            del cell
+            torch.cuda.empty_cache()
+    key = gpu_key(facts["gpu"]) or "gpu"
+    path = write_table(key, facts, entries, out)
+    (path.parent / (path.stem + "-measurements.json")).write_text(json.dumps(dict(provenance=facts, rows=measured)))
+    console.print(f"GEMM table written: {path} ({len(entries)} cells)", highlight=False)
+    return path

@@ -1,0 +1,233 @@
+"""Which tile config the GEMM core runs for a problem: the one config type, the measured tables, the
+untuned rule, and the candidates ``symmcoll tune --op gemm`` measures.
+
+``gemm_config(M, N, K, dtype, device, split=True)`` answers from the table measured on this GPU model
+(``data/gemm_<gpu>.json``, written by ``symmcoll tune --op gemm``) when it holds the (N, K) shape,
+else from ``untuned_config``, a rule that follows from what bounds each regime:
+
+* decode (M <= 64): the product is bound by reading B (K x N weights). The token count is the narrow
+  side of the tile (``swap_ab``: C^T = B^T A^T, so B's columns fill the tensor core's 64-row side and
+  the tokens its 8..256-wide side), B's columns are cut into narrow column tiles, and where that
+  leaves too few tiles to keep every SM streaming, K is split (``split_k``: partial tiles summed by
+  the last program to finish, in a fixed order).
+* mid M (<= 512): 64-row tiles (one warpgroup's wgmma), split K only where tiles are few.
+* large M: 128 x 256 tiles, grouped order, persistent over the SMs (compute-bound).
+
+Fused ops ask with ``split=False``: their tiles are messages to peers the moment they are finished,
+which a split tile never is in one program.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+# Shared memory a Hopper block may use (227 KB), less what the epilogue's layout conversion needs.
+SMEM_BYTES = 200 * 1024
+# Split-K completion counters per stream (a split config is used only where tiles are fewer).
+MAX_SPLIT_TILES = 4096
+MAX_SPLIT = 16
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One GEMM tile config. ``block_m`` rows of A (tokens) by ``block_n`` columns of B per tile,
+    ``block_k`` deep per step; ``swap_ab`` computes the tile transposed (tokens on the tensor core's
+    narrow side); ``split_k`` programs share a tile's K range; ``group_m`` row blocks sweep the
+    columns together (L2 reuse of B)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    split_k: int = 1
+    swap_ab: bool = False
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        if not 1 <= self.split_k <= MAX_SPLIT:
+            raise ValueError(f"split_k must be in [1, {MAX_SPLIT}], got {self.split_k}")
+
+    def meta(self) -> dict:
+        """The kernel's constexprs and launch options (split_k is a runtime argument)."""
+        return dict(BM=self.block_m, BN=self.block_n, BK=self.block_k, GROUP_M=self.group_m, SWAP_AB=self.swap_ab,
+                    num_warps=self.num_warps, num_stages=self.num_stages)
+
+    def smem_bytes(self, itemsize: int) -> int:
+        return self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize
+
+    def for_itemsize(self, itemsize: int) -> GemmConfig:
+        """4-byte operands: half the k-step (and fewer stages if needed), so the pipeline fits."""
+        config = replace(self, block_k=max(16, self.block_k // 2)) if itemsize > 2 else self
+        while config.num_stages > 2 and config.smem_bytes(itemsize) > SMEM_BYTES:
+            config = replace(config, num_stages=config.num_stages - 1)
+        return config
+
+    @property
+    def label(self) -> str:
+        return (f"{'T' if self.swap_ab else 'N'}{self.block_m}x{self.block_n}x{self.block_k}"
+                f"/g{self.group_m}/s{self.split_k}/w{self.num_warps}/p{self.num_stages}")
+
+    def as_list(self) -> list:
+        return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
+                self.num_warps, self.num_stages]
+
+    @staticmethod
+    def from_list(values) -> GemmConfig:
+        bm, bn, bk, group, split, swap, warps, stages = values
+        return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages)
+
+
+# Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).
+CPU_CONFIG = GemmConfig(32, 32, 32, group_m=4, num_warps=4, num_stages=1)
+
+
+def _pow2_at_least(x: int, floor: int) -> int:
+    return max(floor, 1 << max(0, math.ceil(math.log2(max(1, x)))))
+
+
+def tiles_of(config: GemmConfig, m: int, n: int) -> int:
+    return math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
+
+
+def best_split(tiles: int, k: int, block_k: int, sms: int) -> int:
+    """Programs per tile so that tiles x split covers the SMs about once, each part >= 4 k-steps."""
+    if tiles >= sms or tiles > MAX_SPLIT_TILES:
+        return 1
+    steps = math.ceil(k / block_k)
+    split = max(1, min(MAX_SPLIT, round(sms / tiles), steps // 4))
+    return split
+
+
+def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> GemmConfig:
+    """The rule for shapes no table holds (bf16/fp16 operands; see the module docstring)."""
+    if m <= 64:
+        config = GemmConfig(_pow2_at_least(m, 16), 64, 128, group_m=1, swap_ab=True, num_warps=4, num_stages=5)
+    elif m <= 512:
+        config = GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4)
+        if tiles_of(config, m, n) < sms:
+            config = replace(config, block_n=64)
+    else:
+        config = GemmConfig(128, 256 if n >= 2048 else 128, 64, group_m=8, num_warps=8, num_stages=3)
+    if split:
+        config = replace(config, split_k=best_split(tiles_of(config, m, n), k, config.block_k, sms))
+    return config
+
+
+def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
+    """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
+    the dimensions each regime cares about (splits only where tiles are fewer than the SMs): ~10-30
+    configs a shape."""
+    bases: list[GemmConfig] = []
+    if m <= 128:  # bound by reading B: tile widths, k-steps, pipeline depth
+        bm = _pow2_at_least(m, 16)
+        for bn, bk in ((64, 128), (64, 256), (128, 128), (32, 256)):
+            bases.append(GemmConfig(bm, bn, bk, group_m=1, swap_ab=True, num_warps=4, num_stages=6))
+        bases.append(GemmConfig(min(bm, 64), 64, 128, group_m=1, num_warps=4, num_stages=5))
+        bases.append(GemmConfig(min(bm, 64), 128, 64, group_m=1, num_warps=4, num_stages=5))
+    if 64 < m <= 2048:
+        for bm, bn, bk, warps, stages in ((64, 64, 128, 4, 4), (64, 128, 64, 4, 4), (64, 256, 64, 4, 4),
+                                          (128, 128, 64, 8, 4), (128, 256, 64, 8, 3)):
+            bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
+    if m > 512:  # compute-bound: the big tiles and their pipelines
+        for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
+                                          (128, 128, 64, 8, 4), (128, 128, 128, 8, 3)):
+            for group in (8, 16) if m >= 4096 else (8,):
+                bases.append(GemmConfig(bm, bn, bk, group_m=group, num_warps=warps, num_stages=stages))
+    found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
+    for base in bases:
+        base = _fit_stages(base)
+        tiles = tiles_of(base, m, n)
+        splits = {1}
+        if tiles < sms and tiles <= MAX_SPLIT_TILES:
+            best = best_split(tiles, k, base.block_k, sms)
+            splits |= {s for s in (best // 2, best, best * 2) if 1 <= s <= MAX_SPLIT
+                       and math.ceil(k / base.block_k) >= 2 * s}
+        found.extend(replace(base, split_k=s) for s in sorted(splits))
+    unique = list(dict.fromkeys(found))
+    return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES]
+
+
+def _fit_stages(config: GemmConfig) -> GemmConfig:
+    while config.num_stages > 2 and config.smem_bytes(2) > SMEM_BYTES:
+        config = replace(config, num_stages=config.num_stages - 1)
+    return config
+
+
+# ---- measured tables -----------------------------------------------------------------------------------
+
+def gpu_key(name: str) -> str | None:
+    """The table a GPU reads: 'h200' or 'h100' (other GPUs: the rule only)."""
+    lowered = name.lower()
+    for key in ("h200", "h100"):
+        if key in lowered:
+            return key
+    return None
+
+
+def table_path(key: str) -> Path:
+    return DATA / f"gemm_{key}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(key: str | None) -> dict:
+    """{(m, n, k): (best config, best config without split)} of a shipped table (empty if none)."""
+    if key is None or not table_path(key).exists():
+        return {}
+    data = json.loads(table_path(key).read_text())
+    return {(e["m"], e["n"], e["k"]): (GemmConfig.from_list(e["config"]), GemmConfig.from_list(e["no_split"]))
+            for e in data["entries"]}
+
+
+@functools.lru_cache(maxsize=None)
+def _device_facts(index: int) -> tuple[str | None, int]:
+    props = torch.cuda.get_device_properties(index)
+    return gpu_key(props.name), props.multi_processor_count
+
+
+def lookup(table: dict, m: int, n: int, k: int, split: bool) -> GemmConfig | None:
+    """The table's config for the smallest measured M >= m at this exact (N, K), if any."""
+    ms = sorted({tm for tm, tn, tk in table if (tn, tk) == (n, k) and tm >= m})
+    if not ms:
+        return None
+    best, no_split = table[(ms[0], n, k)]
+    return best if split else no_split
+
+
+def gemm_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, split: bool = True) -> GemmConfig:
+    """The tile config for C[m, n] = A[m, k] @ B[k, n] on ``device`` (every rank of a fused op passes
+    the same shape and gets the same config)."""
+    if device.type == "cpu":
+        return CPU_CONFIG
+    if device.type == "cuda" and torch.cuda.is_available():
+        key, sms = _device_facts(device.index if device.index is not None else torch.cuda.current_device())
+    else:  # meta tensors (compile checks): an H200
+        key, sms = "h200", 132
+    config = lookup(load_table(key), m, n, k, split) if dtype in (torch.bfloat16, torch.float16) else None
+    config = config or untuned_config(m, n, k, sms, split)
+    return config.for_itemsize(dtype.itemsize)
+
+
+def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None = None) -> Path:
+    """Write a tuned table: rows of {m, n, k, config, no_split, us, ...} (symmcoll tune --op gemm)."""
+    path = path or table_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"gpu": provenance.get("gpu"), "provenance": provenance, "entries": rows}, indent=1)
+                    + "\n")
+    load_table.cache_clear()
+    return path
+
+
+__all__ = ["GemmConfig", "CPU_CONFIG", "gemm_config", "untuned_config", "candidates", "load_table", "write_table",
+           "gpu_key", "tiles_of", "asdict"]

@@ -1,0 +1,223 @@
+"""The GEMM core (fused/gemm.py, fused/gemm_configs.py): every path of the one K-loop under the
+interpreter at tiny shapes (straight and swapped tiles, split-K, B given transposed, odd K and N,
+bf16/fp16/fp32), the config picker, the table format; on the GPU machine the same paths compiled, and
+split-K inside CUDA graphs (its counters must come back to zero every launch). Kernels run in a
+one-rank pool (the interpreter must be on before symmcoll is imported there)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from symmcoll.fused import gemm, gemm_configs
+from symmcoll.fused.gemm_configs import GemmConfig
+
+DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
+
+SRC = Path(gemm.__file__).resolve().parent.parent
+
+# (M, N, K, config, B given as W^T): every branch of k_loop and the scheduler, tiny enough for the
+# interpreter. Configs are explicit: the CPU default never swaps or splits.
+CASES = [
+    (33, 100, 72, None, False),                                           # odd M, N, K; pointer loads
+    (5, 70, 200, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), False),       # swapped, split 3, odd K
+    (5, 70, 200, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), True),        # the same with W [N, K]
+    (1, 48, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1), False),        # M = 1, every split one k-step
+    (40, 64, 100, GemmConfig(32, 32, 32, 2, 4, False, 4, 1), False),     # straight, grouped, split 4
+    (40, 64, 96, GemmConfig(32, 32, 32, 2, 2, False, 4, 1), True),       # straight, W [N, K], split 2
+    (70, 40, 48, GemmConfig(32, 16, 16, 2, 1, False, 4, 1), False),      # narrow N, more tiles than programs
+]
+
+
+def _operands(m, n, k, dtype, b_t, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn((m, k), generator=gen).to(dtype).to(device)
+    if b_t:
+        b = torch.randn((n, k), generator=gen).to(dtype).to(device).t()
+    else:
+        b = torch.randn((k, n), generator=gen).to(dtype).to(device)
+    return a, b
+
+
+def _rel_err(got, a, b):
+    ref = a.double() @ b.double()
+    return float((got.double() - ref).norm() / ref.norm())
+
+
+# bf16 and fp32 for every case; fp16 shares bf16's code, so three cases of it suffice.
+DTYPE_CASES = [(c, d) for c in CASES for d in (torch.bfloat16, torch.float32)] + \
+    [(CASES[i], torch.float16) for i in (0, 2, 5)]
+
+
+@pytest.mark.parametrize("case,dtype", DTYPE_CASES,
+                         ids=lambda v: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else
+                         f"{v[0]}x{v[1]}x{v[2]}-{v[3].label if v[3] else 'auto'}{'-bT' if v[4] else ''}")
+def test_matmul_matches_fp32(pools, case, dtype):
+    pools(1).run(_matmul_matches_fp32, case, dtype)
+
+
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _matmul_matches_fp32(case, dtype):
+    m, n, k, config, b_t = case
+    a, b = _operands(m, n, k, dtype, b_t, _device(), seed=m * 7 + n)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=_device())
+    gemm.matmul(a, b, out=out, config=config)
+    tolerance = 1e-5 if dtype == torch.float32 and _device() == "cpu" else 4e-3 if dtype != torch.float32 else 2e-3
+    assert not out.isnan().any(), "an element of C was never written"
+    assert _rel_err(out, a, b) < tolerance, f"{case}, {dtype}: {_rel_err(out, a, b)}"
+
+
+def test_split_k_counters_return_to_zero_and_repeat_exactly(pools):
+    pools(1).run(_split_k_counters)
+
+
+def _split_k_counters():
+    """Calls with fresh data: the counters are zero after each (the next launch, or graph replay,
+    starts clean) and the sum does not depend on which part finished last (fixed order)."""
+    config = GemmConfig(16, 32, 32, 1, 4, True, 4, 1)
+    counters = gemm.split_counters(torch.device(_device()))
+    results = []
+    for seed in (1, 2, 2):
+        a, b = _operands(9, 64, 256, torch.bfloat16, False, _device(), seed)
+        results.append(gemm.matmul(a, b, config=config))
+        assert int(counters.abs().sum()) == 0
+    assert torch.equal(results[1], results[2])
+    assert not torch.equal(results[0], results[1])
+    assert _rel_err(results[1], *_operands(9, 64, 256, torch.bfloat16, False, _device(), 2)) < 4e-3
+
+
+def test_empty_and_degenerate_shapes(pools):
+    pools(1).run(_empty_and_degenerate)
+
+
+def _empty_and_degenerate():
+    dev = _device()
+    a = torch.randn(0, 8).to(dev)
+    assert gemm.matmul(a, torch.randn(8, 4).to(dev)).shape == (0, 4)
+    out = gemm.matmul(torch.randn(3, 0).to(dev), torch.randn(0, 5).to(dev))
+    assert out.shape == (3, 5) and torch.equal(out, torch.zeros(3, 5, device=dev))
+    with pytest.raises(ValueError, match="a \\[M, K\\] and b \\[K, N\\]"):
+        gemm.matmul(torch.randn(3, 4), torch.randn(5, 6))
+    with pytest.raises(ValueError, match="b.dtype"):
+        gemm.matmul(torch.randn(3, 4), torch.randn(4, 6).to(torch.bfloat16))
+
+
+def test_only_the_core_calls_tl_dot():
+    """One K-loop for the package: ``tl.dot`` appears in fused/gemm.py's ``mma`` and nowhere else."""
+    offenders = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                 if "tl.dot(" in p.read_text() and p.name != "gemm.py"]
+    assert offenders == []
+    assert gemm.__file__.endswith("gemm.py") and gemm.mma is not None
+
+
+# ---- the config picker ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,n,k", [(1, 1280, 8192), (16, 8192, 8192), (64, 4096, 7168), (128, 8192, 1024),
+                                   (512, 1280, 8192), (4096, 28672, 8192), (16384, 8192, 8192)])
+def test_untuned_rule_covers_the_regimes(m, n, k):
+    config = gemm_configs.untuned_config(m, n, k, sms=132)
+    tiles = gemm_configs.tiles_of(config, m, n)
+    if m <= 64:
+        assert config.swap_ab and config.block_m >= m and config.block_m <= 64
+    assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
+    assert tiles * config.split_k <= 4 * 132 or config.split_k == 1
+    if tiles < 66 and k >= 4096:
+        assert config.split_k > 1, "few tiles and a long K: the SMs must share the K range"
+    assert gemm_configs.untuned_config(m, n, k, 132, split=False).split_k == 1
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1280, 8192), (128, 8192, 3584), (16384, 28672, 8192)])
+def test_candidates_fit_and_include_the_rule(m, n, k):
+    found = gemm_configs.candidates(m, n, k, 132)
+    assert gemm_configs.untuned_config(m, n, k, 132) in found
+    assert all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
+    assert len(found) == len(set(found)) and len(found) <= 80
+
+
+def test_fp32_halves_the_k_step_and_cpu_gets_small_tiles():
+    config = gemm_configs.gemm_config(4096, 8192, 8192, torch.float32, torch.device("meta"))
+    assert config.smem_bytes(4) <= gemm_configs.SMEM_BYTES
+    assert gemm_configs.gemm_config(4096, 8192, 8192, torch.bfloat16, torch.device("cpu")) == gemm_configs.CPU_CONFIG
+
+
+def test_table_lookup_round_trip(tmp_path, monkeypatch):
+    """A written table is what gemm_config reads: exact (N, K), the smallest measured M >= M, the
+    no-split entry for fused ops; other shapes fall back to the rule."""
+    best = GemmConfig(16, 64, 256, 1, 6, True, 4, 4)
+    plain = GemmConfig(16, 32, 256, 1, 1, True, 4, 4)
+    big = GemmConfig(128, 256, 64, 8, 1, False, 8, 3)
+    rows = [dict(m=16, n=1280, k=8192, config=best.as_list(), no_split=plain.as_list()),
+            dict(m=8192, n=1280, k=8192, config=big.as_list(), no_split=big.as_list())]
+    monkeypatch.setattr(gemm_configs, "DATA", tmp_path)
+    gemm_configs.write_table("h200", dict(gpu="NVIDIA H200"), rows)
+    try:
+        assert json.loads((tmp_path / "gemm_h200.json").read_text())["gpu"] == "NVIDIA H200"
+        pick = lambda m, n, k, split=True: gemm_configs.gemm_config(m, n, k, torch.bfloat16, torch.device("meta"),
+                                                                    split)
+        assert pick(9, 1280, 8192) == best
+        assert pick(9, 1280, 8192, split=False) == plain
+        assert pick(1000, 1280, 8192) == big
+        assert pick(9, 1280, 4096) == gemm_configs.untuned_config(9, 1280, 4096)
+    finally:
+        gemm_configs.load_table.cache_clear()
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="block_n"):
+        GemmConfig(16, 48, 64)
+    with pytest.raises(ValueError, match="split_k"):
+        GemmConfig(16, 64, 64, split_k=0)
+
+
+def test_bench_summary_flags_targets():
+    from symmcoll.bench.gemm import summarize
+    rows = [dict(shape="a", m=16, ratio=0.9, weight_tbs=3.8, weight_mb=64.0),
+            dict(shape="b", m=16, ratio=1.2, weight_tbs=2.9, weight_mb=40.0),
+            dict(shape="c", m=16, error="wrong", rel_err=1.0, cublas_rel_err=1e-3)]
+    s = summarize(rows)
+    assert s["timed"] == 2 and s["wrong"] == 1 and s["above_1_10"] == 1 and s["worst_cell"] == "b M=16"
+    assert abs(s["geomean_ratio"] - (0.9 * 1.2) ** 0.5) < 1e-12 and s["min_decode_weight_tbs"] == 2.9
+
+
+# ---- on the GPU machine --------------------------------------------------------------------------------
+
+GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 128, 64, 8, 2, False, 4, 4),
+               GemmConfig(128, 256, 64, 8, 1, False, 8, 3), GemmConfig(32, 128, 256, 1, 8, True, 4, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c.label if c else "auto")
+@pytest.mark.parametrize("shape", [(1, 1280, 8192), (37, 4096, 7160), (300, 2304, 1000), (2048, 8192, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("b_t", [False, True], ids=["B", "W^T"])
+def test_gpu_matmul_configs(config, shape, b_t):
+    m, n, k = shape
+    a, b = _operands(m, n, k, torch.bfloat16, b_t, "cuda", seed=m + k)
+    got = gemm.matmul(a, b, config=config)
+    want = torch.matmul(a, b)
+    assert _rel_err(got, a, b) <= max(1.25 * _rel_err(want, a, b), 5e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_in_graph_replays_with_fresh_data():
+    config = GemmConfig(16, 64, 128, 1, 8, True, 4, 5)
+    a = torch.empty((16, 8192), dtype=torch.bfloat16, device="cuda")
+    b = torch.randn((8192, 1280), dtype=torch.bfloat16, device="cuda")
+    a.normal_()
+    gemm.matmul(a, b, config=config)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemm.matmul(a, b, config=config)
+    for _ in range(5):
+        a.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(out, a, b) < 5e-3
+    assert int(gemm.split_counters(a.device).abs().sum()) == 0
