@@ -232,7 +232,7 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
     facts = gpu_facts()
     sms = facts["sms"]
     shapes = _shapes(shape_filter)
-    jobs = [(c.as_list(), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name)
+    jobs = [(tuple(c.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name)
             for _, n, k in shapes for m in ms for c in candidates(m, n, k, sms)]
     started = time.time()
     failures = precompile(jobs, workers)

@@ -69,7 +69,7 @@ class GemmConfig:
 
     def for_itemsize(self, itemsize: int) -> GemmConfig:
         """4-byte operands: half the k-step (and fewer stages if needed), so the pipeline fits."""
-        config = replace(self, block_k=max(16, self.block_k // 2)) if itemsize > 2 else self
+        config = replace(self, block_k=max(16, self.block_k // 2)) if itemsize > 2 and self.block_k > 32 else self
         while config.num_stages > 2 and config.smem_bytes(itemsize) > SMEM_BYTES:
             config = replace(config, num_stages=config.num_stages - 1)
         return config
