@@ -275,7 +275,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     a = a if a.stride(1) == 1 else a.contiguous()
     src, b_t = _b_layout(b, K)
     device_type = "meta" if a.device.type == "meta" else a.device.type
-    config = (config or gemm_config(M, N, K, a.dtype, a.device)).for_itemsize(a.element_size())
+    config = (config or gemm_config(M, N, K, a.dtype, a.device)).fitted(a.element_size())
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
     split_k = config.split_k if tiles <= MAX_SPLIT_TILES else 1
     units = tiles * split_k

@@ -68,8 +68,13 @@ class GemmConfig:
         return self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize
 
     def for_itemsize(self, itemsize: int) -> GemmConfig:
-        """4-byte operands: half the k-step (and fewer stages if needed), so the pipeline fits."""
-        config = replace(self, block_k=max(16, self.block_k // 2)) if itemsize > 2 and self.block_k > 32 else self
+        """4-byte operands: half the k-step, so the pipeline fits (then ``fitted``)."""
+        config = replace(self, block_k=max(16, self.block_k // 2)) if itemsize > 2 else self
+        return config.fitted(itemsize)
+
+    def fitted(self, itemsize: int) -> GemmConfig:
+        """The same with fewer pipeline stages where its buffers would not fit shared memory."""
+        config = self
         while config.num_stages > 2 and config.smem_bytes(itemsize) > SMEM_BYTES:
             config = replace(config, num_stages=config.num_stages - 1)
         return config
@@ -147,7 +152,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
                 bases.append(GemmConfig(bm, bn, bk, group_m=group, num_warps=warps, num_stages=stages))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
-        base = _fit_stages(base)
+        base = base.fitted(2)
         tiles = tiles_of(base, m, n)
         splits = {1}
         if tiles < sms and tiles <= MAX_SPLIT_TILES:
@@ -157,12 +162,6 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         found.extend(replace(base, split_k=s) for s in sorted(splits))
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES]
-
-
-def _fit_stages(config: GemmConfig) -> GemmConfig:
-    while config.num_stages > 2 and config.smem_bytes(2) > SMEM_BYTES:
-        config = replace(config, num_stages=config.num_stages - 1)
-    return config
 
 
 # ---- measured tables -----------------------------------------------------------------------------------
