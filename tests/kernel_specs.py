@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 import triton
 
 import symmcoll
@@ -83,6 +84,8 @@ class FakeWorkspace:
 def _arg_type(value):
     if isinstance(value, torch.Tensor):
         return "*" + _TRITON_TYPES[value.dtype]
+    if isinstance(value, TensorDescriptor):
+        return f"tensordesc<{_TRITON_TYPES[value.base.dtype]}[{', '.join(map(str, value.block_shape))}]>"
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):

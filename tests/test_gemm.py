@@ -125,12 +125,23 @@ def test_untuned_rule_covers_the_regimes(m, n, k):
     config = gemm_configs.untuned_config(m, n, k, sms=132)
     tiles = gemm_configs.tiles_of(config, m, n)
     if m <= 64:
-        assert config.swap_ab and config.block_m >= m and config.block_m <= 64
+        assert config.swap_ab and m <= config.block_m <= 64
     assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
-    assert tiles * config.split_k <= 4 * 132 or config.split_k == 1
+    full, parts = gemm_configs.wave_split(config, tiles, k, 132)
+    assert full % 132 == 0 or (full == tiles and parts == 1)
+    if parts > 1:
+        assert (tiles - full) * parts <= 132 and parts <= config.split_k
     if tiles < 66 and k >= 4096:
-        assert config.split_k > 1, "few tiles and a long K: the SMs must share the K range"
+        assert parts > 1, "few tiles and a long K: the SMs must share the K range"
     assert gemm_configs.untuned_config(m, n, k, 132, split=False).split_k == 1
+
+
+@pytest.mark.parametrize("tiles,k,expect", [(160, 8192, (132, 4)), (264, 8192, (264, 1)), (20, 8192, (0, 6)),
+                                            (20, 256, (20, 1)), (133, 4096, (132, 8))])
+def test_wave_split_cuts_only_the_last_wave(tiles, k, expect):
+    config = GemmConfig(64, 64, 128, split_k=8)
+    assert gemm_configs.wave_split(config, tiles, k, 132) == expect
+    assert gemm_configs.wave_split(GemmConfig(64, 64, 128), tiles, k, 132) == (tiles, 1)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1280, 8192), (128, 8192, 3584), (16384, 28672, 8192)])

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .language import INTERPRETED
 
@@ -53,6 +54,8 @@ def recording():
 def _spec(arg) -> object:
     if isinstance(arg, torch.Tensor):
         return (arg.dtype, arg.data_ptr() % 16 == 0)
+    if isinstance(arg, TensorDescriptor):  # a host-made TMA descriptor: its type is its dtype and block
+        return ("desc", arg.base.dtype, tuple(arg.block_shape))
     if isinstance(arg, bool) or not isinstance(arg, int):
         return type(arg)
     return (arg == 1, arg % 16 == 0, -(2 ** 31) <= arg < 2 ** 31)

@@ -277,7 +277,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     flags, epoch, ready = _state(plan, world * triton.cdiv(piece, config.block_m), a.device)
     on_gpu = ws.device.type == "cuda"  # (meta tensors when the compile checks record the launches)
     tma = source != PEER_BUFFERS.value and gemm.use_tma(ws.device.type, a, g, b)
-    consumers = max(1, gemm.num_sms(ws.device) - producers)
+    consumers = max(1, gemm.programs_for(config, ws.device) - producers)
     copies = source in (PEER_BUFFERS.value, COPY_ENGINE.value) and not alone
     for start in range(0, rows_total, piece):
         rows = min(piece, rows_total - start)

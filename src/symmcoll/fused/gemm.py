@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..language import INTERPRETED, narrow
 from ..launcher import launch
-from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config
+from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config, wave_split
 
 # tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
 FP32_PRECISION = {"highest": "tf32x3", "high": "tf32", "medium": "tf32"}
@@ -76,10 +76,11 @@ def store_tile(c_ptr, acc, rows, cols, row_limit, col_limit, stride):
 
 @triton.jit
 def operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr, TMA: tl.constexpr, B_T: tl.constexpr):
-    """What ``k_loop`` loads from: tensor descriptors of A [M, K] and B ([K, N], or W [N, K] if B_T),
-    built once per kernel (TMA), or the pointers themselves."""
-    if TMA:
+                    BK: tl.constexpr, TMA: tl.constexpr, B_T: tl.constexpr, HOST_DESC: tl.constexpr = False):
+    """What ``k_loop`` loads from: tensor descriptors of A [M, K] and B ([K, N], or W [N, K] if B_T) --
+    made by the host and passed as kernel parameters (HOST_DESC: no device work), or built here once
+    per kernel -- or, without TMA, the pointers themselves."""
+    if TMA and not HOST_DESC:
         a_src = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BM, BK])
         if B_T:
             b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
@@ -161,31 +162,44 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, split, split_k, BM: tl.c
 
 @triton.jit
 def matmul_kernel(
-    # C [M, N] = A [M, K] @ B (B [K, N] row-major, or W = B^T [N, K] row-major if B_T); row strides given
+    # C [M, N] = A [M, K] @ B (B [K, N] row-major, or W = B^T [N, K] row-major if B_T); row strides given.
+    # HOST_DESC: a_ptr and b_ptr are the host's tensor descriptors of A and B.
     a_ptr, b_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c,
-    # split-K: parts per tile, fp32 partials [tiles, split_k, BM, BN] and per-tile counters (all zero)
-    split_k, partials_ptr, counters_ptr,
+    # split of the last wave (gemm_configs.wave_split): tiles [0, full_tiles) whole, the rest in split_k
+    # parts each; fp32 partials [tail tiles, split_k, BM, BN] and per-tail-tile counters (all zero)
+    full_tiles, split_k, partials_ptr, counters_ptr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
-    B_T: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr,
+    B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
-    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T)
-    for unit in tl.range(tl.program_id(0), num_m * num_n * split_k, tl.num_programs(0)):
-        tile = unit // split_k
-        split = unit % split_k
-        pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
-        k_lo, k_hi = split_range(split, split_k, K, BK)
-        acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, k_lo, k_hi, M, N, K, stride_a, stride_b, BM, BN, BK,
-                     TMA, SWAP_AB, B_T, PRECISION)
-        rows = pid_m * BM + tl.arange(0, BM)
-        cols = pid_n * BN + tl.arange(0, BN)
-        if split_k == 1:
-            store_tile(c_ptr, acc, rows, cols, M, N, stride_c)
-        else:
-            is_last, total = split_reduce(acc, partials_ptr, counters_ptr, tile, split, split_k, BM, BN)
-            if is_last:
-                store_tile(c_ptr, total, rows, cols, M, N, stride_c)
+    tiles = num_m * num_n
+    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
+    if SPLIT:
+        for unit in tl.range(tl.program_id(0), full_tiles + (tiles - full_tiles) * split_k, tl.num_programs(0)):
+            in_tail = unit >= full_tiles
+            part = tl.where(in_tail, (unit - full_tiles) % split_k, 0)
+            tile = tl.where(in_tail, full_tiles + (unit - full_tiles) // split_k, unit)
+            pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
+            k_lo, k_hi = split_range(part, tl.where(in_tail, split_k, 1), K, BK)
+            acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, k_lo, k_hi, M, N, K, stride_a, stride_b, BM, BN, BK,
+                         TMA, SWAP_AB, B_T, PRECISION)
+            rows = pid_m * BM + tl.arange(0, BM)
+            cols = pid_n * BN + tl.arange(0, BN)
+            if in_tail:
+                is_last, total = split_reduce(acc, partials_ptr, counters_ptr, tile - full_tiles, part, split_k, BM,
+                                              BN)
+                if is_last:
+                    store_tile(c_ptr, total, rows, cols, M, N, stride_c)
+            else:
+                store_tile(c_ptr, acc, rows, cols, M, N, stride_c)
+    else:
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
+            pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
+            acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
+                         SWAP_AB, B_T, PRECISION)
+            store_tile(c_ptr, acc, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), M, N, stride_c)
 
 
 # ---- host side --------------------------------------------------------------------------------------
@@ -257,6 +271,19 @@ def _b_layout(b: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
     return b.contiguous(), False
 
 
+def host_descriptors(config: GemmConfig, a: torch.Tensor, b: torch.Tensor, b_t: bool) -> tuple:
+    """Tensor descriptors of A and B made on the host (kernel parameters: no device work per launch)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]),
+            TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [bn, bk] if b_t else [bk, bn]))
+
+
+def programs_for(config: GemmConfig, device: torch.device) -> int:
+    """Persistent programs of a GEMM-core kernel: ``occupancy`` per SM."""
+    return num_sms(device) * config.occupancy
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, config: GemmConfig | None = None,
            programs: int | None = None) -> torch.Tensor:
     """C = A @ B with the GEMM core (A [M, K] row-major; B [K, N] row-major or the transpose of a
@@ -277,19 +304,25 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     device_type = "meta" if a.device.type == "meta" else a.device.type
     config = (config or gemm_config(M, N, K, a.dtype, a.device)).fitted(a.element_size())
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
-    split_k = config.split_k if tiles <= MAX_SPLIT_TILES else 1
-    units = tiles * split_k
-    nprog = max(1, min(units, programs or num_sms(a.device)))
-    if split_k > 1:
-        partials = torch.empty((tiles * split_k * config.block_m * config.block_n,), dtype=torch.float32,
+    nprog = programs or programs_for(config, a.device)
+    full_tiles, split_k = wave_split(config, tiles, K, nprog)
+    split = split_k > 1 and not config.flatten
+    if split:
+        tail = tiles - full_tiles
+        partials = torch.empty((tail * split_k * config.block_m * config.block_n,), dtype=torch.float32,
                                device=a.device)
         counters = split_counters(a.device) if a.device.type != "meta" else torch.empty(
             MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
+        units = full_tiles + tail * split_k
     else:
-        partials = counters = out  # unused
-    launch(matmul_kernel, (nprog,),
-           (a, src, out, M, N, K, a.stride(0), src.stride(0), out.stride(0), split_k, partials, counters),
-           dict(B_T=b_t, TMA=use_tma(device_type, a, src, out), PRECISION=precision(a.dtype), **config.meta()))
+        full_tiles, split_k, partials, counters, units = tiles, 1, out, out, tiles  # (unused)
+    tma = use_tma(device_type, a, src, out)
+    a_arg, b_arg = host_descriptors(config, a, src, b_t) if tma else (a, src)
+    launch(matmul_kernel, (max(1, min(units, nprog)),),
+           (a_arg, b_arg, out, M, N, K, a.stride(0), src.stride(0), out.stride(0), full_tiles, split_k, partials,
+            counters),
+           dict(B_T=b_t, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype), SPLIT=split,
+                FLATTEN=config.flatten, **config.meta()))
     return out
 
 

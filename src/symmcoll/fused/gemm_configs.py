@@ -7,11 +7,13 @@ else from ``untuned_config``, a rule that follows from what bounds each regime:
 
 * decode (M <= 64): the product is bound by reading B (K x N weights). The token count is the narrow
   side of the tile (``swap_ab``: C^T = B^T A^T, so B's columns fill the tensor core's 64-row side and
-  the tokens its 8..256-wide side), B's columns are cut into narrow column tiles, and where that
-  leaves too few tiles to keep every SM streaming, K is split (``split_k``: partial tiles summed by
-  the last program to finish, in a fixed order).
-* mid M (<= 512): 64-row tiles (one warpgroup's wgmma), split K only where tiles are few.
+  the tokens its 8..256-wide side), B's columns are cut into narrow column tiles.
+* mid M (<= 512): 64-row tiles (one warpgroup's wgmma).
 * large M: 128 x 256 tiles, grouped order, persistent over the SMs (compute-bound).
+
+In every regime the tiles of the last, partial wave (all tiles, where they are fewer than the
+programs) are split along K (``split_k``: parts summed by the last program to finish, in a fixed
+order), so no SM idles while a few finish the product: see ``wave_split``.
 
 Fused ops ask with ``split=False``: their tiles are messages to peers the moment they are finished,
 which a split tile never is in one program.
@@ -39,8 +41,11 @@ MAX_SPLIT = 16
 class GemmConfig:
     """One GEMM tile config. ``block_m`` rows of A (tokens) by ``block_n`` columns of B per tile,
     ``block_k`` deep per step; ``swap_ab`` computes the tile transposed (tokens on the tensor core's
-    narrow side); ``split_k`` programs share a tile's K range; ``group_m`` row blocks sweep the
-    columns together (L2 reuse of B)."""
+    narrow side); ``group_m`` row blocks sweep the columns together (L2 reuse of B); ``occupancy``
+    persistent programs per SM (two hide more memory latency where shared memory allows);
+    ``split_k``: at most this many programs share one tile of the last, partial wave of tiles (the
+    tiles that would leave SMs idle; all tiles when they are fewer than the programs); ``flatten``
+    pipelines the next tile's loads under this tile's epilogue (unsplit kernels only)."""
 
     block_m: int
     block_n: int
@@ -50,6 +55,8 @@ class GemmConfig:
     swap_ab: bool = False
     num_warps: int = 4
     num_stages: int = 3
+    occupancy: int = 1
+    flatten: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -58,6 +65,8 @@ class GemmConfig:
                 raise ValueError(f"{name} must be a power of two >= 16, got {value}")
         if not 1 <= self.split_k <= MAX_SPLIT:
             raise ValueError(f"split_k must be in [1, {MAX_SPLIT}], got {self.split_k}")
+        if self.occupancy not in (1, 2):
+            raise ValueError(f"occupancy must be 1 or 2, got {self.occupancy}")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
@@ -82,16 +91,18 @@ class GemmConfig:
     @property
     def label(self) -> str:
         return (f"{'T' if self.swap_ab else 'N'}{self.block_m}x{self.block_n}x{self.block_k}"
-                f"/g{self.group_m}/s{self.split_k}/w{self.num_warps}/p{self.num_stages}")
+                f"/g{self.group_m}/s{self.split_k}/w{self.num_warps}/p{self.num_stages}"
+                f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}")
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
-                self.num_warps, self.num_stages]
+                self.num_warps, self.num_stages, self.occupancy, int(self.flatten)]
 
     @staticmethod
     def from_list(values) -> GemmConfig:
-        bm, bn, bk, group, split, swap, warps, stages = values
-        return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages)
+        bm, bn, bk, group, split, swap, warps, stages, *rest = values
+        occupancy, flatten = (rest + [1, 0])[:2]
+        return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten))
 
 
 # Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).
@@ -106,13 +117,16 @@ def tiles_of(config: GemmConfig, m: int, n: int) -> int:
     return math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
 
 
-def best_split(tiles: int, k: int, block_k: int, sms: int) -> int:
-    """Programs per tile so that tiles x split covers the SMs about once, each part >= 4 k-steps."""
-    if tiles >= sms or tiles > MAX_SPLIT_TILES:
-        return 1
-    steps = math.ceil(k / block_k)
-    split = max(1, min(MAX_SPLIT, round(sms / tiles), steps // 4))
-    return split
+def wave_split(config: GemmConfig, tiles: int, k: int, programs: int) -> tuple[int, int]:
+    """(tiles computed whole, parts per tile of the rest): the tiles of full waves run whole; the last,
+    partial wave's tiles are cut into parts (at most ``config.split_k``, each >= 2 k-steps) so that
+    they keep the programs busy."""
+    full = tiles // programs * programs
+    tail = tiles - full
+    if config.split_k == 1 or tail == 0 or tail > MAX_SPLIT_TILES:
+        return tiles, 1
+    parts = min(config.split_k, programs // tail, math.ceil(k / config.block_k) // 2)
+    return (tiles, 1) if parts <= 1 else (full, parts)
 
 
 def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> GemmConfig:
@@ -125,43 +139,46 @@ def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -
             config = replace(config, block_n=64)
     else:
         config = GemmConfig(128, 256 if n >= 2048 else 128, 64, group_m=8, num_warps=8, num_stages=3)
-    if split:
-        config = replace(config, split_k=best_split(tiles_of(config, m, n), k, config.block_k, sms))
-    return config
+    return replace(config, split_k=8 if m <= 2048 else 4) if split else config
 
 
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
-    the dimensions each regime cares about (splits only where tiles are fewer than the SMs): ~10-30
-    configs a shape."""
+    the dimensions each regime cares about (wave splits where the last wave of tiles is partial, two
+    programs per SM where shared memory allows): ~10-40 configs a shape."""
     bases: list[GemmConfig] = []
-    if m <= 128:  # bound by reading B: tile widths, k-steps, pipeline depth
-        bm = _pow2_at_least(m, 16)
+    if m <= 256:  # bound by reading B: tile widths, k-steps, pipeline depth, programs per SM
+        bm = min(128, _pow2_at_least(m, 16))
         for bn, bk in ((64, 128), (64, 256), (128, 128), (32, 256)):
             bases.append(GemmConfig(bm, bn, bk, group_m=1, swap_ab=True, num_warps=4, num_stages=6))
+        bases.append(GemmConfig(bm, 64, 128, group_m=1, swap_ab=True, num_warps=4, num_stages=3, occupancy=2))
         bases.append(GemmConfig(min(bm, 64), 64, 128, group_m=1, num_warps=4, num_stages=5))
         bases.append(GemmConfig(min(bm, 64), 128, 64, group_m=1, num_warps=4, num_stages=5))
     if 64 < m <= 2048:
         for bm, bn, bk, warps, stages in ((64, 64, 128, 4, 4), (64, 128, 64, 4, 4), (64, 256, 64, 4, 4),
-                                          (128, 128, 64, 8, 4), (128, 256, 64, 8, 3)):
+                                          (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3)):
             bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
-    if m > 512:  # compute-bound: the big tiles and their pipelines
+        bases.append(GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=3, occupancy=2))
+    if m > 512:  # compute-bound: the big tiles, their pipelines, the epilogue under the next tile's loads
         for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
                                           (128, 128, 64, 8, 4), (128, 128, 128, 8, 3)):
             for group in (8, 16) if m >= 4096 else (8,):
                 bases.append(GemmConfig(bm, bn, bk, group_m=group, num_warps=warps, num_stages=stages))
+        bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, flatten=True))
+        bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
         base = base.fitted(2)
+        programs = sms * base.occupancy
         tiles = tiles_of(base, m, n)
+        tail = tiles % programs
         splits = {1}
-        if tiles < sms and tiles <= MAX_SPLIT_TILES:
-            best = best_split(tiles, k, base.block_k, sms)
-            splits |= {s for s in (best // 2, best, best * 2) if 1 <= s <= MAX_SPLIT
-                       and math.ceil(k / base.block_k) >= 2 * s}
+        if tail and not base.flatten:
+            most = min(MAX_SPLIT, programs // tail, math.ceil(k / base.block_k) // 2)
+            splits |= {s for s in (2, most // 2, most) if 2 <= s <= most}
         found.extend(replace(base, split_k=s) for s in sorted(splits))
     unique = list(dict.fromkeys(found))
-    return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES]
+    return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
 
 
 # ---- measured tables -----------------------------------------------------------------------------------

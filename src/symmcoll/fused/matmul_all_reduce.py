@@ -44,7 +44,8 @@ from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, en
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, register, register_op
-from .gemm import grouped_tile, k_loop, load_tile, num_sms, operand_sources, precision, store_tile, use_tma
+from .gemm import (grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision, programs_for,
+                   store_tile, use_tma)
 from .gemm_configs import gemm_config
 from .matmul_reduce_scatter import check_operands, run_tiles, size_key
 
@@ -76,7 +77,7 @@ def matmul_all_reduce_kernel(
     first_tile, piece_tiles,
     # FORMAT: words.py's; TILE_WORDS = BM * BN / values per word; SLOT_WORDS: words per source row
     WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr, FORMAT: tl.constexpr,
+    SWAP_AB: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, FORMAT: tl.constexpr,
     TILE_WORDS: tl.constexpr, SLOT_WORDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -89,7 +90,7 @@ def matmul_all_reduce_kernel(
     lane = tl.arange(0, TILE_WORDS)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
     post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
-    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False)
+    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False, HOST_DESC)
 
     # Stage 1: my partial tiles, each sent to every peer as soon as it is done.
     for j in range(pid, piece_tiles, nprog):
@@ -139,13 +140,14 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
     per_piece = SLOT_WORDS[device_type] // tile_words
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
-    meta = dict(WORLD=world, TMA=use_tma(device_type, a, b), PRECISION=precision(a.dtype),
-                FORMAT=WORD_FORMAT[out.dtype], TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type],
-                **cfg.meta())
+    tma = use_tma(device_type, a, b)
+    a_arg, b_arg = host_descriptors(cfg, a, b, False) if tma else (a, b)
+    meta = dict(WORLD=world, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype), FORMAT=WORD_FORMAT[out.dtype],
+                TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta())
     for first in range(0, tiles, per_piece):
         n = min(per_piece, tiles - first)
-        launch(matmul_all_reduce_kernel, (max(1, min(num_sms(a.device), n)),),
-               (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a, b, out, M, N, K, a.stride(0), b.stride(0),
+        launch(matmul_all_reduce_kernel, (max(1, min(programs_for(cfg, a.device), n)),),
+               (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a_arg, b_arg, out, M, N, K, a.stride(0), b.stride(0),
                 out.stride(0), first, n), meta)
     return out
 

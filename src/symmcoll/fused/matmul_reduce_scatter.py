@@ -49,7 +49,7 @@ from ..language import (EPOCH_SLOTS, MAX_WORLD, announce, end_launch, launch_epo
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, register, register_op
-from .gemm import grouped_tile, k_loop, num_sms, operand_sources, precision, store_tile, use_tma
+from .gemm import grouped_tile, host_descriptors, k_loop, operand_sources, precision, programs_for, store_tile, use_tma
 from .gemm_configs import gemm_config
 
 OP = "matmul_reduce_scatter"
@@ -105,7 +105,7 @@ def matmul_reduce_scatter_kernel(
     rows_per_shard, first_tile, piece_tiles,
     # SLOT_ELEMS: elements per (phase, source) slot; DATA_OFFSET: bytes of the flag table
     WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr, SLOT_ELEMS: tl.constexpr,
+    SWAP_AB: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, SLOT_ELEMS: tl.constexpr,
     MAX_TILES: tl.constexpr, DATA_OFFSET: tl.constexpr,
 ):
     ELEM: tl.constexpr = out_ptr.dtype.element_ty
@@ -117,7 +117,7 @@ def matmul_reduce_scatter_kernel(
     num_m = tl.cdiv(rows_per_shard, BM)
     num_n = tl.cdiv(N, BN)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False)
+    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False, HOST_DESC)
     in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     my_flags = _region_at(stage_ptrs_dev, rank, 0, tl.int64) + phase * (MAX_WORLD * MAX_TILES)
     my_slots = _region_at(stage_ptrs_dev, rank, DATA_OFFSET, ELEM) + phase * (WORLD - 1) * SLOT_ELEMS
@@ -164,13 +164,15 @@ def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     per_piece = min(slot // (cfg.block_m * cfg.block_n * out.element_size()), MAX_TILES[device_type])
     tiles = triton.cdiv(rows_per_shard, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     region, epochs = ws.region(STAGE.name), ws.local_state(EPOCHS.name)
-    meta = dict(WORLD=world, TMA=use_tma(device_type, a, b), PRECISION=precision(a.dtype),
+    tma = use_tma(device_type, a, b)
+    a_arg, b_arg = host_descriptors(cfg, a, b, False) if tma else (a, b)
+    meta = dict(WORLD=world, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype),
                 SLOT_ELEMS=slot // out.element_size(), MAX_TILES=MAX_TILES[device_type],
                 DATA_OFFSET=flag_bytes(device_type), **cfg.meta())
     for first in range(0, tiles, per_piece):
         n = min(per_piece, tiles - first)
-        launch(matmul_reduce_scatter_kernel, (max(1, min(num_sms(a.device), world * n)),),
-               (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a, b, out, M, N, K, a.stride(0), b.stride(0),
+        launch(matmul_reduce_scatter_kernel, (max(1, min(programs_for(cfg, a.device), world * n)),),
+               (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a_arg, b_arg, out, M, N, K, a.stride(0), b.stride(0),
                 out.stride(0), rows_per_shard, first, n), meta)
     return out
 
