@@ -30,6 +30,8 @@ CASES = [
     (40, 64, 100, GemmConfig(32, 32, 32, 2, 4, False, 4, 1), False),     # straight, grouped, split 4
     (40, 64, 96, GemmConfig(32, 32, 32, 2, 2, False, 4, 1), True),       # straight, W [N, K], split 2
     (70, 40, 48, GemmConfig(32, 16, 16, 2, 1, False, 4, 1), False),      # narrow N, more tiles than programs
+    # 13 tiles on 4 programs: 12 whole, the 13th in 2 parts (the flattened loop)
+    (416, 16, 64, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True), False),
 ]
 
 
@@ -139,6 +141,7 @@ def test_untuned_rule_covers_the_regimes(m, n, k):
 @pytest.mark.parametrize("tiles,k,expect", [(160, 8192, (132, 4)), (264, 8192, (264, 1)), (20, 8192, (0, 6)),
                                             (20, 256, (20, 1)), (133, 4096, (132, 8))])
 def test_wave_split_cuts_only_the_last_wave(tiles, k, expect):
+    assert gemm_configs.wave_split(CASES[-1][3], 13, 64, 4) == (12, 2)  # (the CPU case above splits)
     config = GemmConfig(64, 64, 128, split_k=8)
     assert gemm_configs.wave_split(config, tiles, k, 132) == expect
     assert gemm_configs.wave_split(GemmConfig(64, 64, 128), tiles, k, 132) == (tiles, 1)

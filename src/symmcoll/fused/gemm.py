@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..language import INTERPRETED, narrow
 from ..launcher import launch
@@ -161,23 +162,35 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, split, split_k, BM: tl.c
 
 
 @triton.jit
+def store_result(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: tl.constexpr,
+                 TMA_STORE: tl.constexpr):
+    """C[row0:row0+BM, col0:col0+BN] <- acc narrowed: through C's tensor descriptor (TMA_STORE: async,
+    clipped at the edges) or masked stores."""
+    if TMA_STORE:
+        c_dst.store([row0, col0], narrow(acc, c_dst.dtype))
+    else:
+        store_tile(c_dst, acc, row0 + tl.arange(0, BM), col0 + tl.arange(0, BN), M, N, stride_c)
+
+
+@triton.jit
 def matmul_kernel(
     # C [M, N] = A [M, K] @ B (B [K, N] row-major, or W = B^T [N, K] row-major if B_T); row strides given.
-    # HOST_DESC: a_ptr and b_ptr are the host's tensor descriptors of A and B.
+    # HOST_DESC: a_ptr and b_ptr are the host's tensor descriptors of A and B; TMA_STORE: c_ptr is C's.
     a_ptr, b_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c,
     # split of the last wave (gemm_configs.wave_split): tiles [0, full_tiles) whole, the rest in split_k
     # parts each; fp32 partials [tail tiles, split_k, BM, BN] and per-tail-tile counters (all zero)
     full_tiles, split_k, partials_ptr, counters_ptr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
-    B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr,
-    SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
+    B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr,
+    PRECISION: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     tiles = num_m * num_n
     a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
     if SPLIT:
-        for unit in tl.range(tl.program_id(0), full_tiles + (tiles - full_tiles) * split_k, tl.num_programs(0)):
+        units = full_tiles + (tiles - full_tiles) * split_k
+        for unit in tl.range(tl.program_id(0), units, tl.num_programs(0), flatten=FLATTEN):
             in_tail = unit >= full_tiles
             part = tl.where(in_tail, (unit - full_tiles) % split_k, 0)
             tile = tl.where(in_tail, full_tiles + (unit - full_tiles) // split_k, unit)
@@ -185,21 +198,18 @@ def matmul_kernel(
             k_lo, k_hi = split_range(part, tl.where(in_tail, split_k, 1), K, BK)
             acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, k_lo, k_hi, M, N, K, stride_a, stride_b, BM, BN, BK,
                          TMA, SWAP_AB, B_T, PRECISION)
-            rows = pid_m * BM + tl.arange(0, BM)
-            cols = pid_n * BN + tl.arange(0, BN)
             if in_tail:
-                is_last, total = split_reduce(acc, partials_ptr, counters_ptr, tile - full_tiles, part, split_k, BM,
-                                              BN)
-                if is_last:
-                    store_tile(c_ptr, total, rows, cols, M, N, stride_c)
+                is_last, acc = split_reduce(acc, partials_ptr, counters_ptr, tile - full_tiles, part, split_k, BM, BN)
             else:
-                store_tile(c_ptr, acc, rows, cols, M, N, stride_c)
+                is_last = True
+            if is_last:
+                store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE)
     else:
         for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
             acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
                          SWAP_AB, B_T, PRECISION)
-            store_tile(c_ptr, acc, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), M, N, stride_c)
+            store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE)
 
 
 # ---- host side --------------------------------------------------------------------------------------
@@ -273,7 +283,6 @@ def _b_layout(b: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
 
 def host_descriptors(config: GemmConfig, a: torch.Tensor, b: torch.Tensor, b_t: bool) -> tuple:
     """Tensor descriptors of A and B made on the host (kernel parameters: no device work per launch)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]),
             TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [bn, bk] if b_t else [bk, bn]))
@@ -306,7 +315,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
     nprog = programs or programs_for(config, a.device)
     full_tiles, split_k = wave_split(config, tiles, K, nprog)
-    split = split_k > 1 and not config.flatten
+    split = split_k > 1
     if split:
         tail = tiles - full_tiles
         partials = torch.empty((tail * split_k * config.block_m * config.block_n,), dtype=torch.float32,
@@ -318,10 +327,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
         full_tiles, split_k, partials, counters, units = tiles, 1, out, out, tiles  # (unused)
     tma = use_tma(device_type, a, src, out)
     a_arg, b_arg = host_descriptors(config, a, src, b_t) if tma else (a, src)
+    tma_store = tma and config.tma_store
+    c_arg = TensorDescriptor(out, [M, N], [out.stride(0), 1], [config.block_m, config.block_n]) if tma_store else out
     launch(matmul_kernel, (max(1, min(units, nprog)),),
-           (a_arg, b_arg, out, M, N, K, a.stride(0), src.stride(0), out.stride(0), full_tiles, split_k, partials,
+           (a_arg, b_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), full_tiles, split_k, partials,
             counters),
-           dict(B_T=b_t, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype), SPLIT=split,
+           dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype), SPLIT=split,
                 FLATTEN=config.flatten, **config.meta()))
     return out
 
@@ -342,6 +353,8 @@ def compile_cases(make_workspace):
             case(16, 1280, 8192, torch.bfloat16, GemmConfig(16, 64, 128, 1, 6, True, 4, 5)),
             case(64, 8192, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 1, False, 4, 4), b_t=True),
             case(8, 4096, 7168, torch.float16, GemmConfig(16, 64, 128, 1, 2, True, 4, 5), b_t=True),
+            case(8192, 8192, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 1, False, 8, 3, 1, True, True)),
+            case(2048, 1280, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 8, False, 8, 4, 1, True, True)),
             case(1000, 3584, 4096, torch.float16),
             case(33, 100, 72, torch.bfloat16),
             case(300, 512, 1000, torch.float32)]

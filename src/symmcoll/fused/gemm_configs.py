@@ -45,7 +45,8 @@ class GemmConfig:
     persistent programs per SM (two hide more memory latency where shared memory allows);
     ``split_k``: at most this many programs share one tile of the last, partial wave of tiles (the
     tiles that would leave SMs idle; all tiles when they are fewer than the programs); ``flatten``
-    pipelines the next tile's loads under this tile's epilogue (unsplit kernels only)."""
+    pipelines the next tile's loads under this tile's epilogue; ``tma_store`` writes C through a
+    tensor descriptor (asynchronous, staged in shared memory)."""
 
     block_m: int
     block_n: int
@@ -57,6 +58,7 @@ class GemmConfig:
     num_stages: int = 3
     occupancy: int = 1
     flatten: bool = False
+    tma_store: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -74,7 +76,8 @@ class GemmConfig:
                     num_warps=self.num_warps, num_stages=self.num_stages)
 
     def smem_bytes(self, itemsize: int) -> int:
-        return self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize
+        staged_c = self.block_m * self.block_n * itemsize if self.tma_store else 0
+        return self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize + staged_c
 
     def for_itemsize(self, itemsize: int) -> GemmConfig:
         """4-byte operands: half the k-step, so the pipeline fits (then ``fitted``)."""
@@ -92,17 +95,18 @@ class GemmConfig:
     def label(self) -> str:
         return (f"{'T' if self.swap_ab else 'N'}{self.block_m}x{self.block_n}x{self.block_k}"
                 f"/g{self.group_m}/s{self.split_k}/w{self.num_warps}/p{self.num_stages}"
-                f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}")
+                f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}{'/t' if self.tma_store else ''}")
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
-                self.num_warps, self.num_stages, self.occupancy, int(self.flatten)]
+                self.num_warps, self.num_stages, self.occupancy, int(self.flatten), int(self.tma_store)]
 
     @staticmethod
     def from_list(values) -> GemmConfig:
         bm, bn, bk, group, split, swap, warps, stages, *rest = values
-        occupancy, flatten = (rest + [1, 0])[:2]
-        return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten))
+        occupancy, flatten, tma_store = (list(rest) + [1, 0, 0][len(rest):])[:3]
+        return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten),
+                          bool(tma_store))
 
 
 # Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).
@@ -117,16 +121,26 @@ def tiles_of(config: GemmConfig, m: int, n: int) -> int:
     return math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
 
 
+# What one part of a split tile costs beyond its share of the tile's k-steps (pipeline fill and drain,
+# its partial written and read back), as a fraction of a whole tile's time.
+PART_OVERHEAD = 0.05
+
+
 def wave_split(config: GemmConfig, tiles: int, k: int, programs: int) -> tuple[int, int]:
     """(tiles computed whole, parts per tile of the rest): the tiles of full waves run whole; the last,
-    partial wave's tiles are cut into parts (at most ``config.split_k``, each >= 2 k-steps) so that
-    they keep the programs busy."""
+    partial wave's tiles are cut into the number of parts (at most ``config.split_k``, each >= 2
+    k-steps) that finishes them soonest: rounds of parts over the programs, each part 1/parts of a
+    tile plus PART_OVERHEAD."""
     full = tiles // programs * programs
     tail = tiles - full
     if config.split_k == 1 or tail == 0 or tail > MAX_SPLIT_TILES:
         return tiles, 1
-    parts = min(config.split_k, programs // tail, math.ceil(k / config.block_k) // 2)
-    return (tiles, 1) if parts <= 1 else (full, parts)
+    best, best_cost = 1, 1.0
+    for parts in range(2, min(config.split_k, math.ceil(k / config.block_k) // 2) + 1):
+        cost = math.ceil(tail * parts / programs) * (1 / parts + PART_OVERHEAD)
+        if cost < best_cost - 1e-9:
+            best, best_cost = parts, cost
+    return (tiles, 1) if best == 1 else (full, best)
 
 
 def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> GemmConfig:
@@ -159,6 +173,8 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
                                           (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3)):
             bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
         bases.append(GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=3, occupancy=2))
+        bases.append(GemmConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4, flatten=True))
+        bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True))
     if m > 512:  # compute-bound: the big tiles, their pipelines, the epilogue under the next tile's loads
         for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
                                           (128, 128, 64, 8, 4), (128, 128, 128, 8, 3)):
@@ -166,16 +182,17 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
                 bases.append(GemmConfig(bm, bn, bk, group_m=group, num_warps=warps, num_stages=stages))
         bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, flatten=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True))
+        bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, tma_store=True))
+        bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, flatten=True, tma_store=True))
+        bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True, tma_store=True))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
         base = base.fitted(2)
         programs = sms * base.occupancy
         tiles = tiles_of(base, m, n)
-        tail = tiles % programs
         splits = {1}
-        if tail and not base.flatten:
-            most = min(MAX_SPLIT, programs // tail, math.ceil(k / base.block_k) // 2)
-            splits |= {s for s in (2, most // 2, most) if 2 <= s <= most}
+        if tiles % programs:  # caps of parts per tile: wave_split picks the count under the cap
+            splits |= {cap for cap in (3, 8, 16) if wave_split(replace(base, split_k=cap), tiles, k, programs)[1] > 1}
         found.extend(replace(base, split_k=s) for s in sorted(splits))
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
