@@ -86,8 +86,10 @@ for stage in $stages; do
       # measurements; also copied into the package here so that later stages of this call use it.
       # GEMM_SHAPES (layer-name prefixes) and GEMM_M narrow it.
       key=$(python3 -c 'import torch; from symmcoll.fused.gemm_configs import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
+      # The table shipped in the package is the base: cells this run does not measure are kept.
       timeout ${GEMM_TUNE_TIMEOUT:-540} python3 -m symmcoll tune --op gemm ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
-        ${GEMM_M:+--m $GEMM_M} --out "$OUT/gemm_$key.json" 2>&1 | tee "$OUT/gemm_tune.log"
+        ${GEMM_M:+--m $GEMM_M} --base "src/symmcoll/data/gemm_$key.json" --out "$OUT/gemm_$key.json" 2>&1 \
+        | tee "$OUT/gemm_tune.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       [ -f "$OUT/gemm_$key.json" ] && cp "$OUT/gemm_$key.json" src/symmcoll/data/
       ;;

@@ -264,7 +264,8 @@ def _tune_gemm(args, console) -> int:
 
     out = Path(args.out) if str(args.out).endswith(".json") and "dispatch" not in Path(args.out).name else None
     dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
-    gemm.tune(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, out, console)
+    gemm.tune(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, out, console,
+              base=Path(args.base) if args.base else None)
     return 0
 
 
@@ -402,6 +403,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--shapes", nargs="+", default=None, help=f"{GEMM}: layer-name prefixes (default: all)")
     tune.add_argument("--m", nargs="+", default=None, metavar="M", help=f"{GEMM}: M values (default: the grid)")
     tune.add_argument("-n", "--iters", type=int, default=None, help=f"{GEMM}: graph replays per candidate")
+    tune.add_argument("--base", default=None, help=f"{GEMM}: an earlier table whose cells this run does not measure "
+                                                   f"are kept")
     tune.add_argument("--world-size", nargs="+", default=None, metavar="N")
     tune.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     from .dispatch import USER_TABLE

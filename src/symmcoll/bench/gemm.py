@@ -47,6 +47,10 @@ SHAPES = (
     ("405b-tp8 down", 16384, 6656),
     ("dsv3-expert gate_up", 4096, 7168), ("dsv3-expert down", 7168, 2048),
 )
+# Tuned beside the grid: the shapes of the fused ops' benchmarks (bench/fused.py) as plain GEMMs, so
+# their configs are measured too (C [M, N] = all_gather(A) @ B; the 70B MLP's full down projection).
+FUSED_SHAPES = (("fused 8192x28672", 8192, 28672), ("fused 8192x8192", 8192, 8192),
+                ("fused 6656x16384", 6656, 16384), ("fused 3584x8192", 3584, 8192), ("fused 1024x1024", 1024, 1024))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Rotating input sets until A + B + C of all sets exceed this (twice an H200's 60 MB of L2 and more).
 ROTATE_BYTES = 256 << 20
@@ -112,8 +116,8 @@ def check(cell: Cell, calls) -> float:
     return rel_err(cell, cell.sets[0][2])
 
 
-def timed_us(calls, replays: int) -> float:
-    samples = graph_us(calls, replays)
+def timed_us(calls, replays: int, min_graph_us: float = 200.0) -> float:
+    samples = graph_us(calls, replays, min_graph_us=min_graph_us)
     return sorted(samples)[len(samples) // 2]
 
 
@@ -225,50 +229,65 @@ def precompile(jobs: list[tuple], workers: int) -> list[str]:
 
 
 def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out: Path | None,
-         console, workers: int = 12) -> Path:
-    """Measure every candidate of every cell; write the table (and every measurement beside it)."""
+         console, workers: int = 12, base: Path | None = None) -> Path:
+    """Measure every candidate of every cell (a quick pass of 3 replays each, then the best three
+    again with ``replays``); write the table after every shape (a run cut short keeps what it
+    measured), keeping the cells of ``base`` (an earlier table) that this run does not measure."""
     device = torch.device("cuda", torch.cuda.current_device())
     dtype = DTYPES[dtype_name]
     facts = gpu_facts()
     sms = facts["sms"]
-    shapes = _shapes(shape_filter)
+    shapes = _shapes(shape_filter) + [s for s in FUSED_SHAPES if not shape_filter or any(
+        s[0].startswith(f) for f in shape_filter)]
     jobs = [(tuple(c.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name)
             for _, n, k in shapes for m in ms for c in candidates(m, n, k, sms)]
     started = time.time()
     failures = precompile(jobs, workers)
     console.print(f"precompiled {len(set(jobs))} kernels in {time.time() - started:.0f} s"
                   f"{'; failed: ' + '; '.join(failures[:5]) if failures else ''}", highlight=False)
+    kept = json.loads(base.read_text())["entries"] if base and base.exists() else []
+    measured_cells = {(m, n, k) for _, n, k in shapes for m in ms}
+    kept = [e for e in kept if (e["m"], e["n"], e["k"]) not in measured_cells]
+    key = gpu_key(facts["gpu"]) or "gpu"
     entries, measured = [], []
+    path = out
     for name, n, k in shapes:
         for m in ms:
-            cell = make_cell(name, m, n, k, dtype, device)
-            cublas_us = timed_us(cublas(cell), replays)
-            results = []
-            for config in candidates(m, n, k, sms):
-                try:
-                    err = check(cell, ours(cell, config))
-                except Exception as exc:  # noqa: BLE001 - a config that cannot run is skipped, not fatal
-                    measured.append(dict(m=m, n=n, k=k, config=config.label, error=f"{type(exc).__name__}"))
-                    continue
-                if not err <= MAX_REL_ERR:
-                    measured.append(dict(m=m, n=n, k=k, config=config.label, rel_err=err, error="wrong"))
-                    continue
-                us = timed_us(ours(cell, config), replays)
-                results.append((us, config))
-                measured.append(dict(m=m, n=n, k=k, config=config.label, us=us, rel_err=err))
-            results.sort(key=lambda r: r[0])
-            # The best few again, longer: the choice should not be one noisy sample.
-            final = sorted(((timed_us(ours(cell, c), replays * 2), c) for _, c in results[:3]), key=lambda r: r[0])
-            best_us, best = final[0]
-            no_split = next((c for _, c in final + results if c.split_k == 1), None)
-            entries.append(dict(m=m, n=n, k=k, shape=name, config=best.as_list(), no_split=no_split.as_list(),
-                                label=best.label, us=best_us, cublas_us=cublas_us, ratio=best_us / cublas_us))
-            console.print(f"{name:<20} M={m:<6} best {best.label:<26} {best_us:9.1f} us  cuBLAS {cublas_us:9.1f}  "
-                          f"x{best_us / cublas_us:.3f}  ({len(results)} configs)", highlight=False)
-            del cell
-            torch.cuda.empty_cache()
-    key = gpu_key(facts["gpu"]) or "gpu"
-    path = write_table(key, facts, entries, out)
-    (path.parent / (path.stem + "-measurements.json")).write_text(json.dumps(dict(provenance=facts, rows=measured)))
-    console.print(f"GEMM table written: {path} ({len(entries)} cells)", highlight=False)
+            entry = _tune_cell(name, m, n, k, dtype, device, sms, replays, measured)
+            entries.append(entry)
+            console.print(f"{name:<20} M={m:<6} best {entry['label']:<30} {entry['us']:9.1f} us  cuBLAS "
+                          f"{entry['cublas_us']:9.1f}  x{entry['ratio']:.3f}  ({entry['candidates']} configs)",
+                          highlight=False)
+        path = write_table(key, facts, kept + entries, out)
+        (path.parent / (path.stem + "-measurements.json")).write_text(json.dumps(dict(provenance=facts,
+                                                                                       rows=measured)))
+    console.print(f"GEMM table written: {path} ({len(kept + entries)} cells, {len(entries)} measured now)",
+                  highlight=False)
     return path
+
+
+def _tune_cell(name, m, n, k, dtype, device, sms, replays, measured) -> dict:
+    cell = make_cell(name, m, n, k, dtype, device)
+    cublas_us = timed_us(cublas(cell), replays)
+    results = []
+    for config in candidates(m, n, k, sms):
+        try:
+            err = check(cell, ours(cell, config))
+        except Exception as exc:  # noqa: BLE001 - a config that cannot run is skipped, not fatal
+            measured.append(dict(m=m, n=n, k=k, config=config.label, error=f"{type(exc).__name__}"))
+            continue
+        if not err <= MAX_REL_ERR:
+            measured.append(dict(m=m, n=n, k=k, config=config.label, rel_err=err, error="wrong"))
+            continue
+        us = timed_us(ours(cell, config), 3, min_graph_us=100.0)
+        results.append((us, config))
+        measured.append(dict(m=m, n=n, k=k, config=config.label, us=us, rel_err=err))
+    results.sort(key=lambda r: r[0])
+    # The best three again, longer: the choice should not rest on one short sample.
+    final = sorted(((timed_us(ours(cell, c), replays), c) for _, c in results[:3]), key=lambda r: r[0])
+    best_us, best = final[0]
+    no_split = next(c for _, c in final + results if c.split_k == 1)
+    del cell
+    torch.cuda.empty_cache()
+    return dict(m=m, n=n, k=k, shape=name, config=best.as_list(), no_split=no_split.as_list(), label=best.label,
+                us=best_us, cublas_us=cublas_us, ratio=best_us / cublas_us, candidates=len(results))

@@ -144,13 +144,15 @@ def wave_split(config: GemmConfig, tiles: int, k: int, programs: int) -> tuple[i
 
 
 def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> GemmConfig:
-    """The rule for shapes no table holds (bf16/fp16 operands; see the module docstring)."""
-    if m <= 64:
-        config = GemmConfig(_pow2_at_least(m, 16), 64, 128, group_m=1, swap_ab=True, num_warps=4, num_stages=5)
-    elif m <= 512:
-        config = GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4)
-        if tiles_of(config, m, n) < sms:
-            config = replace(config, block_n=64)
+    """The rule for shapes no table holds (bf16/fp16 operands; see the module docstring). Up to 256
+    rows one row block covers every token, so B is read once."""
+    if m <= 128:
+        config = GemmConfig(_pow2_at_least(m, 16), 64, 128, group_m=1, swap_ab=True, num_warps=4,
+                            num_stages=5 if m <= 64 else 4)
+    elif m <= 256:
+        config = GemmConfig(256, 64, 64, group_m=1, swap_ab=True, num_warps=8, num_stages=4)
+    elif m <= 1024:
+        config = GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3)
     else:
         config = GemmConfig(128, 256 if n >= 2048 else 128, 64, group_m=8, num_warps=8, num_stages=3)
     return replace(config, split_k=8 if m <= 2048 else 4) if split else config
@@ -162,28 +164,26 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     programs per SM where shared memory allows): ~10-40 configs a shape."""
     bases: list[GemmConfig] = []
     if m <= 256:  # bound by reading B: tile widths, k-steps, pipeline depth, programs per SM
-        bm = min(128, _pow2_at_least(m, 16))
-        for bn, bk in ((64, 128), (64, 256), (128, 128), (32, 256)):
-            bases.append(GemmConfig(bm, bn, bk, group_m=1, swap_ab=True, num_warps=4, num_stages=6))
+        bm = min(256, _pow2_at_least(m, 16))
+        for bn, bk in ((64, 128), (64, 256), (128, 128)):
+            bases.append(GemmConfig(bm, bn, bk, group_m=1, swap_ab=True, num_warps=4 if bm <= 128 else 8,
+                                    num_stages=6))
         bases.append(GemmConfig(bm, 64, 128, group_m=1, swap_ab=True, num_warps=4, num_stages=3, occupancy=2))
         bases.append(GemmConfig(min(bm, 64), 64, 128, group_m=1, num_warps=4, num_stages=5))
-        bases.append(GemmConfig(min(bm, 64), 128, 64, group_m=1, num_warps=4, num_stages=5))
     if 64 < m <= 2048:
-        for bm, bn, bk, warps, stages in ((64, 64, 128, 4, 4), (64, 128, 64, 4, 4), (64, 256, 64, 4, 4),
-                                          (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3)):
+        for bm, bn, bk, warps, stages in ((64, 128, 64, 4, 4), (64, 256, 64, 4, 4), (128, 128, 64, 8, 4),
+                                          (128, 256, 64, 8, 3)):
             bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
-        bases.append(GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=3, occupancy=2))
         bases.append(GemmConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4, flatten=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True))
     if m > 512:  # compute-bound: the big tiles, their pipelines, the epilogue under the next tile's loads
-        for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
-                                          (128, 128, 64, 8, 4), (128, 128, 128, 8, 3)):
-            for group in (8, 16) if m >= 4096 else (8,):
-                bases.append(GemmConfig(bm, bn, bk, group_m=group, num_warps=warps, num_stages=stages))
-        bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, flatten=True))
-        bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True))
-        bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, tma_store=True))
+        for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
+                                          (128, 128, 128, 8, 3)):
+            bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
+        if m >= 4096:
+            bases.append(GemmConfig(128, 256, 64, group_m=16, num_warps=8, num_stages=3))
         bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, flatten=True, tma_store=True))
+        bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, tma_store=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True, tma_store=True))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
@@ -192,7 +192,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         tiles = tiles_of(base, m, n)
         splits = {1}
         if tiles % programs:  # caps of parts per tile: wave_split picks the count under the cap
-            splits |= {cap for cap in (3, 8, 16) if wave_split(replace(base, split_k=cap), tiles, k, programs)[1] > 1}
+            splits |= {cap for cap in (4, 16) if wave_split(replace(base, split_k=cap), tiles, k, programs)[1] > 1}
         found.extend(replace(base, split_k=s) for s in sorted(splits))
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
@@ -230,12 +230,18 @@ def _device_facts(index: int) -> tuple[str | None, int]:
 
 
 def lookup(table: dict, m: int, n: int, k: int, split: bool) -> GemmConfig | None:
-    """The table's config for the smallest measured M >= m at this exact (N, K), if any."""
-    ms = sorted({tm for tm, tn, tk in table if (tn, tk) == (n, k) and tm >= m})
-    if not ms:
-        return None
-    best, no_split = table[(ms[0], n, k)]
-    return best if split else no_split
+    """The table's config for the smallest measured M >= m at the measured (N, K) nearest to (n, k)
+    (log distance; each within a factor of 2), if any."""
+    def distance(shape):
+        return abs(math.log2(shape[0] / n)) + abs(math.log2(shape[1] / k))
+    near = [s for s in {(tn, tk) for _, tn, tk in table} if max(n, s[0]) <= 2 * min(n, s[0])
+            and max(k, s[1]) <= 2 * min(k, s[1])]
+    for shape in sorted(near, key=distance):
+        ms = sorted(tm for tm, tn, tk in table if (tn, tk) == shape and tm >= m)
+        if ms:
+            best, no_split = table[(ms[0], *shape)]
+            return best if split else no_split
+    return None
 
 
 def gemm_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, split: bool = True) -> GemmConfig:
