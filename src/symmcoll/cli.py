@@ -115,7 +115,7 @@ def _bench_gemm(args: argparse.Namespace) -> int:
     from .bench import gemm
 
     dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
-    path = gemm.run_bench(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 30, Path(args.out),
+    path = gemm.run_bench(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, Path(args.out),
                           console)
     if args.plot:
         from .bench.plot import plot_gemm

@@ -40,7 +40,7 @@ import triton.language as tl
 from .. import ops, plan
 from ..comm.sentinel import HEADER_WORDS, PHASES, _take
 from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, end_launch, launch_epoch, peer_ptr,
-                        post_header, values_of, words_of)
+                        post_header, tile_values, tile_words, values_of)
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, register, register_op
@@ -88,6 +88,8 @@ def matmul_all_reduce_kernel(
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     lane = tl.arange(0, TILE_WORDS)
+    WORDS_PER_ROW: tl.constexpr = TILE_WORDS // BM
+    in_tile = tl.arange(0, BM)[:, None] * WORDS_PER_ROW + tl.arange(0, WORDS_PER_ROW)[None, :]
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
     post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
     a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False, HOST_DESC)
@@ -97,13 +99,14 @@ def matmul_all_reduce_kernel(
         pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
         acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
                      SWAP_AB, False, PRECISION)
-        words = words_of(tl.reshape(acc, [BM * BN]), FORMAT, TILE_WORDS)
+        words = tile_words(acc, FORMAT)  # [BM, TILE_WORDS // BM], row-major: the flat words' order
         for r in tl.static_range(WORLD):
             if r != rank:
-                tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * SLOT_WORDS + j * TILE_WORDS + lane, words)
+                tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * SLOT_WORDS + j * TILE_WORDS + in_tile,
+                         words)
         # My own partial as the peers will see it (rounded and sanitised alike), parked in out.
-        store_tile(out_ptr, tl.reshape(values_of(words, FORMAT, TILE_WORDS), [BM, BN]), pid_m * BM + tl.arange(0, BM),
-                   pid_n * BN + tl.arange(0, BN), M, N, stride_out)
+        store_tile(out_ptr, tile_values(words, FORMAT), pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), M,
+                   N, stride_out)
     tl.debug_barrier()  # stage 2 reads back what other threads of this program parked in out
 
     # Stage 2: each of my tiles summed over ranks in rank order.

@@ -11,7 +11,7 @@ from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, EPOCH_SLOTS, MAX_W
                       record_timeout, send_signals, wait_filled, wait_filled_rows, wait_flagged, wait_signals)
 from .tagged import ESCAPE_GROUP, clamped_splits, escape, post_counts, wait_counts, wait_escaped
 from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, unpack
-from .tiles import send_tile_flag, values_of, wait_tile_flag, words_of
+from .tiles import send_tile_flag, tile_values, tile_words, values_of, wait_tile_flag, words_of
 from .barrier import barrier_kernel
 from .codecs import FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, unpack_words
 
@@ -22,5 +22,5 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "send_signals", "wait_filled", "wait_filled_rows", "wait_flagged", "wait_signals", "ESCAPE_GROUP",
            "clamped_splits", "escape", "post_counts", "wait_counts", "wait_escaped", "EMPTY", "WORD_FORMAT", "pack",
            "padded_words", "sanitize", "unpack", "barrier_kernel", "FORMAT_BITS", "FORMATS", "dequantize_groups",
-           "pack_words", "quantize_groups", "unpack_words", "send_tile_flag", "values_of", "wait_tile_flag",
-           "words_of"]
+           "pack_words", "quantize_groups", "unpack_words", "send_tile_flag", "tile_values", "tile_words", "values_of",
+           "wait_tile_flag", "words_of"]

@@ -46,6 +46,29 @@ def values_of(words, FORMAT: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
+def tile_words(tile, FORMAT: tl.constexpr):
+    """``words_of`` for a 2-D fp32 tile [R, C], kept 2-D: [R, C // 2] words (bf16/fp16; word (r, i)
+    holds elements (r, 2i), (r, 2i+1), the same row-major order as the flat form) or [R, C] (fp32).
+    A GEMM accumulator keeps neighbouring columns in one thread, so no data moves between threads
+    (flattening a 128 x 256 accumulator first costs a shared-memory round trip)."""
+    if FORMAT == 2:
+        return sanitize(tile.to(tl.int32, bitcast=True), FORMAT)
+    else:
+        lo, hi = tl.split(tl.reshape(tile, [tile.shape[0], tile.shape[1] // 2, 2]))
+        return sanitize(pack(lo, hi, FORMAT), FORMAT)
+
+
+@triton.jit
+def tile_values(words, FORMAT: tl.constexpr):
+    """The fp32 tile of 2-D ``words`` (inverse of ``tile_words``)."""
+    if FORMAT == 2:
+        return words.to(tl.float32, bitcast=True)
+    else:
+        lo, hi = unpack(words, FORMAT)
+        return tl.reshape(tl.join(lo, hi), [words.shape[0], words.shape[1] * 2])
+
+
+@triton.jit
 def send_tile_flag(flag_ptr, ready):
     """Publish a tile this block stored: every thread's stores first, then the flag (release, system
     scope)."""
