@@ -1,0 +1,209 @@
+"""Hierarchical collectives for groups that span nodes: today's kernels inside each node, one exchange
+(comm/exchange.py) between nodes, every byte crossing the node boundary once.
+
+A group of N nodes x R ranks (symmcoll.topology); rank (n, l) is local rank l of node n, group rank
+n R + l; its *counterparts* are (m, l) on the other nodes. The node-local phases run the registered
+intra-node algorithms unchanged, on a *node view* of the workspace (``NodeView``: the address tables
+start at the node's first rank, the kernels see R ranks and local rank l), so they never see a
+cross-node peer. The exchange reaches counterparts through the transport only.
+
+all_reduce.hierarchical   (S elements; per rank: NVLink 2 (R-1)/R S, network 2 (N-1)/(N R) S)
+    node reduce-scatter (reduce_scatter.pull) of x into my stage: the node's partial of shard l, cut
+    into N pieces; exchange ALL_REDUCE: piece m to (m, l), reduce piece n over the N nodes, send it back
+    to every counterpart: shard l complete; node all-gather (all_gather.pull) of the shards.
+reduce_scatter.hierarchical   (output s elements; NVLink (R-1) N s, network (N-1) s)
+    segments regrouped by local rank (a local permute), node reduce-scatter: rank l holds the node's
+    partial of segment (m, l) for every node m; exchange REDUCE: partial m to (m, l), reduce mine.
+all_gather.hierarchical   (s elements per rank; network (N-1) s, NVLink (R-1) N s)
+    exchange GATHER: x to every counterpart; node all-gather of the N pieces; a local permute puts
+    piece (m, l') at output row m R + l'.
+all_to_all.hierarchical   (equal splits, chunks of c; network (N-1) R c, NVLink (R-1) N c)
+    exchange GATHER: the R chunks for node m's ranks go to (m, l) (DeepEP's normal mode: a token
+    crosses the network once, to the counterpart, then NVLink); a local permute; node all-to-all
+    (all_to_all.pull) forwards chunk (n, l) -> (m, l') to (m, l'); a local permute orders by source.
+
+Where these win: the network is the bottleneck across nodes, and each carries the minimum (NCCL's ring
+puts 2 (W-1)/W S through each rank's NIC for an all-reduce where this puts 2 (N-1)/(N R) S: R times
+less; docs/algorithms.md has the cost model). Inputs beyond a piece go in rounds (one exchange launch
+each). Node phases and exchange carry the call's descriptor: a rank that made another call is reported
+by whichever wait meets it first. What they cannot serve (dtypes without a word type or a reduction,
+all_to_all with split sizes, broadcast, the fused ops) goes to the process group's collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..plan import CPU_CONFIG, Algorithm, Plan, Request, algorithms, reduction_dtype_reason, register, word_dtype_reason
+from .common import as_words, chunks
+from .exchange import capacity, exchange, stage
+
+FAMILY = "hierarchical"
+# The intra-node algorithm of each node-local phase (barrier-based: their exit barrier ends every use of
+# the shared buffer before the exchange or the next phase touches anything).
+NODE_ALGORITHMS = {"reduce_scatter": "pull", "all_gather": "pull", "all_to_all": "pull"}
+
+
+@dataclass
+class _NodeRegion:
+    name: str
+    local: torch.Tensor
+    ptrs_dev: int
+    peers: list
+
+
+class NodeView:
+    """A workspace of a group that spans nodes, as the kernels of one node see it: R ranks, my local
+    rank, address tables starting at my node's first rank (int64 entries: 8 bytes per rank)."""
+
+    def __init__(self, ws):
+        topo = ws.topology
+        first = topo.first_rank(topo.node_of(ws.rank))
+        shift = 8 * first
+        self.ws, self.group, self.device, self.geometry = ws, ws.group, ws.device, ws.geometry
+        self.world_size, self.rank = topo.ranks_per_node, topo.local_rank(ws.rank)
+        self.kernel_args = (ws.signal_pad_ptrs_dev + shift, ws.status_ptr, ws.max_spins, self.rank)
+        self.regions = {name: _NodeRegion(name, r.local, r.ptrs_dev + shift, r.peers[first:first + self.world_size])
+                        for name, r in ws.regions.items()}
+        self.buffer = ws.buffer
+        self.buffer_ptrs_dev = self.regions["buffer"].ptrs_dev
+        self.state = ws.state
+
+    def region(self, name):
+        return self.regions[name]
+
+    def local_state(self, name):
+        return self.state[name]
+
+    def peer_buffer(self, peer):
+        return self.regions["buffer"].peers[peer]
+
+    @property
+    def buffer_bytes(self):
+        return self.buffer.numel()
+
+    def capacity(self, dtype):
+        return self.buffer_bytes // dtype.itemsize
+
+    def check(self):
+        self.ws.check()
+
+
+def _node_view(plan: Plan) -> NodeView:
+    view = plan.cache.get("node_view")
+    if view is None:
+        view = plan.cache["node_view"] = NodeView(plan.ws)
+    return view
+
+
+def _node_phase(plan: Plan, op: str, x: torch.Tensor, out: torch.Tensor) -> None:
+    """Run ``op``'s intra-node algorithm over my node (x and out contiguous, as that algorithm takes
+    them), with this call's descriptor. A node of one rank: a copy."""
+    view = _node_view(plan)
+    if view.world_size == 1:
+        out.reshape(-1).copy_(x.reshape(-1))
+        return
+    algorithm = algorithms(op)[NODE_ALGORITHMS[op]]
+    request = Request(op, tuple(x.shape), x.dtype, x.device, plan.request.reduce_op)
+    config = CPU_CONFIG if x.device.type == "cpu" else None
+    if config is None and callable(algorithm.gpu_configs):
+        config = algorithm.gpu_configs(request, view.world_size)
+    elif config is None and algorithm.gpu_configs is not None:
+        config = algorithm.gpu_configs.pick(request.nbytes, view.world_size)
+    node_plan = Plan(request, "kernel", algorithm, plan.group, view.world_size, view.rank, view, config, plan.desc,
+                     tuple(out.shape))
+    algorithm.run(node_plan, x, out)
+
+
+def _all_reduce(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    topo = plan.ws.topology
+    nodes, per_node = topo.nodes, topo.ranks_per_node
+    flat, out_flat = x.reshape(-1), out.reshape(-1)
+    for start, length in chunks(flat.numel(), per_node * nodes * capacity(plan.ws, x.dtype)):
+        piece = triton.cdiv(triton.cdiv(length, per_node * nodes), 16) * 16  # aligned pieces; the tail padded
+        padded = per_node * nodes * piece
+        src = flat[start:start + length]
+        if padded != length:
+            src = torch.cat([src, src.new_zeros(padded - length)])
+        shard = stage(plan.ws, x.dtype, nodes * piece)
+        _node_phase(plan, "reduce_scatter", src, shard)
+        reduced = torch.empty(nodes * piece, dtype=x.dtype, device=x.device)
+        exchange(plan, x.dtype, reduced, "all_reduce", piece, piece, piece)
+        gathered = out_flat[start:start + length] if padded == length else torch.empty_like(src)
+        _node_phase(plan, "all_gather", reduced, gathered)
+        if padded != length:
+            out_flat[start:start + length].copy_(gathered[:length])
+    return out
+
+
+def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    topo = plan.ws.topology
+    nodes, per_node = topo.nodes, topo.ranks_per_node
+    out_flat = out.reshape(-1)
+    segment = out_flat.numel()
+    segments = x.reshape(nodes, per_node, segment)  # segment (m, l') of group rank m R + l'
+    for start, length in chunks(segment, capacity(plan.ws, x.dtype)):
+        # Local rank l' reduces, over my node, segment (m, l') for every node m: regrouped by l'.
+        by_local = segments[:, :, start:start + length].transpose(0, 1).contiguous()
+        partials = stage(plan.ws, x.dtype, nodes * length)
+        _node_phase(plan, "reduce_scatter", by_local.reshape(-1), partials)
+        exchange(plan, x.dtype, out_flat[start:start + length], "reduce", length, length, 0)
+    return out
+
+
+def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    topo = plan.ws.topology
+    nodes, per_node = topo.nodes, topo.ranks_per_node
+    words = as_words(x)
+    total = words.numel()
+    rows = as_words(out).view(nodes, per_node, total)  # row m R + l' comes from group rank m R + l'
+    for start, length in chunks(total, capacity(plan.ws, words.dtype)):
+        stage(plan.ws, words.dtype, length).copy_(words[start:start + length])
+        mine = torch.empty(nodes * length, dtype=words.dtype, device=x.device)  # (m, l) for every m
+        exchange(plan, words.dtype, mine, "gather", length, 0, length)
+        node_rows = torch.empty(per_node * nodes * length, dtype=words.dtype, device=x.device)
+        _node_phase(plan, "all_gather", mine, node_rows)  # [l'][m]
+        rows[:, :, start:start + length].copy_(node_rows.view(per_node, nodes, length).transpose(0, 1))
+    return out
+
+
+def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    topo = plan.ws.topology
+    nodes, per_node = topo.nodes, topo.ranks_per_node
+    words = as_words(x)
+    chunk = words.numel() // (nodes * per_node)
+    sent = words.view(nodes, per_node, chunk)  # chunk for group rank m R + l'
+    received = as_words(out).view(nodes, per_node, chunk)  # chunk from group rank n R + l
+    for start, length in chunks(chunk, max(1, capacity(plan.ws, words.dtype) // per_node)):
+        piece = per_node * length
+        stage(plan.ws, words.dtype, nodes * piece).view(nodes, per_node, length).copy_(sent[:, :, start:start + length])
+        arrived = torch.empty(nodes * piece, dtype=words.dtype, device=x.device)  # [n][l']: (n, l) -> (me, l')
+        exchange(plan, words.dtype, arrived, "gather", piece, piece, piece)
+        by_dest = arrived.view(nodes, per_node, length).transpose(0, 1).contiguous().view(per_node, nodes * length)
+        by_source = torch.empty_like(by_dest)
+        _node_phase(plan, "all_to_all", by_dest, by_source)  # row l: what (n, l) sent me, for every n
+        received[:, :, start:start + length].copy_(by_source.view(per_node, nodes, length).transpose(0, 1))
+    return out
+
+
+def _equal_splits_reason(request: Request, world: int) -> str | None:
+    if request.splits is not None:
+        return "all_to_all.hierarchical takes equal splits only (splits=None)"
+    return word_dtype_reason(request, world)
+
+
+register(Algorithm("all_reduce", "hierarchical", 120, FAMILY, _all_reduce,
+                   "node reduce-scatter, exchange of shards between nodes, node all-gather", None,
+                   accepts=reduction_dtype_reason, instead="nccl"))
+register(Algorithm("reduce_scatter", "hierarchical", 121, FAMILY, _reduce_scatter,
+                   "node reduce-scatter of every node's segments, exchange of partials between nodes", None,
+                   accepts=reduction_dtype_reason, instead="nccl"))
+register(Algorithm("all_gather", "hierarchical", 122, FAMILY, _all_gather,
+                   "exchange of inputs between nodes, node all-gather", None,
+                   accepts=word_dtype_reason, instead="nccl"))
+register(Algorithm("all_to_all", "hierarchical", 123, FAMILY, _all_to_all,
+                   "chunks to the counterpart on the destination node, then forwarded inside the node", None,
+                   accepts=_equal_splits_reason, instead="nccl"))
