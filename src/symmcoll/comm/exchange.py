@@ -12,6 +12,11 @@ signal, bounded signal wait). What it sends node m is ``stage + m * send_stride`
       ALL_REDUCE    the same into out[n] and back into my stage's piece n, then
     round 1   put piece n of my stage -> slot [set][1][n] of (m, l), signal [set][1][pid][n]   for m != n
               wait, out[m] := slot [set][1][m]                                                 all_reduce
+    GET_GATHER (pulls instead of puts; all_gather.hierarchical_get):
+    round 0   signal [set][0][pid][n] of (m, l) ("my stage is ready"), wait for theirs, get piece n of
+              (m, l)'s stage into my slot [set][0][m], out[m] := it
+    round 1   signal [set][1][pid][n] of (m, l) ("done reading yours"), wait for theirs: nobody refills
+              a stage a counterpart still reads
 
 Every byte crosses the node boundary once (per destination node); ALL_REDUCE is a reduce-scatter and an
 all-gather among the N counterparts: 2 (N-1)/N of the node shard on the network per rank.
@@ -32,14 +37,13 @@ import triton
 import triton.language as tl
 
 from ..language import EPOCH_SLOTS, combine, end_launch, launch_epoch, narrow
-from ..language.blocks import OP_AVG
-from ..language.transport import put_signal, signal_value, wait_signal
+from ..language.transport import get, put_signal, send_signal, signal_value, wait_signal
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import CPU_CONFIG, Plan
 
-GATHER, REDUCE, ALL_REDUCE = 0, 1, 2
-MODES = {"gather": GATHER, "reduce": REDUCE, "all_reduce": ALL_REDUCE}
+GATHER, REDUCE, ALL_REDUCE, GET_GATHER = 0, 1, 2, 3
+MODES = {"gather": GATHER, "reduce": REDUCE, "all_reduce": ALL_REDUCE, "get_gather": GET_GATHER}
 # Programs of one exchange launch (signal slots are per program).
 MAX_PROGRAMS: tl.constexpr = tl.constexpr(32)
 # Receive slots of all sets, rounds and nodes together: a piece per launch is this / (4 * nodes).
@@ -96,6 +100,26 @@ def _send_round(transport_ptrs_dev, signals_ptr, slots_ptr, stage_ptr, start, n,
 
 
 @triton.jit
+def _signal_round(transport_ptrs_dev, signals_ptr, slot_set, round_, value, rank, node, nodes, local, ranks_per_node,
+                  TRANSPORT: tl.constexpr):
+    for k in range(1, nodes):
+        m = (node + k) % nodes
+        send_signal(_signal(signals_ptr, slot_set, round_, node, nodes), value, m * ranks_per_node + local,
+                    transport_ptrs_dev, rank, TRANSPORT)
+
+
+@triton.jit
+def _get_round(transport_ptrs_dev, slots_ptr, stage_ptr, start, n, send_stride, slot_stride, slot_set, rank, node, nodes,
+               local, ranks_per_node, TRANSPORT: tl.constexpr, BLOCK: tl.constexpr):
+    """Get my span of the piece each other node's counterpart staged for me into my round-0 slots."""
+    for k in range(1, nodes):
+        m = (node + k) % nodes
+        get(_slot(slots_ptr, slot_set, 0, m, nodes, slot_stride) + start,
+            stage_ptr + tl.cast(node, tl.int64) * send_stride + start, n, m * ranks_per_node + local,
+            transport_ptrs_dev, rank, TRANSPORT, BLOCK)
+
+
+@triton.jit
 def _wait_round(signals_ptr, slot_set, round_, epoch, desc, budget, status_ptr, rank, node, nodes, local,
                 ranks_per_node):
     for k in range(1, nodes):
@@ -124,10 +148,11 @@ def _collect(slots_ptr, stage_ptr, out_ptr, start, n, send_stride, out_stride, s
 
 
 @triton.jit
-def _reduce(slots_ptr, stage_ptr, out_ptr, start, n, send_stride, out_stride, slot_stride, slot_set, node, nodes,
-            REDUCE_OP: tl.constexpr, WRITE_BACK: tl.constexpr, BLOCK: tl.constexpr):
+def _reduce(slots_ptr, stage_ptr, out_ptr, start, n, send_stride, out_stride, slot_stride, slot_set, node,
+            NODES: tl.constexpr, REDUCE_OP: tl.constexpr, WRITE_BACK: tl.constexpr, BLOCK: tl.constexpr):
     """out[n] := op over nodes (in node order: the same result on every rank) of piece n of each node's
-    partial -- mine in the stage, the others' in round-0 slots; with WRITE_BACK also into my stage."""
+    partial -- mine in the stage, the others' in round-0 slots; with WRITE_BACK also into my stage.
+    The node loop is unrolled: a loop of loads alone reads like a spin to the compile checks."""
     elem = out_ptr.dtype.element_ty
     lane = tl.arange(0, BLOCK)
     own = stage_ptr + tl.cast(node, tl.int64) * send_stride
@@ -135,9 +160,9 @@ def _reduce(slots_ptr, stage_ptr, out_ptr, start, n, send_stride, out_stride, sl
         offs = b + lane
         mask = offs < start + n
         acc = tl.zeros([BLOCK], tl.float32)
-        for m in range(nodes):
+        for m in tl.static_range(NODES):
             if m != node:
-                src = _slot(slots_ptr, slot_set, 0, m, nodes, slot_stride)
+                src = _slot(slots_ptr, slot_set, 0, m, NODES, slot_stride)
             else:
                 src = own
             value = tl.load(src + offs, mask=mask).to(tl.float32)
@@ -145,8 +170,8 @@ def _reduce(slots_ptr, stage_ptr, out_ptr, start, n, send_stride, out_stride, sl
                 acc = value
             else:
                 acc = combine(acc, value, REDUCE_OP)
-        if REDUCE_OP == OP_AVG:
-            acc = acc / nodes
+        if REDUCE_OP == 1:  # avg (OP_AVG)
+            acc = acc / NODES
         result = narrow(acc, elem)
         tl.store(out_ptr + tl.cast(node, tl.int64) * out_stride + offs, result, mask=mask)
         if WRITE_BACK:
@@ -163,29 +188,43 @@ def exchange_kernel(
     # what I send node m: stage_ptr + m * send_stride (symmetric), piece_len elements; results go to
     # out_ptr + m * out_stride; each program moves `span` elements of each piece
     stage_ptr, out_ptr, piece_len, span, send_stride, out_stride, slot_stride,
-    # the group: nodes x ranks_per_node
-    nodes, ranks_per_node,
-    MODE: tl.constexpr, REDUCE_OP: tl.constexpr, BLOCK: tl.constexpr, TRANSPORT: tl.constexpr,
+    # the group: NODES x ranks_per_node
+    ranks_per_node,
+    NODES: tl.constexpr, MODE: tl.constexpr, REDUCE_OP: tl.constexpr, BLOCK: tl.constexpr, TRANSPORT: tl.constexpr,
 ):
+    nodes = tl.cast(NODES, tl.int32)  # the loops that send and wait stay loops
     epoch = launch_epoch(epochs_ptr)
     slot_set = epoch % 2
-    value = signal_value(epoch, desc)
+    value = signal_value(epoch, desc, status_ptr)
     node = rank // ranks_per_node
     local = rank % ranks_per_node
     start = tl.program_id(0) * span
     n = tl.minimum(tl.maximum(piece_len - start, 0), span)
 
-    _send_round(transport_ptrs_dev, signals_ptr, slots_ptr, stage_ptr, start, n, send_stride, slot_stride, slot_set,
-                0, value, rank, node, nodes, local, ranks_per_node, TRANSPORT, BLOCK, False)
+    if MODE == 3:  # GET_GATHER: announce my stage, pull theirs
+        _signal_round(transport_ptrs_dev, signals_ptr, slot_set, 0, value, rank, node, nodes, local, ranks_per_node,
+                      TRANSPORT)
+    else:
+        _send_round(transport_ptrs_dev, signals_ptr, slots_ptr, stage_ptr, start, n, send_stride, slot_stride,
+                    slot_set, 0, value, rank, node, nodes, local, ranks_per_node, TRANSPORT, BLOCK, False)
     budget = _wait_round(signals_ptr, slot_set, 0, epoch, desc, max_spins, status_ptr, rank, node, nodes, local,
                          ranks_per_node)
     if budget > 0:
-        if MODE == 0:  # GATHER
+        if MODE == 3:
+            _get_round(transport_ptrs_dev, slots_ptr, stage_ptr, start, n, send_stride, slot_stride, slot_set, rank,
+                       node, nodes, local, ranks_per_node, TRANSPORT, BLOCK)
+            _collect(slots_ptr, stage_ptr, out_ptr, start, n, send_stride, out_stride, slot_stride, slot_set, 0, node,
+                     nodes, True, BLOCK)
+            _signal_round(transport_ptrs_dev, signals_ptr, slot_set, 1, value, rank, node, nodes, local,
+                          ranks_per_node, TRANSPORT)
+            budget = _wait_round(signals_ptr, slot_set, 1, epoch, desc, budget, status_ptr, rank, node, nodes, local,
+                                 ranks_per_node)
+        elif MODE == 0:  # GATHER
             _collect(slots_ptr, stage_ptr, out_ptr, start, n, send_stride, out_stride, slot_stride, slot_set, 0, node,
                      nodes, True, BLOCK)
         else:
             _reduce(slots_ptr, stage_ptr, out_ptr, start, n, send_stride, out_stride, slot_stride, slot_set, node,
-                    nodes, REDUCE_OP, MODE == 2, BLOCK)
+                    NODES, REDUCE_OP, MODE == 2, BLOCK)
         if MODE == 2:  # ALL_REDUCE: my reduced piece to every counterpart, theirs to me
             _send_round(transport_ptrs_dev, signals_ptr, slots_ptr, stage_ptr, start, n, send_stride, slot_stride,
                         slot_set, 1, value, rank, node, nodes, local, ranks_per_node, TRANSPORT, BLOCK, True)
@@ -232,7 +271,36 @@ def exchange(plan: Plan, dtype: torch.dtype, out: torch.Tensor, mode: str, piece
     launch(exchange_kernel, (programs,),
            (*ws.kernel_args, plan.desc, transport.ptrs_dev, ws.local_state(EPOCHS.name),
             ws.region(SIGNALS.name).local.view(torch.int64), slots, ws.region(STAGE.name).local.view(dtype), out,
-            piece_len, span, send_stride, out_stride, piece_bytes(ws.geometry) // dtype.itemsize, topo.nodes,
-            topo.ranks_per_node),
-           dict(MODE=MODES[mode], REDUCE_OP=plan.reduce_code if mode != "gather" else 0, BLOCK=block,
+            piece_len, span, send_stride, out_stride, piece_bytes(ws.geometry) // dtype.itemsize, topo.ranks_per_node),
+           dict(NODES=topo.nodes, MODE=MODES[mode], REDUCE_OP=plan.reduce_code if mode != "gather" else 0, BLOCK=block,
                 TRANSPORT=transport.kind, num_warps=warps, **transport.launch_options()))
+
+
+def compile_cases(make_workspace):
+    """Exchange launches for the sm_90 compile checks (tests/kernel_specs.py), on meta tensors, over the
+    NVSHMEM transport when its device library is installed (nvidia-nvshmem-cu13), else the emulated one:
+    the all_reduce mode (puts with signal, the reduction, both rounds) and the get mode (gets, signals;
+    2 nodes of 1 with rank 1, which Triton specialises to constants, as for 2 GPUs as 2 nodes). The
+    gather and reduce modes are branches of the same kernel over the same device functions."""
+    from types import SimpleNamespace
+
+    from ..memory.regions import Geometry
+    from ..memory.transport import EMULATED, NVSHMEM, nvshmem_library
+    from ..plan import Request
+    from ..topology import Topology
+
+    kind = NVSHMEM if nvshmem_library() else EMULATED
+    cases = []
+    for mode, dtype, nodes, per_node, rank in (("all_reduce", torch.bfloat16, 2, 4, 5), ("get_gather", torch.int16, 2, 1, 1)):
+        def thunk(mode=mode, dtype=dtype, nodes=nodes, per_node=per_node, rank=rank):
+            ws = make_workspace(nodes * per_node, rank)
+            ws.topology = Topology(nodes * per_node, per_node, nodes)
+            ws.geometry = Geometry(per_node, 256 << 20, "cuda", nodes)
+            ws.transport = SimpleNamespace(kind=kind, ptrs_dev=1 << 40 | 7 << 20, launch_options=lambda: (
+                {"extern_libs": (("libnvshmem_device", nvshmem_library()),)} if kind == NVSHMEM else {}))
+            request = Request("all_reduce", (1 << 20,), dtype, torch.device("cuda"), "sum")
+            plan = Plan(request, "kernel", None, None, nodes * per_node, rank, ws, None, 3, None)
+            out = torch.empty(1 << 20, dtype=dtype, device="meta")
+            exchange(plan, dtype, out, mode, 4 << 20 >> 4, 4 << 20 >> 4, 0)
+        cases.append((f"exchange.{mode},{'nvshmem' if kind == NVSHMEM else 'emulated'},{nodes}x{per_node},", thunk))
+    return cases

@@ -16,7 +16,9 @@ reduce_scatter.hierarchical   (output s elements; NVLink (R-1) N s, network (N-1
     partial of segment (m, l) for every node m; exchange REDUCE: partial m to (m, l), reduce mine.
 all_gather.hierarchical   (s elements per rank; network (N-1) s, NVLink (R-1) N s)
     exchange GATHER: x to every counterpart; node all-gather of the N pieces; a local permute puts
-    piece (m, l') at output row m R + l'.
+    piece (m, l') at output row m R + l'. ``hierarchical_get``: the same with the counterparts
+    pulling (transport get) instead of pushing -- one more network latency; RDMA reads where a NIC
+    serves them better than writes.
 all_to_all.hierarchical   (equal splits, chunks of c; network (N-1) R c, NVLink (R-1) N c)
     exchange GATHER: the R chunks for node m's ranks go to (m, l) (DeepEP's normal mode: a token
     crosses the network once, to the counterpart, then NVLink); a local permute; node all-to-all
@@ -154,7 +156,7 @@ def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
     return out
 
 
-def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor, mode: str = "gather") -> torch.Tensor:
     topo = plan.ws.topology
     nodes, per_node = topo.nodes, topo.ranks_per_node
     words = as_words(x)
@@ -163,7 +165,7 @@ def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     for start, length in chunks(total, capacity(plan.ws, words.dtype)):
         stage(plan.ws, words.dtype, length).copy_(words[start:start + length])
         mine = torch.empty(nodes * length, dtype=words.dtype, device=x.device)  # (m, l) for every m
-        exchange(plan, words.dtype, mine, "gather", length, 0, length)
+        exchange(plan, words.dtype, mine, mode, length, 0, length)
         node_rows = torch.empty(per_node * nodes * length, dtype=words.dtype, device=x.device)
         _node_phase(plan, "all_gather", mine, node_rows)  # [l'][m]
         rows[:, :, start:start + length].copy_(node_rows.view(per_node, nodes, length).transpose(0, 1))
@@ -203,6 +205,10 @@ register(Algorithm("reduce_scatter", "hierarchical", 121, FAMILY, _reduce_scatte
                    accepts=reduction_dtype_reason, instead="nccl"))
 register(Algorithm("all_gather", "hierarchical", 122, FAMILY, _all_gather,
                    "exchange of inputs between nodes, node all-gather", None,
+                   accepts=word_dtype_reason, instead="nccl"))
+register(Algorithm("all_gather", "hierarchical_get", 124, FAMILY,
+                   lambda plan, x, out: _all_gather(plan, x, out, "get_gather"),
+                   "the same, counterparts pulling (get) each other's input", None,
                    accepts=word_dtype_reason, instead="nccl"))
 register(Algorithm("all_to_all", "hierarchical", 123, FAMILY, _all_to_all,
                    "chunks to the counterpart on the destination node, then forwarded inside the node", None,

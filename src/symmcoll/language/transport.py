@@ -22,7 +22,8 @@ memory too: NVSHMEM over InfiniBand reads and writes only registered memory.
   each group rank's PE. These are block-scoped calls: every thread of the program makes them, as
   Triton runs scalar code. Signals are set, never added, so repeated calls by the threads agree.
 
-Signals are 64-bit words ``(epoch << 32) | desc``: the sender's launch epoch and call descriptor. Nothing
+Signals are 64-bit words ``(epoch << 32) | desc``: the sender's launch epoch and call descriptor (or
+``FAILED_DESC`` from a rank that already failed, so that failures spread instead of garbage). Nothing
 resets them (a remote put cannot compare-and-swap), so a wait compares epochs: ``wait_signal`` spins on
 its own word with acquire loads (atomics, system scope) until the epoch is this launch's, bounded by the
 spin budget like every wait; a word of this epoch carrying another descriptor is a peer that made a
@@ -93,10 +94,18 @@ def _copy(src, dst, numel, BLOCK: tl.constexpr):
         tl.store(dst + offs, tl.load(src + offs, mask=offs < numel), mask=offs < numel)
 
 
+# The descriptor a rank signals once it has failed (an earlier kernel of it recorded an error): no call
+# has it (descriptors are positive), so its counterparts record a mismatch naming it and stop, instead
+# of consuming data it never produced. The host reports it as a peer that had failed.
+FAILED_DESC: tl.constexpr = tl.constexpr(-1)
+
+
 @triton.jit
-def signal_value(epoch, desc):
-    """The 64-bit signal of this launch and call."""
-    return (epoch.to(tl.int64) << 32) | desc.to(tl.int64)
+def signal_value(epoch, desc, status_ptr):
+    """The 64-bit signal of this launch and call (FAILED_DESC once this rank's error record is set)."""
+    failed = tl.load(status_ptr.to(tl.pointer_type(tl.int32)), volatile=True) != 0
+    sent = tl.where(failed, FAILED_DESC, desc)
+    return (epoch.to(tl.int64) << 32) | (sent.to(tl.int64) & 0xFFFFFFFF)
 
 
 @triton.jit

@@ -260,11 +260,12 @@ def _create(group, device: torch.device) -> Workspace:
     signature = f"bytes={buffer_bytes} regions={[(n, o, b) for n, o, b, _ in layout]} {topo.signature}"
     bounded_rendezvous(group, "workspace creation", signature)
     transport_ = None
-    if spans and device.type == "cuda":
+    ipc = device.type == "cuda" and os.environ.get("SYMMCOLL_MEMORY") == "ipc"
+    if spans and device.type == "cuda" and not ipc:
         from .transport import allocate_nvshmem
         local, bases, peers, keepalive, transport_ = allocate_nvshmem(group, total, device,
                                                                       lambda r: topo.same_node(r, rank))
-    elif device.type == "cuda" and os.environ.get("SYMMCOLL_MEMORY") == "ipc":
+    elif ipc:
         from .cuda import allocate_cuda_ipc
         local, bases, peers, keepalive = allocate_cuda_ipc(group, total, device)
     elif device.type == "cuda":
@@ -273,11 +274,13 @@ def _create(group, device: torch.device) -> Workspace:
     else:
         from .emulated import allocate_emulated
         local, bases, peers, keepalive = allocate_emulated(group, total)
-        if spans:  # only the transport holds cross-node bases; address tables get 0 (a fault if used)
-            from .transport import emulated
-            transport_ = emulated(bases)
-            bases = [b if topo.same_node(r, rank) else 0 for r, b in enumerate(bases)]
-            peers = [p if topo.same_node(r, rank) else None for r, p in enumerate(peers)]
+    if spans and transport_ is None:
+        # Emulated nodes over memory every rank mapped (CPU; ranks sharing a GPU): only the transport
+        # holds cross-node bases, the address tables get 0 (a fault if a kernel uses them).
+        from .transport import emulated
+        transport_ = emulated(bases, device)
+        bases = [b if topo.same_node(r, rank) else 0 for r, b in enumerate(bases)]
+        peers = [p if topo.same_node(r, rank) else None for r, p in enumerate(peers)]
     # ---- end of the node split ----
     regions = {}
     for name, offset, nbytes, fill in layout:

@@ -5,9 +5,10 @@ bounded signal wait), given *their own* symmetric address of the remote object a
 rank -- NVSHMEM's convention: the same region sits at the same offset on every rank. What the device
 functions need besides is one int64 per group rank, the transport table (``Transport.ptrs_dev``):
 
-* ``EMULATED`` (CPU, emulated nodes): every rank's allocation base in this process. The workspace maps
-  every rank's file (nothing else could move the bytes), but only this table holds the cross-node
-  bases: the address tables kernels index with ``peer_ptr`` hold 0 for them.
+* ``EMULATED`` (CPU; also ranks sharing one GPU through CUDA IPC, SYMMCOLL_MEMORY=ipc, to check the
+  protocols on a GPU): every rank's allocation base in this process. The workspace maps every rank's
+  memory (nothing else could move the bytes), but only this table holds the cross-node bases: the
+  address tables kernels index with ``peer_ptr`` hold 0 for them.
 * ``NVSHMEM`` (GPU): every group rank's NVSHMEM PE (its global rank: torch's NVSHMEM backend
   initialises NVSHMEM over the default group). The allocation comes from torch's NVSHMEM symmetric
   memory backend; peers of the same node keep their NVLink pointers (``nvshmem_ptr``), cross-node
@@ -48,8 +49,8 @@ class Transport:
         return {}
 
 
-def emulated(bases: list[int]) -> Transport:
-    return Transport(EMULATED, torch.tensor(bases, dtype=torch.int64))
+def emulated(bases: list[int], device: torch.device) -> Transport:
+    return Transport(EMULATED, torch.tensor(bases, dtype=torch.int64, device=device))
 
 
 def nvshmem_library() -> str | None:
@@ -99,7 +100,7 @@ def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
     disable_multicast_env()
     import torch.distributed._symmetric_memory as symm_mem
 
-    if hasattr(symm_mem, "set_backend") and symm_mem.get_backend(device) != "NVSHMEM":
+    if hasattr(symm_mem, "set_backend") and getattr(symm_mem, "get_backend", lambda d: None)(device) != "NVSHMEM":
         try:
             symm_mem.set_backend("NVSHMEM")
         except Exception as exc:  # noqa: BLE001 - torch says why; we say what to do

@@ -1,0 +1,161 @@
+"""Scale-out on a one-GPU machine: what can be checked of the hierarchical algorithms without a second node.
+
+    PYTHONPATH=src python3 benchmarks/scaleout_check.py --out $OUT/scaleout.json
+
+1. NVSHMEM kernels: every exchange mode compiled for sm_90 against the image's NVSHMEM device library
+   (what CI does on CPU with the nvidia-nvshmem-cu13 wheel), then *loaded* on this GPU (a CUDA module per
+   kernel: registers and shared memory fit, the NVSHMEM symbols resolve). Not run: torch's NVSHMEM
+   backend refuses a one-rank rendezvous, and two ranks cannot share one GPU under it.
+2. The hierarchical algorithms with emulated nodes on the GPU (``_nodes``): ranks share GPU 0 (CUDA IPC, launch
+   device "cuda-shared"), SYMMCOLL_RANKS_PER_NODE splits them into nodes, and the transport is the
+   emulated one (stores through its own table, release/acquire signals at system scope) compiled for
+   sm_90: real GPU memory ordering across processes for every op, exact on rank-coded data, fresh data
+   on repeated calls, 2 nodes x 2 and 2 nodes x 1. Correctness only: the ranks are time-sliced.
+
+``--multi-gpu`` (issue 28 point 7; scripts/gpu_check.sh scaleout-multi on >= 2 GPUs): one rank per GPU
+and the NVSHMEM transport between emulated nodes of this host (SYMMCOLL_RANKS_PER_NODE=1, and half the
+GPUs), the same exact checks; then `symmcoll bench` under SYMMCOLL_RANKS_PER_NODE times hierarchical
+against NCCL (the stage does both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import symmcoll
+from symmcoll import launch, plan
+from symmcoll.bench.checks import rank_coded
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
+def compile_and_load() -> list[dict]:
+    """Compile each exchange mode over NVSHMEM for sm_90 and load it into a CUDA module here."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from symmcoll.comm import exchange
+    from symmcoll.memory.transport import nvshmem_library
+
+    library = nvshmem_library()
+    rows = [{"check": "nvshmem_library", "path": library}]
+    if library is None:
+        rows[0]["error"] = "no libnvshmem_device.bc (NVSHMEM_LIB_DIR, or the nvidia-nvshmem wheel)"
+        return rows
+    for mode, dtype, ranks_per_node in (("all_reduce", "bf16", 8), ("reduce", "fp32", 8), ("gather", "i16", 1),
+                                        ("get_gather", "i64", 2)):
+        t0 = time.monotonic()
+        row = {"check": "nvshmem_compile_load", "mode": mode, "dtype": dtype}
+        try:
+            signature = {p.name: "i32" for p in exchange.exchange_kernel.params if not p.is_constexpr}
+            signature.update({"signal_pad_ptrs_dev": "i64", "status_ptr": "i64", "transport_ptrs_dev": "i64",
+                              "epochs_ptr": "*i32", "signals_ptr": "*i64", "slots_ptr": f"*{dtype}",
+                              "stage_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "ranks_per_node": "i32"})
+            constexprs = {"NODES": 2, "MODE": exchange.MODES[mode], "REDUCE_OP": 0, "BLOCK": 4096, "TRANSPORT": 1}
+            signature.update({k: "constexpr" for k in constexprs})
+            compiled = triton.compile(ASTSource(exchange.exchange_kernel, signature, constexprs),
+                                      target=GPUTarget("cuda", 90, 32),
+                                      options={"num_warps": 16, "extern_libs": (("libnvshmem_device", library),)})
+            row["compile_s"] = round(time.monotonic() - t0, 1)
+            row["shared_bytes"] = compiled.metadata.shared
+            if torch.cuda.is_available():
+                compiled._init_handles()  # cuModuleLoadData + cuModuleGetFunction on this GPU
+                row.update(loaded=compiled.function is not None, registers=getattr(compiled, "n_regs", None),
+                           spills=getattr(compiled, "n_spills", None))
+        except Exception:  # noqa: BLE001 - report and go on with the next mode
+            row["error"] = traceback.format_exc()[-1500:]
+        rows.append(row)
+    return rows
+
+
+def _expected(op, x_of, world, rank):
+    """The exact result of ``op`` for inputs ``x_of(r)``, computed locally (no communication)."""
+    xs = [x_of(r) for r in range(world)]
+    if op == "all_reduce":
+        return sum(x.float() for x in xs).to(xs[0].dtype)
+    if op == "reduce_scatter":
+        return sum(x.float() for x in xs).to(xs[0].dtype).chunk(world)[rank]
+    if op == "all_gather":
+        return torch.cat(xs)
+    return torch.cat([x.chunk(world)[rank] for x in xs])
+
+
+def _nodes(per_node: int) -> list[dict]:
+    """On every rank: every hierarchical op, exact, three calls of fresh data, nodes of ``per_node``."""
+    os.environ["SYMMCOLL_RANKS_PER_NODE"] = str(per_node)
+    symmcoll.reset()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for op in OPS:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for numel in (world * 3, world * 4097, world * (1 << 20)):
+                row = {"check": "nodes", "nodes": world // per_node, "per_node": per_node, "op": op,
+                       "dtype": str(dtype), "numel": numel, "wrong": 0}
+                try:
+                    for call in range(3):
+                        x_of = lambda r: rank_coded(numel, dtype, r, call, dev)
+                        row["algorithm"] = plan.resolve(op, x_of(rank)).name
+                        got = getattr(symmcoll, op)(x_of(rank))
+                        torch.cuda.synchronize()
+                        row["wrong"] += int((got.float() != _expected(op, x_of, world, rank).float()).sum())
+                    symmcoll.check()
+                except Exception:  # noqa: BLE001
+                    row["error"] = traceback.format_exc()[-1500:]
+                    symmcoll.reset()
+                rows.append(row)
+    os.environ.pop("SYMMCOLL_RANKS_PER_NODE")
+    symmcoll.reset()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--multi-gpu", action="store_true",
+                        help="one rank per GPU, the NVSHMEM transport between emulated nodes of this host")
+    parser.add_argument("--compile-only", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("SYMMCOLL_TIMEOUT_S", "20")
+    rows = compile_and_load()
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    if args.multi_gpu:
+        gpus = torch.cuda.device_count()
+        runs = [(gpus, per_node, "cuda") for per_node in sorted({1, gpus // 2}) if gpus >= 2]
+    else:  # ranks sharing GPU 0: the emulated transport, compiled for sm_90
+        runs = [(4, 2, "cuda-shared"), (2, 1, "cuda-shared")]
+    for world, per_node, device in [] if args.compile_only else runs:
+        t0 = time.monotonic()
+        try:
+            found = launch.run(_nodes, world, per_node, device=device, timeout=240)[0]
+        except Exception:  # noqa: BLE001
+            found = [{"check": "nodes", "nodes": world // per_node, "per_node": per_node,
+                      "error": traceback.format_exc()[-2000:]}]
+        for r in found:
+            r["device"] = device
+        rows += found
+        print(f"{device}: {world // per_node} nodes x {per_node}: {len(found)} cases, "
+              f"{sum(1 for r in found if not r.get('wrong') and not r.get('error'))} exact, "
+              f"{time.monotonic() - t0:.0f} s", flush=True)
+    info = {"git": os.environ.get("SYMMCOLL_GIT_SHA", "unknown"), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "mode": "NVSHMEM compile + load; hierarchical ops with emulated nodes (correctness only)"}
+    with open(args.out, "w") as f:
+        json.dump({"info": info, "rows": rows}, f, indent=1)
+    bad = [r for r in rows if r.get("wrong") or r.get("error")]
+    print(f"PROBLEMS ({len(bad)}):")
+    for r in bad:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
