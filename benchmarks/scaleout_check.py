@@ -33,6 +33,8 @@ import symmcoll
 from symmcoll import launch, plan
 from symmcoll.bench.checks import rank_coded
 
+from shared_gpu_check import _expected  # the exact answer computed locally (benchmarks/ is on sys.path)
+
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
@@ -74,18 +76,6 @@ def compile_and_load() -> list[dict]:
             row["error"] = traceback.format_exc()[-1500:]
         rows.append(row)
     return rows
-
-
-def _expected(op, x_of, world, rank):
-    """The exact result of ``op`` for inputs ``x_of(r)``, computed locally (no communication)."""
-    xs = [x_of(r) for r in range(world)]
-    if op == "all_reduce":
-        return sum(x.float() for x in xs).to(xs[0].dtype)
-    if op == "reduce_scatter":
-        return sum(x.float() for x in xs).to(xs[0].dtype).chunk(world)[rank]
-    if op == "all_gather":
-        return torch.cat(xs)
-    return torch.cat([x.chunk(world)[rank] for x in xs])
 
 
 def _nodes(per_node: int) -> list[dict]:

@@ -281,7 +281,8 @@ def compile_cases(make_workspace):
     NVSHMEM transport when its device library is installed (nvidia-nvshmem-cu13), else the emulated one:
     the all_reduce mode (puts with signal, the reduction, both rounds) and the get mode (gets, signals;
     2 nodes of 1 with rank 1, which Triton specialises to constants, as for 2 GPUs as 2 nodes). The
-    gather and reduce modes are branches of the same kernel over the same device functions."""
+    gather and reduce modes are branches of the same kernel over the same device functions. The
+    emulated transport once too: scripts/gpu_check.sh scaleout runs it on a GPU (ranks sharing it)."""
     from types import SimpleNamespace
 
     from ..memory.regions import Geometry
@@ -289,10 +290,12 @@ def compile_cases(make_workspace):
     from ..plan import Request
     from ..topology import Topology
 
-    kind = NVSHMEM if nvshmem_library() else EMULATED
+    shmem = NVSHMEM if nvshmem_library() else EMULATED
     cases = []
-    for mode, dtype, nodes, per_node, rank in (("all_reduce", torch.bfloat16, 2, 4, 5), ("get_gather", torch.int16, 2, 1, 1)):
-        def thunk(mode=mode, dtype=dtype, nodes=nodes, per_node=per_node, rank=rank):
+    for mode, dtype, nodes, per_node, rank, kind in (("all_reduce", torch.bfloat16, 2, 4, 5, shmem),
+                                                     ("get_gather", torch.int16, 2, 1, 1, shmem),
+                                                     ("reduce", torch.float32, 3, 2, 0, EMULATED)):
+        def thunk(mode=mode, dtype=dtype, nodes=nodes, per_node=per_node, rank=rank, kind=kind):
             ws = make_workspace(nodes * per_node, rank)
             ws.topology = Topology(nodes * per_node, per_node, nodes)
             ws.geometry = Geometry(per_node, 256 << 20, "cuda", nodes)

@@ -3,7 +3,7 @@
 
 A group of N nodes x R ranks (symmcoll.topology); rank (n, l) is local rank l of node n, group rank
 n R + l; its *counterparts* are (m, l) on the other nodes. The node-local phases run the registered
-intra-node algorithms unchanged, on a *node view* of the workspace (``NodeView``: the address tables
+intra-node algorithms unchanged, on a *node view* of the workspace (``node_view``: the address tables
 start at the node's first rank, the kernels see R ranks and local rank l), so they never see a
 cross-node peer. The exchange reaches counterparts through the transport only.
 
@@ -34,7 +34,7 @@ all_to_all with split sizes, broadcast, the fused ops) goes to the process group
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 import triton
@@ -49,55 +49,23 @@ FAMILY = "hierarchical"
 NODE_ALGORITHMS = {"reduce_scatter": "pull", "all_gather": "pull", "all_to_all": "pull"}
 
 
-@dataclass
-class _NodeRegion:
-    name: str
-    local: torch.Tensor
-    ptrs_dev: int
-    peers: list
+def node_view(ws):
+    """The workspace of a group that spans nodes as the kernels of one node see it: R ranks, my local
+    rank, every address table starting at my node's first rank (entries of 8 bytes), the same memory,
+    state and error record. No topology: to its kernels the node is the whole group."""
+    topo = ws.topology
+    first = topo.first_rank(topo.node_of(ws.rank))
+    per_node = topo.ranks_per_node
+    regions = {name: replace(r, ptrs_dev=r.ptrs_dev + 8 * first, peers=r.peers[first:first + per_node])
+               for name, r in ws.regions.items()}
+    return replace(ws, rank=topo.local_rank(ws.rank), world_size=per_node, regions=regions, topology=None,
+                   transport=None)
 
 
-class NodeView:
-    """A workspace of a group that spans nodes, as the kernels of one node see it: R ranks, my local
-    rank, address tables starting at my node's first rank (int64 entries: 8 bytes per rank)."""
-
-    def __init__(self, ws):
-        topo = ws.topology
-        first = topo.first_rank(topo.node_of(ws.rank))
-        shift = 8 * first
-        self.ws, self.group, self.device, self.geometry = ws, ws.group, ws.device, ws.geometry
-        self.world_size, self.rank = topo.ranks_per_node, topo.local_rank(ws.rank)
-        self.kernel_args = (ws.signal_pad_ptrs_dev + shift, ws.status_ptr, ws.max_spins, self.rank)
-        self.regions = {name: _NodeRegion(name, r.local, r.ptrs_dev + shift, r.peers[first:first + self.world_size])
-                        for name, r in ws.regions.items()}
-        self.buffer = ws.buffer
-        self.buffer_ptrs_dev = self.regions["buffer"].ptrs_dev
-        self.state = ws.state
-
-    def region(self, name):
-        return self.regions[name]
-
-    def local_state(self, name):
-        return self.state[name]
-
-    def peer_buffer(self, peer):
-        return self.regions["buffer"].peers[peer]
-
-    @property
-    def buffer_bytes(self):
-        return self.buffer.numel()
-
-    def capacity(self, dtype):
-        return self.buffer_bytes // dtype.itemsize
-
-    def check(self):
-        self.ws.check()
-
-
-def _node_view(plan: Plan) -> NodeView:
+def _node_view(plan: Plan):
     view = plan.cache.get("node_view")
     if view is None:
-        view = plan.cache["node_view"] = NodeView(plan.ws)
+        view = plan.cache["node_view"] = node_view(plan.ws)
     return view
 
 
@@ -108,16 +76,19 @@ def _node_phase(plan: Plan, op: str, x: torch.Tensor, out: torch.Tensor) -> None
     if view.world_size == 1:
         out.reshape(-1).copy_(x.reshape(-1))
         return
-    algorithm = algorithms(op)[NODE_ALGORITHMS[op]]
-    request = Request(op, tuple(x.shape), x.dtype, x.device, plan.request.reduce_op)
-    config = CPU_CONFIG if x.device.type == "cpu" else None
-    if config is None and callable(algorithm.gpu_configs):
-        config = algorithm.gpu_configs(request, view.world_size)
-    elif config is None and algorithm.gpu_configs is not None:
-        config = algorithm.gpu_configs.pick(request.nbytes, view.world_size)
-    node_plan = Plan(request, "kernel", algorithm, plan.group, view.world_size, view.rank, view, config, plan.desc,
-                     tuple(out.shape))
-    algorithm.run(node_plan, x, out)
+    key = ("node_plan", op, tuple(x.shape), tuple(out.shape))
+    node_plan = plan.cache.get(key)
+    if node_plan is None:
+        algorithm = algorithms(op)[NODE_ALGORITHMS[op]]
+        request = Request(op, tuple(x.shape), x.dtype, x.device, plan.request.reduce_op)
+        config = CPU_CONFIG if x.device.type == "cpu" else None
+        if config is None and callable(algorithm.gpu_configs):
+            config = algorithm.gpu_configs(request, view.world_size)
+        elif config is None and algorithm.gpu_configs is not None:
+            config = algorithm.gpu_configs.pick(request.nbytes, view.world_size)
+        node_plan = plan.cache[key] = Plan(request, "kernel", algorithm, plan.group, view.world_size, view.rank, view,
+                                           config, plan.desc, tuple(out.shape))
+    node_plan.algorithm.run(node_plan, x, out)
 
 
 def _all_reduce(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
