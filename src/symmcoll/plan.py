@@ -25,6 +25,7 @@ import torch.distributed as dist
 from . import calls, dispatch, memory, topology
 from .errors import SymmcollError
 from .language.blocks import REDUCE_OPS
+from .memory import transport
 from .memory.layout import MAX_PROGRAMS, MAX_WORLD
 
 log = logging.getLogger("symmcoll")
@@ -406,11 +407,12 @@ def _choose(request: Request, world: int, algorithm: str, topo: topology.Topolog
 
 def _choose_across_nodes(request: Request, world: int, algorithm: str, topo: topology.Topology) -> str:
     """A group that spans nodes: the op's hierarchical algorithm where it takes the input (named or
-    not: an intra-node algorithm cannot reach peers on other nodes), else the process group's own."""
+    not: an intra-node algorithm cannot reach peers on other nodes) and a transport exists (NVSHMEM on
+    GPU), else the process group's own."""
     candidates = algorithms(request.op, across_nodes=True)
     if BACKEND not in _REGISTRY[request.op] and (not topo.regular or not candidates):
         raise ValueError(f"{request.op} has no algorithm for a group that spans nodes ({topo.signature})")
-    if not topo.regular or not candidates:
+    if not topo.regular or not candidates or not transport.available(request.device):
         return BACKEND
     if algorithm in candidates:
         name = algorithm

@@ -73,6 +73,25 @@ def extern_libs() -> tuple:
     return (("libnvshmem_device", path),)
 
 
+_AVAILABLE: dict = {}
+
+
+def available(device: torch.device) -> bool:
+    """Whether a transport can serve a group that spans nodes on ``device``: always on CPU and for ranks
+    sharing a GPU (emulated); on GPU, torch's NVSHMEM backend and NVSHMEM's device library. Without
+    them, such groups keep going to the process group's collective (NCCL)."""
+    if device.type != "cuda" or os.environ.get("SYMMCOLL_MEMORY") == "ipc":
+        return True
+    if "nvshmem" not in _AVAILABLE:
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+            backend = getattr(symm_mem, "is_nvshmem_available", lambda: False)()
+        except Exception:  # noqa: BLE001 - a torch without it
+            backend = False
+        _AVAILABLE["nvshmem"] = bool(backend) and nvshmem_library() is not None
+    return _AVAILABLE["nvshmem"]
+
+
 _INITIALISED_KERNELS: set = set()
 
 
@@ -118,5 +137,5 @@ def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
     return local, bases, peers, [handle], Transport(NVSHMEM, pes)
 
 
-__all__ = ["Transport", "EMULATED", "NVSHMEM", "emulated", "nvshmem_library", "extern_libs",
+__all__ = ["Transport", "EMULATED", "NVSHMEM", "available", "emulated", "nvshmem_library", "extern_libs",
            "prepare_nvshmem_kernel", "allocate_nvshmem"]
