@@ -87,16 +87,16 @@ def layout(global_ranks: list[int], per_node: int | None) -> Topology:
     if per_node is None:
         return Topology(world, world, 1)
     node_ids = [g // per_node for g in global_ranks]
-    distinct = sorted(set(node_ids))
-    if len(distinct) == 1:
+    nodes = len(set(node_ids))
+    if nodes == 1:
         return Topology(world, world, 1)
-    size = world // len(distinct)
-    regular = world % len(distinct) == 0 and all(
-        node_ids[r] == node_ids[(r // size) * size] for r in range(world)) and len(
-        {node_ids[n * size] for n in range(len(distinct))}) == len(distinct)
-    if not regular:
-        return Topology(world, 1, len(distinct), regular=False)
-    return Topology(world, size, len(distinct))
+    size = world // nodes
+    # Regular: blocks of `size` consecutive group ranks, each block on one node (then, with `nodes`
+    # distinct ids, each node holds exactly one block).
+    blocks = [node_ids[n * size:(n + 1) * size] for n in range(nodes)]
+    if world % nodes or any(len(set(block)) != 1 for block in blocks):
+        return Topology(world, 1, nodes, regular=False)
+    return Topology(world, size, nodes)
 
 
 _CACHE: dict[str, Topology] = {}
