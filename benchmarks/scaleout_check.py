@@ -9,8 +9,10 @@
 2. The hierarchical algorithms with emulated nodes on the GPU (``_nodes``): ranks share GPU 0 (CUDA IPC, launch
    device "cuda-shared"), SYMMCOLL_RANKS_PER_NODE splits them into nodes, and the transport is the
    emulated one (stores through its own table, release/acquire signals at system scope) compiled for
-   sm_90: real GPU memory ordering across processes for every op, exact on rank-coded data, fresh data
-   on repeated calls, 2 nodes x 2 and 2 nodes x 1. Correctness only: the ranks are time-sliced.
+   sm_90: real GPU memory ordering across processes for every collective, exact on rank-coded data,
+   fresh data on repeated calls, and MoE dispatch + combine round trips (identity experts, unit weights:
+   each token must come back times its number of valid slots); 2 nodes x 2 and 2 nodes x 1.
+   Correctness only: the ranks are time-sliced.
 
 ``--multi-gpu`` (issue 28 point 7; scripts/gpu_check.sh scaleout-multi on >= 2 GPUs): one rank per GPU
 and the NVSHMEM transport between emulated nodes of this host (SYMMCOLL_RANKS_PER_NODE=1, and half the
@@ -102,6 +104,29 @@ def _nodes(per_node: int) -> list[dict]:
                     row["error"] = traceback.format_exc()[-1500:]
                     symmcoll.reset()
                 rows.append(row)
+    for tokens_n, hidden, k in ((5, 16, 2), (128, 7168, 8)):
+        row = {"check": "nodes", "nodes": world // per_node, "per_node": per_node, "op": "moe_round_trip",
+               "tokens": tokens_n, "hidden": hidden, "k": k, "wrong": 0}
+        try:
+            for call in range(3):
+                experts = 8 * world
+                g = torch.Generator().manual_seed(100 * call + rank)
+                ids = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens_n)]).to(dev)
+                ids[0, -1] = -1  # a dropped slot
+                tokens = rank_coded(tokens_n * hidden, torch.bfloat16, rank, call, dev).view(tokens_n, hidden)
+                recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, experts)
+                # Identity experts and unit weights: every token comes back times its number of valid slots.
+                got = symmcoll.moe_combine(recv, torch.ones(tokens_n, k, device=dev), handle)
+                want = (tokens.float() * (ids >= 0).sum(1, keepdim=True)).to(torch.bfloat16)
+                torch.cuda.synchronize()
+                row["wrong"] += int((got != want).sum())
+                row["algorithm"] = plan.resolve("moe_dispatch", tokens, others=(ids,), options=(
+                    ("num_experts", experts), ("max_rows", recv.shape[0]))).name
+            symmcoll.check()
+        except Exception:  # noqa: BLE001
+            row["error"] = traceback.format_exc()[-1500:]
+            symmcoll.reset()
+        rows.append(row)
     os.environ.pop("SYMMCOLL_RANKS_PER_NODE")
     symmcoll.reset()
     return rows

@@ -1,5 +1,5 @@
 """Groups that span nodes (emulated on CPU): the hierarchical algorithms at 2 x 2, 3 x 2 and 2 x 4, every
-op and dtype, exact on rank-coded data (reductions against the fp32 reference, tolerances only for avg and
+op (the collectives, MoE dispatch and combine) and dtype, exact on rank-coded data (reductions against the fp32 reference, tolerances only for avg and
 random data), fresh data on repeated calls, pieces beyond one exchange; the rule that cross-node memory is
 reachable only through the transport; mismatched calls; routing; the NVSHMEM kernels' sm_90 compile.
 
@@ -8,6 +8,7 @@ size from SYMMCOLL_RANKS_PER_NODE, set inside the ranks and dropped with symmcol
 """
 
 import os
+import random
 
 import pytest
 import torch
@@ -62,15 +63,19 @@ def _every_op(group, per_node, more):
     for op, x in (("all_reduce", torch.ones(4)), ("reduce_scatter", torch.ones(world)),
                   ("all_gather", torch.ones(4)), ("all_to_all", torch.ones(world))):
         assert plan.resolve(op, x, group).name == "hierarchical", f"{op} {what}: auto must pick hierarchical"
+    routing = torch.zeros(4, 2, dtype=torch.int64)
+    assert plan.resolve("moe_dispatch", torch.ones(4, 8), group, others=(routing,),
+                        options=(("num_experts", world), ("max_rows", 8))).name == "hierarchical"
     assert plan.resolve("broadcast", torch.ones(4), group, src=0).name == "nccl"
     ws = [w for w in symmcoll.memory.workspaces() if w.group_name == (group or dist.group.WORLD).group_name][0]
     assert ws.topology.nodes == nodes and ws.transport is not None
     cap = exchange.capacity(ws, torch.float32)  # one exchange piece: sizes past it need several launches
 
-    # Reductions: every dtype; a size of one element, an odd one, one of several pieces; the last
-    # case again with fresh data (the same plan).
-    for call, (dtype, numel) in enumerate(((torch.bfloat16, 1), (torch.float16, 1001), (torch.float32, world * cap + 37),
-                                           (torch.float32, world * cap + 37))):
+    # Reductions: every dtype; a size of one element, an odd one, one of several pieces; on 2 x 2 the last
+    # case again with fresh data (the same plan; elsewhere every call is a new plan, and each exchange
+    # launch still alternates the slot sets).
+    cases = [(torch.bfloat16, 1), (torch.float16, 1001), (torch.float32, world * cap + 37)]
+    for call, (dtype, numel) in enumerate(cases + cases[-1:] if more else cases):
         x = rank_coded(numel, dtype, rank, call)
         assert_close(symmcoll.all_reduce(x, group), reference.all_reduce(x, group),
                      f"all_reduce {dtype} {numel} {what} call {call}", exact=True)
@@ -88,8 +93,9 @@ def _every_op(group, per_node, more):
         x = random_input(3000, torch.float32, rank, 5).reshape(-1, 3)
         assert_close(symmcoll.all_reduce(x, group), reference.all_reduce(x, group), f"all_reduce random {what}")
 
-    # Data movement, bit-exact: pieces of one and of several launches; the first dtype again with fresh data.
-    dtypes = MOVE_DTYPES + (MORE_MOVE_DTYPES if more else []) + MOVE_DTYPES[:1]
+    # Data movement, bit-exact: pieces of one and of several launches; on 2 x 2 the other 1-byte dtypes and
+    # the first dtype again with fresh data.
+    dtypes = MOVE_DTYPES + (MORE_MOVE_DTYPES + MOVE_DTYPES[:1] if more else [])
     for call, dtype in enumerate(dtypes):
         rows = 5 if call % 2 else cap // 4 + 3  # rows of 4 elements: one or several pieces
         x = _coded(rows * 4, dtype, rank, call).reshape(rows, 4)
@@ -101,9 +107,35 @@ def _every_op(group, per_node, more):
         x = _coded(world * rows * 2, dtype, rank, call).reshape(world * rows, 2)
         assert_close(symmcoll.all_to_all(x, group), reference.all_to_all(x, group), f"all_to_all {dtype} {what}",
                      exact=True)
+    for call in range(2 if more else 1):
+        _moe_round_trip(group, rank, world, call, what)
     _assert_pads_zero(group, f"after the hierarchical ops {what}")
     symmcoll.check()
     return True
+
+
+def _moe_round_trip(group, rank, world, call, what, tokens_n=12, hidden=8, k=3):
+    """moe_dispatch then moe_combine against the reference: rows, counts and handle exact (rank- and
+    token-coded rows), the combine exact on integer rows and weights of a few bits; random routing with a
+    token routed nowhere and dropped slots."""
+    experts = 2 * world
+    rng = random.Random(100 * call + rank)
+    ids = torch.tensor([rng.sample(range(experts), k) for _ in range(tokens_n)], dtype=torch.int64)
+    ids[0], ids[3, -1] = -1, -1
+    tokens = rank_coded(tokens_n * hidden, torch.bfloat16, rank, call).reshape(tokens_n, hidden)
+    tokens[:, 0], tokens[:, 1] = rank, torch.arange(tokens_n)
+    recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, experts, group)
+    want, want_counts, want_origin, want_self = reference.moe_dispatch(tokens, ids, experts, group, recv.shape[0])
+    rows = int(want_counts.sum())
+    assert_close(counts, want_counts, f"moe_dispatch counts {what}", exact=True)
+    assert_close(recv[:rows], want[:rows], f"moe_dispatch rows {what} call {call}", exact=True)
+    assert_close(handle.row_origin, want_origin, f"moe_dispatch row_origin {what}", exact=True)
+    assert_close(handle.self_rows, want_self, f"moe_dispatch self_rows {what}", exact=True)
+    expert_out = (recv.float() * 2 + rank).to(torch.bfloat16)
+    weights = torch.tensor([[rng.choice([0.25, 0.5, 1.0]) for _ in range(k)] for _ in range(tokens_n)])
+    assert_close(symmcoll.moe_combine(expert_out, weights, handle),
+                 reference.moe_combine(expert_out, weights, ids, want_origin, experts, group),
+                 f"moe_combine {what} call {call}", exact=True)
 
 
 def _assert_pads_zero(group, what):
@@ -121,7 +153,7 @@ def pool8(pools):
     return pools(8)
 
 
-# 2 x 2 also runs max/min, random data and the other 1-byte dtypes.
+# 2 x 2 also runs max/min, random data, the other 1-byte dtypes, and every op again with fresh data.
 @pytest.mark.parametrize("size,per_node,more", [(4, 2, True), (6, 2, False), (8, 4, False)], ids=["2x2", "3x2", "2x4"])
 def test_every_op_across_nodes(pool8, size, per_node, more):
     assert pool8.run(_in_nodes, size, per_node, _every_op, per_node, more, timeout=600)[:size] == [True] * size

@@ -29,7 +29,9 @@ puts 2 (W-1)/W S through each rank's NIC for an all-reduce where this puts 2 (N-
 less; docs/algorithms.md has the cost model). Inputs beyond a piece go in rounds (one exchange launch
 each). Node phases and exchange carry the call's descriptor: a rank that made another call is reported
 by whichever wait meets it first. What they cannot serve (dtypes without a word type or a reduction,
-all_to_all with split sizes, broadcast, the fused ops) goes to the process group's collective.
+all_to_all with split sizes, broadcast, the fused GEMM ops) goes to the process group's collective.
+MoE dispatch and combine build on ``counterpart_gather`` / ``counterpart_all_to_all`` and the node view
+(fused/moe_hierarchical.py).
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def node_view(ws):
                    transport=None)
 
 
-def _node_view(plan: Plan):
+def node_view_of(plan: Plan):
+    """The node view of ``plan``'s workspace (made once per plan)."""
     view = plan.cache.get("node_view")
     if view is None:
         view = plan.cache["node_view"] = node_view(plan.ws)
@@ -72,7 +75,7 @@ def _node_view(plan: Plan):
 def _node_phase(plan: Plan, op: str, x: torch.Tensor, out: torch.Tensor) -> None:
     """Run ``op``'s intra-node algorithm over my node (x and out contiguous, as that algorithm takes
     them), with this call's descriptor. A node of one rank: a copy."""
-    view = _node_view(plan)
+    view = node_view_of(plan)
     if view.world_size == 1:
         out.reshape(-1).copy_(x.reshape(-1))
         return
@@ -127,19 +130,43 @@ def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
     return out
 
 
+def counterpart_gather(plan: Plan, words: torch.Tensor, mode: str = "gather") -> torch.Tensor:
+    """Every counterpart's ``words`` (flat, the same count on every rank; mine included) as [N, numel],
+    row n from node n: exchanges in pieces."""
+    nodes, total = plan.ws.topology.nodes, words.numel()
+    out = torch.empty((nodes, total), dtype=words.dtype, device=words.device)
+    for start, length in chunks(total, capacity(plan.ws, words.dtype)):
+        stage(plan.ws, words.dtype, length).copy_(words[start:start + length])
+        got = out if length == total else torch.empty((nodes, length), dtype=words.dtype, device=words.device)
+        exchange(plan, words.dtype, got, mode, length, 0, length)
+        if got is not out:
+            out[:, start:start + length].copy_(got)
+    return out
+
+
+def counterpart_all_to_all(plan: Plan, pieces: torch.Tensor) -> torch.Tensor:
+    """``pieces`` [N, L] (row m for my counterpart on node m; mine at my node's row) -> [N, L], row n what
+    my counterpart on node n sent me: exchanges in pieces."""
+    nodes, total = pieces.shape
+    out = torch.empty_like(pieces)
+    for start, length in chunks(total, capacity(plan.ws, pieces.dtype)):
+        stage(plan.ws, pieces.dtype, nodes * length).view(nodes, length).copy_(pieces[:, start:start + length])
+        got = out if length == total else torch.empty((nodes, length), dtype=pieces.dtype, device=pieces.device)
+        exchange(plan, pieces.dtype, got, "gather", length, length, length)
+        if got is not out:
+            out[:, start:start + length].copy_(got)
+    return out
+
+
 def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor, mode: str = "gather") -> torch.Tensor:
     topo = plan.ws.topology
     nodes, per_node = topo.nodes, topo.ranks_per_node
     words = as_words(x)
-    total = words.numel()
-    rows = as_words(out).view(nodes, per_node, total)  # row m R + l' comes from group rank m R + l'
-    for start, length in chunks(total, capacity(plan.ws, words.dtype)):
-        stage(plan.ws, words.dtype, length).copy_(words[start:start + length])
-        mine = torch.empty(nodes * length, dtype=words.dtype, device=x.device)  # (m, l) for every m
-        exchange(plan, words.dtype, mine, mode, length, 0, length)
-        node_rows = torch.empty(per_node * nodes * length, dtype=words.dtype, device=x.device)
-        _node_phase(plan, "all_gather", mine, node_rows)  # [l'][m]
-        rows[:, :, start:start + length].copy_(node_rows.view(per_node, nodes, length).transpose(0, 1))
+    mine = counterpart_gather(plan, words, mode)  # [m]: (m, l)'s input
+    node_rows = torch.empty(per_node * nodes * words.numel(), dtype=words.dtype, device=x.device)
+    _node_phase(plan, "all_gather", mine.view(-1), node_rows)  # [l'][m]
+    # Output row m R + l' comes from group rank m R + l'.
+    as_words(out).view(nodes, per_node, -1).copy_(node_rows.view(per_node, nodes, -1).transpose(0, 1))
     return out
 
 
@@ -148,17 +175,13 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     nodes, per_node = topo.nodes, topo.ranks_per_node
     words = as_words(x)
     chunk = words.numel() // (nodes * per_node)
-    sent = words.view(nodes, per_node, chunk)  # chunk for group rank m R + l'
-    received = as_words(out).view(nodes, per_node, chunk)  # chunk from group rank n R + l
-    for start, length in chunks(chunk, max(1, capacity(plan.ws, words.dtype) // per_node)):
-        piece = per_node * length
-        stage(plan.ws, words.dtype, nodes * piece).view(nodes, per_node, length).copy_(sent[:, :, start:start + length])
-        arrived = torch.empty(nodes * piece, dtype=words.dtype, device=x.device)  # [n][l']: (n, l) -> (me, l')
-        exchange(plan, words.dtype, arrived, "gather", piece, piece, piece)
-        by_dest = arrived.view(nodes, per_node, length).transpose(0, 1).contiguous().view(per_node, nodes * length)
-        by_source = torch.empty_like(by_dest)
-        _node_phase(plan, "all_to_all", by_dest, by_source)  # row l: what (n, l) sent me, for every n
-        received[:, :, start:start + length].copy_(by_source.view(per_node, nodes, length).transpose(0, 1))
+    # To my counterpart on node m: my chunks for (m, l') for every l'; from node n: (n, l)'s for (me, l').
+    arrived = counterpart_all_to_all(plan, words.view(nodes, per_node * chunk))
+    by_dest = arrived.view(nodes, per_node, chunk).transpose(0, 1).contiguous().view(per_node, nodes * chunk)
+    by_source = torch.empty_like(by_dest)
+    _node_phase(plan, "all_to_all", by_dest, by_source)  # row l: what (n, l) sent me, for every n
+    # Output chunk n R + l comes from group rank n R + l.
+    as_words(out).view(nodes, per_node, chunk).copy_(by_source.view(per_node, nodes, chunk).transpose(0, 1))
     return out
 
 
