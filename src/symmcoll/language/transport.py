@@ -128,7 +128,9 @@ def put_signal(dst, src, numel, signal, value, peer, transport_ptrs_dev, rank, T
 
 @triton.jit
 def send_signal(signal, value, peer, transport_ptrs_dev, rank, TRANSPORT: tl.constexpr):
-    """``peer``'s ``signal`` := ``value`` (release: my earlier writes to ``peer`` land first)."""
+    """``peer``'s ``signal`` := ``value``, after this program's earlier writes (EMULATED: release). Under
+    NVSHMEM a signal is not ordered after earlier puts to ``peer`` (that takes a fence): signal only
+    about local data or after gets, which are complete on return -- as the exchange does."""
     tl.debug_barrier()
     if TRANSPORT == NVSHMEM:
         _nvshmem_signal_op(signal.to(tl.int64), value.to(tl.uint64), _SIGNAL_SET, _pe(peer, transport_ptrs_dev))
