@@ -89,7 +89,7 @@ def _nodes(per_node: int) -> list[dict]:
     rows = []
     for op in OPS:
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            for numel in (world * 3, world * 4097, world * (1 << 20)):
+            for numel in (world * 3, world * 4097, world * (1 << 18)):
                 row = {"check": "nodes", "nodes": world // per_node, "per_node": per_node, "op": op,
                        "dtype": str(dtype), "numel": numel, "wrong": 0}
                 try:
@@ -151,7 +151,7 @@ def main() -> None:
     for world, per_node, device in [] if args.compile_only else runs:
         t0 = time.monotonic()
         try:
-            found = launch.run(_nodes, world, per_node, device=device, timeout=240)[0]
+            found = launch.run(_nodes, world, per_node, device=device, timeout=110)[0]
         except Exception:  # noqa: BLE001
             found = [{"check": "nodes", "nodes": world // per_node, "per_node": per_node,
                       "error": traceback.format_exc()[-2000:]}]

@@ -157,9 +157,10 @@ for stage in $stages; do
       timeout ${SCALEOUT_TIMEOUT:-300} python3 benchmarks/scaleout_check.py --multi-gpu --out "$OUT/scaleout_multi.json" \
         2>&1 | tee "$OUT/scaleout_multi.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      SYMMCOLL_RANKS_PER_NODE=${SCALEOUT_RANKS_PER_NODE:-1} timeout ${BENCH_TIMEOUT:-400} python3 -m symmcoll bench \
+      SYMMCOLL_RANKS_PER_NODE=${SCALEOUT_RANKS_PER_NODE:-1} timeout ${SCALEOUT_BENCH_TIMEOUT:-270} python3 -m symmcoll bench \
         --op ${BENCH_OPS:-all_reduce all_gather reduce_scatter all_to_all} --algorithms auto nccl \
-        --world-size "$ngpu" --out "$OUT" 2>&1 | tee "$OUT/scaleout_bench.log"
+        -b ${SCALEOUT_MIN:-32K} -e ${SCALEOUT_MAX:-64M} -f 4 --world-size "$ngpu" --out "$OUT" 2>&1 \
+        | tee "$OUT/scaleout_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     *) echo "unknown stage $stage" >&2; status=2 ;;
