@@ -84,12 +84,13 @@ def _nodes(per_node: int) -> list[dict]:
     """On every rank: every hierarchical op, exact, three calls of fresh data, nodes of ``per_node``."""
     os.environ["SYMMCOLL_RANKS_PER_NODE"] = str(per_node)
     symmcoll.reset()
-    dev = torch.device("cuda", torch.cuda.current_device())
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = []
     for op in OPS:
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            for numel in (world * 3, world * 4097, world * (1 << 18)):
+            for numel in (world * 3, world * 4097, world * (1 << 18)) if cuda else (world * 3, world * 4097):
                 row = {"check": "nodes", "nodes": world // per_node, "per_node": per_node, "op": op,
                        "dtype": str(dtype), "numel": numel, "wrong": 0}
                 try:
@@ -97,14 +98,15 @@ def _nodes(per_node: int) -> list[dict]:
                         x_of = lambda r: rank_coded(numel, dtype, r, call, dev)
                         row["algorithm"] = plan.resolve(op, x_of(rank)).name
                         got = getattr(symmcoll, op)(x_of(rank))
-                        torch.cuda.synchronize()
+                        if cuda:
+                            torch.cuda.synchronize()
                         row["wrong"] += int((got.float() != _expected(op, x_of, world, rank).float()).sum())
                     symmcoll.check()
                 except Exception:  # noqa: BLE001
                     row["error"] = traceback.format_exc()[-1500:]
                     symmcoll.reset()
                 rows.append(row)
-    for tokens_n, hidden, k in ((5, 16, 2), (128, 7168, 8)):
+    for tokens_n, hidden, k in ((5, 16, 2), (128, 7168, 8)) if cuda else ((5, 16, 2),):
         row = {"check": "nodes", "nodes": world // per_node, "per_node": per_node, "op": "moe_round_trip",
                "tokens": tokens_n, "hidden": hidden, "k": k, "wrong": 0}
         try:
@@ -118,7 +120,8 @@ def _nodes(per_node: int) -> list[dict]:
                 # Identity experts and unit weights: every token comes back times its number of valid slots.
                 got = symmcoll.moe_combine(recv, torch.ones(tokens_n, k, device=dev), handle)
                 want = (tokens.float() * (ids >= 0).sum(1, keepdim=True)).to(torch.bfloat16)
-                torch.cuda.synchronize()
+                if cuda:
+                    torch.cuda.synchronize()
                 row["wrong"] += int((got != want).sum())
                 row["algorithm"] = plan.resolve("moe_dispatch", tokens, others=(ids,), options=(
                     ("num_experts", experts), ("max_rows", recv.shape[0]))).name
@@ -138,6 +141,7 @@ def main() -> None:
     parser.add_argument("--multi-gpu", action="store_true",
                         help="one rank per GPU, the NVSHMEM transport between emulated nodes of this host")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="a check of this script: interpreted ranks, 2 nodes x 1")
     args = parser.parse_args()
     os.environ.setdefault("SYMMCOLL_TIMEOUT_S", "20")
     rows = compile_and_load()
@@ -146,6 +150,8 @@ def main() -> None:
     if args.multi_gpu:
         gpus = torch.cuda.device_count()
         runs = [(gpus, per_node, "cuda") for per_node in sorted({1, gpus // 2}) if gpus >= 2]
+    elif args.cpu:
+        runs = [(2, 1, "cpu")]
     else:  # ranks sharing GPU 0: the emulated transport, compiled for sm_90
         runs = [(4, 2, "cuda-shared"), (2, 1, "cuda-shared")]
     for world, per_node, device in [] if args.compile_only else runs:
