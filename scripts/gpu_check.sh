@@ -3,7 +3,8 @@
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared]
 #                                                            [gemm-tune] [gemm-bench]
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
-#                                                            [quantized-accuracy] [moe] [faults]
+#                                                            [quantized-accuracy] [moe] [faults] [scaleout]
+#                                                            [scaleout-multi]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -140,6 +141,26 @@ for stage in $stages; do
       sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
       timeout ${ACCURACY_TIMEOUT:-300} python3 -m symmcoll accuracy --world-size $sizes --numel ${ACCURACY_NUMEL:-1048576} \
         --out "$OUT" 2>&1 | tee "$OUT/quantized_accuracy.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    scaleout)
+      # One GPU (<= 5 min): the NVSHMEM exchange kernels compiled for sm_90 against the image's device
+      # library and loaded here; the hierarchical ops with emulated nodes (2x2, 2x1), ranks sharing GPU 0
+      # over the emulated transport, exact. benchmarks/scaleout_check.py says what it cannot show.
+      timeout ${SCALEOUT_TIMEOUT:-300} python3 benchmarks/scaleout_check.py --out "$OUT/scaleout.json" 2>&1 \
+        | tee "$OUT/scaleout.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    scaleout-multi)
+      # >= 2 GPUs (issue 28 point 7): NVSHMEM between emulated nodes of this host (1 and ngpu/2 GPUs per
+      # node), exact; then hierarchical (auto) beside NCCL with SCALEOUT_RANKS_PER_NODE GPUs per node.
+      timeout ${SCALEOUT_TIMEOUT:-300} python3 benchmarks/scaleout_check.py --multi-gpu --out "$OUT/scaleout_multi.json" \
+        2>&1 | tee "$OUT/scaleout_multi.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      SYMMCOLL_RANKS_PER_NODE=${SCALEOUT_RANKS_PER_NODE:-1} timeout ${SCALEOUT_BENCH_TIMEOUT:-270} python3 -m symmcoll bench \
+        --op ${BENCH_OPS:-all_reduce all_gather reduce_scatter all_to_all} --algorithms auto nccl \
+        -b ${SCALEOUT_MIN:-32K} -e ${SCALEOUT_MAX:-64M} -f 4 --world-size "$ngpu" --out "$OUT" 2>&1 \
+        | tee "$OUT/scaleout_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     *) echo "unknown stage $stage" >&2; status=2 ;;

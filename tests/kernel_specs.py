@@ -30,6 +30,7 @@ class CompileSpec:
     num_warps: int
     label: str = field(default="", compare=False)
     num_stages: int = 3
+    extern_libs: tuple = ()  # device libraries linked in (NVSHMEM's for the cross-node transport)
 
     @property
     def name(self) -> str:
@@ -111,7 +112,7 @@ def spec_of(rec: launcher.Recorded, label: str = "") -> CompileSpec:
         signature.append((p.name, "constexpr"))
         constexprs.append((p.name, value))
     return CompileSpec(rec.kernel, tuple(signature), tuple(constexprs), rec.meta.get("num_warps", 4), label,
-                       rec.meta.get("num_stages", 3))
+                       rec.meta.get("num_stages", 3), tuple(rec.meta.get("extern_libs", ())))
 
 
 # (world, rank, dtype): every world size, rank 1 somewhere (specialised to a constexpr on GPU), each
@@ -237,8 +238,10 @@ def compile_ptx(spec: CompileSpec) -> str:
     if type(fn).__name__ == "InterpretedFunction":
         raise RuntimeError("compile checks need TRITON_INTERPRET unset when symmcoll is imported")
     src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs))
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": spec.num_warps,
-                                                                              "num_stages": spec.num_stages})
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.extern_libs:
+        options["extern_libs"] = spec.extern_libs
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     if compiled.metadata.shared > SHARED_MEMORY_LIMIT:
         raise AssertionError(f"{spec.name}: needs {compiled.metadata.shared} bytes of shared memory, "
                              f"more than the {SHARED_MEMORY_LIMIT} a Hopper block has")
@@ -248,6 +251,8 @@ def compile_ptx(spec: CompileSpec) -> str:
 _LABEL = re.compile(r"^(\$L__\w+):")
 _BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
 _GLOBAL_LOAD = re.compile(r"\bld\.global\.(\S+)")
+# Stores to memory: st.global, and generic or volatile ones (NVSHMEM's copy loops), not to params or shared.
+_MEMORY_STORE = re.compile(r"\bst\.(?!param|shared|local)")
 _ORDERED = ("volatile", "acquire", "relaxed")
 
 
@@ -337,11 +342,13 @@ def spin_loop_problems(ptx: str) -> list[str]:
         if b and b.group(1) in labels and labels[b.group(1)] < i:
             span = set(range(labels[b.group(1)], i + 1)) | bodies.get(innermost.get(b.group(1)), set())
             body = [lines[n] for n in sorted(span)]
-            if any("st.global" in l for l in body):
+            if any(_MEMORY_STORE.search(l) for l in body):
                 continue  # a loop that writes data, not a wait
             if any("mma" in l or "cp.async" in l for l in body):
                 continue  # a matmul's k-loop: it computes on what it loads, it does not wait for it
-            plain = [l.strip() for l in body if (g := _GLOBAL_LOAD.search(l)) and not g.group(1).startswith(_ORDERED)]
+            # (ordering qualifiers may follow the scope: ld.global.sys.acquire)
+            plain = [l.strip() for l in body if (g := _GLOBAL_LOAD.search(l)) and not any(
+                q in g.group(1).split(".") for q in _ORDERED)]
             waits = [l for l in body if "atom." in l or "ld.volatile" in l or "ld.acquire" in l]
             if not waits and plain and _exit_depends_on_load(body):
                 problems.append(f"loop at {b.group(1)} spins on plain loads {plain[:3]}")

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import launch, reference
+from symmcoll import reference
 
 from conftest import DEVICE
 from rank_checks import assert_close, assert_pads_zero, rank_coded
@@ -29,5 +29,5 @@ def _every_collective_at_8(numel):
 
 
 @pytest.mark.skipif(DEVICE == "cuda" and torch.cuda.device_count() < 8, reason="NOT RUN: needs 8 GPUs")
-def test_every_collective_at_world_size_8():
-    assert launch.run(_every_collective_at_8, 8, 37, device=DEVICE, timeout=600) == [True] * 8
+def test_every_collective_at_world_size_8(pools):
+    assert pools(8).run(_every_collective_at_8, 37, timeout=600) == [True] * 8

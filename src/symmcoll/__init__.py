@@ -21,6 +21,7 @@ from .fused import matmul_reduce_scatter as _matmul_reduce_scatter  # (registers
 from .fused import matmul_all_reduce as _matmul_all_reduce  # (registers the fused op)
 from .fused import all_reduce_rms_norm as _all_reduce_rms_norm  # (registers the fused op)
 from .fused import moe as _moe  # noqa: F401  (registers moe_dispatch / moe_combine)
+from .fused import moe_hierarchical as _moe_hierarchical  # noqa: F401  (their algorithms across nodes)
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd

@@ -80,6 +80,9 @@ def error_from_record(record: list[int], announced: int) -> SymmcollError:
     ``announced`` is the descriptor the peer last announced to this rank (0 if none)."""
     _, kind, rank, peer, desc, peer_desc = record[:6]
     op = algorithm_name(desc)
+    if kind == 2 and peer_desc == -1:  # language/transport.py FAILED_DESC: the peer had failed before
+        return SymmcollMismatchError(op, rank, peer, [f"(rank {peer} had failed earlier; its own error names the "
+                                                      f"cause)"])
     if kind == 2:
         return SymmcollMismatchError(op, rank, peer, differing_fields(desc, peer_desc))
     if announced and announced != desc:

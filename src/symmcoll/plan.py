@@ -22,9 +22,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from . import calls, dispatch, memory
+from . import calls, dispatch, memory, topology
 from .errors import SymmcollError
 from .language.blocks import REDUCE_OPS
+from .memory import transport
 from .memory.layout import MAX_PROGRAMS, MAX_WORLD
 
 log = logging.getLogger("symmcoll")
@@ -34,6 +35,7 @@ REDUCTIONS = ("all_reduce", "reduce_scatter")
 REDUCTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 BACKEND = dispatch.FALLBACK  # "nccl": the process group's own collective
+ACROSS_NODES = "hierarchical"  # the family of the algorithms for groups that span nodes
 # Request.splits of an all-to-all whose splits are a device tensor (passed in ``others``): nothing about
 # them is known on the host.
 DEVICE_SPLITS = "device"
@@ -180,10 +182,13 @@ def register(algorithm: Algorithm) -> Algorithm:
     return algorithm
 
 
-def algorithms(op: str, *, kernels_only: bool = True) -> dict[str, Algorithm]:
-    """The registered algorithms of ``op`` by name (without the process group's own, "nccl")."""
+def algorithms(op: str, *, kernels_only: bool = True, across_nodes: bool = False) -> dict[str, Algorithm]:
+    """The registered algorithms of ``op`` by name (without the process group's own, "nccl"): those for
+    a group within one node, or with ``across_nodes`` those for a group that spans nodes (family
+    "hierarchical", comm/hierarchical.py)."""
     table = _REGISTRY.get(op, {})
-    return {n: a for n, a in table.items() if not (kernels_only and n == BACKEND)}
+    return {n: a for n, a in table.items()
+            if not (kernels_only and n == BACKEND) and (n == BACKEND or (a.family == ACROSS_NODES) == across_nodes)}
 
 
 def reduction_dtype_reason(request: Request, world: int) -> str | None:
@@ -340,7 +345,7 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
     if op in OPS and splits != DEVICE_SPLITS and (world == 1 or (out_shape is not None and math.prod(out_shape) == 0)
                                                   or x.numel() == 0 and op != "all_to_all"):
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
-    name = _choose(request, world, algorithm)
+    name = _choose(request, world, algorithm, topology.of_group(group))
     chosen = table[name]
     ws = None if name == BACKEND else memory.get_workspace(group, x.device, op=f"{op}.{name}")
     if ws is not None and ws.device.type != x.device.type:
@@ -359,11 +364,16 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
     return Plan(request, "kernel", chosen, group, world, rank, ws, cfg, desc, out_shape)
 
 
-def _choose(request: Request, world: int, algorithm: str) -> str:
+def _choose(request: Request, world: int, algorithm: str, topo: topology.Topology | None = None) -> str:
     """The one place that decides what runs."""
     table = _REGISTRY[request.op]
     if algorithm == BACKEND:
         return BACKEND
+    if topo is not None and topo.spans:
+        return _choose_across_nodes(request, world, algorithm, topo)
+    if algorithm in table and table[algorithm].family == ACROSS_NODES:
+        raise ValueError(f"algorithm={algorithm!r} is for groups that span nodes; this group is one node "
+                         f"(SYMMCOLL_RANKS_PER_NODE or LOCAL_WORLD_SIZE set the ranks per node)")
     if world > MAX_WORLD:
         if algorithm != "auto":
             raise ValueError(f"algorithm={algorithm!r}: symmcoll's kernels support up to {MAX_WORLD} ranks, "
@@ -392,6 +402,30 @@ def _choose(request: Request, world: int, algorithm: str) -> str:
             raise SymmcollError(f"no algorithm of {request.op} accepts this input ({reason})")
         log.debug("%s.%s cannot run this input (%s): %s instead", request.op, name, reason, substitute)
         name = substitute
+    return BACKEND
+
+
+def _choose_across_nodes(request: Request, world: int, algorithm: str, topo: topology.Topology) -> str:
+    """A group that spans nodes: the op's hierarchical algorithm where it takes the input (named or
+    not: an intra-node algorithm cannot reach peers on other nodes) and a transport exists (NVSHMEM on
+    GPU), else the process group's own."""
+    candidates = algorithms(request.op, across_nodes=True)
+    if BACKEND not in _REGISTRY[request.op] and (not topo.regular or not candidates):
+        raise ValueError(f"{request.op} has no algorithm for a group that spans nodes ({topo.signature})")
+    if not topo.regular or not candidates or not transport.available(request.device):
+        return BACKEND
+    if algorithm in candidates:
+        name = algorithm
+    else:
+        name = next(iter(candidates))
+        if algorithm != "auto":
+            log.debug("%s.%s cannot reach peers on other nodes: %s instead", request.op, algorithm, name)
+    reason = candidates[name].accepts(request, world) if candidates[name].accepts else None
+    if reason is None:
+        return name
+    if algorithm == name:
+        raise ValueError(f"algorithm={algorithm!r}: {reason}")
+    log.debug("%s.%s cannot run this input (%s): %s instead", request.op, name, reason, BACKEND)
     return BACKEND
 
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import symmcoll
 
+from .. import topology
 from . import checks, link, provenance
 from .baselines import backend_implementation, torch_symm_mem_implementations
 from .impls import Implementation, quantized_implementations, symmcoll_implementations
@@ -258,6 +259,10 @@ def measure_link(nbytes: int) -> LinkLimit:
     group = dist.group.WORLD
     if dist.get_world_size(group) < 2:
         return LinkLimit(nbytes, None, None, "one rank: no peer to pull from")
+    if topology.of_group(group).spans:
+        # No pointer reaches the next rank (and torch's CUDA symmetric memory would have to come before
+        # the NVSHMEM backend the workspace needs): the link across nodes is the network's.
+        return LinkLimit(nbytes, None, None, "group spans nodes (SYMMCOLL_RANKS_PER_NODE): no NVLink peer pull")
     try:
         result = (*link.peer_pull_gbps(group, nbytes), None)
     except Exception as exc:  # noqa: BLE001 - the sweep is worth having without a link figure

@@ -10,6 +10,8 @@ all_to_all.py   data movement: all_to_all pull (device-side splits published in 
 all_to_all_sentinel.py  Lamport sentinels for data movement: all_to_all sentinel (barrier-free)
 all_to_all_copy_engine.py  staggered copy-engine steps: all_to_all copy_engine (bandwidth)
 splits.py       the all-to-all family's shared host side: shape rule, split exchange, rounds, "auto" default
+exchange.py     the cross-node exchange through the transport (groups that span nodes)
+hierarchical.py node phases + exchange: all_reduce / reduce_scatter / all_gather / all_to_all hierarchical
 quantized.py    quantized two-shot (int8 / fp8 / int4 on the wire): op all_reduce_quantized
 backend.py      the process group's own collectives ("nccl")
 shapes.py       what each collective returns and refuses (shape rules)
@@ -20,3 +22,4 @@ Importing this package registers every algorithm (symmcoll.plan) and declares ev
 
 from . import (all_to_all, all_to_all_copy_engine, all_to_all_sentinel, backend, gather, low_latency,  # noqa: F401
                pull, push, quantized, sentinel, shapes, splits, tree)
+from . import exchange, hierarchical  # noqa: F401  (groups that span nodes)

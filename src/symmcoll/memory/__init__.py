@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .. import topology
 from ..errors import (SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, argument_error_from_record,
                       error_from_record, not_initialized)
 from .layout import ANNOUNCE_SLOT, MAX_PROGRAMS, MAX_WORLD, SIGNAL_PAD_INTS
@@ -92,6 +93,10 @@ class Workspace:
     _keepalive: list = field(default_factory=list, repr=False)
     broken: bool = False
     reports_raised: int = 0  # argument reports already raised (the kernels only ever count up)
+    # A group that spans nodes (symmcoll.topology): address tables map only this node's ranks, and the
+    # transport (memory/transport.py) reaches the others. None within one node.
+    topology: object = None
+    transport: object = None
 
     def __post_init__(self):
         self.buffer = self.regions["buffer"].local
@@ -141,11 +146,17 @@ class Workspace:
             self.broken = True
             record = [int(v) for v in self.status.tolist()]
             peer = record[3]
+            # Across nodes: kernels of a node-local phase number ranks within the node (and announce
+            # there); the cross-node kernels use group ranks and announce nothing.
+            node_local = self.topology is not None and record[2] != self.rank
             announced = 0
-            if 0 <= peer < self.world_size:
+            if 0 <= peer < self.geometry.world_size and (self.topology is None or node_local):
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 announced = int(self.signal_pad[ANNOUNCE_SLOT + peer])
+            if node_local:
+                first = self.topology.first_rank(self.topology.node_of(self.rank))
+                record[2], record[3] = record[2] + first, peer + first
             raise error_from_record(record, announced)
 
 
@@ -234,15 +245,27 @@ def _create(group, device: torch.device) -> Workspace:
                             f"yet and cannot be created during CUDA-graph capture (it is a rendezvous and an "
                             f"allocation): make one call of any symmcoll op on this group before capturing")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if world > MAX_WORLD:
-        raise ValueError(f"symmcoll: world size {world} > {MAX_WORLD} is not supported by the kernels")
+    # ---- groups that span nodes (symmcoll.topology): kernels see one node's ranks at a time ----
+    topo = topology.of_group(group)
+    spans = topo.spans and topo.regular
+    kernel_world = topo.ranks_per_node if spans else world
+    if kernel_world > MAX_WORLD:
+        raise ValueError(f"symmcoll: {kernel_world} ranks per node > {MAX_WORLD} is not supported by the kernels")
+    if spans and topo.nodes > topology.MAX_NODES:
+        raise ValueError(f"symmcoll: {topo.nodes} nodes > {topology.MAX_NODES} is not supported by the kernels")
     buffer_bytes = int(os.environ.get("SYMMCOLL_WORKSPACE_BYTES", DEFAULT_BUFFER_BYTES[device.type]))
-    geometry = Geometry(world, buffer_bytes, device.type)
+    geometry = Geometry(kernel_world, buffer_bytes, device.type, topo.nodes if spans else 1)
     layout, total = _layout(geometry)
     states = [s for s in declared() if not s.symmetric]
-    signature = f"bytes={buffer_bytes} regions={[(n, o, b) for n, o, b, _ in layout]}"
+    signature = f"bytes={buffer_bytes} regions={[(n, o, b) for n, o, b, _ in layout]} {topo.signature}"
     bounded_rendezvous(group, "workspace creation", signature)
-    if device.type == "cuda" and os.environ.get("SYMMCOLL_MEMORY") == "ipc":
+    transport_ = None
+    ipc = device.type == "cuda" and os.environ.get("SYMMCOLL_MEMORY") == "ipc"
+    if spans and device.type == "cuda" and not ipc:
+        from .transport import allocate_nvshmem
+        local, bases, peers, keepalive, transport_ = allocate_nvshmem(group, total, device,
+                                                                      lambda r: topo.same_node(r, rank))
+    elif ipc:
         from .cuda import allocate_cuda_ipc
         local, bases, peers, keepalive = allocate_cuda_ipc(group, total, device)
     elif device.type == "cuda":
@@ -251,14 +274,22 @@ def _create(group, device: torch.device) -> Workspace:
     else:
         from .emulated import allocate_emulated
         local, bases, peers, keepalive = allocate_emulated(group, total)
+    if spans and transport_ is None:
+        # Emulated nodes over memory every rank mapped (CPU; ranks sharing a GPU): only the transport
+        # holds cross-node bases, the address tables get 0 (a fault if a kernel uses them).
+        from .transport import emulated
+        transport_ = emulated(bases, device)
+        bases = [b if topo.same_node(r, rank) else 0 for r, b in enumerate(bases)]
+        peers = [p if topo.same_node(r, rank) else None for r, p in enumerate(peers)]
+    # ---- end of the node split ----
     regions = {}
     for name, offset, nbytes, fill in layout:
         view = local[offset:offset + nbytes]
         if fill:
             view[: nbytes // 4 * 4].view(torch.int32).fill_(fill)
-        table = torch.tensor([b + offset for b in bases], dtype=torch.int64, device=device)
-        regions[name] = SymmetricRegion(name, view, table.data_ptr(), [p[offset:offset + nbytes] for p in peers],
-                                        table)
+        table = torch.tensor([b + offset if b else 0 for b in bases], dtype=torch.int64, device=device)
+        regions[name] = SymmetricRegion(name, view, table.data_ptr(),
+                                        [None if p is None else p[offset:offset + nbytes] for p in peers], table)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     # Every fill is done everywhere before anybody writes to a peer.
@@ -271,7 +302,8 @@ def _create(group, device: torch.device) -> Workspace:
         status = status.pin_memory()
     return Workspace(group=group, group_name=group.group_name, rank=rank, world_size=world, device=device,
                      geometry=geometry, regions=regions, state=state, status=status,
-                     max_spins=timeout_spins(device.type), _keepalive=keepalive)
+                     max_spins=timeout_spins(device.type), _keepalive=keepalive,
+                     topology=topo if spans else None, transport=transport_)
 
 
 def _layout(geometry: Geometry) -> tuple[list[tuple[str, int, int, int]], int]:
@@ -309,6 +341,7 @@ def reset(group=None) -> None:
     for key in list(_WORKSPACES):
         if names is None or key[0] in names:
             _WORKSPACES.pop(key)
+    topology.forget()
     for hook in _RESET_HOOKS:
         hook()
 

@@ -20,9 +20,10 @@ from typing import Callable
 class Geometry:
     """What region sizes may depend on."""
 
-    world_size: int
+    world_size: int  # ranks a kernel sees: the group's, or one node's when the group spans nodes
     buffer_bytes: int
     device_type: str  # "cuda" | "cpu"
+    nodes: int = 1  # nodes of a group that spans nodes (symmcoll.topology)
 
 
 @dataclass(frozen=True)

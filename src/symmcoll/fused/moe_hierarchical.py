@@ -1,0 +1,152 @@
+"""MoE dispatch and combine across nodes, in DeepEP's normal mode: a token crosses the node boundary once
+(to its counterpart on each other node), then NVLink forwards it to the ranks there that own its experts;
+the combine reduces inside the node first, so one row per token and node crosses back.
+
+Group of N nodes x R ranks (symmcoll.topology), E experts: expert e on group rank e // (E / W), node
+e // (E / N). Rank (n, l)'s counterparts are (m, l). Same API, output layout and handle as fused/moe.py
+(rows by local expert, then source rank, token, slot; ``row_origin``, ``self_rows``), so the combine, the
+reference and the callers cannot tell the difference.
+
+dispatch.hierarchical, on rank (n, l)::
+
+    exchange (comm/exchange.py, network)   my T tokens to every counterpart; to (m, l) my slots that
+                                           name node m's experts, in node m's numbering (-1 elsewhere)
+    for each source node n' (NVLink)       moe_dispatch.pull over my node: the tokens of (n', l') as
+                                           forwarded by (m, l'), each once to every rank of my node
+                                           owning one of its experts
+    merge (local)                          per local expert, pass n' rows before pass n' + 1: the
+                                           global order (source rank n' R + l', token, slot)
+
+combine.hierarchical::
+
+    exchange      my weights to every counterpart, and my slots per node as in dispatch
+    for each n'   the rows of pass n' (from row_origin: source node n'), moe_combine.push over my node:
+                  (m, l) gets, for every token of (n', l), the weighted sum over node m's experts
+    exchange      that partial to (n', l); the source sums the N partials (fp32, node order), rounded
+
+Every token goes to every other node whether or not one of its experts lives there (the pieces of an
+exchange have a fixed size; DeepEP sends only the needed ones, after a host-side count: a compacted
+exchange is the next step). The combine rounds each node's partial to expert_out's dtype before the
+final sum: within one rounding per node of the flat reference, exact on integer-valued data. Rows past
+max_recv_rows are dropped as the flat kernels drop them; each node pass reports its own overflow only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm.common import as_words
+from ..comm.hierarchical import FAMILY, counterpart_all_to_all, counterpart_gather, node_view_of
+from ..plan import Algorithm, Plan, Request, algorithms, register
+
+NODE_ALGORITHMS = {"moe_dispatch": "pull", "moe_combine": "push"}
+
+
+def _node_plan(plan: Plan, op: str, experts: int, max_rows: int, tokens_n: int, k: int) -> Plan:
+    key = ("node_plan", op, experts, max_rows, tokens_n, k)
+    node_plan = plan.cache.get(key)
+    if node_plan is None:
+        view = node_view_of(plan)
+        request = Request(op, (max_rows if op == "moe_combine" else tokens_n, 0), plan.request.dtype,
+                          plan.request.device, options=(("num_experts", experts), ("max_rows", max_rows)))
+        node_plan = plan.cache[key] = Plan(request, "kernel", algorithms(op)[NODE_ALGORITHMS[op]], plan.group,
+                                           view.world_size, view.rank, view, None, plan.desc, None)
+    return node_plan
+
+
+def _slots_by_node(plan: Plan, topk_ids: torch.Tensor, experts: int) -> torch.Tensor:
+    """[N, T, k]: row n' the slots of my counterpart on node n' that name my node's experts, in my node's
+    numbering (-1 elsewhere); it sent them to me, I sent it mine the same way."""
+    nodes = plan.ws.topology.nodes
+    per_node = experts // nodes
+    ids = topk_ids.long()
+    ids = torch.where((ids >= 0) & (ids < experts), ids, -1)
+    node = torch.arange(nodes, device=ids.device)[:, None, None]
+    mine = torch.where(ids[None] // per_node == node, ids[None] - node * per_node, -1)  # -1 // E/N is -1: never a node
+    return counterpart_all_to_all(plan, mine.reshape(nodes, -1)).view(nodes, *topk_ids.shape)
+
+
+def _expert_of_rows(counts: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(local expert of each of ``rows`` rows laid out by ``counts``, row index within its expert)."""
+    ends = torch.cumsum(counts, 0)
+    r = torch.arange(rows, device=counts.device)
+    expert = torch.searchsorted(ends, r, right=True).clamp(max=counts.numel() - 1)
+    return expert, r - (ends - counts)[expert]
+
+
+def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: torch.Tensor):
+    topo = plan.ws.topology
+    nodes, per_node = topo.nodes, topo.ranks_per_node
+    tokens_n, k = topk_ids.shape
+    experts = dict(plan.request.options)["num_experts"]
+    max_rows = out.shape[0]
+    arrived = counterpart_gather(plan, as_words(tokens)).view(nodes, tokens_n, -1)  # the same rows to every node
+    slots = _slots_by_node(plan, topk_ids, experts)
+    node_plan = _node_plan(plan, "moe_dispatch", experts // nodes, max_rows, tokens_n, k)
+    passes = []
+    for source_node in range(nodes):  # NVLink: the tokens of node n' as forwarded by their counterparts here
+        rows = arrived[source_node].view(tokens.dtype).view(tokens_n, -1)
+        passes.append(node_plan.algorithm.run(node_plan, rows, torch.empty_like(out), slots[source_node]))
+    counts = torch.stack([p[1] for p in passes])  # [pass, local expert]
+    total = counts.sum(0)
+    start = torch.cumsum(total, 0) - total  # first global row of each expert
+    before = torch.cumsum(counts, 0) - counts  # rows of earlier passes in each expert
+    merged = out.new_zeros((max_rows + 1, out.shape[1]))  # row max_rows: where rows past the end go
+    origin = torch.full((max_rows + 1,), -1, dtype=torch.int64, device=out.device)
+    self_rows = torch.full((tokens_n * k,), -1, dtype=torch.int64, device=out.device)
+    for source_node, (rows, _, node_origin, node_self) in enumerate(passes):
+        expert, within = _expert_of_rows(counts[source_node], max_rows)
+        valid = node_origin >= 0
+        dest = start[expert] + before[source_node, expert] + within
+        dest = torch.where(valid & (dest < max_rows), dest, max_rows)
+        merged.index_copy_(0, dest, rows)
+        # Node-level source l' (the forwarding counterpart) is group rank n' R + l' globally.
+        source = source_node * per_node + node_origin // (tokens_n * k)
+        origin.index_copy_(0, dest, torch.where(valid, source * tokens_n * k + node_origin % (tokens_n * k), -1))
+        if source_node == topo.node_of(plan.rank):  # my own tokens, forwarded by myself
+            flat = node_self.reshape(-1)
+            kept = dest[flat.clamp(min=0)]
+            self_rows = torch.where((flat >= 0) & (kept < max_rows), kept, -1)
+    out.copy_(merged[:max_rows])
+    return out, total, origin[:max_rows], self_rows.view(tokens_n, k)
+
+
+def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weights: torch.Tensor,
+             topk_ids: torch.Tensor, counts: torch.Tensor, origin: torch.Tensor, self_rows: torch.Tensor):
+    topo = plan.ws.topology
+    nodes, per_node, local = topo.nodes, topo.ranks_per_node, topo.local_rank(plan.rank)
+    tokens_n, k = topk_ids.shape
+    experts = dict(plan.request.options)["num_experts"]
+    max_rows, hidden = expert_out.shape
+    slots = _slots_by_node(plan, topk_ids, experts)
+    weights = counterpart_gather(plan, topk_weights.float().reshape(-1)).view(nodes, tokens_n, k)
+    node_plan = _node_plan(plan, "moe_combine", experts // nodes, max_rows, tokens_n, k)
+    expert, _ = _expert_of_rows(counts, max_rows)
+    valid = origin >= 0
+    source = origin // (tokens_n * k)
+    within = origin % (tokens_n * k)  # token * k + slot
+    partials = expert_out.new_empty((nodes, tokens_n, hidden))
+    for source_node in range(nodes):
+        # The rows of this pass, in their order (the global order restricted to source node n').
+        mine = valid & (source // per_node == source_node)
+        position = torch.where(mine, torch.cumsum(mine, 0) - 1, max_rows)
+        rows = expert_out.new_zeros((max_rows + 1, hidden)).index_copy_(0, position, expert_out)[:max_rows]
+        node_origin = torch.full((max_rows + 1,), -1, dtype=torch.int64, device=origin.device).index_copy_(
+            0, position, (source % per_node) * tokens_n * k + within)[:max_rows]
+        node_counts = torch.zeros_like(counts).scatter_add_(0, expert, mine.to(counts.dtype))
+        forwarded_by_me = torch.where(mine & (source % per_node == local), within, tokens_n * k)
+        node_self = torch.full((tokens_n * k + 1,), -1, dtype=torch.int64, device=origin.device).index_copy_(
+            0, forwarded_by_me, position)[:tokens_n * k].view(tokens_n, k)
+        node_plan.algorithm.run(node_plan, rows, partials[source_node], weights[source_node], slots[source_node],
+                                node_counts, node_origin, node_self)
+    # Partial n' belongs to my counterpart on node n'; I get one partial of my tokens from every node.
+    back = counterpart_all_to_all(plan, as_words(partials).view(nodes, -1))
+    summed = back.view(partials.dtype).view(nodes, tokens_n, hidden).float().sum(0)
+    out.copy_(summed.to(out.dtype))
+    return out
+
+
+register(Algorithm("moe_dispatch", "hierarchical", 125, FAMILY, _dispatch,
+                   "tokens to the counterpart on every node, then forwarded over NVLink to their experts' ranks", None))
+register(Algorithm("moe_combine", "hierarchical", 126, FAMILY, _combine,
+                   "weighted sums inside each node, one partial per token and node back over the network", None))
