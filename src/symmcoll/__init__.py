@@ -25,6 +25,7 @@ from .fused import moe_hierarchical as _moe_hierarchical  # noqa: F401  (their a
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd
+from .compiler import backend
 from .errors import SymmcollArgumentError, SymmcollError, SymmcollMismatchError, SymmcollTimeoutError
 from .memory import get_workspace
 
@@ -32,7 +33,7 @@ __version__ = "0.2.0"
 
 __all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
            "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm", "moe_dispatch",
-           "moe_combine", "MoEHandle", "check", "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError",
+           "moe_combine", "MoEHandle", "backend", "check", "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError",
            "SymmcollMismatchError", "SymmcollArgumentError", "__version__"]
 
 
