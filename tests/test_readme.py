@@ -87,6 +87,15 @@ def test_model_example_runs_as_a_script(tmp_path):
     assert len(logged) == 2 and logged[0] == logged[1] and logged[0] > 0, out
 
 
+def test_tp_compile_example_runs_as_a_script(tmp_path):
+    # DTensor tensor parallelism compiled with symmcoll.backend: the outputs checked in the script, the
+    # rewrites printed per rank as the comment under the print says.
+    out = _run_script("tp_compile.py", tmp_path)
+    block = _block("# tp_compile.py")
+    expected = re.search(r"# (rank 0: \{.*\})", block).group(1)
+    assert out.splitlines() == [expected, expected.replace("rank 0", "rank 1")], out
+
+
 def test_summary_table_is_what_the_committed_results_say():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:

@@ -60,17 +60,16 @@ def _plain(node: Node, name: str, world: int):
         reason = _movement_reason(node) or _group_size_reason(node, world)
         return reason, symmcoll.all_gather.default, (name, "auto")
     if target is functional.reduce_scatter_tensor.default:
-        shape = static_shape(tensor_val(x))
         reason = _reduction_reason(node) or _group_size_reason(node, world)
-        if reason is None and (not shape or shape[0] % world):
-            reason = f"dim 0 of the input ({shape and shape[0]}) is not a known multiple of the {world} ranks"
         return reason, symmcoll.reduce_scatter.default, (name, argument(node, "reduce_op"), "auto")
     if target is functional.all_to_all_single.default:
         shape = static_shape(tensor_val(x))
         even = [shape[0] // world] * world if shape and shape[0] % world == 0 else None
         sends, receives = argument(node, "input_split_sizes"), argument(node, "output_split_sizes")
         reason = _movement_reason(node)
-        if reason is None and (even is None or list(sends) != even or list(receives) != even):
+        if reason is None and shape is None:
+            reason = "dynamic shapes: the splits are not known to be even"
+        elif reason is None and (even is None or list(sends) != even or list(receives) != even):
             reason = ("uneven splits: symmcoll's all_to_all with listed splits learns its output size at run "
                       "time, the graph has it fixed")
         return reason, symmcoll.all_to_all.default, (name, None, "auto")

@@ -47,10 +47,8 @@ def is_call(node, *targets) -> bool:
 
 def static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
     """The shape as ints, or None where a dimension is symbolic (dynamic shapes)."""
-    try:
-        return tuple(int(s) for s in t.shape) if all(isinstance(s, int) for s in t.shape) else None
-    except TypeError:
-        return None
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+    return tuple(int(s) for s in t.shape) if all(is_concrete_int(s) for s in t.shape) else None
 
 
 def only_user(node: Node) -> Node | None:

@@ -29,7 +29,7 @@ from torch.fx import Node
 
 from .. import plan
 from .graph import RESHAPES, aten, is_call, only_user, static_shape, tensor_val, transposed_contiguous
-from .passes import Context, Fusion, Pattern, argument, functional, register
+from .passes import DYNAMIC, Context, Fusion, Pattern, argument, functional, register
 
 symmcoll = torch.ops.symmcoll
 MM = aten.mm.default
@@ -133,8 +133,10 @@ def match_all_gather_matmul(ag: Node, ctx: Context):
         return "the gathered tensor is used before its wait_tensor"
     if shard.dtype not in GATHER_DTYPES:
         return f"dtype {shard.dtype}: all_gather_matmul takes bf16 and fp16"
-    if shape is None or len(shape) < 2:
-        return "the shard is not an [..., K] tensor of known shape"
+    if shape is None:
+        return DYNAMIC
+    if len(shape) < 2:
+        return "the shard is not an [..., K] tensor"
     world, k = argument(ag, "group_size"), shape[-1]
     rows = world * math.prod(shape[:-1])
     fused, reasons = [], []
@@ -190,8 +192,10 @@ def _operands(mm: Node, ctx: Context, rows_multiple: int):
     if av.dtype not in plan.REDUCTION_DTYPES:
         return f"dtype {av.dtype}: the fused ops take bf16, fp16 and fp32"
     shape = static_shape(av)
-    if shape is None or shape[0] % rows_multiple:
-        return f"A's rows ({shape and shape[0]}) are not a known multiple of {rows_multiple}"
+    if shape is None:
+        return DYNAMIC
+    if shape[0] % rows_multiple:
+        return f"A's {shape[0]} rows are not a multiple of {rows_multiple}"
     return weight_reason(ctx, b, shape[0], shape[1], av.dtype)
 
 
@@ -202,6 +206,8 @@ def match_matmul_reduce_scatter(rs: Node, ctx: Context):
         return f"reduce op {argument(rs, 'reduce_op')!r}: the fused op sums"
     if wait is None:
         return "the result is used before its wait_tensor"
+    if static_shape(tensor_val(y)) is None:
+        return DYNAMIC
     chunks = split_cat(y)
     rows_dim, links = None, []
     if chunks is not None:

@@ -39,6 +39,9 @@ class Options:
     min_rows_for_weight_copy: int | None = 2048
 
 
+DYNAMIC = "dynamic shapes: the fused patterns need fixed shapes"
+
+
 @dataclass(frozen=True)
 class Fusion:
     apply: Callable[[], None]

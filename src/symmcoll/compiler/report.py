@@ -46,10 +46,12 @@ class GraphReport:
     def left(self) -> list[Entry]:
         return [e for e in self.entries if not e.result]
 
-    def count(self, prefix: str) -> int:
-        """How many ops of the rewritten graph have a name starting with ``prefix`` ("symmcoll.",
-        "_c10d_functional.", "symmcoll.matmul_all_reduce")."""
-        return sum(n for name, n in self.ops_after.items() if name.startswith(prefix))
+    def count(self, name: str) -> int:
+        """How many ops of the rewritten graph are ``name`` ("symmcoll.all_reduce"), or have names
+        starting with it where it ends with a dot ("symmcoll.", "_c10d_functional.")."""
+        if name.endswith("."):
+            return sum(n for op, n in self.ops_after.items() if op.startswith(name))
+        return self.ops_after[name]
 
     def __str__(self) -> str:
         lines = [f"symmcoll.backend: {self.kind} graph: {len(self.rewritten)} collective(s) rewritten, "

@@ -24,8 +24,8 @@ import torch
 from torch.fx import Node
 
 from .. import plan
-from .graph import CASTS, RESHAPES, aten, cast_to, is_call, only_user, tensor_val
-from .passes import Context, Fusion, Pattern, argument, functional, register
+from .graph import RESHAPES, aten, cast_to, is_call, only_user, static_shape, tensor_val
+from .passes import DYNAMIC, Context, Fusion, Pattern, argument, functional, register
 
 symmcoll = torch.ops.symmcoll
 MULS = (aten.mul.Tensor,)
@@ -100,6 +100,8 @@ def match_all_reduce_rms_norm(ar: Node, ctx: Context):
         return f"reduce op {argument(ar, 'reduce_op')!r}: the fused op sums"
     x = ar.args[0]
     xv = tensor_val(x)
+    if static_shape(xv) is None:
+        return DYNAMIC
     if xv.dtype not in plan.REDUCTION_DTYPES or xv.dim() == 0:
         return f"a {xv.dtype} tensor of {xv.dim()} dims: the fused op takes [..., H] bf16, fp16, fp32"
     total = ctx.wait_of(ar)

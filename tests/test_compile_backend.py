@@ -1,0 +1,392 @@
+"""symmcoll.backend: torch.compile of models written without symmcoll, on CPU ranks (gloo + the
+interpreter; inner="aot_eager", and Inductor on a small graph: Inductor's CPU path works here but
+compiles the whole block in about a minute).
+
+* The client (tests/llama_client.py: a torchtitan-style Llama block, DTensor tensor parallel, and
+  tensor + sequence parallel) at world sizes 2 and 4, forward and backward, against the same block
+  uncompiled and against the unsharded block: every functional collective of every graph rewritten,
+  the fused ops where the patterns say, symmcoll kernels launched.
+* The patterns one by one on small functional-collective programs: what fuses, what is left and why
+  (dtype, reduce op, uneven splits, intermediates with other users, transposed weights below the row
+  threshold), torch's rms_norm ops, the in-place all_reduce_.
+* GPU (marked ``gpu``; scripts/gpu_check.sh stage ``backend``): the block with inner="inductor" under
+  mode="reduce-overhead" and "max-autotune-no-cudagraphs", two ranks sharing GPU 0 and world size 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+
+import symmcoll
+from symmcoll import launch, launcher
+
+import llama_client
+from conftest import DEVICE
+from rank_checks import assert_clean_finish, device
+
+# Relative error (Frobenius) in bf16: of the block's update (output - input, as the residual would
+# hide errors) and of every gradient, against the same block uncompiled and the unsharded block. A
+# handful of roundings to bf16 (2^-9 relative each) separate them; measured up to ~8e-3.
+TOLERANCE = 2e-2
+ARGS = llama_client.ModelArgs()
+BATCH, SEQ = 2, 8
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    assert got.shape == want.shape, (tuple(got.shape), tuple(want.shape))
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _local(grad):
+    """A DTensor gradient as this rank's tensor, partial sums added up (by symmcoll: no gloo on CUDA)."""
+    from torch.distributed.tensor import Partial
+    if not hasattr(grad, "to_local"):
+        return grad
+    local = grad.to_local()
+    if any(isinstance(p, Partial) for p in grad.placements):
+        local = symmcoll.all_reduce(local.contiguous())
+    return local
+
+
+def _shard_of(full: torch.Tensor, grad, world: int, rank: int) -> torch.Tensor:
+    """This rank's part of the unsharded block's ``full`` tensor, laid out like ``grad``."""
+    from torch.distributed.tensor import Shard
+    for p in getattr(grad, "placements", ()):
+        if isinstance(p, Shard):
+            return full.chunk(world, p.dim)[rank]
+    return full
+
+
+# ---- the client block -----------------------------------------------------------------------------
+
+def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compare_dtensor: bool,
+              mode: str | None = None, calls: int = 1):
+    """On each rank: the block parallelised, compiled with symmcoll.backend(**backend_kwargs), run
+    ``calls`` times (forward, and backward of a random output gradient when ``train``) beside the
+    unsharded block and (``compare_dtensor``) the parallelised block uncompiled. Returns the largest
+    relative error against each, the backend's reports and the symmcoll kernel launches."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch._dynamo.reset()  # a block compiled before in this process would make Dynamo's shapes dynamic
+    world, rank, dev = dist.get_world_size(), dist.get_rank(), device()
+    mesh = init_device_mesh(dev.type, (world,))
+    torch.manual_seed(0)
+    full = llama_client.TransformerBlock(ARGS).to(dev, torch.bfloat16)
+    blocks = {}
+    for name in ("compiled", "dtensor") if compare_dtensor else ("compiled",):
+        block = llama_client.TransformerBlock(ARGS).to(dev, torch.bfloat16)
+        block.load_state_dict(full.state_dict())
+        blocks[name] = llama_client.parallelize(block, mesh, sequence_parallel)
+    backend = symmcoll.backend(**backend_kwargs)
+    compiled = torch.compile(blocks["compiled"], backend=backend, fullgraph=True,
+                             **({"mode": mode} if mode else {}))
+    errors = {"unsharded": 0.0, "dtensor": 0.0}
+    launches = sum(launcher.LAUNCH_COUNTS.values())
+    for call in range(calls):
+        g = torch.Generator().manual_seed(100 + call)
+        x_full = torch.randn(BATCH, SEQ, ARGS.dim, generator=g).to(dev, torch.bfloat16)
+        grad_full = torch.randn(BATCH, SEQ, ARGS.dim, generator=g).to(dev, torch.bfloat16)
+        mine = (lambda t: t.chunk(world, 1)[rank].contiguous()) if sequence_parallel else (lambda t: t)
+        inputs = {name: mine(x_full).clone().requires_grad_(train) for name in blocks}
+        inputs["unsharded"] = x_full.clone().requires_grad_(train)
+        with torch.set_grad_enabled(train):
+            outs = {"compiled": compiled(inputs["compiled"]), "unsharded": full(inputs["unsharded"])}
+            if compare_dtensor:
+                outs["dtensor"] = blocks["dtensor"](inputs["dtensor"])
+        got = outs["compiled"] - inputs["compiled"]
+        rel = {"unsharded": [_rel(got, mine(outs["unsharded"] - inputs["unsharded"]))]}
+        if compare_dtensor:
+            rel["dtensor"] = [_rel(got, outs["dtensor"] - inputs["dtensor"])]
+        if train:
+            for name, out in outs.items():
+                out.backward(grad_full if name == "unsharded" else mine(grad_full))
+            rel["unsharded"].append(_rel(inputs["compiled"].grad, mine(inputs["unsharded"].grad)))
+            params = {name: dict(block.named_parameters()) for name, block in blocks.items()}
+            for pname, p in params["compiled"].items():
+                want = dict(full.named_parameters())[pname].grad
+                rel["unsharded"].append(_rel(_local(p.grad), _shard_of(want, p.grad, world, rank)))
+                if compare_dtensor:
+                    rel["dtensor"].append(_rel(_local(p.grad), _local(params["dtensor"][pname].grad)))
+            for block in (full, *blocks.values()):
+                block.zero_grad(set_to_none=True)
+        for name, values in rel.items():
+            errors[name] = max(errors[name], *values)
+    assert_clean_finish(f"block (sequence_parallel={sequence_parallel})")
+    return errors, backend.reports, sum(launcher.LAUNCH_COUNTS.values()) - launches
+
+
+def _check_block(results, expected: dict[str, dict[str, int]]):
+    """Errors within tolerance on every rank, kernels launched, and rank 0's graphs: no functional
+    collective left, the ops ``expected[kind]`` in the counts given (at least one where 0)."""
+    for rank, (errors, _, launches) in enumerate(results):
+        for against, err in errors.items():
+            assert err <= TOLERANCE, f"rank {rank}: relative error {err:.3g} against the {against} block"
+        assert launches > 0, f"rank {rank}: no symmcoll kernel ran"
+    reports = results[0][1]
+    assert sorted(r.kind for r in reports) == sorted(expected), [str(r) for r in reports]
+    for report in reports:
+        assert report.count("_c10d_functional.") == 0, str(report)
+        assert not report.left, str(report)
+        for op, n in expected[report.kind].items():
+            got = report.count(f"symmcoll.{op}")
+            assert (got == n) if n else got > 0, f"{op}: {got} in\n{report}"
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp_sp"])
+@pytest.mark.parametrize("world", [2, 4], ids=lambda w: f"ws{w}")
+def test_llama_block_trains_like_the_uncompiled_block(pools, world, sequence_parallel):
+    results = pools(world).run(block_run, sequence_parallel, {"inner": "aot_eager", "min_rows_for_weight_copy": 0},
+                               True, True, timeout=600)
+    if sequence_parallel:
+        expected = {"forward": {"all_gather_matmul": 2, "matmul_reduce_scatter": 2},
+                    # the input gradient is a sum of two products: a plain reduce-scatter
+                    "backward": {"all_gather_matmul": 2, "reduce_scatter": 2}}
+    else:
+        expected = {"forward": {"matmul_all_reduce": 2}, "backward": {"matmul_all_reduce": 0}}
+    _check_block(results, expected)
+
+
+def test_llama_block_inference_default_policy(pools):
+    """Decode-sized inference with the default weight-copy threshold: nn.Linear's transposed weights
+    keep the GEMMs out of the fusion, and the attention's all-reduce fuses with the residual add and
+    the feed-forward's RMSNorm instead."""
+    results = pools(2).run(block_run, False, {"inner": "aot_eager"}, False, True, timeout=600)
+    _check_block(results, {"inference": {"all_reduce_rms_norm": 1, "all_reduce": 1}})
+    entry = next(e for e in results[0][1][0].entries if e.result == "symmcoll.all_reduce")
+    assert any(p == "matmul_all_reduce" and "min_rows_for_weight_copy=2048" in r for p, r in entry.skipped), entry
+    assert any(p == "all_reduce_rms_norm" and "no RMSNorm" in r for p, r in entry.skipped), entry
+
+
+# ---- functional collectives written by hand ---------------------------------------------------------
+
+class FunctionalMLP(torch.nn.Module):
+    """A Megatron-style tensor-parallel SwiGLU MLP, then the residual add and RMSNorm, written with
+    torch's functional collectives (no DTensor). sequence_parallel: x is this rank's rows, gathered
+    before w1/w3, and w2's product is reduce-scattered; otherwise x is replicated and the product
+    all-reduced. Weights as nn.Linear keeps them ([out, in], ``x @ W.T``) or ``row_major`` ([in, out],
+    ``x @ W``). ``expose``: the partial product is returned too (an intermediate with another user)."""
+
+    def __init__(self, dim: int, hidden: int, sequence_parallel: bool, row_major: bool = False,
+                 expose: bool = False):
+        super().__init__()
+        world, rank = dist.get_world_size(), dist.get_rank()
+        g = torch.Generator().manual_seed(7)  # the same full weights on every rank
+        w1, w3 = (torch.randn(hidden, dim, generator=g) / dim ** 0.5 for _ in range(2))
+        w2 = torch.randn(dim, hidden, generator=g) / hidden ** 0.5
+        shards = (w1.chunk(world)[rank], w3.chunk(world)[rank], w2.chunk(world, 1)[rank])
+        self.row_major, self.expose, self.sequence_parallel = row_major, expose, sequence_parallel
+        self.w1, self.w3, self.w2 = (torch.nn.Parameter((w.t() if row_major else w).contiguous(), requires_grad=False)
+                                     for w in shards)
+        self.norm = torch.nn.Parameter(1 + 0.1 * torch.randn(dim, generator=g), requires_grad=False)
+
+    def linear(self, x, w):
+        return x @ w if self.row_major else F.linear(x, w)
+
+    def forward(self, x):
+        group = dist.group.WORLD
+        rows = funcol.all_gather_tensor(x, 0, group) if self.sequence_parallel else x
+        partial = self.linear(F.silu(self.linear(rows, self.w1)) * self.linear(rows, self.w3), self.w2)
+        if self.sequence_parallel:
+            total = funcol.reduce_scatter_tensor(partial, "sum", 0, group)
+        else:
+            total = funcol.all_reduce(partial, "sum", group)
+        h = x + total
+        out = (F.rms_norm(h, (h.shape[-1],), self.norm, 1e-5), h)
+        return (*out, partial) if self.expose else out
+
+
+def functional_run(sequence_parallel: bool, row_major: bool, expose: bool, backend_kwargs: dict, tokens: int,
+                   mode: str | None = None, calls: int = 2, dynamic: bool | None = None):
+    """On each rank: FunctionalMLP compiled with the backend against the same module run eagerly (gloo's
+    collectives; on CUDA tensors only at world size 1, where they copy). Returns (largest relative
+    error, reports)."""
+    torch._dynamo.reset()
+    world, rank, dev = dist.get_world_size(), dist.get_rank(), device()
+    model = FunctionalMLP(ARGS.dim, ARGS.ffn_dim, sequence_parallel, row_major, expose).to(dev, torch.bfloat16)
+    backend = symmcoll.backend(**backend_kwargs)
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic,
+                             **({"mode": mode} if mode else {}))
+    err = 0.0
+    for call in range(calls):
+        g = torch.Generator().manual_seed(10 + call)
+        x = torch.randn(tokens, ARGS.dim, generator=g).to(dev, torch.bfloat16)
+        if sequence_parallel:
+            x = x.chunk(world)[rank].contiguous()
+        with torch.no_grad():
+            got, want = compiled(x), model(x)
+        err = max(err, *(_rel(a, b) for a, b in zip(got, want)))
+    assert_clean_finish("functional MLP")
+    return err, backend.reports
+
+
+def _single_report(results, tolerance=TOLERANCE):
+    for rank, (err, _) in enumerate(results):
+        assert err <= tolerance, f"rank {rank}: relative error {err:.3g}"
+    (report,) = results[0][1]
+    return report
+
+
+def test_gather_and_scatter_fuse_with_their_matmuls(pools):
+    """Sequence parallel, nn.Linear weights copied row-major (threshold 0): w1 and w3 share one
+    all_gather_matmul, w2 feeds matmul_reduce_scatter."""
+    report = _single_report(pools(2).run(functional_run, True, False, False,
+                                         {"inner": "aot_eager", "min_rows_for_weight_copy": 0}, 16, timeout=300))
+    assert [e.result for e in report.entries] == ["symmcoll.all_gather_matmul", "symmcoll.matmul_reduce_scatter"], \
+        str(report)
+    assert "(2 B)" in report.entries[0].detail and "copied row-major" in report.entries[0].detail, str(report)
+    assert report.count("_c10d_functional.") == 0 and report.count("aten.mm") == 0, str(report)
+
+
+def test_all_reduce_fuses_with_the_matmul_or_the_norm(pools):
+    """Row-major weights need no copy: the GEMM takes the all-reduce. When the partial product has
+    another user, the all-reduce takes the residual add and RMSNorm instead."""
+    kwargs = {"inner": "aot_eager"}
+    report = _single_report(pools(2).run(functional_run, False, True, False, kwargs, 8, timeout=300))
+    (entry,) = report.entries
+    assert entry.result == "symmcoll.matmul_all_reduce" and "copied" not in entry.detail, str(report)
+    report = _single_report(pools(2).run(functional_run, False, True, True, kwargs, 8, timeout=300))
+    (entry,) = report.entries
+    assert entry.result == "symmcoll.all_reduce_rms_norm", str(report)
+    assert entry.skipped == (("matmul_all_reduce", "the all-reduce's input is not a matmul's product used only "
+                                                   "there"),), str(report)
+    assert report.count("aten.rsqrt") == 0 and report.count("_c10d_functional.") == 0, str(report)
+
+
+def test_dynamic_shapes_take_the_plain_ops(pools):
+    report = _single_report(pools(2).run(functional_run, True, False, False,
+                                         {"inner": "aot_eager", "min_rows_for_weight_copy": 0}, 16, dynamic=True,
+                                         timeout=300))
+    assert [e.result for e in report.entries] == ["symmcoll.all_gather", "symmcoll.reduce_scatter"], str(report)
+    assert all(e.skipped[0][1].startswith("dynamic shapes") for e in report.entries), str(report)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="Inductor's CPU path (the GPU stage compiles with Inductor on CUDA)")
+def test_inductor_cpu(pools):
+    """inner="inductor": the rewrite runs as Inductor's post-grad pass; the list of Bs keeps the
+    row-major copies Inductor would otherwise lay out like the transposed weights."""
+    report = _single_report(pools(2).run(functional_run, True, False, False,
+                                         {"inner": "inductor", "min_rows_for_weight_copy": 0}, 16, timeout=400))
+    assert [e.result for e in report.entries] == ["symmcoll.all_gather_matmul", "symmcoll.matmul_reduce_scatter"], \
+        str(report)
+
+
+def plain_run():
+    """Every functional collective once, with rank-coded inputs, against results computed here."""
+    world, rank, dev = dist.get_world_size(), dist.get_rank(), device()
+    group = dist.group.WORLD
+    sends = [1] + [3] * (world - 1)          # uneven: 1 row to rank 0, 3 to the others
+
+    def program(x, counts):
+        return (funcol.all_reduce(x, "sum", group), funcol.all_reduce(2 * x, "avg", group),
+                funcol.all_reduce(x, "max", group), funcol.all_gather_tensor(x, 0, group),
+                funcol.reduce_scatter_tensor(x, "sum", 0, group), funcol.all_to_all_single(x, None, None, group),
+                funcol.broadcast(x, 1, group), funcol.all_reduce(counts, "sum", group),
+                funcol.all_to_all_single(x[:sum(sends)], [sends[rank]] * world, sends, group),
+                funcol.all_reduce(x, "product", group))
+
+    def coded(r):
+        return (torch.arange(4 * world * 3, device=dev).reshape(4 * world, 3) % 5 + r + 1).float()
+
+    xs = [coded(r) for r in range(world)]
+    want = (sum(xs), sum(2 * x for x in xs) / world, torch.stack(xs).amax(0), torch.cat(xs),
+            sum(xs).chunk(world)[rank], torch.cat([x.chunk(world)[rank] for x in xs]), xs[1],
+            torch.full((2,), sum(range(1, world + 1)), device=dev, dtype=torch.int64),
+            torch.cat([x[:sum(sends)].split(sends)[rank] for x in xs]), torch.stack(xs).prod(0))
+    backend = symmcoll.backend("aot_eager")
+    got = torch.compile(program, backend=backend, fullgraph=True)(
+        xs[rank], torch.full((2,), rank + 1, device=dev, dtype=torch.int64))
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"rank {rank}: output {i}: {a} != {b}"
+    assert_clean_finish("plain collectives")
+    return backend.reports
+
+
+def test_plain_collectives_and_what_is_left(pools):
+    (report,) = pools(2).run(plain_run, timeout=300)[0]
+    results = [(e.result, e.detail) for e in report.entries]
+    assert [r for r, _ in results[:7]] == ["symmcoll.all_reduce"] * 3 + [
+        "symmcoll.all_gather", "symmcoll.reduce_scatter", "symmcoll.all_to_all", "symmcoll.broadcast"], str(report)
+    assert results[7][0] is None and "dtype torch.int64" in results[7][1], str(report)
+    assert results[8][0] is None and "uneven splits" in results[8][1], str(report)
+    assert results[9][0] is None and "reduce op 'product'" in results[9][1], str(report)
+    # what was left keeps its wait_tensor; nothing else of _c10d_functional remains
+    assert report.count("_c10d_functional.") == 6, str(report)
+
+
+def traced_run():
+    """Graphs built by hand (the CPU decomposes rms_norm before any compiler sees it; CUDA graphs
+    hold aten._fused_rms_norm): torch's two rms_norm ops, one whose rstd is used, and the in-place
+    all_reduce_. Each rewritten, run, and compared with the graph run as it was."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    rank, dev, name, dim = dist.get_rank(), device(), dist.group.WORLD.group_name, ARGS.dim
+    c10d, aten = torch.ops._c10d_functional, torch.ops.aten
+
+    def norm_after_sum(op, with_rstd=False):
+        def program(x, residual, weight):
+            total = c10d.wait_tensor.default(c10d.all_reduce.default(x, "sum", name))
+            h = aten.add.Tensor(residual, total)
+            if op is aten.rms_norm.default:
+                return op(h, [dim], weight, 1e-5), h
+            out = op(h, [dim], weight, 1e-5)
+            return (out[0], h, out[1]) if with_rstd else (out[0], h)
+        return program
+
+    def in_place(x, residual, weight):
+        y = aten.mul.Tensor(x, 2)
+        c10d.wait_tensor.default(c10d.all_reduce_.default(y, "sum", name))
+        return (aten.add.Tensor(y, residual),)
+
+    g = torch.Generator().manual_seed(rank)
+    inputs = (torch.randn(6, dim, generator=g).to(dev, torch.bfloat16),
+              torch.randn(6, dim, generator=torch.Generator().manual_seed(99)).to(dev, torch.bfloat16),
+              (1 + 0.1 * torch.randn(dim, generator=torch.Generator().manual_seed(98))).to(dev, torch.bfloat16))
+    results = {}
+    for label, program in (("_fused_rms_norm", norm_after_sum(aten._fused_rms_norm.default)),
+                           ("rms_norm", norm_after_sum(aten.rms_norm.default)),
+                           ("rstd used", norm_after_sum(aten._fused_rms_norm.default, with_rstd=True)),
+                           ("all_reduce_", in_place)):
+        gm = torch.fx.symbolic_trace(program)
+        FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
+        want = gm(*(t.clone() for t in inputs))
+        report = symmcoll.backend("aot_eager").rewrite(gm.graph)
+        gm.recompile()
+        got = gm(*(t.clone() for t in inputs))
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert _rel(a, b) <= TOLERANCE, f"rank {rank}: {label}: output {i}: relative error {_rel(a, b):.3g}"
+        results[label] = report
+    assert_clean_finish("traced graphs")
+    return results
+
+
+def test_rms_norm_ops_and_in_place_all_reduce(pools):
+    reports = pools(2).run(traced_run, timeout=300)[0]
+    for label in ("_fused_rms_norm", "rms_norm"):
+        (entry,) = reports[label].entries
+        assert entry.result == "symmcoll.all_reduce_rms_norm", str(reports[label])
+        assert reports[label].count("aten.") == 0, str(reports[label])  # the add and the norm went too
+    (entry,) = reports["rstd used"].entries
+    assert entry.result == "symmcoll.all_reduce", str(reports["rstd used"])
+    assert entry.skipped[-1][0] == "all_reduce_rms_norm" and "rstd is used" in entry.skipped[-1][1], entry
+    (entry,) = reports["all_reduce_"].entries
+    assert entry.result == "symmcoll.all_reduce_" and reports["all_reduce_"].count("_c10d_functional.") == 0
+
+
+def test_backend_arguments():
+    with pytest.raises(ValueError, match="inner must be"):
+        symmcoll.backend(inner=3)
+    with pytest.raises(ValueError, match="min_rows_for_weight_copy"):
+        symmcoll.backend(min_rows_for_weight_copy=-1)
+    with pytest.raises(ValueError, match="report must be"):
+        symmcoll.backend(report="yes")
+    with pytest.raises(ValueError, match="configure Inductor"):
+        symmcoll.backend("aot_eager")(torch.fx.symbolic_trace(lambda x: x + 1), [torch.ones(1)],
+                                      mode="reduce-overhead")
