@@ -4,7 +4,7 @@
 #                                                            [gemm-tune] [gemm-bench]
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
-#                                                            [scaleout-multi]
+#                                                            [scaleout-multi] [backend]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -119,6 +119,18 @@ for stage in $stages; do
       dev=cuda; [ "$ngpu" -ge 2 ] || dev=cuda-shared
       SYMMCOLL_TEST_DEVICE=$dev timeout ${FAULTS_TIMEOUT:-500} python3 -m pytest -v -rA -p no:cacheprovider \
         tests/test_faults.py 2>&1 | tee "$OUT/faults_$dev.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    backend)
+      # symmcoll.backend (issue 26): the Llama block of tests/llama_client.py compiled with inner="inductor"
+      # under mode="reduce-overhead" (CUDA graphs: warm-up, capture, replay) and "max-autotune-no-cudagraphs",
+      # two ranks (sharing GPU 0 on a one-GPU machine) and world size 1, against the unsharded block.
+      # One JSON line per case in backend_gpu.jsonl (errors, rewrites, kernel launches, seconds). BACKEND_FILTER
+      # (pytest -k) splits it, e.g. "reduce" and "autotune" in two calls.
+      rm -f "$OUT/backend_gpu.jsonl"
+      SYMMCOLL_BACKEND_RESULTS="$OUT/backend_gpu.jsonl" timeout ${BACKEND_TIMEOUT:-470} python3 -m pytest -v -rA -s \
+        -p no:cacheprovider -m gpu ${BACKEND_FILTER:+-k "$BACKEND_FILTER"} tests/test_compile_backend.py 2>&1 \
+        | tee "$OUT/backend_gpu.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     quantized-tests)

@@ -101,7 +101,8 @@ class TransformerBlock(nn.Module):
 def parallelize(block: TransformerBlock, mesh, sequence_parallel: bool) -> TransformerBlock:
     """torchtitan's tensor-parallel plan for one block (``sequence_parallel``: activations outside the
     attention and feed-forward sharded along the sequence, dim 1). The local heads of the sharded
-    projections are inferred from the weights' shapes (the -1 in Attention.forward)."""
+    projections are inferred from the weights' shapes (the -1 in Attention.forward). Every rank built
+    the same weights from one seed: each keeps its shards without communication (src_data_rank=None)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
@@ -120,4 +121,4 @@ def parallelize(block: TransformerBlock, mesh, sequence_parallel: bool) -> Trans
         })
     else:
         plan.update({"attention.wo": RowwiseParallel(), "feed_forward.w2": RowwiseParallel()})
-    return parallelize_module(block, mesh, plan)
+    return parallelize_module(block, mesh, plan, src_data_rank=None)

@@ -87,9 +87,10 @@ def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compar
     backend = symmcoll.backend(**backend_kwargs)
     compiled = torch.compile(blocks["compiled"], backend=backend, fullgraph=True,
                              **({"mode": mode} if mode else {}))
-    errors = {"unsharded": 0.0, "dtensor": 0.0}
+    errors = {}
     launches = sum(launcher.LAUNCH_COUNTS.values())
     for call in range(calls):
+        torch.compiler.cudagraph_mark_step_begin()  # a new iteration (CUDA graphs: last call's outputs are dead)
         g = torch.Generator().manual_seed(100 + call)
         x_full = torch.randn(BATCH, SEQ, ARGS.dim, generator=g).to(dev, torch.bfloat16)
         grad_full = torch.randn(BATCH, SEQ, ARGS.dim, generator=g).to(dev, torch.bfloat16)
@@ -117,18 +118,19 @@ def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compar
             for block in (full, *blocks.values()):
                 block.zero_grad(set_to_none=True)
         for name, values in rel.items():
-            errors[name] = max(errors[name], *values)
+            errors[name] = max(errors.get(name, 0.0), *values)
     assert_clean_finish(f"block (sequence_parallel={sequence_parallel})")
     return errors, backend.reports, sum(launcher.LAUNCH_COUNTS.values()) - launches
 
 
 def _check_block(results, expected: dict[str, dict[str, int]]):
-    """Errors within tolerance on every rank, kernels launched, and rank 0's graphs: no functional
-    collective left, the ops ``expected[kind]`` in the counts given (at least one where 0)."""
+    """Errors within tolerance on every rank, kernels launched (where any op is expected), and rank 0's
+    graphs: no functional collective left, the ops ``expected[kind]`` in the counts given (at least
+    one where 0)."""
     for rank, (errors, _, launches) in enumerate(results):
         for against, err in errors.items():
             assert err <= TOLERANCE, f"rank {rank}: relative error {err:.3g} against the {against} block"
-        assert launches > 0, f"rank {rank}: no symmcoll kernel ran"
+        assert launches > 0 or not any(expected.values()), f"rank {rank}: no symmcoll kernel ran"
     reports = results[0][1]
     assert sorted(r.kind for r in reports) == sorted(expected), [str(r) for r in reports]
     for report in reports:
@@ -166,6 +168,11 @@ def test_llama_block_inference_default_policy(pools):
 
 # ---- functional collectives written by hand ---------------------------------------------------------
 
+# torch 2.13 renamed them (the old names warn); the GPU machine's torch 2.11 has only the old ones
+ALL_GATHER = getattr(funcol, "all_gather_single", funcol.all_gather_tensor)
+REDUCE_SCATTER = getattr(funcol, "reduce_scatter_single", funcol.reduce_scatter_tensor)
+
+
 class FunctionalMLP(torch.nn.Module):
     """A Megatron-style tensor-parallel SwiGLU MLP, then the residual add and RMSNorm, written with
     torch's functional collectives (no DTensor). sequence_parallel: x is this rank's rows, gathered
@@ -191,10 +198,10 @@ class FunctionalMLP(torch.nn.Module):
 
     def forward(self, x):
         group = dist.group.WORLD
-        rows = funcol.all_gather_tensor(x, 0, group) if self.sequence_parallel else x
+        rows = ALL_GATHER(x, 0, group) if self.sequence_parallel else x
         partial = self.linear(F.silu(self.linear(rows, self.w1)) * self.linear(rows, self.w3), self.w2)
         if self.sequence_parallel:
-            total = funcol.reduce_scatter_tensor(partial, "sum", 0, group)
+            total = REDUCE_SCATTER(partial, "sum", 0, group)
         else:
             total = funcol.all_reduce(partial, "sum", group)
         h = x + total
@@ -285,8 +292,8 @@ def plain_run():
 
     def program(x, counts):
         return (funcol.all_reduce(x, "sum", group), funcol.all_reduce(2 * x, "avg", group),
-                funcol.all_reduce(x, "max", group), funcol.all_gather_tensor(x, 0, group),
-                funcol.reduce_scatter_tensor(x, "sum", 0, group), funcol.all_to_all_single(x, None, None, group),
+                funcol.all_reduce(x, "max", group), ALL_GATHER(x, 0, group),
+                REDUCE_SCATTER(x, "sum", 0, group), funcol.all_to_all_single(x, None, None, group),
                 funcol.broadcast(x, 1, group), funcol.all_reduce(counts, "sum", group),
                 funcol.all_to_all_single(x[:sum(sends)], [sends[rank]] * world, sends, group),
                 funcol.all_reduce(x, "product", group))
@@ -390,3 +397,65 @@ def test_backend_arguments():
     with pytest.raises(ValueError, match="configure Inductor"):
         symmcoll.backend("aot_eager")(torch.fx.symbolic_trace(lambda x: x + 1), [torch.ones(1)],
                                       mode="reduce-overhead")
+
+
+# ---- GPU: Inductor, CUDA graphs and autotuning (scripts/gpu_check.sh stage "backend") -----------------
+
+GPU_MODES = ["reduce-overhead", "max-autotune-no-cudagraphs"]
+FUSED = {"inner": "inductor", "min_rows_for_weight_copy": 0}
+
+
+def _record(case: dict) -> None:
+    """One line per GPU case on stdout and, where $SYMMCOLL_BACKEND_RESULTS names a file, in it (JSON)."""
+    import json
+    line = json.dumps(case, default=str)
+    print(line, flush=True)
+    path = os.environ.get("SYMMCOLL_BACKEND_RESULTS")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def _block_case(pool, label, mode, sequence_parallel, backend_kwargs, train, expected):
+    import time
+    start = time.monotonic()
+    results = pool.run(block_run, sequence_parallel, backend_kwargs, train, False, mode, 3, timeout=400)
+    _record({"case": label, "mode": mode, "world": len(results), "device": pool.device_type,
+             "seconds": round(time.monotonic() - start, 1), "errors": [r[0] for r in results],
+             "launches": [r[2] for r in results], "rewritten": [e.result for r in results[0][1] for e in r.entries]})
+    _check_block(results, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", GPU_MODES)
+def test_gpu_block_on_two_ranks(mode):
+    """Two ranks (sharing GPU 0 on a one-GPU machine): the block trains (tensor parallel; tensor +
+    sequence parallel) and infers (the default threshold: all_reduce_rms_norm) like the unsharded
+    block, three calls each (CUDA graphs: warm-up, capture, replay)."""
+    with launch.RankPool(2, device="cuda" if torch.cuda.device_count() >= 2 else "cuda-shared") as pool:
+        _block_case(pool, "tp_sp train", mode, True, FUSED, True,
+                    {"forward": {"all_gather_matmul": 2, "matmul_reduce_scatter": 2},
+                     "backward": {"all_gather_matmul": 2, "reduce_scatter": 2}})
+        _block_case(pool, "tp train", mode, False, FUSED, True,
+                    {"forward": {"matmul_all_reduce": 2}, "backward": {"matmul_all_reduce": 0}})
+        _block_case(pool, "tp inference", mode, False, {"inner": "inductor"}, False,
+                    {"inference": {"all_reduce_rms_norm": 1, "all_reduce": 1}})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", GPU_MODES)
+def test_gpu_world_size_one(mode):
+    """World size 1: DTensor leaves no collective in the block (it compiles and trains as it would
+    without the backend); the functional-collective MLP keeps its gather and scatter, and runs the
+    fused kernels with no peer."""
+    import time
+    with launch.RankPool(1, device="cuda") as pool:
+        _block_case(pool, "tp_sp train", mode, True, FUSED, True, {"forward": {}, "backward": {}})
+        start = time.monotonic()
+        err, reports = pool.run(functional_run, True, False, False, FUSED, 64, mode, 3, timeout=400)[0]
+        _record({"case": "functional sp inference", "mode": mode, "world": 1, "device": "cuda",
+                 "seconds": round(time.monotonic() - start, 1), "errors": [err],
+                 "rewritten": [e.result for e in reports[0].entries]})
+        assert err <= TOLERANCE
+        assert [e.result for e in reports[0].entries] == ["symmcoll.all_gather_matmul",
+                                                          "symmcoll.matmul_reduce_scatter"], str(reports[0])
