@@ -8,7 +8,7 @@ compiles the whole block in about a minute).
   the fused ops where the patterns say, symmcoll kernels launched.
 * The patterns one by one on small functional-collective programs: what fuses, what is left and why
   (dtype, reduce op, uneven splits, intermediates with other users, transposed weights below the row
-  threshold), torch's rms_norm ops, the in-place all_reduce_.
+  copy rule), torch's rms_norm ops, the in-place all_reduce_.
 * GPU (marked ``gpu``; scripts/gpu_check.sh stage ``backend``): the block with inner="inductor" under
   mode="reduce-overhead" and "max-autotune-no-cudagraphs", two ranks sharing GPU 0 and world size 1.
 """
@@ -144,7 +144,7 @@ def _check_block(results, expected: dict[str, dict[str, int]]):
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp_sp"])
 @pytest.mark.parametrize("world", [2, 4], ids=lambda w: f"ws{w}")
 def test_llama_block_trains_like_the_uncompiled_block(pools, world, sequence_parallel):
-    results = pools(world).run(block_run, sequence_parallel, {"inner": "aot_eager", "min_rows_for_weight_copy": 0},
+    results = pools(world).run(block_run, sequence_parallel, {"inner": "aot_eager", "copy_weights": "always"},
                                True, True, timeout=600)
     if sequence_parallel:
         expected = {"forward": {"all_gather_matmul": 2, "matmul_reduce_scatter": 2},
@@ -155,15 +155,42 @@ def test_llama_block_trains_like_the_uncompiled_block(pools, world, sequence_par
     _check_block(results, expected)
 
 
-def test_llama_block_inference_default_policy(pools):
-    """Decode-sized inference with the default weight-copy threshold: nn.Linear's transposed weights
-    keep the GEMMs out of the fusion, and the attention's all-reduce fuses with the residual add and
-    the feed-forward's RMSNorm instead."""
-    results = pools(2).run(block_run, False, {"inner": "aot_eager"}, False, True, timeout=600)
+def test_llama_block_inference_without_weight_copies(pools):
+    """Inference where nn.Linear's transposed weights are not copied (as "auto" decides at decode
+    sizes, see test_weight_copy_rule): the attention's all-reduce fuses with the residual add and the
+    feed-forward's RMSNorm instead of its GEMM."""
+    results = pools(2).run(block_run, False, {"inner": "aot_eager", "copy_weights": "never"}, False, True,
+                           timeout=600)
     _check_block(results, {"inference": {"all_reduce_rms_norm": 1, "all_reduce": 1}})
     entry = next(e for e in results[0][1][0].entries if e.result == "symmcoll.all_reduce")
-    assert any(p == "matmul_all_reduce" and "min_rows_for_weight_copy=2048" in r for p, r in entry.skipped), entry
+    assert any(p == "matmul_all_reduce" and "copy_weights='never'" in r for p, r in entry.skipped), entry
     assert any(p == "all_reduce_rms_norm" and "no RMSNorm" in r for p, r in entry.skipped), entry
+
+
+def test_weight_copy_rule():
+    """copy_weights="auto" at Llama-70B shapes on 4 ranks: a transposed weight is copied row-major only
+    from the rows where the copy (2 K N elements, in HBM) takes less time than what the fusion sends
+    over NVLink (about ten times slower per byte)."""
+    from symmcoll.compiler.matmul import copy_reason
+    from symmcoll.compiler.passes import Options
+
+    def ctx(mode):
+        return type("Ctx", (), {"options": Options(mode)})()
+
+    def weight(k, n):  # nn.Linear's W.T: [K, N] with strides (1, K)
+        node = torch.fx.Graph().placeholder("w")
+        node.meta["val"] = torch.empty(n, k, device="meta").t()
+        return node
+
+    w2 = weight(28672 // 4, 8192)      # row-parallel: matmul_reduce_scatter sends N per row
+    assert copy_reason(ctx("auto"), [w2], 1024, 4, 8192) is not None
+    assert copy_reason(ctx("auto"), [w2], 2048, 4, 8192) is None        # from 0.2 K W / (W-1) = 1912 rows
+    assert "from 1912 rows" in copy_reason(ctx("auto"), [w2], 1911, 4, 8192)
+    qkv = weight(8192, 10240 // 4)      # all_gather_matmul sends K per row: from 0.2 N W / (W-1) = 683 rows
+    assert copy_reason(ctx("auto"), [qkv], 682, 4, 8192) is not None and copy_reason(ctx("auto"), [qkv], 683, 4, 8192) is None
+    assert copy_reason(ctx("auto"), [qkv], 1 << 20, 1, 8192) is not None   # one rank: nothing to hide
+    assert copy_reason(ctx("always"), [qkv], 1, 4, 8192) is None
+    assert "never" in copy_reason(ctx("never"), [qkv], 1 << 20, 4, 8192)
 
 
 # ---- functional collectives written by hand ---------------------------------------------------------
@@ -241,10 +268,10 @@ def _single_report(results, tolerance=TOLERANCE):
 
 
 def test_gather_and_scatter_fuse_with_their_matmuls(pools):
-    """Sequence parallel, nn.Linear weights copied row-major (threshold 0): w1 and w3 share one
-    all_gather_matmul, w2 feeds matmul_reduce_scatter."""
+    """Sequence parallel, nn.Linear weights copied row-major (copy_weights="always"): w1 and w3 share
+    one all_gather_matmul, w2 feeds matmul_reduce_scatter."""
     report = _single_report(pools(2).run(functional_run, True, False, False,
-                                         {"inner": "aot_eager", "min_rows_for_weight_copy": 0}, 16, timeout=300))
+                                         {"inner": "aot_eager", "copy_weights": "always"}, 16, timeout=300))
     assert [e.result for e in report.entries] == ["symmcoll.all_gather_matmul", "symmcoll.matmul_reduce_scatter"], \
         str(report)
     assert "(2 B)" in report.entries[0].detail and "copied row-major" in report.entries[0].detail, str(report)
@@ -268,7 +295,7 @@ def test_all_reduce_fuses_with_the_matmul_or_the_norm(pools):
 
 def test_dynamic_shapes_take_the_plain_ops(pools):
     report = _single_report(pools(2).run(functional_run, True, False, False,
-                                         {"inner": "aot_eager", "min_rows_for_weight_copy": 0}, 16, dynamic=True,
+                                         {"inner": "aot_eager", "copy_weights": "always"}, 16, dynamic=True,
                                          timeout=300))
     assert [e.result for e in report.entries] == ["symmcoll.all_gather", "symmcoll.reduce_scatter"], str(report)
     assert all(e.skipped[0][1].startswith("dynamic shapes") for e in report.entries), str(report)
@@ -279,7 +306,7 @@ def test_inductor_cpu(pools):
     """inner="inductor": the rewrite runs as Inductor's post-grad pass; the list of Bs keeps the
     row-major copies Inductor would otherwise lay out like the transposed weights."""
     report = _single_report(pools(2).run(functional_run, True, False, False,
-                                         {"inner": "inductor", "min_rows_for_weight_copy": 0}, 16, timeout=400))
+                                         {"inner": "inductor", "copy_weights": "always"}, 16, timeout=400))
     assert [e.result for e in report.entries] == ["symmcoll.all_gather_matmul", "symmcoll.matmul_reduce_scatter"], \
         str(report)
 
@@ -390,8 +417,8 @@ def test_rms_norm_ops_and_in_place_all_reduce(pools):
 def test_backend_arguments():
     with pytest.raises(ValueError, match="inner must be"):
         symmcoll.backend(inner=3)
-    with pytest.raises(ValueError, match="min_rows_for_weight_copy"):
-        symmcoll.backend(min_rows_for_weight_copy=-1)
+    with pytest.raises(ValueError, match="copy_weights"):
+        symmcoll.backend(copy_weights="sometimes")
     with pytest.raises(ValueError, match="report must be"):
         symmcoll.backend(report="yes")
     with pytest.raises(ValueError, match="configure Inductor"):
@@ -402,7 +429,7 @@ def test_backend_arguments():
 # ---- GPU: Inductor, CUDA graphs and autotuning (scripts/gpu_check.sh stage "backend") -----------------
 
 GPU_MODES = ["reduce-overhead", "max-autotune-no-cudagraphs"]
-FUSED = {"inner": "inductor", "min_rows_for_weight_copy": 0}
+FUSED = {"inner": "inductor", "copy_weights": "always"}
 
 
 def _record(case: dict) -> None:
@@ -430,7 +457,7 @@ def _block_case(pool, label, mode, sequence_parallel, backend_kwargs, train, exp
 @pytest.mark.parametrize("mode", GPU_MODES)
 def test_gpu_block_on_two_ranks(mode):
     """Two ranks (sharing GPU 0 on a one-GPU machine): the block trains (tensor parallel; tensor +
-    sequence parallel) and infers (the default threshold: all_reduce_rms_norm) like the unsharded
+    sequence parallel) and infers (weights not copied: all_reduce_rms_norm) like the unsharded
     block, three calls each (CUDA graphs: warm-up, capture, replay)."""
     with launch.RankPool(2, device="cuda" if torch.cuda.device_count() >= 2 else "cuda-shared") as pool:
         _block_case(pool, "tp_sp train", mode, True, FUSED, True,
@@ -438,7 +465,7 @@ def test_gpu_block_on_two_ranks(mode):
                      "backward": {"all_gather_matmul": 2, "reduce_scatter": 2}})
         _block_case(pool, "tp train", mode, False, FUSED, True,
                     {"forward": {"matmul_all_reduce": 2}, "backward": {"matmul_all_reduce": 0}})
-        _block_case(pool, "tp inference", mode, False, {"inner": "inductor"}, False,
+        _block_case(pool, "tp inference", mode, False, {"inner": "inductor", "copy_weights": "never"}, False,
                     {"inference": {"all_reduce_rms_norm": 1, "all_reduce": 1}})
 
 

@@ -24,7 +24,7 @@ from .passes import PATTERNS, Fusion, Options, Pattern, register
 from .report import Entry, GraphReport
 
 
-def backend(inner="inductor", *, report=False, min_rows_for_weight_copy: int | None = 2048) -> SymmcollBackend:
+def backend(inner="inductor", *, report=False, copy_weights: str = "auto") -> SymmcollBackend:
     """A torch.compile backend that rewrites the ATen graphs' functional collectives into symmcoll ops
     (fused with the matmuls and norms around them where it can), then compiles them with ``inner``.
 
@@ -33,11 +33,12 @@ def backend(inner="inductor", *, report=False, min_rows_for_weight_copy: int | N
     report: True prints what each graph's rewrite did (and why a collective was left); a
       ``logging.Logger`` gets it at INFO instead. ``backend(...).reports`` keeps it either way. (Inductor
       caches compiled graphs: with a report asked for, the rewrite is not cached, so it always reports.)
-    min_rows_for_weight_copy: ``nn.Linear`` multiplies by a transposed weight, and the fused ops take B
-      row-major: such a matmul is fused only from this many rows of A up, with a row-major copy of the
-      weight (the copy costs about 400 / rows of the GEMM); None: never.
+    copy_weights: ``nn.Linear`` multiplies by a transposed weight, and the fused ops take B row-major:
+      "auto" fuses such a matmul, with a row-major copy of the weight, only where the copy takes less
+      time than the communication the fusion hides (large M: prefill, training; not decode);
+      "always"; "never".
     """
-    return SymmcollBackend(inner, report=report, min_rows_for_weight_copy=min_rows_for_weight_copy)
+    return SymmcollBackend(inner, report=report, copy_weights=copy_weights)
 
 
 __all__ = ["backend", "SymmcollBackend", "GraphReport", "Entry", "Pattern", "Fusion", "Options", "PATTERNS",

@@ -17,7 +17,7 @@ import logging
 import os
 from typing import Callable
 
-from .passes import Options, graph_kind, rewrite
+from .passes import COPY_WEIGHTS, Options, graph_kind, rewrite
 from .report import GraphReport
 
 log = logging.getLogger("symmcoll.compiler")
@@ -33,24 +33,21 @@ class SymmcollBackend:
     """
 
     def __init__(self, inner: str | Callable = "inductor", *, report: bool | logging.Logger = False,
-                 min_rows_for_weight_copy: int | None = 2048):
+                 copy_weights: str = "auto"):
         if not (isinstance(inner, str) or callable(inner)):
             raise ValueError(f"inner must be a backend name ('inductor', 'aot_eager', ...) or a compiler "
                              f"callable(graph_module, example_inputs), got {type(inner).__name__}")
         if not isinstance(report, (bool, logging.Logger)):
             raise ValueError(f"report must be True, False or a logging.Logger, got {type(report).__name__}")
-        if min_rows_for_weight_copy is not None and (isinstance(min_rows_for_weight_copy, bool) or
-                                                     not isinstance(min_rows_for_weight_copy, int) or
-                                                     min_rows_for_weight_copy < 0):
-            raise ValueError(f"min_rows_for_weight_copy must be an int >= 0 or None (never copy a transposed "
-                             f"weight), got {min_rows_for_weight_copy!r}")
+        if copy_weights not in COPY_WEIGHTS:
+            raise ValueError(f"copy_weights must be one of {COPY_WEIGHTS}, got {copy_weights!r}")
         self.inner = inner
         self.report = report
-        self.options = Options(min_rows_for_weight_copy)
+        self.options = Options(copy_weights)
         self.reports: list[GraphReport] = []
 
     def __repr__(self) -> str:
-        return f"symmcoll.backend(inner={self.inner!r}, min_rows_for_weight_copy={self.options.min_rows_for_weight_copy})"
+        return f"symmcoll.backend(inner={self.inner!r}, copy_weights={self.options.copy_weights!r})"
 
     def rewrite(self, graph, kind: str | None = None) -> GraphReport:
         """Rewrite one ATen graph in place (what the compilers below call); records and emits the report."""

@@ -13,10 +13,11 @@ matmul acts on rows: the gather's products are permuted back (a copy of C; none 
 d are all 1), the scatter's A is permuted first (a copy of A, where the graph copied the product).
 
 B must be row-major [K, N] (what the fused ops take). ``nn.Linear`` multiplies by ``W.T``, a
-transposed view: that B is copied to row-major only when A has at least
-``Options.min_rows_for_weight_copy`` rows (the copy costs about 400 / M of the GEMM). Backward graphs
-multiply by ``W`` itself, which needs no copy. Everything between the matmul and the collective must
-have no other user; the gathered rows may (the op returns them too).
+transposed view: with ``copy_weights="auto"`` that B is copied row-major only where the copy takes
+less time than the communication the fusion can hide (``copy_reason``: from a few hundred to a few
+thousand rows of A for Llama-70B shapes; never at decode sizes). Backward graphs multiply by ``W``
+itself, which needs no copy. Everything between the matmul and the collective must have no other
+user; the gathered rows may (the op returns them too).
 """
 
 from __future__ import annotations
@@ -75,25 +76,44 @@ def product_of(node: Node):
     return (node, links) if is_call(node, MM) and len(node.users) == 1 else None
 
 
-def weight_reason(ctx: Context, b: Node, rows: int, k: int, dtype: torch.dtype) -> str | None:
-    """Why ``b`` cannot be a fused op's B [K, N] for ``rows`` rows of A (None: it can)."""
+# NVLink's bandwidth per direction over HBM's (H100: 450 / 3350 GB/s, H200: 450 / 4800): a byte copied
+# within a GPU takes about a tenth of the time of a byte sent to a peer.
+LINK_OVER_HBM = 0.1
+
+
+def weight_reason(b: Node, k: int, dtype: torch.dtype) -> str | None:
+    """Why ``b`` cannot be a fused op's B [K, N], even copied row-major (None: it can)."""
     v = tensor_val(b)
     if v is None or v.dim() != 2 or v.shape[0] != k:
-        return f"{b} is not a [K={k}, N] matrix"
+        return f"B is not a [K={k}, N] matrix"
     if v.dtype != dtype:
-        return f"{b} is {v.dtype}, A is {dtype}"
-    if v.is_contiguous():
-        return None
-    if not transposed_contiguous(v):
-        return f"{b} has strides {tuple(v.stride())}; the fused ops take B row-major"
-    limit = ctx.options.min_rows_for_weight_copy
-    if limit is None or rows < limit:
-        return (f"{b} is a transposed weight (x @ W.T) and A has {rows} rows, fewer than "
-                f"min_rows_for_weight_copy={limit}: copying W.T would cost more than the fusion saves")
+        return f"B is {v.dtype}, A is {dtype}"
+    if not (v.is_contiguous() or transposed_contiguous(v)):
+        return f"B has strides {tuple(v.stride())}; the fused ops take B row-major"
     return None
 
 
-def _copy_note(ctx: Context, bs) -> str:
+def copy_reason(ctx: Context, bs, rows: int, world: int, sent_per_row: int) -> str | None:
+    """Why the transposed weights among ``bs`` are not copied row-major for a fusion that sends
+    ``sent_per_row`` elements per row of A (times (W-1)/W) to peers (None: they are, or none is).
+    "auto": the copy (read and write, 2 K N elements) must take less time than that communication,
+    which the fused op hides under its GEMM."""
+    copied = [tensor_val(b).numel() for b in bs if not tensor_val(b).is_contiguous()]
+    mode = ctx.options.copy_weights
+    if not copied or mode == "always":
+        return None
+    if mode == "never":
+        return "B is a transposed weight (x @ W.T) and copy_weights='never'"
+    needed = 2 * sum(copied) * LINK_OVER_HBM * world / (sent_per_row * (world - 1)) if world > 1 else math.inf
+    if rows >= needed:
+        return None
+    return (f"B is a transposed weight (x @ W.T): with {rows} rows of A its row-major copy would take longer "
+            f"than the communication the fusion hides (copy_weights='auto' copies from "
+            f"{math.ceil(needed) if needed < math.inf else 'no'} rows)")
+
+
+def _copy_note(bs) -> str:
+    """What a fusion's report says about the Bs it copies row-major."""
     copied = [b.name for b in bs if not tensor_val(b).is_contiguous()]
     return f"; {', '.join(copied)} copied row-major" if copied else ""
 
@@ -139,18 +159,23 @@ def match_all_gather_matmul(ag: Node, ctx: Context):
         return "the shard is not an [..., K] tensor"
     world, k = argument(ag, "group_size"), shape[-1]
     rows = world * math.prod(shape[:-1])
-    fused, reasons = [], []
+    fused, declined = [], {}
     for layout, d in _gathered_layouts(wait, shape, world):
         for mm in _matmuls_of(layout, k):
-            reason = weight_reason(ctx, mm.args[1], rows, k, shard.dtype)
+            reason = weight_reason(mm.args[1], k, shard.dtype)
             if reason is None and not ctx.editor.hoist(mm.args[1], ag, dry_run=True):
-                reason = f"{mm.args[1]} is computed after the gather from more than views"
+                reason = "B is computed after the gather from more than views"
             if reason:
-                reasons.append(f"{mm.name}: {reason}")
+                declined.setdefault(reason, []).append(mm.name)
             else:
                 fused.append((mm, d))
+    reason = copy_reason(ctx, [mm.args[1] for mm, _ in fused], rows, world, k)
+    if reason:  # keep the matmuls whose B needs no copy
+        declined.setdefault(reason, []).extend(mm.name for mm, _ in fused if not tensor_val(mm.args[1]).is_contiguous())
+        fused = [(mm, d) for mm, d in fused if tensor_val(mm.args[1]).is_contiguous()]
+    reasons = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in declined.items())
     if not fused:
-        return "; ".join(reasons) or "no matmul takes the gathered rows as its A"
+        return reasons or "no matmul takes the gathered rows as its A"
 
     def apply():
         editor = ctx.editor
@@ -176,15 +201,17 @@ def match_all_gather_matmul(ag: Node, ctx: Context):
         ctx.retire(ag, gathered)
 
     names = ", ".join(mm.name for mm, _ in fused)
-    moved = " (gathered along dim %d: products permuted back)" % fused[0][1] if any(d for _, d in fused) else ""
-    return Fusion(apply, f"{ag.name} + {names} ({len(fused)} B){moved}{_copy_note(ctx, [m.args[1] for m, _ in fused])}"
-                  + (f"; left: {'; '.join(reasons)}" if reasons else ""))
+    dims = sorted({d for _, d in fused if d})
+    moved = f" (gathered along dim {dims[0]}: products permuted back)" if dims else ""
+    left = f"; not fused: {reasons}" if reasons else ""
+    return Fusion(apply, f"{ag.name} + {names} ({len(fused)} B){moved}{_copy_note([mm.args[1] for mm, _ in fused])}{left}")
 
 
 # ---- matmul -> reduce_scatter / all_reduce -----------------------------------------------------------
 
-def _operands(mm: Node, ctx: Context, rows_multiple: int):
-    """(A, B) of a fused row-parallel product, or the reason they cannot be."""
+def _operands(mm: Node, ctx: Context, world: int, sent_per_n: int, rows_multiple: int):
+    """Why ``mm`` cannot be a fused row-parallel product (None: it can). ``sent_per_n``: elements sent
+    to peers per element of a row of the product, times (W-1)/W."""
     a, b = mm.args
     av = tensor_val(a)
     if av is None or av.dim() != 2:
@@ -196,7 +223,8 @@ def _operands(mm: Node, ctx: Context, rows_multiple: int):
         return DYNAMIC
     if shape[0] % rows_multiple:
         return f"A's {shape[0]} rows are not a multiple of {rows_multiple}"
-    return weight_reason(ctx, b, shape[0], shape[1], av.dtype)
+    return (weight_reason(b, shape[1], av.dtype) or
+            copy_reason(ctx, [b], shape[0], world, sent_per_n * tensor_val(mm).shape[1]))
 
 
 def match_matmul_reduce_scatter(rs: Node, ctx: Context):
@@ -222,7 +250,7 @@ def match_matmul_reduce_scatter(rs: Node, ctx: Context):
     mm, reshapes = found
     if rows_dim is not None and tensor_val(y).shape[-1] != tensor_val(mm).shape[1]:
         return "the product is reshaped across its columns"
-    reason = _operands(mm, ctx, world)
+    reason = _operands(mm, ctx, world, 1, world)  # a reduce-scatter sends each partial row once
     if reason:
         return reason
 
@@ -240,7 +268,7 @@ def match_matmul_reduce_scatter(rs: Node, ctx: Context):
         editor.erase_dead([*links, *reshapes, mm])
 
     moved = f" (scattered along dim {rows_dim}: A's rows permuted)" if rows_dim else ""
-    return Fusion(apply, f"{mm.name} + {rs.name}{moved}{_copy_note(ctx, [mm.args[1]])}")
+    return Fusion(apply, f"{mm.name} + {rs.name}{moved}{_copy_note([mm.args[1]])}")
 
 
 def match_matmul_all_reduce(ar: Node, ctx: Context):
@@ -253,7 +281,8 @@ def match_matmul_all_reduce(ar: Node, ctx: Context):
     if found is None:
         return "the all-reduce's input is not a matmul's product used only there"
     mm, reshapes = found
-    reason = _operands(mm, ctx, 1)
+    # two-shot: a reduce-scatter and an all-gather of the product (one-shot sends more, W - 1 times)
+    reason = _operands(mm, ctx, ctx.world(ctx.group(ar)), 2, 1)
     if reason:
         return reason
 
@@ -264,7 +293,7 @@ def match_matmul_all_reduce(ar: Node, ctx: Context):
         ctx.retire(ar, editor.reshape(out, tuple(tensor_val(wait).shape), before=mm))
         editor.erase_dead([*reshapes, mm])
 
-    return Fusion(apply, f"{mm.name} + {ar.name}{_copy_note(ctx, [mm.args[1]])}")
+    return Fusion(apply, f"{mm.name} + {ar.name}{_copy_note([mm.args[1]])}")
 
 
 register(Pattern("all_gather_matmul", (functional.all_gather_into_tensor.default,), match_all_gather_matmul, 10))

@@ -25,18 +25,21 @@ from ..memory.layout import MAX_WORLD
 from .graph import Editor, group_name_of, tensor_val
 from .report import Entry, GraphReport
 
-functional = getattr(torch.ops, "_c10d_functional")
+functional = torch.ops._c10d_functional
 WAIT = functional.wait_tensor.default
+
+
+COPY_WEIGHTS = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
 class Options:
-    """min_rows_for_weight_copy: a matmul whose B is a transposed weight (``x @ W.T``, as
-    ``nn.Linear`` computes) is fused only from this many rows of A up, since the fused ops take B
-    row-major [K, N] and the copy of ``W.T`` it then needs costs about 400 / M of the GEMM on an
-    H100/H200 (bf16); None: never copy a weight."""
+    """copy_weights: what a fused matmul does with a B that is a transposed weight (``x @ W.T``, as
+    ``nn.Linear`` computes; the fused ops take B row-major [K, N]): "auto" copies it row-major where
+    the copy takes less time than the communication the fusion hides (matmul.copy_reason), "always",
+    or "never" (such a matmul is not fused)."""
 
-    min_rows_for_weight_copy: int | None = 2048
+    copy_weights: str = "auto"
 
 
 DYNAMIC = "dynamic shapes: the fused patterns need fixed shapes"
