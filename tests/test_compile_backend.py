@@ -15,6 +15,7 @@ compiles the whole block in about a minute).
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -187,7 +188,8 @@ def test_weight_copy_rule():
     assert copy_reason(ctx("auto"), [w2], 2048, 4, 8192) is None        # from 0.2 K W / (W-1) = 1912 rows
     assert "from 1912 rows" in copy_reason(ctx("auto"), [w2], 1911, 4, 8192)
     qkv = weight(8192, 10240 // 4)      # all_gather_matmul sends K per row: from 0.2 N W / (W-1) = 683 rows
-    assert copy_reason(ctx("auto"), [qkv], 682, 4, 8192) is not None and copy_reason(ctx("auto"), [qkv], 683, 4, 8192) is None
+    assert copy_reason(ctx("auto"), [qkv], 682, 4, 8192) is not None
+    assert copy_reason(ctx("auto"), [qkv], 683, 4, 8192) is None
     assert copy_reason(ctx("auto"), [qkv], 1 << 20, 1, 8192) is not None   # one rank: nothing to hide
     assert copy_reason(ctx("always"), [qkv], 1, 4, 8192) is None
     assert "never" in copy_reason(ctx("never"), [qkv], 1 << 20, 4, 8192)
@@ -333,11 +335,16 @@ def plain_run():
             sum(xs).chunk(world)[rank], torch.cat([x.chunk(world)[rank] for x in xs]), xs[1],
             torch.full((2,), sum(range(1, world + 1)), device=dev, dtype=torch.int64),
             torch.cat([x[:sum(sends)].split(sends)[rank] for x in xs]), torch.stack(xs).prod(0))
-    backend = symmcoll.backend("aot_eager")
+    logged = []
+    logger = logging.getLogger(f"test_compile_backend.rank{rank}")
+    logger.addHandler(type("Keep", (logging.Handler,), {"emit": lambda self, record: logged.append(record)})())
+    logger.setLevel(logging.INFO)
+    backend = symmcoll.backend("aot_eager", report=logger)
     got = torch.compile(program, backend=backend, fullgraph=True)(
         xs[rank], torch.full((2,), rank + 1, device=dev, dtype=torch.int64))
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), f"rank {rank}: output {i}: {a} != {b}"
+    assert [r.getMessage() for r in logged] == [str(r) for r in backend.reports]
     assert_clean_finish("plain collectives")
     return backend.reports
 
@@ -397,11 +404,18 @@ def traced_run():
         for i, (a, b) in enumerate(zip(got, want)):
             assert _rel(a, b) <= TOLERANCE, f"rank {rank}: {label}: output {i}: relative error {_rel(a, b):.3g}"
         results[label] = report
+
+    def unknown_group(x, residual, weight):
+        return (c10d.wait_tensor.default(c10d.all_reduce.default(x, "sum", "no-such-group")),)
+
+    gm = torch.fx.symbolic_trace(unknown_group)
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
+    results["unknown group"] = symmcoll.backend("aot_eager").rewrite(gm.graph)
     assert_clean_finish("traced graphs")
     return results
 
 
-def test_rms_norm_ops_and_in_place_all_reduce(pools):
+def test_rms_norm_ops_in_place_all_reduce_and_unknown_groups(pools):
     reports = pools(2).run(traced_run, timeout=300)[0]
     for label in ("_fused_rms_norm", "rms_norm"):
         (entry,) = reports[label].entries
@@ -412,6 +426,9 @@ def test_rms_norm_ops_and_in_place_all_reduce(pools):
     assert entry.skipped[-1][0] == "all_reduce_rms_norm" and "rstd is used" in entry.skipped[-1][1], entry
     (entry,) = reports["all_reduce_"].entries
     assert entry.result == "symmcoll.all_reduce_" and reports["all_reduce_"].count("_c10d_functional.") == 0
+    (entry,) = reports["unknown group"].entries
+    assert entry.result is None and "'no-such-group' is not a process group" in entry.detail, entry
+    assert reports["unknown group"].count("_c10d_functional.") == 2  # left as it was, wait_tensor too
 
 
 def test_backend_arguments():
