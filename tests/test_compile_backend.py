@@ -36,6 +36,9 @@ from rank_checks import assert_clean_finish, device
 # handful of roundings to bf16 (2^-9 relative each) separate them; measured up to ~8e-3.
 TOLERANCE = 2e-2
 ARGS = llama_client.ModelArgs()
+# A report asked for (to a logger) keeps Inductor from serving the graph from its cache, where the
+# rewrite would not run and backend.reports would miss it.
+REPORTED = logging.getLogger("test_compile_backend")
 BATCH, SEQ = 2, 8
 
 
@@ -308,7 +311,8 @@ def test_inductor_cpu(pools):
     """inner="inductor": the rewrite runs as Inductor's post-grad pass; the list of Bs keeps the
     row-major copies Inductor would otherwise lay out like the transposed weights."""
     report = _single_report(pools(2).run(functional_run, True, False, False,
-                                         {"inner": "inductor", "copy_weights": "always"}, 16, timeout=400))
+                                         {"inner": "inductor", "copy_weights": "always", "report": REPORTED}, 16,
+                                         timeout=400))
     assert [e.result for e in report.entries] == ["symmcoll.all_gather_matmul", "symmcoll.matmul_reduce_scatter"], \
         str(report)
 
@@ -446,7 +450,7 @@ def test_backend_arguments():
 # ---- GPU: Inductor, CUDA graphs and autotuning (scripts/gpu_check.sh stage "backend") -----------------
 
 GPU_MODES = ["reduce-overhead", "max-autotune-no-cudagraphs"]
-FUSED = {"inner": "inductor", "copy_weights": "always"}
+FUSED = {"inner": "inductor", "copy_weights": "always", "report": REPORTED}
 
 
 def _record(case: dict) -> None:
@@ -482,7 +486,7 @@ def test_gpu_block_on_two_ranks(mode):
                      "backward": {"all_gather_matmul": 2, "reduce_scatter": 2}})
         _block_case(pool, "tp train", mode, False, FUSED, True,
                     {"forward": {"matmul_all_reduce": 2}, "backward": {"matmul_all_reduce": 0}})
-        _block_case(pool, "tp inference", mode, False, {"inner": "inductor", "copy_weights": "never"}, False,
+        _block_case(pool, "tp inference", mode, False, {**FUSED, "copy_weights": "never"}, False,
                     {"inference": {"all_reduce_rms_norm": 1, "all_reduce": 1}})
 
 

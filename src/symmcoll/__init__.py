@@ -33,8 +33,8 @@ __version__ = "0.2.0"
 
 __all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
            "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm", "moe_dispatch",
-           "moe_combine", "MoEHandle", "backend", "check", "reset", "get_workspace", "SymmcollError", "SymmcollTimeoutError",
-           "SymmcollMismatchError", "SymmcollArgumentError", "__version__"]
+           "moe_combine", "MoEHandle", "backend", "check", "reset", "get_workspace", "SymmcollError",
+           "SymmcollTimeoutError", "SymmcollMismatchError", "SymmcollArgumentError", "__version__"]
 
 
 class _Algorithms(dict):

@@ -29,7 +29,9 @@ class SymmcollBackend:
     """A torch.compile backend: ``torch.compile(model, backend=symmcoll.backend())``.
 
     ``reports``: a ``GraphReport`` per graph compiled on this rank (forward, backward, inference), in
-    order: each functional collective, what it became, or why it was left.
+    order: each functional collective, what it became, or why it was left. Inductor serves graphs it
+    compiled before (in this or an earlier process) from its cache, without the rewrite: they are in
+    ``reports`` only when a report was asked for (``report=True`` or a logger turns that cache off).
     """
 
     def __init__(self, inner: str | Callable = "inductor", *, report: bool | logging.Logger = False,

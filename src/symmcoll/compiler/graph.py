@@ -23,12 +23,11 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 # Nodes that only re-describe memory (or copy it without arithmetic): a rewrite may move them earlier.
-VIEW_OPS = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.permute.default,
+MOVABLE = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.permute.default,
                       aten.t.default, aten.transpose.int, aten.expand.default, aten.unsqueeze.default,
                       aten.squeeze.dim, aten.alias.default, aten.detach.default, aten.clone.default,
                       prims.convert_element_type.default, aten._to_copy.default})
 RESHAPES = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default})
-CASTS = frozenset({prims.convert_element_type.default, aten._to_copy.default})
 
 
 def val(node):
@@ -54,19 +53,6 @@ def static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
 def only_user(node: Node) -> Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
-
-
-def through_reshapes(node: Node) -> Node:
-    """The first node up the chain that is not a reshape of a single-user reshape chain."""
-    while is_call(node, *RESHAPES):
-        node = node.args[0]
-    return node
-
-
-def row_major_2d(node: Node, k: int) -> bool:
-    """``node`` is its input's elements as rows of ``k``: a flattening of leading dimensions."""
-    v = tensor_val(node)
-    return v is not None and v.dim() == 2 and v.shape[1] == k
 
 
 def cast_to(node: Node) -> torch.dtype | None:
@@ -115,9 +101,6 @@ class Editor:
             self._positions = {n: i for i, n in enumerate(self.graph.nodes)}
         return self._positions[node]
 
-    def earliest(self, nodes) -> Node:
-        return min(nodes, key=self.position)
-
     def hoist(self, node, before: Node, *, dry_run: bool = False) -> bool:
         """Make ``node`` (and its inputs, recursively) come before ``before`` by moving view-like
         nodes up; False if something that must not move (a collective, arithmetic) is in the way.
@@ -126,7 +109,7 @@ class Editor:
             return True
         if self.position(node) < self.position(before):
             return True
-        if not (is_call(node, *VIEW_OPS) or is_call(node, operator.getitem)):
+        if not (is_call(node, *MOVABLE) or is_call(node, operator.getitem)):
             return False
         if not all(self.hoist(i, before, dry_run=dry_run) for i in node.all_input_nodes):
             return False
@@ -177,9 +160,6 @@ class Editor:
         return self.reshape(self.contiguous(moved, before=before), tuple(tensor_val(node).shape), before=before)
 
     # ---- replacement and clean-up ------------------------------------------------------------------
-
-    def replace(self, old: Node, new: Node) -> None:
-        old.replace_all_uses_with(new)
 
     def erase_dead(self, nodes) -> None:
         """Erase those of ``nodes`` left without users, latest first (so chains go whole)."""

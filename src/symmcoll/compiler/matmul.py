@@ -203,8 +203,9 @@ def match_all_gather_matmul(ag: Node, ctx: Context):
     names = ", ".join(mm.name for mm, _ in fused)
     dims = sorted({d for _, d in fused if d})
     moved = f" (gathered along dim {dims[0]}: products permuted back)" if dims else ""
+    copies = _copy_note([mm.args[1] for mm, _ in fused])
     left = f"; not fused: {reasons}" if reasons else ""
-    return Fusion(apply, f"{ag.name} + {names} ({len(fused)} B){moved}{_copy_note([mm.args[1] for mm, _ in fused])}{left}")
+    return Fusion(apply, f"{ag.name} + {names} ({len(fused)} B){moved}{copies}{left}")
 
 
 # ---- matmul -> reduce_scatter / all_reduce -----------------------------------------------------------
