@@ -88,12 +88,12 @@ def test_model_example_runs_as_a_script(tmp_path):
 
 
 def test_tp_compile_example_runs_as_a_script(tmp_path):
-    # DTensor tensor parallelism compiled with symmcoll.backend: the outputs checked in the script, the
-    # rewrites printed per rank as the comment under the print says.
+    # DTensor tensor parallelism compiled with symmcoll.backend: the outputs checked in the script; the
+    # graphs and what their collectives became, as rank 0 prints them, are what the comment at the end says.
     out = _run_script("tp_compile.py", tmp_path)
-    block = _block("# tp_compile.py")
-    expected = re.search(r"# (rank 0: \{.*\})", block).group(1)
-    assert out.splitlines() == [expected, expected.replace("rank 0", "rank 1")], out
+    said = _block("# tp_compile.py").split("# prints:")[1]
+    rewrites = r"(\w+ graph|-> symmcoll\.\w+|not \w+)"
+    assert re.findall(rewrites, out) == re.findall(rewrites, said) != [], out
 
 
 def test_summary_table_is_what_the_committed_results_say():

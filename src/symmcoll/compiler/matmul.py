@@ -107,9 +107,9 @@ def copy_reason(ctx: Context, bs, rows: int, world: int, sent_per_row: int) -> s
     needed = 2 * sum(copied) * LINK_OVER_HBM * world / (sent_per_row * (world - 1)) if world > 1 else math.inf
     if rows >= needed:
         return None
-    return (f"B is a transposed weight (x @ W.T): with {rows} rows of A its row-major copy would take longer "
-            f"than the communication the fusion hides (copy_weights='auto' copies from "
-            f"{math.ceil(needed) if needed < math.inf else 'no'} rows)")
+    pays = f"from {math.ceil(needed)} rows" if needed < math.inf else "never at one rank"
+    return (f"B is a transposed weight (x @ W.T) and A has {rows} rows: a row-major copy takes longer than the "
+            f"communication the fusion hides (copy_weights='auto' copies {pays})")
 
 
 def _copy_note(bs) -> str:
