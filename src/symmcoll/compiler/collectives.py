@@ -46,22 +46,15 @@ def _movement_reason(node: Node) -> str | None:
     return None
 
 
-def _group_size_reason(node: Node, world: int) -> str | None:
-    size = argument(node, "group_size")
-    return None if size == world else f"group_size {size} is not the group's {world} ranks"
-
-
 def _plain(node: Node, name: str, world: int):
     """(why not or None, the symmcoll op, its arguments after x) for an out-of-place collective."""
     target, x = node.target, node.args[0]
     if target is functional.all_reduce.default:
         return _reduction_reason(node), symmcoll.all_reduce.default, (name, argument(node, "reduce_op"), "auto")
     if target is functional.all_gather_into_tensor.default:
-        reason = _movement_reason(node) or _group_size_reason(node, world)
-        return reason, symmcoll.all_gather.default, (name, "auto")
+        return _movement_reason(node), symmcoll.all_gather.default, (name, "auto")
     if target is functional.reduce_scatter_tensor.default:
-        reason = _reduction_reason(node) or _group_size_reason(node, world)
-        return reason, symmcoll.reduce_scatter.default, (name, argument(node, "reduce_op"), "auto")
+        return _reduction_reason(node), symmcoll.reduce_scatter.default, (name, argument(node, "reduce_op"), "auto")
     if target is functional.all_to_all_single.default:
         shape = static_shape(tensor_val(x))
         even = [shape[0] // world] * world if shape and shape[0] % world == 0 else None

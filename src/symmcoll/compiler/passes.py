@@ -119,6 +119,8 @@ class Context:
             return f"group {name!r} is not a process group of this process ({type(e).__name__})"
         if world > MAX_WORLD:
             return f"group {name!r} has {world} ranks; symmcoll's kernels take up to {MAX_WORLD}"
+        if any(a.name == "group_size" for a in node.target._schema.arguments) and argument(node, "group_size") != world:
+            return f"group_size {argument(node, 'group_size')} is not the group's {world} ranks"
         inputs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
         for x in inputs:
             v = tensor_val(x)
