@@ -69,8 +69,8 @@ def _check(got, x, op, quantize, group_size, what):
 
 
 def _slots_empty(what):
-    from symmcoll.comm.quantized import HEADER_WORDS, SLOTS
-    from symmcoll.language import EMPTY
+    from symmcoll.comm.quantized import SLOTS
+    from symmcoll.language import EMPTY, HEADER_WORDS
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     dist.barrier()

@@ -36,16 +36,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import (EMPTY, EPOCH_SLOTS, ESCAPE_GROUP, MAX_WORLD, announce, clamped_splits, end_launch, escape,
-                        launch_epoch, peer_ptr, post_counts, post_header, record_argument, wait_counts, wait_escaped)
-from ..language.signals import ARG_MAX_ROWS
+from ..language import (ARG_MAX_ROWS, EMPTY, EPOCH_SLOTS, ESCAPE_GROUP, MAX_WORLD, PHASES, announce, clamped_splits,
+                        end_launch, escape, launch_epoch, peer_ptr, peer_rows, post_counts, post_header,
+                        record_argument, wait_counts, wait_escaped)
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import CPU_CONFIG, DEVICE_SPLITS, Algorithm, LaunchConfig, Plan, register, word_dtype_reason
 from .splits import option, row_bytes, scratch_counts, split_matrix, splits_tensor
 
-PHASES: tl.constexpr = tl.constexpr(3)
-# int64 call headers [PHASES][MAX_WORLD], then int64 counts [PHASES][MAX_WORLD], then the slots
+# int64 call headers [PHASES][MAX_WORLD], then int64 counts [PHASES][MAX_WORLD], then the slots (the
+# PHASES slot sets rotate as language/slots.py says)
 COUNT_BASE: tl.constexpr = tl.constexpr(PHASES.value * MAX_WORLD.value)  # in int64
 DATA_BASE: tl.constexpr = tl.constexpr(4 * PHASES.value * MAX_WORLD.value)  # in int32 words
 # Data words per source row of a slot set (CPU: small, so that the tests run the multi-launch path).
@@ -72,14 +72,6 @@ EPOCHS = declare(RegionSpec("all_to_all.sentinel.epochs", "all_to_all_sentinel",
 # blocks, many programs at small sizes); to be swept on the GPU machine.
 GPU_CONFIGS = ((16 << 10, LaunchConfig(256, 64, 4)), (256 << 10, LaunchConfig(512, 128, 4)),
                (1 << 62, LaunchConfig(1024, 132, 8)))
-
-
-@triton.jit
-def _peer_bases(ptrs_dev, rows, is_peer):
-    """[PEERS, 1] int32 pointers to the region of rank ``rows[i]`` (non-peer rows: masked off by callers)."""
-    table = ptrs_dev.to(tl.pointer_type(tl.uint64))
-    bases = tl.load(table + tl.where(is_peer, rows, 0))
-    return tl.multiple_of(bases.to(tl.pointer_type(tl.int32)), 16)[:, None]
 
 
 @triton.jit
@@ -118,7 +110,7 @@ def sentinel_all_to_all_kernel(
     post_counts(slot_ptrs_dev, COUNT_BASE + phase * MAX_WORLD, epoch, sent_rows, rows, is_peer, rank)
 
     # Push: block b of my piece for every peer at once, into my row of each peer's slot set.
-    peers = _peer_bases(slot_ptrs_dev, rows, is_peer)
+    peers = peer_rows(slot_ptrs_dev, rows, is_peer, tl.int32)
     longest = tl.max(tl.where(is_peer, lens, 0), axis=0)
     for b in range(pid, tl.cdiv(longest, BLOCK), nprog):
         offs = b * BLOCK + lane

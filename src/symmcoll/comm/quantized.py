@@ -23,9 +23,9 @@ codes little-endian within a word (4 int8/fp8 or 8 int4 per word). The sentinel 
 codes are in [-127, 127], int4 nibbles in [-7, 7], fp8 never writes negative zero), and its sign
 bit is set, which no scale has (scales are >= 0 or a positive NaN).
 
-Slot sets rotate with a per-rank launch epoch (``epoch % 3``, as in sentinel.py: a rank is at most
-one launch ahead, and it has emptied what it read before it sends again), so nothing on the host
-changes between calls (CUDA graphs replay). Headers carry the call descriptor (format, dtype, op,
+Slot sets rotate with a per-rank launch epoch (language/slots.py: a rank is at most one launch ahead,
+and it has emptied what it read before it sends again), so nothing on the host changes between calls
+(CUDA graphs replay). Headers carry the call descriptor (format, dtype, op,
 size and G): a peer in another call is reported, never decoded.
 
 Deterministic: every rank decodes the same bytes, the owner included (its output comes from the
@@ -47,11 +47,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import (EMPTY, EPOCH_SLOTS, FORMAT_BITS, FORMATS, MAX_WORLD, OP_AVG, announce, dequantize_groups,
-                        end_launch, launch_epoch, narrow, pack_words, peer_ptr, peer_rows, post_header, quantize_groups,
-                        unpack_words, wait_filled_rows)
+from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
+                        open_slots, pack_words, peer_rows, quantize_groups, take_rows, unpack_words)
 from ..launcher import launch
-from ..memory.regions import RegionSpec, declare
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, register,
                     register_op, resolve)
 from .common import chunks, config, meta
@@ -61,8 +59,6 @@ GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 64
 # Shard lengths are multiples of this: of every group size, and of 8 codes (an int4 word).
 ALIGN = 128
-PHASES: tl.constexpr = tl.constexpr(3)
-HEADER_WORDS: tl.constexpr = tl.constexpr(2 * PHASES.value * MAX_WORLD.value)
 _AVG: tl.constexpr = tl.constexpr(OP_AVG)
 # Input elements per launch (CPU: small, so that the tests run the multi-piece path).
 MAX_ELEMENTS = {"cuda": 8 << 20, "cpu": 8 << 10}
@@ -97,14 +93,7 @@ def pieces(numel: int, world: int, device_type: str):
         yield start, n, triton.cdiv(triton.cdiv(n, world), ALIGN) * ALIGN
 
 
-SLOTS = declare(RegionSpec(
-    "quantized.slots", "quantized",
-    lambda g: (HEADER_WORDS.value + PHASES.value * 2 * g.world_size * row_words(g.device_type, g.world_size)) * 4,
-    "rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
-    "empties what it read; a set is written again only after every receiver emptied it (one launch ahead "
-    "at most)", fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
-EPOCHS = declare(RegionSpec("quantized.epochs", "quantized", lambda g: EPOCH_SLOTS.value,
-                            "this rank's launch-epoch table (kernels only)", symmetric=False))
+SLOTS, EPOCHS = declare_slots("quantized", "quantized", 2, row_words)
 
 # Block = input elements per program step (a power of two >= ALIGN). First guesses, to be swept on
 # the GPU machine (benchmarks/sweep_configs.py) like the sentinel two-shot's.
@@ -133,16 +122,10 @@ def _receive(row_ptrs, rows, is_peer, b, n_words, n_groups, budget, status_ptr, 
     emptied for reuse and unpacked: (int32 codes [PEERS, BLOCK], fp32 scales [PEERS, GROUPS], spins left)."""
     word = b * WORDS + tl.arange(0, WORDS)
     group = b * GROUPS + tl.arange(0, GROUPS)
-    word_ptrs = row_ptrs + word[None, :]
-    word_mask = is_peer[:, None] & (word < n_words)[None, :]
-    words, budget = wait_filled_rows(word_ptrs, word_mask, rows, EMPTY, budget, status_ptr, rank, desc, headers,
-                                     epoch, check, WORLD)
-    scale_ptrs = row_ptrs + SCALES_AT + group[None, :]
-    scale_mask = is_peer[:, None] & (group < n_groups)[None, :]
-    scale_bits, budget = wait_filled_rows(scale_ptrs, scale_mask, rows, EMPTY, budget, status_ptr, rank, desc,
-                                          headers, epoch, 0, WORLD)
-    tl.store(word_ptrs, tl.zeros_like(words) + EMPTY, mask=word_mask)
-    tl.store(scale_ptrs, tl.zeros_like(scale_bits) + EMPTY, mask=scale_mask)
+    words, budget = take_rows(row_ptrs + word[None, :], is_peer[:, None] & (word < n_words)[None, :], rows, rank,
+                              budget, status_ptr, desc, headers, epoch, check, WORLD)
+    scale_bits, budget = take_rows(row_ptrs + SCALES_AT + group[None, :], is_peer[:, None] & (group < n_groups)[None, :],
+                                   rows, rank, budget, status_ptr, desc, headers, epoch, 0, WORLD)
     return unpack_words(words, PEERS, BLOCK, BITS), scale_bits.to(tl.float32, bitcast=True), budget
 
 
@@ -173,9 +156,8 @@ def quantized_two_shot_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch = launch_epoch(epochs_ptr)
-    phase = epoch % PHASES
-    scatter_base = HEADER_WORDS + phase * 2 * WORLD * ROW
+    epoch, scatter_base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank,
+                                                      WORLD, 2, ROW)
     gather_base = scatter_base + WORLD * ROW
     blocks = tl.cdiv(shard_len, BLOCK)
     n_words = shard_len // (32 // BITS)
@@ -184,11 +166,7 @@ def quantized_two_shot_kernel(
     rows = tl.arange(0, PEERS)
     is_peer = (rows < WORLD) & (rows != rank)
     peers = peer_rows(slot_ptrs_dev, rows, is_peer, tl.int32)
-    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
-    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
     elem = out_ptr.dtype.element_ty
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
 
     # Stage 0: shard s of my input, quantized, into my row of rank s's scatter slots (every s at once).
     for b in range(pid, blocks, nprog):

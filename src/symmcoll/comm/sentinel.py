@@ -22,11 +22,8 @@ reduce_scatter.sentinel
     slots, rank s reduces its segment into its output. Needs segments of whole 4-byte words (others run
     reduce_scatter.pull, decided by the resolver).
 
-Rotating slot sets keep it graph-safe: each rank keeps a launch counter per kernel on the device
-(``launch_epoch`` / ``end_launch``) and a launch uses slot set ``epoch % PHASES``. A rank can be at most
-one launch ahead of any peer (finishing launch k+1 needs every peer's launch k+1 data, sent after that
-peer finished launch k, resets included), so a slot set is EMPTY again before anybody writes it again.
-Call descriptors travel in epoch-tagged headers at the start of each region, polled with each program's
+Rotating slot sets keep it graph-safe (language/slots.py: the layout, and why a set is EMPTY again
+before anybody writes it again). Call descriptors travel in epoch-tagged headers at the start of each region, polled with each program's
 first block: a peer that made another call is reported and nothing is written to the output.
 
 Peer tiles: the kernels handle all peers of a block as one [PEERS, BLOCK] tile (row i = rank i): one
@@ -42,16 +39,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, combine, end_launch, finalize,
-                        launch_epoch, pack, padded_words, peer_ptr, post_header, reduce_rows, sanitize, unpack,
-                        wait_filled, wait_filled_rows)
-from ..memory.regions import RegionSpec, declare
+from ..language import (WORD_FORMAT, combine, declare_slots, end_launch, finalize, open_slots, pack, padded_words,
+                        peer_ptr, peer_rows, reduce_rows, sanitize, take, take_rows, unpack)
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
 from .common import chunks, config, launch_once, meta
-
-PHASES: tl.constexpr = tl.constexpr(3)
-# int32 words of the int64 headers [PHASES][MAX_WORLD] at the start of each region
-HEADER_WORDS: tl.constexpr = tl.constexpr(2 * PHASES.value * MAX_WORLD.value)
 
 # Largest message per launch (CPU: small, so that the multi-piece path runs in the CPU tests too).
 MAX_BYTES = {"one_shot": {"cuda": 2 << 20, "cpu": 16 << 10},
@@ -69,23 +60,10 @@ def row_words(kind: str, device_type: str, world: int) -> int:
     return words if kind == "one_shot" else shard_words(words, world)
 
 
-def _region_bytes(kind: str):
-    sets = 1 if kind == "one_shot" else 2
-    return lambda g: (HEADER_WORDS.value + PHASES.value * sets * g.world_size * row_words(kind, g.device_type,
-                                                                                     g.world_size)) * 4
-
-
-_RULE = ("rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
-         "empties what it read; a set is written again only after every receiver emptied it (one launch "
-         "ahead at most)")
-ONE_SHOT_SLOTS = declare(RegionSpec("sentinel.one_shot.slots", "sentinel", _region_bytes("one_shot"), _RULE,
-                                    fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
-TWO_SHOT_SLOTS = declare(RegionSpec("sentinel.two_shot.slots", "sentinel", _region_bytes("two_shot"), _RULE,
-                                    fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
-ONE_SHOT_EPOCHS = declare(RegionSpec("sentinel.one_shot.epochs", "sentinel", lambda g: EPOCH_SLOTS.value,
-                                     "this rank's launch-epoch table (kernels only)", symmetric=False))
-TWO_SHOT_EPOCHS = declare(RegionSpec("sentinel.two_shot.epochs", "sentinel", lambda g: EPOCH_SLOTS.value,
-                                     "this rank's launch-epoch table (kernels only)", symmetric=False))
+ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = declare_slots("sentinel.one_shot", "sentinel", 1,
+                                               lambda device_type, world: row_words("one_shot", device_type, world))
+TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = declare_slots("sentinel.two_shot", "sentinel", 2,
+                                               lambda device_type, world: row_words("two_shot", device_type, world))
 
 # Block = int32 words per program step. From benchmarks/sweep_configs.py (benchmarks/results/
 # 2026-11-22-sweep; earlier rounds in 2026-11-21-sweep-2 and -3).
@@ -110,15 +88,6 @@ GPU_REDUCE_SCATTER = GPU_TWO_SHOT
 
 
 @triton.jit
-def _take(ptrs, mask, src, rank, budget, status_ptr, desc, headers, epoch, check, WORLD: tl.constexpr):
-    """``src``'s words from my slots at ``ptrs`` once filled; the slots are emptied for reuse."""
-    words, budget = wait_filled(ptrs, mask, EMPTY, budget, status_ptr, rank, src, desc, headers, epoch, check,
-                                WORLD)
-    tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
-    return words, budget
-
-
-@triton.jit
 def one_shot_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -132,12 +101,9 @@ def one_shot_kernel(
     """One peer at a time (the 2-rank kernel)."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
-    epoch = launch_epoch(epochs_ptr)
-    phase = epoch % PHASES
-    base = HEADER_WORDS + phase * WORLD * ROW
+    epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, 1,
+                                              ROW)
     lane = tl.arange(0, BLOCK)
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
     for start in range(pid * BLOCK, n_words, step):
         offs = start + lane
         mask = offs < n_words
@@ -146,8 +112,6 @@ def one_shot_kernel(
             if r != rank:
                 tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * ROW + offs, words, mask=mask)
 
-    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
-    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
     budget = max_spins
     check = 1
     for start in range(pid * BLOCK, n_words, step):
@@ -159,8 +123,8 @@ def one_shot_kernel(
             if src == rank:
                 words = sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
             else:
-                words, budget = _take(region + base + src * ROW + offs, mask, src, rank, budget, status_ptr, desc,
-                                      headers, epoch, check, WORLD)
+                words, budget = take(region + base + src * ROW + offs, mask, src, rank, budget, status_ptr, desc,
+                                     headers, epoch, check, WORLD)
                 check = 0
             lo, hi = unpack(words, FORMAT)
             if src == 0:
@@ -171,24 +135,6 @@ def one_shot_kernel(
             tl.store(out_ptr + offs, sanitize(pack(finalize(acc_lo, REDUCE_OP, WORLD),
                                                    finalize(acc_hi, REDUCE_OP, WORLD), FORMAT), FORMAT), mask=mask)
     end_launch(epochs_ptr, epoch)
-
-
-@triton.jit
-def _peer_rows(ptrs_dev, rows, is_peer):
-    """[PEERS, 1] int32 pointers: row i -> the region of peer ``rows[i]`` (non-peer rows: my own table
-    entry 0; they are always masked off)."""
-    table = ptrs_dev.to(tl.pointer_type(tl.uint64))
-    bases = tl.load(table + tl.where(is_peer, rows, 0))
-    return tl.multiple_of(bases.to(tl.pointer_type(tl.int32)), 16)[:, None]
-
-
-@triton.jit
-def _take_rows(ptrs, mask, rows, rank, budget, status_ptr, desc, headers, epoch, check, WORLD: tl.constexpr):
-    """A [PEERS, BLOCK] tile of my slots once filled (row i from peer ``rows[i]``), emptied for reuse."""
-    words, budget = wait_filled_rows(ptrs, mask, rows, EMPTY, budget, status_ptr, rank, desc, headers, epoch,
-                                     check, WORLD)
-    tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
-    return words, budget
 
 
 @triton.jit
@@ -214,32 +160,27 @@ def one_shot_tiles_kernel(
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
-    epoch = launch_epoch(epochs_ptr)
-    phase = epoch % PHASES
-    base = HEADER_WORDS + phase * WORLD * ROW
+    epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, 1,
+                                              ROW)
     lane = tl.arange(0, BLOCK)
     rows = tl.arange(0, PEERS)
     is_peer = (rows < WORLD) & (rows != rank)
-    peer_rows = _peer_rows(slot_ptrs_dev, rows, is_peer)
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+    to_peers = peer_rows(slot_ptrs_dev, rows, is_peer, tl.int32)
     # Push my words into my row of every peer's slots (one store per peer, all in flight together).
     for start in range(pid * BLOCK, n_words, step):
         offs = start + lane
         mask = offs < n_words
         words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
-        tl.store(peer_rows + base + rank * ROW + offs[None, :], tl.broadcast_to(words[None, :], (PEERS, BLOCK)),
+        tl.store(to_peers + base + rank * ROW + offs[None, :], tl.broadcast_to(words[None, :], (PEERS, BLOCK)),
                  mask=is_peer[:, None] & mask[None, :])
 
-    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
-    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
     budget = max_spins
     check = 1
     for start in range(pid * BLOCK, n_words, step):
         offs = start + lane
         mask = offs < n_words
-        tile, budget = _take_rows(region + base + rows[:, None] * ROW + offs[None, :], is_peer[:, None] & mask[None, :],
-                                  rows, rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+        tile, budget = take_rows(region + base + rows[:, None] * ROW + offs[None, :], is_peer[:, None] & mask[None, :],
+                                 rows, rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
         check = 0
         own = sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
         if budget > 0:
@@ -262,19 +203,14 @@ def two_shot_tiles_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch = launch_epoch(epochs_ptr)
-    phase = epoch % PHASES
-    scatter_base = HEADER_WORDS + phase * 2 * WORLD * ROW
+    epoch, scatter_base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank,
+                                                      WORLD, 2, ROW)
     gather_base = scatter_base + WORLD * ROW
     blocks = tl.cdiv(shard_words, BLOCK)
     lane = tl.arange(0, BLOCK)
     rows = tl.arange(0, PEERS)
     is_peer = (rows < WORLD) & (rows != rank)
-    peer_rows = _peer_rows(slot_ptrs_dev, rows, is_peer)
-    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
-    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
+    to_peers = peer_rows(slot_ptrs_dev, rows, is_peer, tl.int32)
 
     # Stage 0: shard s of my input -> my row of rank s's scatter slots, every s at once.
     for b in range(pid, blocks, nprog):
@@ -282,7 +218,7 @@ def two_shot_tiles_kernel(
         offs = rows[:, None] * x_stride + in_shard[None, :]
         mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
         words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
-        tl.store(peer_rows + scatter_base + rank * ROW + in_shard[None, :], words, mask=mask)
+        tl.store(to_peers + scatter_base + rank * ROW + in_shard[None, :], words, mask=mask)
 
     # Stage 1: reduce my shard; keep it and push it into my row of every peer's gather slots.
     budget = max_spins
@@ -292,15 +228,15 @@ def two_shot_tiles_kernel(
         offs = rank * x_stride + in_shard
         mask = (in_shard < shard_words) & (offs < n_words)
         tile_mask = is_peer[:, None] & mask[None, :]
-        tile, budget = _take_rows(region + scatter_base + rows[:, None] * ROW + in_shard[None, :], tile_mask, rows,
-                                  rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+        tile, budget = take_rows(region + scatter_base + rows[:, None] * ROW + in_shard[None, :], tile_mask, rows,
+                                 rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
         check = 0
         words = _reduce_tile(tile, sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT), rows, rank, WORLD,
                              REDUCE_OP, FORMAT)
         if budget > 0:
             if GATHER:
                 tl.store(out_ptr + offs, words, mask=mask)
-                tl.store(peer_rows + gather_base + rank * ROW + in_shard[None, :],
+                tl.store(to_peers + gather_base + rank * ROW + in_shard[None, :],
                          tl.broadcast_to(words[None, :], (PEERS, BLOCK)), mask=tile_mask)
             else:
                 tl.store(out_ptr + in_shard, words, mask=mask)
@@ -311,8 +247,8 @@ def two_shot_tiles_kernel(
             in_shard = b * BLOCK + lane
             offs = rows[:, None] * x_stride + in_shard[None, :]
             mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
-            tile, budget = _take_rows(region + gather_base + rows[:, None] * ROW + in_shard[None, :], mask, rows, rank,
-                                      budget, status_ptr, desc, headers, epoch, 0, WORLD)
+            tile, budget = take_rows(region + gather_base + rows[:, None] * ROW + in_shard[None, :], mask, rows, rank,
+                                     budget, status_ptr, desc, headers, epoch, 0, WORLD)
             if budget > 0:
                 tl.store(out_ptr + offs, tile, mask=mask)
     end_launch(epochs_ptr, epoch)

@@ -28,7 +28,10 @@ two_shot
     2 (W-1)/W * S per rank).
 
 Rows longer than MAX_HIDDEN elements run the unfused baseline; more rows than the slots hold go in
-pieces of whole rows (one launch each).
+pieces of whole rows (one launch each). The local work of a step is one pass: x, residual and weight
+read once (my own rows as values, never through words), new residual and normed written once; on one
+rank no peer code is compiled in and one launch takes every row. Launch: ``gpu_config`` (rows per step,
+programs, warps), overridable per call (``plan.resolve(..., config=)``) for the roofline sweep.
 
 nccl / unfused
     The process group's all-reduce / symmcoll.all_reduce ("auto"), then torch: residual + sum (rounded),
@@ -43,13 +46,12 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..comm.sentinel import HEADER_WORDS, PHASES, _take_rows
-from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, end_launch, launch_epoch, narrow,
-                        peer_ptr, peer_rows, post_header, values_of, words_of)
-from .rms_rows import FP8_MAX, MIN_AMAX, finish_rows, load_rows, rank_sum, row_words, word_values
+from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, peer_rows, sanitize_values,
+                        take_rows, words_of)
 from ..launcher import launch
-from ..memory.regions import RegionSpec, declare
-from ..plan import Algorithm, register, register_op
+from ..memory.layout import MAX_PROGRAMS
+from ..plan import Algorithm, LaunchConfig, register, register_op
+from .rms_rows import FP8_MAX, MIN_AMAX, finish_rows, load_rows, own_values, rank_sum, row_words, word_values
 
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
@@ -70,20 +72,8 @@ def two_shot_words(device_type: str, world: int) -> int:
     return (4 << 20) // world if device_type == "cuda" else 64
 
 
-def _slots(kind: str, sets: int, words):
-    rule = ("rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver "
-            "empties what it read; a set is written again only after every receiver emptied it")
-    slots = declare(RegionSpec(f"{OP}.{kind}.slots", f"fused.{OP}",
-                               lambda g: (HEADER_WORDS.value + PHASES.value * sets * g.world_size
-                                          * words(g.device_type, g.world_size)) * 4, rule,
-                               fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
-    epochs = declare(RegionSpec(f"{OP}.{kind}.epochs", f"fused.{OP}", lambda g: EPOCH_SLOTS.value,
-                                "this rank's launch-epoch table (kernels only)", symmetric=False))
-    return slots, epochs
-
-
-ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = _slots("one_shot", 1, one_shot_words)
-TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = _slots("two_shot", 2, two_shot_words)
+ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = declare_slots(f"{OP}.one_shot", f"fused.{OP}", 1, one_shot_words)
+TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = declare_slots(f"{OP}.two_shot", f"fused.{OP}", 2, two_shot_words)
 
 
 @triton.jit
@@ -102,45 +92,43 @@ def rms_norm_one_shot_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch = launch_epoch(epochs_ptr)
-    phase = epoch % PHASES
-    base = HEADER_WORDS + phase * WORLD * SLOT_WORDS
+    epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, 1,
+                                              SLOT_WORDS)
+    steps = tl.cdiv(rows, ROWS)
     # A step is ROWS consecutive rows: ROWS * ROW_BLOCK consecutive slot words.
     lanes = tl.arange(0, ROWS * ROW_BLOCK)
     in_step = tl.arange(0, ROWS)
     used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
     peers = tl.arange(0, PEERS)
     is_peer = (peers < WORLD) & (peers != rank)
-    to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
-    # Stage 1: my rows into my row of every peer's slots (one tile store reaches every peer).
-    for step in range(pid, tl.cdiv(rows, ROWS), nprog):
-        row_ids = step * ROWS + in_step
-        sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
-        words = row_words(x_ptr, row_ids, row_ids < rows, H, FORMAT, ROW_BLOCK, BLOCK_H)
-        tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
-                 tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=is_peer[:, None] & sent[None, :])
+    if WORLD > 1:
+        # Stage 1: my rows into my row of every peer's slots (one tile store reaches every peer).
+        to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
+        for step in range(pid, steps, nprog):
+            row_ids = step * ROWS + in_step
+            sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
+            words = row_words(x_ptr, row_ids, row_ids < rows, H, FORMAT, ROW_BLOCK, BLOCK_H)
+            tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                     tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=is_peer[:, None] & sent[None, :])
     # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
-    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
-    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
     budget = max_spins
     check = 1
-    for step in range(pid, tl.cdiv(rows, ROWS), nprog):
+    for step in range(pid, steps, nprog):
         row_ids = step * ROWS + in_step
         row_ok = row_ids < rows
-        sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
-        slots = region + base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :]
-        tile, budget = _take_rows(slots, is_peer[:, None] & sent[None, :], peers, rank, budget, status_ptr, desc,
-                                  headers, epoch, check, WORLD)
-        check = 0
-        own = row_words(x_ptr, row_ids, row_ok, H, FORMAT, ROW_BLOCK, BLOCK_H)
-        total = rank_sum(tile, own, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
+        total = own_values(x_ptr, row_ids, row_ok, H, FORMAT, BLOCK_H)
+        residual = load_rows(residual_ptr, row_ids, row_ok, H, BLOCK_H)
+        if WORLD > 1:
+            sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
+            slots = region + base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :]
+            tile, budget = take_rows(slots, is_peer[:, None] & sent[None, :], peers, rank, budget, status_ptr, desc,
+                                     headers, epoch, check, WORLD)
+            check = 0
+            total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
         if budget > 0:
-            residual = load_rows(residual_ptr, row_ids, row_ok, H, BLOCK_H)
             new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
             finish_rows(new_residual, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
-                         H, eps, QUANT, BLOCK_H)
+                        H, eps, QUANT, BLOCK_H)
     end_launch(epochs_ptr, epoch)
 
 
@@ -158,33 +146,29 @@ def rms_norm_two_shot_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch = launch_epoch(epochs_ptr)
-    phase = epoch % PHASES
-    scatter_base = HEADER_WORDS + phase * 2 * WORLD * SLOT_WORDS
+    epoch, scatter_base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank,
+                                                      WORLD, 2, SLOT_WORDS)
     gather_base = scatter_base + WORLD * SLOT_WORDS
     lanes = tl.arange(0, ROWS * ROW_BLOCK)
     in_step = tl.arange(0, ROWS)
     used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
     peers = tl.arange(0, PEERS)
     is_peer = (peers < WORLD) & (peers != rank)
-    to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
-    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
-    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
     steps = tl.cdiv(shard_rows, ROWS)
-    # Stage 0: rows i of shard s of my x -> my row of rank s's scatter slots, every s at once.
-    for step in range(pid, steps, nprog):
-        in_shard = step * ROWS + in_step
-        their_rows = peers[:, None] * shard_rows + in_shard[None, :]
-        their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
-        words = row_words(x_ptr, tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), H,
-                           FORMAT, ROW_BLOCK, BLOCK_H)
-        lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
-        sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
-            & (lane_rows < rows)
-        tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
-                 tl.reshape(words, [PEERS, ROWS * ROW_BLOCK]), mask=sent)
+    if WORLD > 1:
+        to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
+        # Stage 0: rows i of shard s of my x -> my row of rank s's scatter slots, every s at once.
+        for step in range(pid, steps, nprog):
+            in_shard = step * ROWS + in_step
+            their_rows = peers[:, None] * shard_rows + in_shard[None, :]
+            their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
+            words = row_words(x_ptr, tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), H,
+                              FORMAT, ROW_BLOCK, BLOCK_H)
+            lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
+            sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
+                & (lane_rows < rows)
+            tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                     tl.reshape(words, [PEERS, ROWS * ROW_BLOCK]), mask=sent)
     # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
     budget = max_spins
     check = 1
@@ -192,39 +176,43 @@ def rms_norm_two_shot_kernel(
         in_shard = step * ROWS + in_step
         my_rows = rank * shard_rows + in_shard
         mine_ok = (in_shard < shard_rows) & (my_rows < rows)
-        lane_in_shard = step * ROWS + lanes // ROW_BLOCK
-        lane_mine = used & (lane_in_shard < shard_rows) & (rank * shard_rows + lane_in_shard < rows)
-        received = is_peer[:, None] & lane_mine[None, :]
-        tile, budget = _take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
-                                  + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
-                                  check, WORLD)
-        check = 0
-        own = row_words(x_ptr, my_rows, mine_ok, H, FORMAT, ROW_BLOCK, BLOCK_H)
-        total = rank_sum(tile, own, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
+        total = own_values(x_ptr, my_rows, mine_ok, H, FORMAT, BLOCK_H)
         residual = load_rows(residual_ptr, my_rows, mine_ok, H, BLOCK_H)
+        if WORLD > 1:
+            lane_in_shard = step * ROWS + lanes // ROW_BLOCK
+            lane_mine = used & (lane_in_shard < shard_rows) & (rank * shard_rows + lane_in_shard < rows)
+            received = is_peer[:, None] & lane_mine[None, :]
+            tile, budget = take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
+                                     + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
+                                     check, WORLD)
+            check = 0
+            total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
         # The new residual as the peers will see it (rounded and sanitised alike).
-        words = words_of(tl.reshape(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
-                                    [ROWS * BLOCK_H]), FORMAT, ROWS * ROW_BLOCK)
+        new_residual = sanitize_values(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
+                                       FORMAT)
         if budget > 0:
-            finish_rows(tl.reshape(values_of(words, FORMAT, ROWS * ROW_BLOCK), [ROWS, BLOCK_H]), my_rows, mine_ok,
-                         weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
-            tl.store(to_peers + gather_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
-                     tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=received)
-    # Stage 2: every peer's new residual rows from my gather slots; store and normalise them here.
-    for step in range(pid, steps, nprog):
-        in_shard = step * ROWS + in_step
-        their_rows = peers[:, None] * shard_rows + in_shard[None, :]
-        their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
-        lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
-        received = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
-            & (lane_rows < rows)
-        tile, budget = _take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
-                                  + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
-                                  0, WORLD)
-        if budget > 0:
-            finish_rows(word_values(tl.reshape(tile, [PEERS * ROWS, ROW_BLOCK]), FORMAT, ROW_BLOCK, BLOCK_H),
-                         tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), weight_ptr,
-                         scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
+            finish_rows(new_residual, my_rows, mine_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr,
+                        scales_ptr, H, eps, QUANT, BLOCK_H)
+            if WORLD > 1:
+                words = words_of(tl.reshape(new_residual, [ROWS * BLOCK_H]), FORMAT, ROWS * ROW_BLOCK)
+                tl.store(to_peers + gather_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
+                         tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=received)
+    if WORLD > 1:
+        # Stage 2: every peer's new residual rows from my gather slots; store and normalise them here.
+        for step in range(pid, steps, nprog):
+            in_shard = step * ROWS + in_step
+            their_rows = peers[:, None] * shard_rows + in_shard[None, :]
+            their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
+            lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
+            received = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
+                & (lane_rows < rows)
+            tile, budget = take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
+                                     + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
+                                     0, WORLD)
+            if budget > 0:
+                finish_rows(word_values(tl.reshape(tile, [PEERS * ROWS, ROW_BLOCK]), FORMAT, ROW_BLOCK, BLOCK_H),
+                            tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), weight_ptr,
+                            scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
     end_launch(epochs_ptr, epoch)
 
 
@@ -244,19 +232,25 @@ def _row_block(h: int, itemsize: int) -> int:
     return triton.next_power_of_2(triton.cdiv(max(h, 1), 4 // itemsize))
 
 
+def gpu_config(request: plan.Request, world: int) -> LaunchConfig:
+    """GPU launch of both kernels: ``block`` = rows per step, ``max_programs``, ``num_warps``. A step's
+    tile (rows x the row rounded up to a power of two) of about 8K values at 16 values per thread, and
+    up to MAX_PROGRAMS programs (one step each up to 1024 steps), so that several programs share an SM
+    and keep its loads in flight while another reduces or stores. Predictions from bytes in flight, to
+    be replaced by the roofline sweep's winners (benchmarks/roofline.py)."""
+    block_h = _row_block(request.shape[-1], request.dtype.itemsize) * (4 // request.dtype.itemsize)
+    rows = max(1, min(8, 8192 // block_h))
+    return LaunchConfig(rows, MAX_PROGRAMS, max(4, min(32, rows * block_h // 512)))
+
+
 def _launch_config(p: plan.Plan, h: int, itemsize: int) -> tuple[dict, int]:
-    """Constexprs of both kernels and their programs' cap. GPU: one row per step for long rows, up to 8
-    short ones (starting points for the sweep, not measurements); CPU: 4 rows per step (each
-    interpreted step costs milliseconds)."""
+    """Constexprs of both kernels and their programs' cap: the plan's LaunchConfig (rows per step,
+    programs, warps) on GPU; on CPU 4 rows per step (each interpreted step costs milliseconds)."""
     row_block = _row_block(h, itemsize)
-    block_h = row_block * (4 // itemsize)
-    if p.ws.device.type == "cuda":
-        rows, warps, programs = max(1, min(8, 8192 // block_h)), (16 if block_h >= 8192 else 8), 132
-    else:
-        rows, warps, programs = 4, p.config.num_warps, p.config.max_programs
-    return dict(WORLD=p.world, FORMAT=WORD_FORMAT[p.request.dtype], ROW_BLOCK=row_block, BLOCK_H=block_h, ROWS=rows,
-                PEERS=triton.next_power_of_2(p.world), QUANT=QUANT[dict(p.request.options)["quant"]],
-                num_warps=warps), programs
+    rows = p.config.block if p.ws.device.type == "cuda" else 4
+    return dict(WORLD=p.world, FORMAT=WORD_FORMAT[p.request.dtype], ROW_BLOCK=row_block,
+                BLOCK_H=row_block * (4 // itemsize), ROWS=rows, PEERS=triton.next_power_of_2(p.world),
+                QUANT=QUANT[dict(p.request.options)["quant"]], num_warps=p.config.num_warps), p.config.max_programs
 
 
 def _kernel_run(kind: str):
@@ -272,8 +266,9 @@ def _kernel_run(kind: str):
         meta, max_programs = _launch_config(p, h, x.element_size())
         slot_words = words(ws.device.type, world)
         total = x.numel() // h if h else 0
-        # Rows per launch: a slot row holds every row of a piece (one-shot) or of a piece's shard.
-        piece = slot_words // meta["ROW_BLOCK"] * (1 if one_shot else world)
+        # Rows per launch: a slot row holds every row of a piece (one-shot) or of a piece's shard; one
+        # launch on one rank (nothing goes through the slots).
+        piece = slot_words // meta["ROW_BLOCK"] * (1 if one_shot else world) if world > 1 else max(total, 1)
         region, epochs = ws.region(slots.name), ws.local_state(epochs_spec.name)
         flat = [t.reshape(-1) for t in (x, residual, normed, new_residual)]
         scale_arg = scale if scale is not None else scales
@@ -359,10 +354,10 @@ register(Algorithm(OP, plan.BACKEND, 90, "backend", _nccl, "process group all-re
 register(Algorithm(OP, "unfused", 91, "fused", _unfused, "symmcoll.all_reduce, then torch add + RMSNorm"))
 register(Algorithm(OP, "one_shot", 92, "fused", _kernel_run("one_shot"),
                    "sentinel one-shot over whole rows with the residual add and RMSNorm (+ fp8) inside",
-                   accepts=_kernel_reason, instead="unfused"))
+                   gpu_config, accepts=_kernel_reason, instead="unfused"))
 register(Algorithm(OP, "two_shot", 93, "fused", _kernel_run("two_shot"),
                    "sentinel two-shot over shards of whole rows: norm at the owner and where gathered rows land",
-                   accepts=_kernel_reason, instead="unfused"))
+                   gpu_config, accepts=_kernel_reason, instead="unfused"))
 
 
 def all_reduce_rms_norm_impl(x, residual, weight, eps: float, group_name: str, algorithm: str, quant: str,
@@ -388,11 +383,13 @@ ops.define(OP, "(Tensor x, Tensor residual, Tensor weight, float eps, str group_
 
 
 def compile_cases(make_workspace):
-    """Both kernels' launches on meta tensors: hidden 8192 and 6144, an odd hidden size, every quant
-    mode and dtype, every world size, rank 1 somewhere."""
+    """Both kernels' launches on meta tensors: hidden 16384, 8192, 6144 and 4096, an odd hidden size,
+    every quant mode and dtype, every world size (1: no peer code), rank 1 somewhere."""
     cases = []
     for kind in ("one_shot", "two_shot"):
-        for world, rank, dtype, (tokens, h), quant in ((2, 1, torch.bfloat16, (6, 8192), None),
+        for world, rank, dtype, (tokens, h), quant in ((1, 0, torch.bfloat16, (8192, 16384), "fp8_per_token"),
+                                                       (1, 0, torch.bfloat16, (2048, 4096), None),
+                                                       (2, 1, torch.bfloat16, (6, 8192), None),
                                                        (4, 0, torch.bfloat16, (138, 6144), "fp8_per_token"),
                                                        (3, 1, torch.float16, (33, 4099), "fp8_per_tensor"),
                                                        (8, 1, torch.float32, (512, 1024), None)):
@@ -404,7 +401,7 @@ def compile_cases(make_workspace):
                 request = plan.Request(OP, (tokens, h), dtype, torch.device("cuda"),
                                        options=(("eps", 1e-6), ("quant", quant)))
                 p = plan.Plan(request, "kernel", plan.algorithms(OP)[kind], None, world, rank,
-                              make_workspace(world, rank), None, 3, None)
+                              make_workspace(world, rank), gpu_config(request, world), 3, None)
                 p.algorithm.run(p, x, None, *others)
             cases.append((f"{OP}.{kind} ws{world} {tokens}x{h} {quant}", thunk))
     return cases

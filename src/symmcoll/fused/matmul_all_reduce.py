@@ -38,11 +38,9 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..comm.sentinel import HEADER_WORDS, PHASES, _take
-from ..language import (EMPTY, EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, end_launch, launch_epoch, peer_ptr,
-                        post_header, tile_values, tile_words, values_of)
+from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer_ptr, take, tile_values, tile_words,
+                        values_of)
 from ..launcher import launch
-from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, register, register_op
 from .gemm import (grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision, programs_for,
                    store_tile, use_tma)
@@ -55,14 +53,7 @@ SLOT_WORDS = {"cuda": 1 << 20, "cpu": 2048}
 # "auto": the one-shot kernel up to this many rows (decode), the reduce-scatter kernel + all-gather above.
 ONE_SHOT_MAX_ROWS = 256
 
-SLOTS = declare(RegionSpec(
-    "matmul_all_reduce.slots", "fused.matmul_all_reduce",
-    lambda g: (HEADER_WORDS.value + PHASES.value * g.world_size * SLOT_WORDS[g.device_type]) * 4,
-    "rank s writes only its row of slot set epoch % 3 (and its header) in each receiver; the receiver empties "
-    "what it read; a set is written again only after every receiver emptied it (one launch ahead at most)",
-    fill_int32=EMPTY.value, header_words=HEADER_WORDS.value))
-EPOCHS = declare(RegionSpec("matmul_all_reduce.epochs", "fused.matmul_all_reduce", lambda g: EPOCH_SLOTS.value,
-                            "this rank's launch-epoch table (kernels only)", symmetric=False))
+SLOTS, EPOCHS = declare_slots(OP, f"fused.{OP}", 1, lambda device_type, world: SLOT_WORDS[device_type])
 
 
 @triton.jit
@@ -82,16 +73,13 @@ def matmul_all_reduce_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch = launch_epoch(epochs_ptr)
-    phase = epoch % PHASES
-    base = HEADER_WORDS + phase * WORLD * SLOT_WORDS
+    epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, 1,
+                                              SLOT_WORDS)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     lane = tl.arange(0, TILE_WORDS)
     WORDS_PER_ROW: tl.constexpr = TILE_WORDS // BM
     in_tile = tl.arange(0, BM)[:, None] * WORDS_PER_ROW + tl.arange(0, WORDS_PER_ROW)[None, :]
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
     a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False, HOST_DESC)
 
     # Stage 1: my partial tiles, each sent to every peer as soon as it is done.
@@ -110,8 +98,6 @@ def matmul_all_reduce_kernel(
     tl.debug_barrier()  # stage 2 reads back what other threads of this program parked in out
 
     # Stage 2: each of my tiles summed over ranks in rank order.
-    region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
-    headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
     budget = max_spins
     check = 1
     for j in range(pid, piece_tiles, nprog):
@@ -123,8 +109,8 @@ def matmul_all_reduce_kernel(
             if src == rank:
                 part = load_tile(out_ptr, rows, cols, M, N, stride_out).to(tl.float32)
             else:
-                words, budget = _take(region + base + src * SLOT_WORDS + j * TILE_WORDS + lane, lane < TILE_WORDS, src,
-                                      rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+                words, budget = take(region + base + src * SLOT_WORDS + j * TILE_WORDS + lane, lane < TILE_WORDS, src,
+                                     rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
                 check = 0
                 part = tl.reshape(values_of(words, FORMAT, TILE_WORDS), [BM, BN])
             total += part

@@ -12,26 +12,30 @@ and max_recv_rows (part of the call descriptor: a peer that differs is reported)
 
 dispatch ("pull"), per round of tokens::
 
-    rank s:  moe_route_kernel: tokens_s --copy--> buf_s;  topk_ids_s (sanitised) --> meta_s;
-             per block of TB tokens, slots per expert --> meta_s; the last program: prefixes over
-             blocks and totals per expert --> meta_s                                  (local)
+    rank s:  moe_route_kernel: tokens_s --copy--> buf_s (peers only);  topk_ids_s (sanitised) --> meta_s;
+             per block of TB tokens, slots per expert and each slot's rank among its expert's slots
+             of the block --> meta_s; the last program: prefixes over blocks, totals --> meta_s (local)
     rank r:  moe_dispatch_kernel: entry barrier;
              offsets of my experts' rows from every source's totals (meta_s, NVLink reads);
-             for every source s and block b: ids of s's tokens (meta_s), the rows of my experts they go to
-             (block prefix + in-block position), buf_s[token] --NVLink read, once--> out[row of each
-             local expert of the token]; row origins (source, token, slot) for combine; exit barrier
+             per (source s, token t, part of the row): the rows of my experts t goes to (expert start +
+             s's share before + block prefix + rank in block: k slots as one vector), buf_s[t]
+             (my own: tokens_r[t]) --read once--> out[each of those rows] (one [k, HB] store);
+             row origins (source, token, slot) for combine; exit barrier
 
 combine ("push"), per round of tokens::
 
-    rank r:  moe_push_kernel: expert_out_r[row] --NVLink store--> landing_s[token, slot]   (s = its origin)
-    rank s:  moe_combine_kernel: entry barrier; out_s[t] = sum_j w[t, j] * (expert_out_s[own row] for a
-             local expert, landing_s[t, j] otherwise), fp32, slot order; exit barrier
+    rank r:  moe_push_kernel (W > 1): expert_out_r[row] --NVLink store--> landing_s[token, slot]
+    rank s:  moe_combine_kernel: entry barrier; per (token t, part of the row): the k slots' rows as one
+             [k, HB] load (expert_out_s[own row] for a local expert, landing_s[t, j] otherwise), weighted
+             and summed in fp32 in registers, stored once; exit barrier
 
-Traffic: dispatch reads each token once per destination rank over NVLink (plus one local staging copy
-of the tokens: they are not in symmetric memory); combine stores each remote (token, slot) row once.
-The dispatch's reads and the combine's stores skip everything a rank sends itself. Tokens that do not
-fit the buffer (dispatch) or the landing region (combine, T * k rows) go in rounds, each a pair of
-launches; every rank derives the rounds from T, H, k and E.
+Traffic: dispatch reads each token once per destination rank (over NVLink for peers, plus one local
+staging copy of the tokens, which are not in symmetric memory: none on one rank) and writes each
+received row once; combine stores each remote (token, slot) row once and reads every slot row and
+writes every token row once. Tokens that do not fit the buffer (dispatch) or the landing region
+(combine, T * k rows) go in rounds, each a pair of launches; every rank derives the rounds from T, H, k
+and E; one round on one rank. Launch: GPU_CONFIG (programs, warps, elements per step), overridable per
+call (``plan.resolve(..., config=)``) for the roofline sweep.
 
 Compared with torch's ``all_to_all_single`` (the "nccl" algorithm, ``reference.moe_dispatch`` /
 ``moe_combine``), which needs the counts on the host and a gather/scatter around each exchange, this is
@@ -40,7 +44,6 @@ two launches and two barriers per round, no host synchronisation, and no expansi
 
 from __future__ import annotations
 
-import math
 import operator
 
 import torch
@@ -59,8 +62,15 @@ LANDING = declare(RegionSpec(
     "stores come after that exit barrier"))
 COUNTER = declare(RegionSpec("moe.route_counter", "moe", lambda g: 1,
                              "programs of the route kernel that are done (the last one resets it)", symmetric=False))
-GPU_CONFIG = LaunchConfig(block=4096, max_programs=132, num_warps=8)  # untuned: one program per SM
-MOVE_WORDS = {"cuda": 4096, "cpu": 16384}  # words per [tokens, words] tile
+# block = elements moved per step over a token's rows, max_programs, warps: predicted from bytes in flight
+# (8 small programs per SM, 16-byte accesses, 32 KB of loads per step), to be replaced by the roofline
+# sweep's winners (benchmarks/roofline.py).
+GPU_CONFIG = LaunchConfig(block=8192, max_programs=1024, num_warps=4)
+# Rows of expert output per push item (their origins are read as one vector first).
+PUSH_ROWS = 64
+# Tokens per dispatch/combine item: one on GPU (a step is the token's k rows: no cross-thread shuffles);
+# 16 on CPU, where every interpreted item costs milliseconds.
+TOKENS_PER_ITEM = {"cuda": 1, "cpu": 16}
 
 
 def _option(request: Request, name: str):
@@ -124,19 +134,28 @@ register_op("moe_dispatch", dispatch_shape, default="pull")
 register_op("moe_combine", combine_shape, default="push")
 
 
-def _tiles(k: int, local_experts: int, row: int, device_type: str) -> dict:
-    """Constexprs of the tiles: KP2 slots, ELP2 local experts, TB tokens per step (at most 32, so that a
-    [TB, HB] tile covers long stretches of each row; the [TB * KP2, ELP2] one-hot of a step stays <= 8K
-    elements), HB words of a row per step."""
-    kp2, elp2 = triton.next_power_of_2(k), triton.next_power_of_2(local_experts)
-    tb = max(1, min(32, 8192 // (kp2 * elp2)))
-    tb = 1 << (tb.bit_length() - 1)
-    hb = triton.next_power_of_2(max(16, min(triton.next_power_of_2(max(row, 1)), MOVE_WORDS[device_type] // tb)))
-    return dict(KP2=kp2, ELP2=elp2, TB=tb, HB=hb)
+def _tiles(k: int, local_experts: int) -> dict:
+    """Routing constexprs: KP2 slots, ELP2 local experts, TB tokens per routing block (TB * KP2 = 128
+    slots: the in-block ranking compares them in chunks of 32)."""
+    kp2 = triton.next_power_of_2(k)
+    return dict(KP2=kp2, ELP2=triton.next_power_of_2(local_experts), TB=max(1, 128 // kp2))
 
 
-def _config(device: torch.device) -> LaunchConfig:
-    return CPU_CONFIG if device.type == "cpu" else GPU_CONFIG
+def _config(plan: Plan) -> LaunchConfig:
+    """``block`` = elements (words) moved per step summed over a token's KP2 rows, ``max_programs``,
+    ``num_warps``: the plan's (``plan.resolve(..., config=)`` overrides GPU_CONFIG) or the CPU's."""
+    return plan.config if plan.config is not None and plan.ws.device.type == "cuda" else (
+        GPU_CONFIG if plan.ws.device.type == "cuda" else CPU_CONFIG)
+
+
+def _split(row: int, items: int, cfg: LaunchConfig, rows_per_step: int) -> tuple[int, int, int]:
+    """(parts, part length, HB) for ``items`` row groups: rows cut in parts when there are too few items
+    to keep every program busy (small batches), parts of at least 256 elements (multiples of 16:
+    16-byte accesses stay aligned); HB = elements of a row per step (``cfg.block`` over the
+    ``rows_per_step`` rows of a step), at most the part."""
+    parts = max(1, min(triton.cdiv(2 * cfg.max_programs, max(items, 1)), triton.cdiv(row, 256)))
+    part_len = triton.cdiv(triton.cdiv(max(row, 1), parts), 16) * 16
+    return parts, part_len, max(16, min(cfg.block // rows_per_step, triton.next_power_of_2(part_len)))
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -149,6 +168,10 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return flat.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[size])
 
 
+def _ceil16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
 def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: torch.Tensor):
     ws, world, rank = plan.ws, plan.world, plan.rank
     tokens_n, k = topk_ids.shape
@@ -156,38 +179,46 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     local_experts, max_rows = experts // world, out.shape[0]
     words, out_words = _words(tokens), _words(out)
     row = tokens.shape[1] * tokens.element_size() // words.element_size()
-    cfg, tiles = _config(ws.device), _tiles(k, local_experts, row, ws.device.type)
+    cfg, tiles = _config(plan), _tiles(k, local_experts)
     tb = tiles["TB"]
     blocks = triton.cdiv(tokens_n, tb)
-    hist_off = -(-tokens_n * k // 16) * 16
-    totals_off = hist_off + -(-blocks * experts // 16) * 16
-    meta_bytes = (totals_off + -(-experts // 16) * 16) * 4
-    per_round = (ws.buffer_bytes - meta_bytes) // max(1, row * words.element_size()) // tb * tb
+    # My buffer: sanitised ids [T, k], in-block ranks [T, k], block prefixes [blocks, E], totals [E]
+    # (int32), then this round's token rows for the peers.
+    rank_off = _ceil16(tokens_n * k)
+    hist_off = rank_off + _ceil16(tokens_n * k)
+    totals_off = hist_off + _ceil16(blocks * experts)
+    meta_bytes = (totals_off + _ceil16(experts)) * 4
+    if meta_bytes > ws.buffer_bytes:
+        raise ValueError(f"tokens: the routing metadata of {tokens_n} tokens ({meta_bytes} bytes) does not fit the "
+                         f"{ws.buffer_bytes}-byte workspace (SYMMCOLL_WORKSPACE_BYTES)")
+    # One round on one rank (nothing is staged); else as many rows as the buffer holds beside the metadata.
+    per_round = max(tokens_n, 1) if world == 1 else \
+        (ws.buffer_bytes - meta_bytes) // max(1, row * words.element_size())
     if per_round == 0:
-        raise ValueError(f"tokens: a block of {tb} rows of {row * words.element_size()} bytes does not fit the "
+        raise ValueError(f"tokens: a row of {row * words.element_size()} bytes does not fit the "
                          f"{ws.buffer_bytes}-byte workspace beside the routing metadata (SYMMCOLL_WORKSPACE_BYTES)")
     counts = torch.empty(local_experts, dtype=torch.int64, device=tokens.device)
     origin = torch.empty(max_rows, dtype=torch.int64, device=tokens.device)
     self_rows = torch.empty((tokens_n, k), dtype=torch.int64, device=tokens.device)
     e_p2 = triton.next_power_of_2(experts)
-    round_blocks = triton.cdiv(min(tokens_n, per_round), tb)
-    grid = cfg.grid(max(world * round_blocks, triton.cdiv(min(tokens_n, per_round) * row, cfg.block)))
-    # Rows cut in parts when there are too few (source, block) items for the programs (small batches).
-    parts = max(1, min(triton.cdiv(2 * grid[0], world * max(round_blocks, 1)), triton.cdiv(row, tiles["HB"])))
-    part_words = triton.cdiv(triton.cdiv(row, parts), tiles["HB"]) * tiles["HB"]
+    tq, tt = min(tokens_n, per_round), TOKENS_PER_ITEM[ws.device.type]
+    parts, part_words, hb = _split(row, world * triton.cdiv(tq, tt), cfg, tt * tiles["KP2"])
+    stage_words = tq * row if world > 1 else 0
+    route_grid = cfg.grid(max(blocks, triton.cdiv(stage_words, 4096)))
     for t0 in range(0, max(tokens_n, 1), per_round):
         n = min(per_round, tokens_n - t0)
-        launch(moe_route_kernel, grid,
+        launch(moe_route_kernel, route_grid,
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, ws.local_state(COUNTER.name), words[t0 * row:],
-                n * row, topk_ids, tokens_n, experts, hist_off, totals_off, meta_bytes // words.element_size()),
-               dict(WORLD=world, K=k, KP2=tiles["KP2"], TB=tb, E_P2=e_p2, SCAN_ROWS=max(1, 8192 // e_p2),
-                    BLOCK=cfg.block, ROUTE=t0 == 0, num_warps=cfg.num_warps))
-        launch(moe_dispatch_kernel, grid,
-               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, out_words, counts, origin, self_rows, tokens_n, row,
-                max_rows, experts, hist_off, totals_off, meta_bytes // words.element_size(), t0 // tb,
-                triton.cdiv(t0 + n, tb), parts, part_words),
-               dict(WORLD=world, K=k, EL=local_experts, PEERS=triton.next_power_of_2(world), num_warps=cfg.num_warps,
-                    **tiles))
+                n * row if world > 1 else 0, topk_ids, tokens_n, experts, rank_off, hist_off, totals_off,
+                meta_bytes // words.element_size()),
+               dict(WORLD=world, K=k, KP2=tiles["KP2"], TB=tb, E_P2=e_p2, SCAN_ROWS=max(1, 4096 // e_p2),
+                    BLOCK=4096, ROUTE=t0 == 0, STAGE=world > 1, num_warps=8))
+        launch(moe_dispatch_kernel, cfg.grid(world * triton.cdiv(max(n, 1), tt) * parts),
+               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, words[t0 * row:], out_words, counts, origin,
+                self_rows, tokens_n, row, max_rows, experts, rank_off, hist_off, totals_off,
+                meta_bytes // words.element_size(), t0, n, parts, part_words),
+               dict(WORLD=world, K=k, EL=local_experts, PEERS=triton.next_power_of_2(world), TT=tt, HB=hb,
+                    num_warps=cfg.num_warps, **tiles))
     return out, counts, origin, self_rows
 
 
@@ -198,29 +229,29 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
     hidden, max_rows = expert_out.shape[1], expert_out.shape[0]
     experts = _option(plan.request, "num_experts")
     local_experts = experts // world
-    cfg, tiles = _config(ws.device), _tiles(k, local_experts, hidden, ws.device.type)
+    cfg, kp2 = _config(plan), triton.next_power_of_2(k)
     landing = ws.region(LANDING.name)
-    per_round = landing.local.numel() // expert_out.element_size() // max(1, k * hidden) // tiles["TB"] * tiles["TB"]
+    # One round on one rank (nothing lands); else as many tokens' k rows as the landing region holds.
+    per_round = max(tokens_n, 1) if world == 1 else \
+        landing.local.numel() // expert_out.element_size() // max(1, k * hidden)
     if per_round == 0:
         raise ValueError(f"expert_out: {k} rows of {hidden} elements per token do not fit the landing region "
                          f"({landing.local.numel()} bytes; SYMMCOLL_WORKSPACE_BYTES)")
-    rows_per_step = max(1, MOVE_WORDS[ws.device.type] // tiles["HB"])
+    tq, tt = min(tokens_n, per_round), TOKENS_PER_ITEM[ws.device.type]
+    parts, part_len, hb = _split(hidden, triton.cdiv(tq, tt), cfg, tt * kp2)
+    push_parts, push_len, push_hb = _split(hidden, triton.cdiv(max_rows, PUSH_ROWS), cfg, 1)
     for t0 in range(0, max(tokens_n, 1), per_round):
-        tq = min(per_round, tokens_n - t0)
-        launch(moe_push_kernel, cfg.grid(triton.cdiv(max_rows, rows_per_step)),
-               (*ws.kernel_args, plan.desc, landing.ptrs_dev, expert_out, counts, origin, tokens_n, hidden, max_rows,
-                t0, tq),
-               dict(WORLD=world, K=k, EL=local_experts, ELP2=tiles["ELP2"], RB=1 << (rows_per_step.bit_length() - 1),
-                    HB=tiles["HB"], num_warps=cfg.num_warps))
-        blocks = triton.cdiv(max(tq, 1), tiles["TB"])
-        grid = cfg.grid(blocks * triton.cdiv(hidden, tiles["HB"]))
-        parts = max(1, min(triton.cdiv(2 * grid[0], blocks), triton.cdiv(hidden, tiles["HB"])))
-        part_words = triton.cdiv(triton.cdiv(hidden, parts), tiles["HB"]) * tiles["HB"]
-        launch(moe_combine_kernel, grid,
+        n = min(per_round, tokens_n - t0)
+        if world > 1:
+            launch(moe_push_kernel, cfg.grid(triton.cdiv(max_rows, PUSH_ROWS) * push_parts),
+                   (*ws.kernel_args, plan.desc, landing.ptrs_dev, expert_out, counts, origin, tokens_n, hidden,
+                    max_rows, t0, n, push_parts, push_len),
+                   dict(WORLD=world, K=k, EL=local_experts, ELP2=triton.next_power_of_2(local_experts), RB=PUSH_ROWS,
+                        HB=min(push_hb, 4096), num_warps=cfg.num_warps))
+        launch(moe_combine_kernel, cfg.grid(triton.cdiv(max(n, 1), tt) * parts),
                (*ws.kernel_args, plan.desc, landing.ptrs_dev, expert_out, topk_weights, topk_ids, self_rows, out,
-                tokens_n, hidden, max_rows, experts, t0, tq, parts, part_words),
-               dict(WORLD=world, K=k, KP2=tiles["KP2"], EL=local_experts, TB=tiles["TB"], HB=tiles["HB"],
-                    num_warps=cfg.num_warps))
+                tokens_n, hidden, max_rows, experts, t0, n, parts, part_len),
+               dict(WORLD=world, K=k, KP2=kp2, EL=local_experts, TT=tt, HB=hb, num_warps=cfg.num_warps))
     return out
 
 
@@ -245,13 +276,15 @@ register(Algorithm("moe_combine", "nccl", 103, "backend", _combine_reference,
 
 
 def compile_cases(make_workspace):
-    """(label, thunk) launches on meta tensors for the compile checks: 2 and 4 ranks, bf16 and fp8,
-    top-2 of 8 and top-8 of 64 experts."""
+    """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push), 2, 3 and
+    4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256 experts, an odd hidden size."""
     cases = []
-    for world, dtype, experts, k, hidden in ((2, torch.bfloat16, 8, 2, 4096), (4, torch.float8_e4m3fn, 64, 8, 7168),
+    for world, dtype, experts, k, hidden in ((1, torch.bfloat16, 256, 8, 7168), (2, torch.bfloat16, 8, 2, 4096),
+                                             (4, torch.float8_e4m3fn, 64, 8, 7168),
                                              (3, torch.float32, 6, 3, 5)):
         def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden):
-            ws = make_workspace(world, 1)
+            rank = min(1, world - 1)
+            ws = make_workspace(world, rank)
             meta = torch.device("meta")
             tokens = torch.empty(300, hidden, dtype=dtype, device=meta)
             ids = torch.empty(300, k, dtype=torch.int64, device=meta)
@@ -259,7 +292,7 @@ def compile_cases(make_workspace):
             request = Request("moe_dispatch", tuple(tokens.shape), dtype, meta,
                               others=(((300, k), torch.int64, meta),),
                               options=(("num_experts", experts), ("max_rows", max_rows)))
-            plan = Plan(request, "kernel", None, None, world, 1, ws, None, 3, (max_rows, hidden))
+            plan = Plan(request, "kernel", None, None, world, rank, ws, None, 3, (max_rows, hidden))
             out = torch.empty(max_rows, hidden, dtype=dtype, device=meta)
             _, counts, origin, self_rows = _dispatch(plan, tokens, out, ids)
             if dtype.is_floating_point and dtype.itemsize > 1:

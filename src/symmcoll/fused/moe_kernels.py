@@ -1,15 +1,23 @@
 """The kernels of MoE dispatch and combine (fused/moe.py: the algorithm, the layouts, the host side).
 
-Dispatch, per round of tokens: ``moe_route_kernel`` (local: stage token rows in my buffer; in the
-first round also sanitise topk_ids into my buffer's metadata and count slots per expert per block of
-TB tokens, the last program to finish turning the counts into prefixes over blocks and totals), then
-``moe_dispatch_kernel`` (entry barrier; pull every token row that has a local expert once from its
-source's buffer and store it into each of its local experts' rows; exit barrier).
+Dispatch, per round of tokens: ``moe_route_kernel`` (local: stage token rows in my buffer for the peers;
+in the first round also sanitise topk_ids into my buffer's metadata, count slots per expert per
+block of TB tokens and rank each slot among the block's slots of its expert; the last program to
+finish turns the counts into prefixes over blocks and totals), then ``moe_dispatch_kernel`` (entry
+barrier; pull every token row that has a local expert once and store it into each of its local
+experts' rows; exit barrier).
 
-Combine, per round of tokens: ``moe_push_kernel`` (an expert rank stores each of its output rows into
-the landing region of the row's source, at (token, slot)), then ``moe_combine_kernel`` (entry barrier;
-each source sums its tokens' slots, weighted, in fp32: a slot of a local expert straight from its own
-expert output, the others from its landing region; exit barrier).
+Combine, per round of tokens: ``moe_push_kernel`` (more than one rank only: an expert rank stores each
+of its output rows into the landing region of the row's source, at (token, slot)), then
+``moe_combine_kernel`` (entry barrier; each source sums its tokens' slots, weighted, in fp32: a slot
+of a local expert straight from its own expert output, the others from its landing region; exit
+barrier).
+
+Data movement is a token row (or a part of one) at a time: the row's k slots are a [KP2] vector, so a
+step is one [HB] load stored to every destination row at once (dispatch: a [KP2, HB] store of the
+row broadcast) or one [KP2, HB] load of every slot's row reduced in registers (combine). Row
+addresses are per-row scalars plus a contiguous range: 16-byte accesses wherever rows are 16-byte
+multiples, no per-element pointers, and k rows in flight per step.
 """
 
 import triton
@@ -17,6 +25,18 @@ import triton.language as tl
 
 from ..language import (ARG_MAX_ROWS, ARG_TOPK_IDS, announce, block_barrier, copy_blocks, narrow, peer_ptr,
                         record_argument)
+
+# Slots of a routing block compared with each other per step of the in-block ranking.
+RANK_CHUNK: tl.constexpr = tl.constexpr(32)
+
+
+@triton.jit
+def _sanitised_ids(ids_ptr, slot, b, tokens_n, num_experts, K: tl.constexpr, KP2: tl.constexpr, TB: tl.constexpr):
+    """(raw ids, ids with every id outside [0, E) as -1, valid) of slots ``slot`` of routing block ``b``."""
+    token = b * TB + slot // KP2
+    valid = (token < tokens_n) & (slot % KP2 < K)
+    raw = tl.load(ids_ptr + token * K + slot % KP2, mask=valid, other=-1)
+    return raw, tl.where((raw < 0) | (raw >= num_experts), -1, raw).to(tl.int32), valid
 
 
 @triton.jit
@@ -27,35 +47,43 @@ def moe_route_kernel(
     desc, buffer_ptrs_dev, counter_ptr,
     # this round's token rows (words) and their count in words; topk_ids [T, K] (int32 or int64)
     tokens_ptr, n_words, ids_ptr, tokens_n, num_experts,
-    # where in my buffer: block prefixes [NB, E] and totals [E] (int32 words), token rows (token words)
-    hist_off, totals_off, tokens_off,
-    # ROUTE: the first round (routes); TB tokens per routing block; E_P2 >= num_experts; SCAN_ROWS
-    # blocks per step of the scan
+    # where in my buffer: in-block ranks [T, K], block prefixes [NB, E] and totals [E] (int32 words),
+    # token rows (token words)
+    rank_off, hist_off, totals_off, tokens_off,
+    # ROUTE: the first round (routes); STAGE: peers read my rows (more than one rank); TB tokens per
+    # routing block; E_P2 >= num_experts; SCAN_ROWS blocks per step of the scan
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, TB: tl.constexpr, E_P2: tl.constexpr,
-    SCAN_ROWS: tl.constexpr, BLOCK: tl.constexpr, ROUTE: tl.constexpr,
+    SCAN_ROWS: tl.constexpr, BLOCK: tl.constexpr, ROUTE: tl.constexpr, STAGE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    copy_blocks(tokens_ptr, peer_ptr(buffer_ptrs_dev, rank, tokens_ptr.dtype.element_ty) + tokens_off, n_words, BLOCK)
+    if STAGE:
+        copy_blocks(tokens_ptr, peer_ptr(buffer_ptrs_dev, rank, tokens_ptr.dtype.element_ty) + tokens_off, n_words,
+                    BLOCK)
     if ROUTE:
         meta = peer_ptr(buffer_ptrs_dev, rank, tl.int32)
         blocks = tl.cdiv(tokens_n, TB)
         slot = tl.arange(0, TB * KP2)
         experts = tl.arange(0, E_P2)
         for b in range(pid, blocks, nprog):
-            token = b * TB + slot // KP2
-            valid = (token < tokens_n) & (slot % KP2 < K)
-            index = token * K + slot % KP2
-            raw = tl.load(ids_ptr + index, mask=valid, other=-1)
+            raw, ids, valid = _sanitised_ids(ids_ptr, slot, b, tokens_n, num_experts, K, KP2, TB)
             bad = valid & ((raw < -1) | (raw >= num_experts))
             if tl.max(bad.to(tl.int32), axis=0) > 0:
                 record_argument(status_ptr, ARG_TOPK_IDS, tl.max(tl.where(bad, raw, -(1 << 30)), axis=0).to(tl.int32),
                                 num_experts, rank, desc)
-            ids = tl.where(bad, -1, raw).to(tl.int32)
+            index = (b * TB + slot // KP2) * K + slot % KP2
             tl.store(meta + index, ids, mask=valid)
             counts = tl.histogram(ids, E_P2, mask=ids >= 0)
             tl.store(meta + hist_off + b * num_experts + experts, counts, mask=experts < num_experts)
+            # Each slot's rank among the block's earlier slots of its expert (token, then slot order).
+            ranks = tl.zeros([TB * KP2], tl.int32)
+            for c in tl.static_range(0, TB * KP2, RANK_CHUNK):
+                other = c + tl.arange(0, RANK_CHUNK)
+                _, other_ids, _ = _sanitised_ids(ids_ptr, other, b, tokens_n, num_experts, K, KP2, TB)
+                same = (other_ids[None, :] == ids[:, None]) & (other[None, :] < slot[:, None])
+                ranks += tl.sum(same.to(tl.int32), axis=1)
+            tl.store(meta + rank_off + index, ranks, mask=valid)
         # The last program to get here turns every block's counts into prefixes over blocks: it waits
         # for nobody (the others are done), so neither co-residency nor program order matters.
         tl.debug_barrier()
@@ -78,16 +106,15 @@ def moe_dispatch_kernel(
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
     # this call: descriptor; the shared buffer's address table
     desc, buffer_ptrs_dev,
-    # outputs: rows by local expert (words), expert counts [EL] int64, row origins [max_rows] int64,
-    # my own tokens' rows [T, K] int64
-    out_ptr, counts_ptr, origin_ptr, self_ptr,
-    tokens_n, row_words, max_rows, num_experts, hist_off, totals_off, tokens_off,
-    # this round: routing blocks [first_block, end_block) (the first one staged first in every buffer);
-    # each block's rows are moved in `parts` parts of part_words words (programs take (source, block,
-    # part) items, so that small batches still keep every program busy)
-    first_block, end_block, parts, part_words,
+    # my own token rows of this round (words); outputs: rows by local expert (words), expert counts [EL]
+    # int64, row origins [max_rows] int64, my own tokens' rows [T, K] int64
+    tokens_ptr, out_ptr, counts_ptr, origin_ptr, self_ptr,
+    tokens_n, row_words, max_rows, num_experts, rank_off, hist_off, totals_off, tokens_off,
+    # this round: tokens [t0, t0 + tq) of every source (rows staged from t0 on in every buffer); each
+    # row is moved in `parts` parts of part_words words (programs take (source, TT tokens, part) items)
+    t0, tq, parts, part_words,
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, EL: tl.constexpr, ELP2: tl.constexpr,
-    TB: tl.constexpr, HB: tl.constexpr, PEERS: tl.constexpr,
+    TB: tl.constexpr, TT: tl.constexpr, HB: tl.constexpr, PEERS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -103,7 +130,7 @@ def moe_dispatch_kernel(
         expert_total = tl.sum(totals, axis=0)
         starts = tl.cumsum(totals, axis=0) - totals + (tl.cumsum(expert_total, axis=0) - expert_total)[None, :]
         received = tl.sum(expert_total, axis=0)
-        if first_block == 0:
+        if t0 == 0:
             if pid == 0:
                 tl.store(counts_ptr + local, expert_total.to(tl.int64), mask=local < EL)
                 if received > max_rows:
@@ -111,47 +138,47 @@ def moe_dispatch_kernel(
             for r0 in range(received + pid * 1024, max_rows, nprog * 1024):
                 rows = r0 + tl.arange(0, 1024)
                 tl.store(origin_ptr + rows, tl.full([1024], -1, tl.int64), mask=rows < max_rows)
-        slot = tl.arange(0, TB * KP2)
+        slot = tl.arange(0, TT * KP2)
         j = slot % KP2
-        column = tl.arange(0, KP2)
+        in_group = tl.arange(0, TT)
         lane = tl.arange(0, HB)
-        blocks = end_block - first_block
-        for item in range(pid, WORLD * blocks * parts, nprog):
+        groups = tl.cdiv(tq, TT)
+        for item in range(pid, WORLD * groups * parts, nprog):
             # Sources in the order rank+1, rank+2, ...: the ranks do not all read rank 0 first.
-            src = (rank + 1 + item // (blocks * parts)) % WORLD
-            b = first_block + item // parts % blocks
+            src = (rank + 1 + item // (groups * parts)) % WORLD
+            first_token = t0 + item // parts % groups * TT
             part = item % parts
             meta = peer_ptr(buffer_ptrs_dev, src, tl.int32)
-            # Rows of each local expert before this block: earlier experts, earlier sources, earlier blocks.
-            before = tl.sum(tl.where(ranks[:, None] == src, starts, 0), axis=0) + \
-                tl.load(meta + hist_off + b * num_experts + rank * EL + local, mask=local < EL, other=0)
-            token = b * TB + slot // KP2
-            valid = (token < tokens_n) & (j < K)
+            # Each slot's row: start of (expert, source) + rows of earlier blocks + rank in its block.
+            token = first_token + slot // KP2
+            valid = (j < K) & (token < t0 + tq)
             ids = tl.load(meta + token * K + j, mask=valid, other=-1)
             mine = valid & (ids >= rank * EL) & (ids < (rank + 1) * EL)
-            onehot = (mine[:, None] & ((ids - rank * EL)[:, None] == local[None, :])).to(tl.int32)
-            dest = tl.sum(onehot * (tl.cumsum(onehot, axis=0) - onehot + before[None, :]), axis=1)
+            first = tl.sum(tl.where(ranks[:, None] == src, starts, 0), axis=0)
+            dest = tl.gather(first, tl.where(mine, ids - rank * EL, 0), 0) + \
+                tl.load(meta + hist_off + token // TB * num_experts + ids, mask=mine, other=0) + \
+                tl.load(meta + rank_off + token * K + j, mask=mine, other=0)
             kept = mine & (dest < max_rows)
             if part == 0:
                 tl.store(origin_ptr + dest, (src * tokens_n + token).to(tl.int64) * K + j, mask=kept)
                 if src == rank:
                     tl.store(self_ptr + token * K + j, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
-            # Each token row with a local expert is read once, and stored for each of its local experts.
-            dest2 = tl.reshape(dest, [TB, KP2]).to(tl.int64)
-            kept2 = tl.reshape(kept, [TB, KP2]).to(tl.int32)
-            wanted = tl.max(kept2, axis=1) > 0
-            staged = peer_ptr(buffer_ptrs_dev, src, out_ptr.dtype.element_ty) + tokens_off + \
-                ((b - first_block) * TB + tl.arange(0, TB)).to(tl.int64)[:, None] * row_words
-            part_end = tl.minimum(part * part_words + part_words, row_words)
-            for h0 in range(part * part_words, part_end, HB):
-                h = h0 + lane
-                in_row = h[None, :] < part_end
-                values = tl.load(staged + h[None, :], mask=wanted[:, None] & in_row)
-                for slot_j in tl.static_range(K):
-                    pick = column[None, :] == slot_j
-                    to = tl.sum(tl.where(pick, dest2, 0), axis=1)
-                    keep = tl.sum(tl.where(pick, kept2, 0), axis=1) > 0
-                    tl.store(out_ptr + to[:, None] * row_words + h[None, :], values, mask=keep[:, None] & in_row)
+            # Each row is read once (mine: from my tokens; a peer's: from its staged copy) and stored into
+            # each of its local experts' rows.
+            if tl.max(kept.to(tl.int32), axis=0) > 0:
+                if src == rank:
+                    rows = tokens_ptr
+                else:
+                    rows = peer_ptr(buffer_ptrs_dev, src, out_ptr.dtype.element_ty) + tokens_off
+                rows = rows + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
+                to = out_ptr + dest.to(tl.int64)[:, None] * row_words
+                part_end = tl.minimum(part * part_words + part_words, row_words)
+                for h0 in range(part * part_words, part_end, HB):
+                    h = h0 + lane
+                    values = tl.load(rows + h[None, :], mask=(first_token + in_group < t0 + tq)[:, None] &
+                                     (h[None, :] < part_end))
+                    copies = tl.reshape(tl.broadcast_to(values[:, None, :], (TT, KP2, HB)), (TT * KP2, HB))
+                    tl.store(to + h[None, :], copies, mask=kept[:, None] & (h[None, :] < part_end))
         # Nobody restages its buffer (next round or call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
 
@@ -164,8 +191,9 @@ def moe_push_kernel(
     desc, landing_ptrs_dev,
     # my expert outputs [max_rows, hidden], expert counts [EL], row origins [max_rows] (from dispatch)
     expert_ptr, counts_ptr, origin_ptr, tokens_n, hidden, max_rows,
-    # this round: tokens [t0, t0 + tq) of every source
-    t0, tq,
+    # this round: tokens [t0, t0 + tq) of every source; rows in `parts` parts of part_len elements
+    # (programs take (block of RB rows, part) items)
+    t0, tq, parts, part_len,
     WORLD: tl.constexpr, K: tl.constexpr, EL: tl.constexpr, ELP2: tl.constexpr, RB: tl.constexpr,
     HB: tl.constexpr,
 ):
@@ -176,20 +204,29 @@ def moe_push_kernel(
     rows_held = tl.minimum(tl.sum(tl.load(counts_ptr + local, mask=local < EL, other=0), axis=0), max_rows)
     table = landing_ptrs_dev.to(tl.pointer_type(tl.uint64))
     lane = tl.arange(0, HB)
-    steps = tl.cdiv(hidden, HB)
-    # One loop over (block of rows, block of a row): each step loads its rows' origins again (cached)
-    for step in range(pid, tl.cdiv(rows_held, RB) * steps, nprog):
-        row = step // steps * RB + tl.arange(0, RB)
-        h = step % steps * HB + lane
-        origin = tl.load(origin_ptr + row, mask=row < rows_held, other=-1)
-        src = (origin // (tokens_n * K)).to(tl.int32)
-        token = (origin // K) % tokens_n
-        send = (origin >= 0) & (src != rank) & (token >= t0) & (token < t0 + tq)
-        landing = tl.load(table + tl.where(send, src, rank)).to(tl.pointer_type(expert_ptr.dtype.element_ty))
-        at = landing + ((token - t0) * K + origin % K) * hidden
-        keep = send[:, None] & (h[None, :] < hidden)
-        values = tl.load(expert_ptr + row.to(tl.int64)[:, None] * hidden + h[None, :], mask=keep)
-        tl.store(at[:, None] + h[None, :], values, mask=keep)
+    in_block = tl.arange(0, RB)
+    for item in range(pid, tl.cdiv(rows_held, RB) * parts, nprog):
+        first = item // parts * RB
+        part = item % parts
+        part_end = tl.minimum(part * part_len + part_len, hidden)
+        # The block's rows that go out in this round: one vector load of their origins first.
+        origins = tl.load(origin_ptr + first + in_block, mask=first + in_block < rows_held, other=-1)
+        token = (origins // K) % tokens_n
+        send = (origins >= 0) & ((origins // (tokens_n * K)).to(tl.int32) != rank) & (token >= t0) & \
+            (token < t0 + tq)
+        if tl.max(send.to(tl.int32), axis=0) > 0:
+            for r in range(first, tl.minimum(first + RB, rows_held)):
+                origin = tl.load(origin_ptr + r)
+                src = (origin // (tokens_n * K)).to(tl.int32)
+                slot_token = (origin // K) % tokens_n
+                if (origin >= 0) & (src != rank) & (slot_token >= t0) & (slot_token < t0 + tq):
+                    landing = tl.multiple_of(tl.load(table + src).to(tl.pointer_type(expert_ptr.dtype.element_ty)),
+                                             16)
+                    at = landing + ((slot_token - t0) * K + origin % K) * hidden
+                    for h0 in range(part * part_len, part_end, HB):
+                        h = h0 + lane
+                        tl.store(at + h, tl.load(expert_ptr + tl.cast(r, tl.int64) * hidden + h, mask=h < part_end),
+                                 mask=h < part_end)
 
 
 @triton.jit
@@ -201,10 +238,10 @@ def moe_combine_kernel(
     # my expert outputs [max_rows, hidden]; my tokens' weights and ids [T, K]; my own tokens' rows
     # [T, K] (from dispatch); the result [T, hidden]
     expert_ptr, weights_ptr, ids_ptr, self_ptr, out_ptr, tokens_n, hidden, max_rows, num_experts,
-    # this round: my tokens [t0, t0 + tq); rows in `parts` parts of part_words elements (programs take
-    # (block of tokens, part) items)
-    t0, tq, parts, part_words,
-    WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, EL: tl.constexpr, TB: tl.constexpr,
+    # this round: my tokens [t0, t0 + tq); rows in `parts` parts of part_len elements (programs take
+    # (TT tokens, part) items)
+    t0, tq, parts, part_len,
+    WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, EL: tl.constexpr, TT: tl.constexpr,
     HB: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -212,37 +249,36 @@ def moe_combine_kernel(
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
     if block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD) == 0:
         landing = peer_ptr(landing_ptrs_dev, rank, expert_ptr.dtype.element_ty)
-        column = tl.arange(0, KP2)
+        slot = tl.arange(0, TT * KP2)
+        in_group = tl.arange(0, TT)
         lane = tl.arange(0, HB)
         end = tl.minimum(t0 + tq, tokens_n)
-        for item in range(pid, tl.cdiv(end - t0, TB) * parts, nprog):
-            token = t0 + item // parts * TB + tl.arange(0, TB)
+        groups = tl.cdiv(end - t0, TT)
+        for item in range(pid, groups * parts, nprog):
+            first_token = t0 + item // parts * TT
             part = item % parts
-            part_end = tl.minimum(part * part_words + part_words, hidden)
-            in_round = token < end
-            at = token[:, None] * K + column[None, :]
-            slots = in_round[:, None] & (column[None, :] < K)
-            ids = tl.load(ids_ptr + at, mask=slots, other=-1)
-            valid = slots & (ids >= 0) & (ids < num_experts)
+            part_end = tl.minimum(part * part_len + part_len, hidden)
+            token = first_token + slot // KP2
+            at = token * K + slot % KP2
+            valid = (slot % KP2 < K) & (token < end)
+            ids = tl.load(ids_ptr + at, mask=valid, other=-1)
+            valid = valid & (ids >= 0) & (ids < num_experts)
             weights = tl.load(weights_ptr + at, mask=valid, other=0).to(tl.float32)
             own_row = tl.load(self_ptr + at, mask=valid, other=-1)
             mine = ids // EL == rank
             # A local slot whose row did not fit max_rows (reported by dispatch) contributes nothing.
             use = valid & (~mine | ((own_row >= 0) & (own_row < max_rows)))
-            for h0 in range(part * part_words, part_end, HB):
+            if WORLD == 1:
+                rows = expert_ptr + own_row * hidden
+            else:
+                rows = tl.where(mine, expert_ptr + own_row * hidden, landing + (at - t0 * K).to(tl.int64) * hidden)
+            out_rows = out_ptr + (first_token + in_group).to(tl.int64)[:, None] * hidden
+            out_ok = (first_token + in_group < end)[:, None]
+            for h0 in range(part * part_len, part_end, HB):
                 h = h0 + lane
-                acc = tl.zeros([TB, HB], tl.float32)
-                for j in tl.static_range(K):
-                    pick = column[None, :] == j
-                    use_j = tl.sum(tl.where(pick, use.to(tl.int32), 0), axis=1) > 0
-                    from_self = tl.sum(tl.where(pick, mine.to(tl.int32), 0), axis=1) > 0
-                    own_j = tl.sum(tl.where(pick, own_row, 0), axis=1).to(tl.int64)
-                    landed = ((token - t0) * K + j).to(tl.int64)
-                    src = tl.where(from_self[:, None], expert_ptr + own_j[:, None] * hidden,
-                                   landing + landed[:, None] * hidden) + h[None, :]
-                    values = tl.load(src, mask=use_j[:, None] & (h[None, :] < part_end), other=0).to(tl.float32)
-                    acc += values * tl.sum(tl.where(pick, weights, 0.0), axis=1)[:, None]
-                tl.store(out_ptr + token.to(tl.int64)[:, None] * hidden + h[None, :],
-                         narrow(acc, out_ptr.dtype.element_ty), mask=in_round[:, None] & (h[None, :] < part_end))
+                values = tl.load(rows[:, None] + h[None, :], mask=use[:, None] & (h[None, :] < part_end), other=0)
+                acc = tl.sum(tl.reshape(values.to(tl.float32) * weights[:, None], (TT, KP2, HB)), axis=1)
+                tl.store(out_rows + h[None, :], narrow(acc, out_ptr.dtype.element_ty),
+                         mask=out_ok & (h[None, :] < part_end))
         # Nobody pushes into my landing region (next round or call) until I have read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)

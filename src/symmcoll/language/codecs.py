@@ -10,8 +10,8 @@ Formats (``FMT`` constexpr; ``FORMATS`` maps the public names):
 ``amax`` is the largest magnitude in the group; a group holding Inf or NaN gets a NaN scale (and zero
 codes), so non-finite input turns its whole group into NaN instead of being lost. Every step is
 IEEE fp32 arithmetic with a fixed rounding (``div_rn``; half away from zero for the integer formats;
-nearest-even for fp8, done with integer operations so that the interpreter and the GPU agree bit for
-bit): the same values give the same codes on every machine, and ``symmcoll.reference`` emulates it
+nearest-even for fp8 through ``blocks.narrow``, the package's one fp8 rounding, on which the interpreter
+and the GPU agree bit for bit): the same values give the same codes on every machine, and ``symmcoll.reference`` emulates it
 exactly. Launches of these helpers must pass ``enable_fp_fusion=False`` (a fused multiply-add would
 round ``x * inv + 0.5`` once instead of twice).
 
@@ -24,12 +24,13 @@ non-negative or a positive NaN: their sign bit is clear, and EMPTY's is set.
 import triton
 import triton.language as tl
 
+from .blocks import narrow
+
 FORMATS = {"int8": 0, "fp8": 1, "int4": 2}
 FORMAT_BITS = {0: 8, 1: 8, 2: 4}
 
 _POSITIVE_NAN: tl.constexpr = tl.constexpr(0x7FC00000)
 _EXPONENT_ALL_ONES: tl.constexpr = tl.constexpr(0x7F800000)
-_E4M3_MIN_NORMAL_BITS: tl.constexpr = tl.constexpr(0x3C800000)  # 2 ** -6 as fp32 bits
 
 
 @triton.jit
@@ -44,35 +45,17 @@ def _qmax(FMT: tl.constexpr):
 
 @triton.jit
 def _e4m3_encode(t):
-    """fp32 in [-448, 448] -> e4m3fn code (int32 0..255), rounded to nearest-even; never 0x80."""
-    bits = t.to(tl.int32, bitcast=True)
-    sign = (bits >> 31) & 1
-    mag = bits & 0x7FFFFFFF
-    # Normal results: round the fp32 mantissa to 3 bits; a carry moves into the exponent as it should.
-    rounded = mag + 0x7FFFF + ((mag >> 20) & 1)
-    normal = (rounded >> 20) - (120 << 3)  # rebias the exponent: 127 -> 7
-    # Subnormal results (|t| < 2**-6): the code is |t| * 2**9 rounded half to even; 8 rolls over to
-    # the smallest normal, whose code is 8 as well.
-    exponent = mag >> 23
-    mantissa = (mag & 0x7FFFFF) | 0x800000
-    shift = tl.minimum(tl.maximum(141 - exponent, 1), 25)  # past 25 bits everything rounds to 0
-    kept = mantissa >> shift
-    rest = mantissa & ((1 << shift) - 1)
-    half = 1 << (shift - 1)
-    kept += ((rest > half) | ((rest == half) & ((kept & 1) == 1))).to(tl.int32)
-    code = tl.where(mag >= _E4M3_MIN_NORMAL_BITS, normal, kept)
-    return tl.where(code == 0, 0, code | (sign << 7))
+    """fp32 in [-448, 448] -> e4m3fn code (int32 0..255), rounded to nearest-even by ``blocks.narrow``
+    (the GPU's conversion; emulated bit for bit under the interpreter); negative zero becomes +0, so
+    0x80 never appears."""
+    code = narrow(t, tl.float8e4nv).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
+    return tl.where(code == 0x80, 0, code)
 
 
 @triton.jit
 def _e4m3_decode(codes):
-    """e4m3fn codes (low 8 bits of int32) -> fp32 values (exact)."""
-    c = codes & 0xFF
-    exponent = (c >> 3) & 0xF
-    mantissa = c & 7
-    normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
-    value = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)
-    return tl.where((c >> 7) == 1, -value, value)
+    """e4m3fn codes (low 8 bits of int32; never a NaN code) -> fp32 values (exact)."""
+    return (codes & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
 @triton.jit

@@ -248,7 +248,7 @@ def post_header(header_ptrs_dev, phase, epoch, desc, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def _headers(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
+def header_status(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
     """(peers whose header is not yet this epoch's, peers whose header names another call, their
     descriptors); nothing pending when ``check`` is 0."""
     lanes = tl.arange(0, MAX_WORLD)
@@ -260,7 +260,7 @@ def _headers(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def _end_wait(data_pending, wrong, theirs, header_pending, budget, status_ptr, rank, peer, desc):
+def end_wait(data_pending, wrong, theirs, header_pending, budget, status_ptr, rank, peer, desc):
     """After a wait loop: record a mismatch (preferred: it names the cause) or a timeout; returns the
     spins left (0 after any failure)."""
     lanes = tl.arange(0, MAX_WORLD)
@@ -290,20 +290,20 @@ def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, desc, o
     that later waits of the same program give up at once."""
     ready = epoch.to(tl.int64) << 32
     slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
-    late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+    late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
     budget = spin_budget
     spins = 0
     while (pending | (tl.max(late.to(tl.int32), axis=0) > 0)) & (tl.max(wrong.to(tl.int32), axis=0) == 0) \
             & (budget > 0):
         slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
-        late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+        late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
-    return slots, _end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
+    return slots, end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
 
 
 @triton.jit
@@ -314,20 +314,20 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
     sender's final value: no flag, no fence), and the headers as ``wait_flagged`` does. Returns
     (words, spins left)."""
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+    late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
     budget = spin_budget
     spins = 0
     while (pending | (tl.max(late.to(tl.int32), axis=0) > 0)) & (tl.max(wrong.to(tl.int32), axis=0) == 0) \
             & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+        late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
-    return words, _end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
+    return words, end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
 
 
 @triton.jit
@@ -337,21 +337,21 @@ def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_
     (one block-wide reduction) covers every peer, and the loads of all rows are in flight together.
     On timeout the error record names the first row still pending."""
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+    late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
     budget = spin_budget
     spins = 0
     while ((tl.max(pending, axis=0) > 0) | (tl.max(late.to(tl.int32), axis=0) > 0)) \
             & (tl.max(wrong.to(tl.int32), axis=0) == 0) & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        late, wrong, theirs = _headers(own_headers, check, epoch, desc, rank, WORLD)
+        late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     first = tl.min(tl.where(pending > 0, rows, MAX_WORLD), axis=0)
-    return words, _end_wait(tl.max(pending, axis=0) > 0, wrong, theirs, late, budget, status_ptr, rank, first,
+    return words, end_wait(tl.max(pending, axis=0) > 0, wrong, theirs, late, budget, status_ptr, rank, first,
                             desc)
 
 

@@ -20,7 +20,7 @@ none is EMPTY, then puts the EMPTY words back. Cost: one word in 16 (6.25%) more
 import triton
 import triton.language as tl
 
-from .signals import ARG_SPLITS, MAX_WORLD, _end_wait, _headers, failed_elsewhere, record_argument
+from .signals import ARG_SPLITS, MAX_WORLD, end_wait, failed_elsewhere, header_status, record_argument
 
 # Data words per mask word (a power of two: blocks of data words hold whole groups).
 ESCAPE_GROUP: tl.constexpr = tl.constexpr(16)
@@ -44,20 +44,20 @@ def wait_counts(count_ptr, rows, is_src, own_headers, epoch, desc, spin_budget, 
     0 where not a source; spins left, 0 if the wait gave up: recorded, naming the first late source)."""
     tagged = tl.load(count_ptr + rows, mask=is_src, other=0, volatile=True)
     late = is_src & ((tagged >> 32).to(tl.int32) != epoch)
-    late_headers, wrong, theirs = _headers(own_headers, 1, epoch, desc, rank, WORLD)
+    late_headers, wrong, theirs = header_status(own_headers, 1, epoch, desc, rank, WORLD)
     budget = spin_budget
     spins = 0
     while ((tl.max(late.to(tl.int32), axis=0) > 0) | (tl.max(late_headers.to(tl.int32), axis=0) > 0)) \
             & (tl.max(wrong.to(tl.int32), axis=0) == 0) & (budget > 0):
         tagged = tl.load(count_ptr + rows, mask=is_src, other=0, volatile=True)
         late = is_src & ((tagged >> 32).to(tl.int32) != epoch)
-        late_headers, wrong, theirs = _headers(own_headers, 1, epoch, desc, rank, WORLD)
+        late_headers, wrong, theirs = header_status(own_headers, 1, epoch, desc, rank, WORLD)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     first = tl.min(tl.where(late, rows, WORLD), axis=0)
-    budget = _end_wait(tl.max(late.to(tl.int32), axis=0) > 0, wrong, theirs, late_headers, budget, status_ptr, rank,
+    budget = end_wait(tl.max(late.to(tl.int32), axis=0) > 0, wrong, theirs, late_headers, budget, status_ptr, rank,
                        first, desc)
     return tl.where(is_src, tagged & 0xFFFFFFFF, 0), budget
 
@@ -93,7 +93,7 @@ def wait_escaped(data_ptrs, mask_ptrs, valid, rows, EMPTY: tl.constexpr, spin_bu
             budget = budget * 0
     first = tl.min(tl.where(pending > 0, rows, 1 << 20), axis=0)
     no_headers = tl.arange(0, MAX_WORLD) < 0  # headers were checked with the counts
-    budget = _end_wait(tl.max(pending, axis=0) > 0, no_headers, tl.zeros([MAX_WORLD], tl.int32), no_headers, budget,
+    budget = end_wait(tl.max(pending, axis=0) > 0, no_headers, tl.zeros([MAX_WORLD], tl.int32), no_headers, budget,
                        status_ptr, rank, first, desc)
     lane = tl.arange(0, words.shape[1])
     escaped = ((masks >> (lane % ESCAPE_GROUP)[None, :]) & 1) != 0

@@ -56,6 +56,17 @@ def sanitize(words, FORMAT: tl.constexpr):
         return tl.where((words & _HIGH_HALF) == _NEG_ZERO_F32, words & 0xFFFF, words)
 
 
+@triton.jit
+def sanitize_values(values, FORMAT: tl.constexpr):
+    """fp32 values of the format (bf16/fp16 values, or fp32) as they read after a trip through
+    sanitised words (``values`` -> ``pack`` -> ``sanitize`` -> ``unpack``), without the trip: 16-bit
+    negative zeros -> +0; the fp32 value whose bits are EMPTY -> -0.0."""
+    if FORMAT == 2:
+        return sanitize(values.to(tl.int32, bitcast=True), FORMAT).to(tl.float32, bitcast=True)
+    else:
+        return tl.where(values == 0.0, 0.0, values)
+
+
 def padded_words(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """``x`` flattened to a whole number of int32 words (a 16-bit tensor of odd length gets one
     spare element), and whether it was padded."""
