@@ -183,6 +183,163 @@ def _quantized_and_moe(rank, world, rows):
                  "wrong": int(err is None or err > 1e-2), "error": error})
 
 
+def _roofline_protocols(rank, world, rows):
+    """The protocols issue 23 changed, against answers computed locally from every rank's (seeded)
+    inputs, every result the same on every rank where it must be: all_reduce_rms_norm one_shot and
+    two_shot (own rows as values, peer code only on several ranks) at hidden sizes of every tile shape
+    (16384: 1 row per step; 4096: 2; 4099: no 16-byte rows), bf16 / fp16 / fp32, fp8 outputs, several
+    pieces, three calls and a CUDA graph replayed with new data; MoE dispatch and combine (per-token
+    items, in-block ranks, push only across ranks, combine in rounds) bit-exact, graph replays."""
+    dev = torch.device("cuda", 0)
+    gen = lambda seed: torch.Generator(device=dev).manual_seed(seed)  # noqa: E731
+    cases = [(6, 16384, torch.bfloat16, None), (139, 4096, torch.bfloat16, "fp8_per_token"),
+             (33, 4099, torch.float16, "fp8_per_tensor"), (2049, 8192, torch.bfloat16, None),
+             (64, 1024, torch.float32, None)]
+    for tokens, hidden, dtype, quant in cases:
+        for name in ("one_shot", "two_shot"):
+            error, err, digest = None, None, None
+            try:
+                for call in range(3):
+                    x_of = lambda r: torch.randn(tokens, hidden, generator=gen(600 + 10 * call + r),  # noqa: E731
+                                                 device=dev).to(dtype)
+                    residual = torch.randn(tokens, hidden, generator=gen(700 + call), device=dev).to(dtype)
+                    weight = torch.randn(hidden, generator=gen(701), device=dev).to(dtype)
+                    new_res = (residual.float() + sum(x_of(r).float() for r in range(world))).to(dtype).float()
+                    normed = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
+                    scale = (normed.abs().max() / 300).reshape(1) if quant == "fp8_per_tensor" else None
+                    out = symmcoll.all_reduce_rms_norm(x_of(rank), residual, weight, 1e-6, algorithm=name, quant=quant,
+                                                       scale=scale)
+                    torch.cuda.synchronize()
+                    symmcoll.check()
+                    got = out[0].float() * (out[2] if quant == "fp8_per_token" else scale if quant else 1.0)
+                    err = max(err or 0.0, float((out[1].float() - new_res).norm() / new_res.norm()),
+                              float((got - normed).norm() / normed.norm()))
+                word = torch.int16 if dtype != torch.float32 else torch.int32
+                digest = int(out[1].view(word).to(torch.int64).sum()) + \
+                    int(out[0].view(torch.uint8 if quant else word).to(torch.int64).sum())
+            except Exception as exc:  # noqa: BLE001
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                symmcoll.reset()
+            digests = [None] * world
+            dist.all_gather_object(digests, digest)
+            bound = 0.07 if quant else 2e-2
+            same = len(set(digests)) == 1
+            rows.append({"check": "roofline_rms_norm", "algorithm": name, "shape": [tokens, hidden],
+                         "dtype": str(dtype), "quant": quant, "rel_err": err, "same_on_every_rank": same,
+                         "wrong": int(err is None or err > bound or not same), "error": error})
+    # A CUDA graph of the fused op, replayed with new x.
+    for name in ("one_shot", "two_shot"):
+        error, err = None, None
+        try:
+            x = torch.zeros(40, 2048, device=dev, dtype=torch.bfloat16)
+            residual = torch.randn(40, 2048, generator=gen(800), device=dev).to(torch.bfloat16)
+            weight = torch.ones(2048, device=dev, dtype=torch.bfloat16)
+            symmcoll.all_reduce_rms_norm(x, residual, weight, 1e-6, algorithm=name)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = [symmcoll.all_reduce_rms_norm(x, residual, weight, 1e-6, algorithm=name) for _ in range(2)]
+            for replay in range(3):
+                x_of = lambda r: torch.randn(40, 2048, generator=gen(900 + 10 * replay + r),  # noqa: E731
+                                             device=dev).to(torch.bfloat16)
+                x.copy_(x_of(rank))
+                graph.replay()
+                torch.cuda.synchronize()
+                want = (residual.float() + sum(x_of(r).float() for r in range(world))).to(torch.bfloat16).float()
+                err = max(err or 0.0, max(float((o[1].float() - want).norm() / want.norm()) for o in out))
+            symmcoll.check()
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            symmcoll.reset()
+        rows.append({"check": "roofline_rms_norm_graph", "algorithm": name, "rel_err": err,
+                     "wrong": int(err is None or err > 1e-2), "error": error})
+    for T, H, E, k in ((300, 7168, 8 * world, 2), (128, 4096, 64, 8), (1000, 1000, 4 * world, 3), (7, 16, 2 * world, 1),
+                       (2048, 7168, 8 * world, 8)):
+        error, wrong = None, None
+        try:
+            wrong = 0
+            for call in range(2):
+                wrong += _moe_exact(rank, world, T, H, E, k, call, dev)
+            symmcoll.check()
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            symmcoll.reset()
+        rows.append({"check": "roofline_moe", "algorithm": "auto", "shape": [T, H, E, k], "wrong_elements": wrong,
+                     "wrong": int(wrong is None or wrong > 0), "error": error})
+    error, wrong = None, None
+    try:
+        wrong = _moe_graph(rank, world, dev)
+        symmcoll.check()
+    except Exception as exc:  # noqa: BLE001
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        symmcoll.reset()
+    rows.append({"check": "roofline_moe_graph", "algorithm": "auto", "wrong_elements": wrong,
+                 "wrong": int(wrong is None or wrong > 0), "error": error})
+
+
+def _moe_routing(r, T, H, E, k, call, dev):
+    """Rank r's tokens (rank-, token- and call-coded, exact in bf16), ids (distinct experts per token,
+    a dropped slot every 7th token) and dyadic weights."""
+    i = torch.arange(T * H, device=dev).reshape(T, H)
+    tokens = ((i * 7 + r * 5 + call * 3) % 9 - 4).to(torch.bfloat16)
+    g = torch.Generator(device=dev).manual_seed(1000 + 10 * call + r)
+    ids = torch.argsort(torch.rand(T, E, generator=g, device=dev), dim=1)[:, :k]
+    ids[3::7, -1] = -1
+    weights = torch.tensor([0.5, 0.25, 2.0, 1.0, 0.125, 4.0, 1.0, 0.5][:k], device=dev).repeat(T, 1)
+    return tokens, ids, weights
+
+
+def _moe_expected(rank, world, T, H, E, k, call, dev):
+    """What dispatch must give this rank (rows by local expert, then source, token, slot) and, with the
+    experts multiplying their rows by (local expert + 1), what combine must give."""
+    local = E // world
+    rows = []
+    for e in range(rank * local, (rank + 1) * local):
+        for src in range(world):
+            tokens, ids, _ = _moe_routing(src, T, H, E, k, call, dev)
+            hit = (ids == e).nonzero()
+            rows.append(tokens[hit[:, 0]])
+    recv = torch.cat(rows)
+    tokens, ids, weights = _moe_routing(rank, T, H, E, k, call, dev)
+    scale = torch.where(ids >= 0, weights * (ids % local + 1).float(), 0.0).sum(1, keepdim=True)
+    return recv, (tokens.float() * scale).to(torch.bfloat16)
+
+
+def _moe_exact(rank, world, T, H, E, k, call, dev):
+    tokens, ids, weights = _moe_routing(rank, T, H, E, k, call, dev)
+    recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, E)
+    want_recv, want_out = _moe_expected(rank, world, T, H, E, k, call, dev)
+    n = want_recv.shape[0]
+    wrong = int((recv[:n].view(torch.int16) != want_recv.view(torch.int16)).sum()) + int(counts.sum()) - n
+    expert = torch.repeat_interleave(torch.arange(counts.numel(), device=dev), counts)
+    expert_out = torch.zeros_like(recv)
+    expert_out[:n] = (recv[:n].float() * (expert[:, None] + 1)).to(torch.bfloat16)
+    out = symmcoll.moe_combine(expert_out, weights, handle)
+    torch.cuda.synchronize()
+    return wrong + int((out.view(torch.int16) != want_out.view(torch.int16)).sum())
+
+
+def _moe_graph(rank, world, dev):
+    """dispatch + combine captured once, replayed with new tokens (same routing): exact each time."""
+    T, H, E, k = 256, 2048, 4 * world, 4
+    tokens, ids, weights = _moe_routing(rank, T, H, E, k, 0, dev)
+    recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, E)
+    symmcoll.moe_combine(recv, weights, handle)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, E)
+        out = symmcoll.moe_combine(recv, weights, handle)
+    wrong = 0
+    for replay in range(3):
+        tokens.copy_(_moe_routing(rank, T, H, E, k, replay, dev)[0].roll(replay, 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = (tokens.float() * torch.where(ids >= 0, weights, 0.0).sum(1, keepdim=True)).to(torch.bfloat16)
+        wrong += int((out.view(torch.int16) != want.view(torch.int16)).sum())
+    return wrong
+
+
 def _remote_tma(rank, world, rows):
     """Can a device-side TMA descriptor address a peer's mapped memory? Here the peer's buffer is an IPC
     mapping of memory on the same GPU (between GPUs the mapping is over NVLink; not tested here)."""
@@ -319,11 +476,16 @@ def _host_overhead(rank, world, rows, rounds=30, calls=20):
         launcher.FAST = True
 
 
-def _all_checks():
+STAGES = (_correctness, _all_gather_matmul, _row_parallel, _quantized_and_moe, _roofline_protocols, _remote_tma,
+          _mismatch, _graphs, _compile, _host_overhead, _capture_without_warmup)
+
+
+def _all_checks(stages=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = []
-    for stage in (_correctness, _all_gather_matmul, _row_parallel, _quantized_and_moe, _remote_tma, _mismatch, _graphs,
-                  _compile, _host_overhead, _capture_without_warmup):
+    for stage in STAGES:
+        if stages and stage.__name__.lstrip("_") not in stages:
+            continue
         t0 = time.monotonic()
         try:
             stage(rank, world, rows)
@@ -340,9 +502,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--stages", nargs="+", default=None, choices=[s.__name__.lstrip("_") for s in STAGES],
+                        help="only these stages (default: all)")
     args = parser.parse_args()
     os.environ.setdefault("SYMMCOLL_TIMEOUT_S", "10")
-    results = launch.run(_all_checks, args.world_size, device="cuda-shared", timeout=540)
+    results = launch.run(_all_checks, args.world_size, args.stages, device="cuda-shared", timeout=540)
     info = {"git": os.environ.get("SYMMCOLL_GIT_SHA", "unknown"), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(0), "world_size": args.world_size,
             "mode": "ranks share one GPU (time-sliced): correctness and host overhead only"}
@@ -353,7 +517,8 @@ def main() -> None:
     for r in rows:
         if r["check"] in ("host_us_per_call", "mismatch", "compile", "cuda_graph", "capture_without_warmup",
                           "stage_seconds", "all_gather_matmul", "remote_tma", "matmul_reduce_scatter",
-                          "matmul_all_reduce", "all_reduce_rms_norm", "all_reduce_quantized", "moe_dispatch_combine"):
+                          "matmul_all_reduce", "all_reduce_rms_norm", "all_reduce_quantized", "moe_dispatch_combine",
+                          "roofline_rms_norm", "roofline_rms_norm_graph", "roofline_moe", "roofline_moe_graph"):
             print(json.dumps(r))
     exact = [r for r in rows if r["check"] == "exact"]
     print(f"exact checks: {len(exact)} cases, {sum(1 for r in exact if not r['wrong'] and not r['error'])} exact")

@@ -4,7 +4,8 @@
 #                                                            [gemm-tune] [gemm-bench]
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
-#                                                            [scaleout-multi] [backend]
+#                                                            [scaleout-multi] [backend] [roofline]
+#                                                            [roofline-bench] [roofline-shared]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -131,6 +132,32 @@ for stage in $stages; do
       SYMMCOLL_BACKEND_RESULTS="$OUT/backend_gpu.jsonl" timeout ${BACKEND_TIMEOUT:-470} python3 -m pytest -v -rA -s \
         -p no:cacheprovider -m gpu ${BACKEND_FILTER:+-k "$BACKEND_FILTER"} tests/test_compile_backend.py 2>&1 \
         | tee "$OUT/backend_gpu.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    roofline)
+      # Issue 23, one GPU, world size 1: every candidate config of all_reduce_rms_norm, moe_dispatch /
+      # moe_combine and the codec kernels beside torch (eager, torch.compile) and the SM copy rate, each
+      # checked against the fp32 reference first; the code before the change too if old_main/src exists
+      # (git archive --prefix=old_main/ <base sha> src | tar x). ROOFLINE_PARTS narrows (rms moe codecs).
+      old=""; [ -d old_main/src ] && old="--old-src old_main/src"
+      timeout ${ROOFLINE_TIMEOUT:-475} python3 benchmarks/roofline.py --out "$OUT/roofline.json" \
+        --deadline ${ROOFLINE_DEADLINE:-400} $old ${ROOFLINE_PARTS:+--parts $ROOFLINE_PARTS} 2>&1 | tee "$OUT/roofline.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    roofline-bench)
+      # The same ops through `symmcoll bench` with the roofline columns (bytes, GB/s, % of the copy rate),
+      # world size 1 (ROOFLINE_WORLD). Two calls fit 8 minutes each: the default ops, then
+      # ROOFLINE_BENCH_OPS="moe_dispatch moe_combine".
+      ops=${ROOFLINE_BENCH_OPS:-all_reduce_rms_norm all_reduce_quantized}
+      timeout ${ROOFLINE_TIMEOUT:-475} python3 -m symmcoll bench --op $ops --world-size ${ROOFLINE_WORLD:-1} \
+        ${ROOFLINE_SHAPES:+--shapes $ROOFLINE_SHAPES} -n ${ROOFLINE_ITERS:-10} --out "$OUT" 2>&1 | tee "$OUT/roofline_bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    roofline-shared)
+      # The changed protocols (all_reduce_rms_norm one/two-shot, MoE dispatch/combine) with two ranks
+      # sharing GPU 0: exact or within tolerance, the same bits on every rank, graph replays.
+      timeout ${SHARED_TIMEOUT:-475} python3 benchmarks/shared_gpu_check.py --world-size ${SHARED_WORLD_SIZE:-2} \
+        --stages roofline_protocols --out "$OUT/roofline_shared.json" 2>&1 | tee "$OUT/roofline_shared.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     quantized-tests)

@@ -1,4 +1,7 @@
 """``symmcoll bench --op all_gather_matmul ...``: fused ops beside their unfused baselines, by shape.
+Memory-bound ops (bench/memory_bound.py: all_reduce_rms_norm, all_reduce_quantized, moe_dispatch,
+moe_combine) get the roofline instead of FLOPs: bytes per rank, GB/s and % of the SM copy rate measured
+at the start of the same run (bench/roofline.py).
 
 Per (shape, implementation), on every rank: bind inputs (random, seeded by rank), check the result
 against an fp32 reference (relative error; nothing is timed that does not match), time CUDA-graph
@@ -28,7 +31,7 @@ import symmcoll
 import symmcoll.reference
 from symmcoll import plan
 
-from . import provenance
+from . import memory_bound, provenance, roofline
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
@@ -46,6 +49,17 @@ class FusedSpec:
     baselines: dict = field(default_factory=dict)  # name -> (inputs, group) -> thunk, or raises
     # A baseline that computes something else than the op (e.g. the all-reduce alone): its reference.
     baseline_references: dict = field(default_factory=dict)  # name -> (inputs, group) -> fp32 result
+    local_name: str = "cublas (whole problem, one GPU)"
+    # Memory-bound ops (bench/memory_bound.py): bytes(shape, dtype, world, algorithm, inputs, rank) -> the
+    # bytes of this rank's memory the implementation must move (or None): rows get GB/s and % of the
+    # copy rate measured in the same run.
+    bytes: Callable | None = None
+    # compare_rows(result, inputs, group, shape) -> the rows of the result that are defined (the check
+    # compares those with as many rows of the reference); tolerance(shape, dtype) -> float or None.
+    compare_rows: Callable | None = None
+    tolerance: Callable | None = None
+    # run, reference, baselines and baseline_references take the shape as their last argument
+    shape_args: bool = False
 
 
 # ---- all_gather_matmul -----------------------------------------------------------------------------
@@ -137,39 +151,7 @@ MMAR = FusedSpec(
 )
 
 
-# all-reduce + residual + RMSNorm: shapes (tokens, hidden); the "local" row is torch's add + RMSNorm
-# without communication, and a baseline row times symmcoll.all_reduce alone (the target: the fused op
-# costs at most that + 0.5 us up to 512 tokens).
-
-def _norm_inputs(shape, dtype, rank, world, call, device):
-    tokens, hidden = shape
-    g = torch.Generator(device=device).manual_seed(1000 * call + rank)
-    x = torch.randn(tokens, hidden, generator=g, device=device, dtype=torch.float32).to(dtype)
-    shared = torch.Generator(device=device).manual_seed(1000 * call + 77)  # the same on every rank
-    residual = torch.randn(tokens, hidden, generator=shared, device=device, dtype=torch.float32).to(dtype)
-    weight = torch.randn(hidden, generator=shared, device=device, dtype=torch.float32).to(dtype)
-    return x, residual, weight
-
-
-def _local_add_rms_norm(shape, dtype, device):
-    x, residual, weight = _norm_inputs(shape, dtype, 0, 1, 0, device)
-    return lambda: torch.nn.functional.rms_norm(residual + x, (shape[1],), weight, 1e-6)
-
-
-ARN = FusedSpec(
-    op="all_reduce_rms_norm",
-    shapes=tuple((t, h) for h in (8192, 6144) for t in (1, 6, 32, 138, 512, 2048, 8192)),
-    inputs=_norm_inputs,
-    reference=lambda inputs, group: symmcoll.reference.all_reduce_rms_norm(*inputs, 1e-6, group)[0],
-    run=lambda algorithm, inputs, group: symmcoll.all_reduce_rms_norm(*inputs, 1e-6, group, algorithm=algorithm)[0],
-    flops=lambda s: 0,
-    local=_local_add_rms_norm,
-    baselines={"symmcoll:all_reduce alone": lambda inputs, group: lambda: symmcoll.all_reduce(inputs[0], group)},
-    baseline_references={"symmcoll:all_reduce alone": lambda inputs, group: symmcoll.reference.all_reduce(
-        inputs[0].float(), group)},
-)
-
-SPECS = {spec.op: spec for spec in (AGMM, MMRS, MMAR, ARN)}
+SPECS = {spec.op: spec for spec in (AGMM, MMRS, MMAR, *memory_bound.specs(FusedSpec))}
 
 
 def _local_matmul(shape, dtype, device):
@@ -224,39 +206,52 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
     return times, mode
 
 
+def _call(spec: FusedSpec, fn: Callable, *args, shape):
+    return fn(*args, shape) if spec.shape_args else fn(*args)
+
+
 def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, replays: int,
-              calls_per_graph: int) -> list[dict]:
+              calls_per_graph: int, copy_gbps: float | None = None) -> list[dict]:
     """Every implementation of ``op`` at ``shape`` (collective; the same rows on every rank)."""
     spec = SPECS[op]
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device())
     dtype = TORCH_DTYPES[dtype_name]
-    rows = []
-    local_times, local_mode = _time(spec.local(shape, dtype, device), replays, calls_per_graph, group)
-    local_us = _slowest(statistics.median(local_times), group)
-    rows.append(_row(op, "cublas (whole problem, one GPU)", "local", shape, dtype_name, world, local_us, local_us,
-                     spec.flops(shape), None, local_mode, None))
+    rows, local_us = [], None
+    tolerance = (spec.tolerance and spec.tolerance(shape, dtype_name)) or TOLERANCE[dtype_name]
+
+    def moved(algorithm, inputs):
+        return spec.bytes(shape, dtype, world, algorithm, inputs, rank) if spec.bytes else None
+    if spec.local is not None:
+        local_times, local_mode = _time(spec.local(shape, dtype, device), replays, calls_per_graph, group)
+        local_us = _slowest(statistics.median(local_times), group)
+        rows.append(_row(op, spec.local_name, "local", shape, dtype_name, world, local_us, local_us,
+                         spec.flops(shape), None, local_mode, None, moved("local", None), copy_gbps))
     impls = [(f"symmcoll:{n}", "symmcoll", n) for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
     impls += [(name, "baseline", make) for name, make in spec.baselines.items()]
     for name, family, what in impls:
         if algorithms and not any(p == name or name.endswith(":" + p) for p in algorithms):
             continue
-        error, us, err, mode = None, None, None, None
+        error, us, err, mode, nbytes = None, None, None, None, None
         try:
             inputs = spec.inputs(shape, dtype, rank, world, 0, device)
-            thunk = (lambda i=inputs, w=what: spec.run(w, i, group)) if family == "symmcoll" else what(inputs, group)
+            thunk = (lambda i=inputs, w=what: _call(spec, spec.run, w, i, group, shape=shape)) \
+                if family == "symmcoll" else _call(spec, what, inputs, group, shape=shape)
             reference = spec.baseline_references.get(name, spec.reference)
-            want = reference(inputs, group)
-            err = _rel_err(thunk(), want)
-            if err > TOLERANCE[dtype_name]:
+            want = _call(spec, reference, inputs, group, shape=shape)
+            err = _checked_error(spec, thunk(), want, inputs, group, shape)
+            if err > tolerance:
                 raise AssertionError(f"relative error {err:.2e} before timing")
             times, mode = _time(thunk, replays, calls_per_graph, group)
             us = statistics.median(times)
             fresh = spec.inputs(shape, dtype, rank, world, 1, device)
             for dst, src in zip(inputs, fresh):
-                dst.copy_(src)
-            err = max(err, _rel_err(thunk(), reference(inputs, group)))
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
+            err = max(err, _checked_error(spec, thunk(), _call(spec, reference, inputs, group, shape=shape), inputs,
+                                          group, shape))
+            nbytes = moved(what if family == "symmcoll" else name, inputs)
             symmcoll.check()
         except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
             error = f"rank {rank}: {type(exc).__name__}: {exc}"[:300]
@@ -265,9 +260,17 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
         dist.all_gather_object(errors, error, group=group)
         error = next((e for e in errors if e), None)
         us = None if error else _slowest(us, group)
-        rows.append(_row(op, name, family, shape, dtype_name, world, us, local_us, spec.flops(shape), err, mode, error))
+        rows.append(_row(op, name, family, shape, dtype_name, world, us, local_us, spec.flops(shape), err, mode, error,
+                         nbytes, copy_gbps))
         torch.cuda.empty_cache()
     return rows
+
+
+def _checked_error(spec: FusedSpec, got: torch.Tensor, want: torch.Tensor, inputs, group, shape) -> float:
+    if spec.compare_rows is not None:
+        got = spec.compare_rows(got, inputs, group, shape)
+        want = want[:got.shape[0]]
+    return _rel_err(got, want)
 
 
 def _slowest(us: float | None, group) -> float | None:
@@ -276,50 +279,69 @@ def _slowest(us: float | None, group) -> float | None:
     return float(t) if float(t) >= 0 else None
 
 
-def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, error) -> dict:
+def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, error, nbytes=None,
+         copy_gbps=None) -> dict:
+    gbps = nbytes / us / 1e3 if us and nbytes else None
     return {"op": op, "implementation": name, "family": family, "shape": list(shape), "dtype": dtype,
-            "world_size": world, "median_us": us, "tflops": flops / us / 1e6 if us else None,
-            "x_cublas": us / local_us if us and local_us else None, "rel_err": err, "timing": mode, "error": error}
+            "world_size": world, "median_us": us, "tflops": flops / us / 1e6 if us and flops else None,
+            "x_cublas": us / local_us if us and local_us else None, "rel_err": err, "timing": mode, "error": error,
+            "bytes": nbytes, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps if gbps and copy_gbps else None}
 
 
 # ---- driver ------------------------------------------------------------------------------------------
 
 def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms, out_dir: Path, console,
         replays: int = 20, calls_per_graph: int = 3) -> int:
-    from rich.table import Table
-
     from ..launch import RankPool
     status = 0
     written = []
+    spec = SPECS[op]
     for world in world_sizes:
-        rows, info = [], None
+        rows, info, copy = [], None, None
         with RankPool(world, device="cuda") as pool:
             info = pool.run(provenance.collect, "cuda")[0]
+            if spec.bytes is not None:  # the roofline: every rank's SM copy rate, the slowest one counts
+                copy = min(r["best"] for r in pool.run(_copy_rates))
+                console.print(f"ws{world}: SM copy rate {copy:.0f} GB/s (read + write)", highlight=False)
             for shape in shapes:
                 t0 = time.monotonic()
-                rows += pool.run(run_shape, op, tuple(shape), dtype, algorithms, replays, calls_per_graph,
+                rows += pool.run(run_shape, op, tuple(shape), dtype, algorithms, replays, calls_per_graph, copy,
                                  timeout=600)[0]
                 console.print(f"ws{world} {op} {shape}: {time.monotonic() - t0:.0f} s", highlight=False)
-        table = Table(title=f"{op}, world size {world}, {dtype}, CUDA-graph replays (us per call, slowest rank)")
-        for column in ("M x N x K", "implementation", "us", "TFLOP/s", "x cuBLAS", "rel err", "note"):
-            table.add_column(column)
-        for r in rows:
-            table.add_row("x".join(map(str, r["shape"])), r["implementation"],
-                          f"{r['median_us']:.1f}" if r["median_us"] else "-",
-                          f"{r['tflops']:.0f}" if r["tflops"] else "-",
-                          f"{r['x_cublas']:.3f}" if r["x_cublas"] else "-",
-                          f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-",
-                          (r["error"] or r["timing"] or "")[:60])
-            status |= int(r["family"] == "symmcoll" and r["error"] is not None)
-        console.print(table)
+        console.print(_table(op, world, dtype, rows, spec))
+        status |= int(any(r["family"] == "symmcoll" and r["error"] is not None for r in rows))
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{op}-ws{world}-{info.created_utc.replace(':', '')}.json"
         written.append(path)
         path.write_text(json.dumps({"schema": "symmcoll.bench.fused/1", "provenance": asdict(info),
                                     "op": op, "dtype": dtype, "world_size": world, "replays": replays,
-                                    "calls_per_graph": calls_per_graph, "rows": rows}, indent=1))
+                                    "calls_per_graph": calls_per_graph, "copy_gbps": copy, "rows": rows}, indent=1))
         console.print(f"result written: {path}", highlight=False)
     return status
+
+
+def _copy_rates() -> dict:
+    return roofline.copy_gbps(torch.device("cuda", torch.cuda.current_device()))
+
+
+def _table(op: str, world: int, dtype: str, rows: list[dict], spec: FusedSpec):
+    """GEMM ops: time, TFLOP/s and x cuBLAS; memory-bound ops: time, GB/s, % of the copy rate, x local."""
+    from rich.table import Table
+    roof = spec.bytes is not None
+    table = Table(title=f"{op}, world size {world}, {dtype}, CUDA-graph replays (us per call, slowest rank)")
+    columns = ("shape", "implementation", "us", "GB/s", "% copy", "x local", "rel err", "note") if roof else \
+        ("M x N x K", "implementation", "us", "TFLOP/s", "x cuBLAS", "rel err", "note")
+    for column in columns:
+        table.add_column(column)
+    for r in rows:
+        rate = ((f"{r['gbps']:.0f}" if r["gbps"] else "-", f"{r['pct_copy']:.0f}" if r["pct_copy"] else "-")
+                if roof else (f"{r['tflops']:.0f}" if r["tflops"] else "-",))
+        table.add_row("x".join(map(str, r["shape"])), r["implementation"][:36],
+                      f"{r['median_us']:.1f}" if r["median_us"] else "-", *rate,
+                      f"{r['x_cublas']:.3f}" if r["x_cublas"] else "-",
+                      f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-",
+                      (r["error"] or r["timing"] or "")[:40 if roof else 60])
+    return table
 
 
 def rules_from_rows(rows: list[dict]):
@@ -329,7 +351,8 @@ def rules_from_rows(rows: list[dict]):
     from ..dispatch import Rule
     best: dict[tuple, dict[int, tuple[float, str]]] = {}
     for r in rows:
-        if r["family"] != "symmcoll" or r["error"] or r["median_us"] is None or r["implementation"] == "symmcoll:auto":
+        if r["family"] != "symmcoll" or r["error"] or r["median_us"] is None or r["implementation"] == "symmcoll:auto" \
+                or len(r["shape"]) > 2 and r["op"] == "all_reduce_rms_norm":  # fp8 output: keyed like bf16
             continue
         size = 1
         for v in r["shape"]:

@@ -124,8 +124,9 @@ def _receive(row_ptrs, rows, is_peer, b, n_words, n_groups, budget, status_ptr, 
     group = b * GROUPS + tl.arange(0, GROUPS)
     words, budget = take_rows(row_ptrs + word[None, :], is_peer[:, None] & (word < n_words)[None, :], rows, rank,
                               budget, status_ptr, desc, headers, epoch, check, WORLD)
-    scale_bits, budget = take_rows(row_ptrs + SCALES_AT + group[None, :], is_peer[:, None] & (group < n_groups)[None, :],
-                                   rows, rank, budget, status_ptr, desc, headers, epoch, 0, WORLD)
+    scale_bits, budget = take_rows(row_ptrs + SCALES_AT + group[None, :],
+                                   is_peer[:, None] & (group < n_groups)[None, :], rows, rank, budget, status_ptr, desc,
+                                   headers, epoch, 0, WORLD)
     return unpack_words(words, PEERS, BLOCK, BITS), scale_bits.to(tl.float32, bitcast=True), budget
 
 

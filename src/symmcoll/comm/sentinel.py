@@ -23,8 +23,9 @@ reduce_scatter.sentinel
     reduce_scatter.pull, decided by the resolver).
 
 Rotating slot sets keep it graph-safe (language/slots.py: the layout, and why a set is EMPTY again
-before anybody writes it again). Call descriptors travel in epoch-tagged headers at the start of each region, polled with each program's
-first block: a peer that made another call is reported and nothing is written to the output.
+before anybody writes it again). Call descriptors travel in epoch-tagged headers at the start of each
+region, polled with each program's first block: a peer that made another call is reported and nothing
+is written to the output.
 
 Peer tiles: the kernels handle all peers of a block as one [PEERS, BLOCK] tile (row i = rank i): one
 store sends a block to every peer, one volatile load of every peer's row is polled with one block-wide

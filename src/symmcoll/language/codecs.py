@@ -8,12 +8,12 @@ Formats (``FMT`` constexpr; ``FORMATS`` maps the public names):
     2 int4   codes in [-7, 7], 8 per word         scale = amax / 7
 
 ``amax`` is the largest magnitude in the group; a group holding Inf or NaN gets a NaN scale (and zero
-codes), so non-finite input turns its whole group into NaN instead of being lost. Every step is
-IEEE fp32 arithmetic with a fixed rounding (``div_rn``; half away from zero for the integer formats;
-nearest-even for fp8 through ``blocks.narrow``, the package's one fp8 rounding, on which the interpreter
-and the GPU agree bit for bit): the same values give the same codes on every machine, and ``symmcoll.reference`` emulates it
-exactly. Launches of these helpers must pass ``enable_fp_fusion=False`` (a fused multiply-add would
-round ``x * inv + 0.5`` once instead of twice).
+codes), so non-finite input turns its whole group into NaN instead of being lost. Every step is IEEE
+fp32 arithmetic with a fixed rounding (``div_rn``; half away from zero for the integer formats;
+nearest-even for fp8 through ``blocks.narrow``, the package's one fp8 rounding, on which the
+interpreter and the GPU agree bit for bit): the same values give the same codes on every machine, and
+``symmcoll.reference`` emulates it exactly. Launches of these helpers must pass
+``enable_fp_fusion=False`` (a fused multiply-add would round ``x * inv + 0.5`` once instead of twice).
 
 Byte values the codes never take, which the sentinel protocol relies on: the integer formats never
 produce -128 (0x80) or -8 (nibble 0x8), and fp8 never produces 0x80 (negative zero becomes +0), so

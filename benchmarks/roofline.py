@@ -1,0 +1,469 @@
+"""The memory-bound kernels at world size 1 on one GPU, every candidate beside torch and the copy rate
+(issue 23): all_reduce_rms_norm, moe_dispatch / moe_combine and the quantized all-reduce's codecs.
+
+    PYTHONPATH=src python3 benchmarks/roofline.py --out $OUT/roofline.json [--parts copy rms moe codecs]
+        [--old-src old_main/src] [--deadline 440]
+
+Every candidate is checked against the fp32 reference (bit-exact where the op is: MoE rows, codecs)
+before it is timed; a wrong one is reported and not timed. Times: median us per call over CUDA-graph
+replays of 10 calls. GB/s: the bytes each kernel must move (symmcoll.bench.roofline) over the time; %
+copy: against the best SM copy rate of the same run (a Triton copy kernel, torch copy_).
+
+* rms: tokens {1, 6, 32, 138, 512, 2048, 8192} x hidden {4096, 6144, 8192, 16384}, bf16, bf16 or fp8
+  (per token) output: torch add + RMSNorm eager and torch.compile'd, symmcoll one_shot and two_shot
+  with their default config, and at 32, 512 and 8192 tokens every (rows, warps, programs) candidate.
+* moe: tokens {128, 1024, 4096} x hidden {4096, 7168} x experts {8, 64, 256} x top-k {2, 8}: dispatch and
+  combine with the default config, torch (index_select; gather + weighted sum), and at 128 and 4096
+  tokens the (block, programs, warps, tokens per item) candidates.
+* codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
+  every (block, warps) candidate, 32 and 128 with the default.
+* old (``--old-src``: a tree of the code before, e.g. ``git archive --prefix=old_main/ <sha> src | tar x``):
+  the same rms and moe shapes through the public API of that tree, in a second process, same GPU.
+
+Sections run in that order and stop starting new work past ``--deadline`` seconds (the JSON says what
+was skipped). The JSON (provenance, copy rates, every row) is rewritten after every section; the compact
+table comes last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+class Sizes:
+    """What a run covers (``--smoke``: a few tiny cases on CPU ranks, interpreted: a check of this script)."""
+
+    def __init__(self, smoke: bool):
+        self.tokens = (1, 5) if smoke else (1, 6, 32, 138, 512, 2048, 8192)
+        self.hidden = (48, 40) if smoke else (4096, 6144, 8192, 16384)
+        self.sweep_tokens = (5,) if smoke else (32, 512, 8192)
+        self.moe_cases = [(20, 8, 8, 2), (20, 16, 8, 3)] if smoke else \
+            [(t, h, e, k) for t in (128, 1024, 4096) for h in (4096, 7168) for e in (8, 64, 256) for k in (2, 8)]
+        self.moe_sweep_tokens = (20,) if smoke else (128, 4096)
+        self.codec_numels = (8192,) if smoke else tuple((mb << 20) // 2 for mb in (1, 4, 16, 64, 256))
+        self.smoke = smoke
+
+
+QUANTS = (None, "fp8_per_token")
+# (block, max_programs, warps, tokens per item)
+MOE_CONFIGS = ((8192, 1024, 4, 1), (4096, 1024, 4, 1), (16384, 1024, 8, 1), (8192, 528, 4, 1), (8192, 264, 8, 1),
+               (8192, 1024, 4, 2))
+CODEC_CONFIGS = ((2048, 8), (4096, 8), (1024, 4), (8192, 16), (4096, 16))
+EPS = 1e-6
+START = time.monotonic()
+SIZES = Sizes(False)
+
+
+def time_us(fn, calls: int = 10, replays: int = 7) -> tuple[float, str]:
+    """Median us per call over CUDA-graph replays of ``calls`` calls (eager if capture fails; on CPU
+    wall-clock time of two calls: a check of the harness, not a measurement)."""
+    fn()
+    if SIZES.smoke:
+        t0 = time.perf_counter()
+        fn()
+        fn()
+        return (time.perf_counter() - t0) / 2 * 1e6, "cpu"
+    torch.cuda.synchronize()
+    mode = "graph"
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        step, per = graph.replay, calls
+    except Exception as exc:  # noqa: BLE001 - not everything captures: timed eagerly, and said so
+        torch.cuda.synchronize()
+        step, per, mode = fn, 1, f"eager ({type(exc).__name__})"
+    step()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / per)
+    return statistics.median(samples), mode
+
+
+def _exact(got, want) -> float:
+    """0.0 if the 16-bit patterns agree, else raises naming how many differ."""
+    wrong = int((got.view(torch.int16) != want.view(torch.int16)).sum())
+    if wrong:
+        raise AssertionError(f"{wrong} wrong elements")
+    return 0.0
+
+
+def rel_err(got, want) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+class Results:
+    def __init__(self, out: str, deadline: float):
+        self.out, self.deadline, self.rows, self.skipped, self.meta = out, deadline, [], [], {}
+
+    def late(self, what: str) -> bool:
+        if time.monotonic() - START > self.deadline:
+            self.skipped.append(what)
+            return True
+        return False
+
+    def add(self, section, name, case, fn, check, nbytes=None, **extra):
+        """Check ``fn`` (``check(result)`` -> error measure, raises if wrong), then time it."""
+        row = dict(section=section, name=name, case=list(case), bytes=nbytes, **extra)
+        try:
+            row["err"] = check(fn())
+            row["us"], row["mode"] = time_us(fn)
+            row["err"] = max(row["err"], check(fn()))  # again after timing
+            copy = self.meta.get("copy", {}).get("best")
+            row["gbps"] = nbytes / row["us"] / 1e3 if nbytes else None
+            row["pct_copy"] = 100 * row["gbps"] / copy if row["gbps"] and copy else None
+        except Exception as exc:  # noqa: BLE001 - reported; the sweep goes on
+            row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            import symmcoll
+            symmcoll.reset()
+        self.rows.append(row)
+        return row
+
+    def save(self):
+        with open(self.out, "w") as f:
+            json.dump(dict(meta=self.meta, skipped=self.skipped, elapsed_s=time.monotonic() - START, rows=self.rows),
+                      f, indent=1)
+
+
+# ---- sections -------------------------------------------------------------------------------------------
+
+def _norm_inputs(tokens, hidden, device):
+    g = torch.Generator(device=device).manual_seed(tokens * 7 + hidden)
+    make = lambda *shape: torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)  # noqa: E731
+    return make(tokens, hidden), make(tokens, hidden), make(hidden)
+
+
+def _norm_checker(x, residual, weight, quant, tolerance):
+    import symmcoll.reference as ref
+    want_normed, want_residual = ref.all_reduce_rms_norm(x, residual, weight, EPS)[:2]
+
+    def check(out):
+        normed, new_residual, scales = (out + (None,))[:3] if len(out) == 2 else out
+        got = normed.float() * scales if quant else normed
+        err = max(rel_err(got, want_normed), rel_err(new_residual, want_residual))
+        if err > tolerance:
+            raise AssertionError(f"relative error {err:.2e}")
+        return err
+    return check
+
+
+def rms_section(res: Results, device, sweep_configs: bool = True):
+    import symmcoll
+    from symmcoll import plan
+    from symmcoll.bench import memory_bound, roofline
+    from symmcoll.fused import all_reduce_rms_norm as arn
+    torch._dynamo.config.cache_size_limit = 64
+    for quant in QUANTS:
+        for hidden in SIZES.hidden:
+            for tokens in SIZES.tokens:
+                if res.late(f"rms {tokens}x{hidden} {quant}"):
+                    continue
+                x, residual, weight = _norm_inputs(tokens, hidden, device)
+                case = (tokens, hidden, quant or "bf16")
+                check = _norm_checker(x, residual, weight, quant, 0.07 if quant else 2e-2)
+                nbytes = roofline.rms_norm_bytes(tokens, hidden, 2, quant)
+                res.add("rms", "torch eager", case, lambda: memory_bound.add_rms_norm(x, residual, weight, quant),
+                        check, nbytes)
+                if not SIZES.smoke:  # inductor's CPU code is no baseline for a GPU kernel
+                    compiled = memory_bound.compiled_add_rms_norm((x, residual, weight), quant)
+                    res.add("rms", "torch.compile", case, compiled, check, nbytes)
+                options = (("eps", EPS), ("quant", quant))
+                request = plan.Request(arn.OP, (tokens, hidden), torch.bfloat16, device, options=options)
+                default = arn.gpu_config(request, 1)
+                configs = [("default", default)]
+                if sweep_configs and tokens in SIZES.sweep_tokens:
+                    configs += [(f"rows{c.block}/w{c.num_warps}/p{c.max_programs}", c) for c in _rms_candidates(hidden)
+                                if c != default]
+                for algorithm in ("one_shot", "two_shot"):
+                    for label, cfg in configs if algorithm == "one_shot" else configs[:1]:
+                        def run(cfg=cfg, algorithm=algorithm):
+                            return plan.resolve(arn.OP, x, None, algorithm, config=cfg, others=(residual, weight),
+                                                options=options).execute(x, others=(residual, weight))
+                        res.add("rms", f"symmcoll:{algorithm}", case, run, check, nbytes, config=label,
+                                rows=cfg.block, warps=cfg.num_warps, programs=cfg.max_programs)
+                symmcoll.check()
+    res.save()
+
+
+def _rms_candidates(hidden):
+    from symmcoll.plan import LaunchConfig
+    block_h = 1 << (hidden - 1).bit_length()
+    found = []
+    for rows in (1, 2, 4):
+        tile = rows * block_h
+        if tile > 16384 or (rows > 1 and tile > 8192):
+            continue
+        for warps in (4, 8, 16, 32):
+            if not 8 <= tile // (32 * warps) <= 64:
+                continue
+            for programs in (264, 528, 1024):
+                found.append(LaunchConfig(rows, programs, warps))
+    return found
+
+
+def _moe_inputs(tokens_n, hidden, experts, k, device):
+    i = torch.arange(tokens_n * hidden, device=device).reshape(tokens_n, hidden)
+    tokens = ((i * 7 + 5) % 9 - 4).to(torch.bfloat16)
+    rng = random.Random(tokens_n * 31 + experts * 7 + k)
+    ids = torch.tensor([rng.sample(range(experts), k) for _ in range(tokens_n)], device=device)
+    weights = torch.tensor([0.5, 0.25, 1.0, 2.0, 0.125, 0.75, 1.5, 0.375][:k], device=device).repeat(tokens_n, 1)
+    return tokens, ids, weights
+
+
+def moe_section(res: Results, device, sweep_configs: bool = True):
+    import symmcoll
+    import symmcoll.reference as ref
+    from symmcoll import plan
+    from symmcoll.bench import roofline
+    from symmcoll.fused import moe
+    from symmcoll.plan import LaunchConfig
+    for case in SIZES.moe_cases:
+        tokens_n, hidden, experts, k = case
+        if res.late(f"moe {case}"):
+            continue
+        tokens, ids, weights = _moe_inputs(*case, device)
+        want_recv, want_counts, want_origin, want_self = ref.moe_dispatch(tokens, ids, experts)
+        n = int(want_counts.sum())
+        expert_out = want_recv * 2
+        want_combined = ref.moe_combine(expert_out, weights, ids, want_origin, experts)
+        dispatch_bytes, combine_bytes = roofline.moe_bytes(ids.cpu(), experts, 1, 0, hidden * 2, ids.element_size(), 4)
+
+        def check_dispatch(out):
+            if not torch.equal(out[1], want_counts):
+                raise AssertionError(f"expert counts {out[1].tolist()}, want {want_counts.tolist()}")
+            return _exact(out[0][:n], want_recv[:n])
+
+        def check_combine(out):
+            return _exact(out, want_combined)
+        rows = want_origin[want_origin >= 0] // k % tokens_n
+        gathered = torch.empty(n, hidden, dtype=tokens.dtype, device=device)
+        res.add("moe_dispatch", "torch index_select", case,
+                lambda: (torch.index_select(tokens, 0, rows, out=gathered), want_counts), check_dispatch,
+                dispatch_bytes)
+        self_rows = want_self.clamp(min=0)
+        used = (want_self >= 0).float() * weights
+        res.add("moe_combine", "torch gather+sum", case,
+                lambda: (expert_out[self_rows].float() * used[..., None]).sum(1).to(expert_out.dtype), check_combine,
+                combine_bytes)
+        configs = [("default", None, moe.TOKENS_PER_ITEM["cuda"])]
+        if sweep_configs and tokens_n in SIZES.moe_sweep_tokens:
+            configs += [(f"b{b}/p{p}/w{w}/tt{tt}", LaunchConfig(b, p, w), tt) for b, p, w, tt in MOE_CONFIGS]
+        dispatch_options = (("num_experts", experts), ("max_rows", tokens_n * k))
+        for label, cfg, tt in configs:
+            moe.TOKENS_PER_ITEM["cuda"] = tt
+            handle = {}
+
+            def dispatch(cfg=cfg):
+                out = plan.resolve("moe_dispatch", tokens, None, "pull", config=cfg, others=(ids,),
+                                   options=dispatch_options).execute(tokens, others=(ids,))
+                handle["out"] = out
+                return out
+
+            def combine(cfg=cfg):
+                _, counts, origin, self_rows_ = handle["out"]
+                return plan.resolve("moe_combine", expert_out, None, "push", config=cfg,
+                                    others=(weights, ids, counts, origin, self_rows_),
+                                    options=(("num_experts", experts),)).execute(
+                    expert_out, others=(weights, ids, counts, origin, self_rows_))
+            extra = dict(config=label) if cfg is None else dict(config=label, block=cfg.block,
+                                                                programs=cfg.max_programs, warps=cfg.num_warps, tt=tt)
+            res.add("moe_dispatch", "symmcoll:pull", case, dispatch, check_dispatch, dispatch_bytes, **extra)
+            if "out" in handle:
+                res.add("moe_combine", "symmcoll:push", case, combine, check_combine, combine_bytes, **extra)
+        moe.TOKENS_PER_ITEM["cuda"] = 1
+        symmcoll.check()
+    res.save()
+
+
+def codec_section(res: Results, device):
+    import symmcoll.reference as ref
+    from symmcoll.bench import roofline
+    from symmcoll.language import EMPTY
+    for fmt in ("int8", "fp8", "int4"):
+        for group_size in (64, 32, 128):
+            for numel in SIZES.codec_numels:
+                mb = numel * 2 / (1 << 20)
+                if res.late(f"codec {fmt} G{group_size} {mb} MB"):
+                    continue
+                g = torch.Generator(device=device).manual_seed(numel + group_size)
+                x = (torch.randn(numel, generator=g, device=device) * 3).to(torch.bfloat16)
+                levels, scales_want = ref.quantize_groups(x.float(), fmt, group_size)
+                want = ref.dequantize_groups(levels, scales_want).to(torch.bfloat16)
+                words, scales = roofline.codec_buffers(numel, fmt, group_size, device)
+                out = torch.empty_like(x)
+                nbytes = roofline.codec_bytes(numel * 2, 2, fmt, group_size)
+
+                def check_codes(_):
+                    roofline.dequantize(words, scales, out, fmt, group_size)
+                    wrong = int(((out != want) & ~(out.isnan() & want.isnan())).sum())  # -0 == +0 here
+                    if wrong or bool((words == EMPTY.value).any()):
+                        raise AssertionError(f"{wrong} values differ from the emulation (or a word is EMPTY)")
+                    return 0.0
+                configs = (CODEC_CONFIGS if group_size == 64 else CODEC_CONFIGS[:1])[:1 if SIZES.smoke else None]
+                for block, warps in configs:
+                    label = f"b{block}/w{warps}"
+                    res.add("codec", f"{fmt} quantize", (f"{fmt} quantize", group_size, f"{mb:g}MB"),
+                            lambda b=block, w=warps: roofline.quantize(x, words, scales, fmt, group_size, b, w),
+                            check_codes, nbytes, config=label)
+                    res.add("codec", f"{fmt} dequantize", (f"{fmt} dequantize", group_size, f"{mb:g}MB"),
+                            lambda b=block, w=warps: roofline.dequantize(words, scales, out, fmt, group_size, b, w),
+                            lambda _: check_codes(None), nbytes, config=label)
+                del x, words, scales, out
+                torch.cuda.empty_cache()
+    res.save()
+
+
+def old_section(res: Results, old_src: str, parts, smoke: bool):
+    """The same rms and moe cases through the public API of the tree at ``old_src`` (a second process)."""
+    remaining = res.deadline - (time.monotonic() - START) - 10
+    if remaining < 30:
+        res.skipped.append("old (no time left)")
+        return
+    out = res.out + ".old.json"
+    env = dict(os.environ, PYTHONPATH=old_src)
+    cmd = [sys.executable, __file__, "--old-worker", "--out", out, "--deadline", str(int(remaining)),
+           "--parts", *[p for p in parts if p in ("rms", "moe")], *(["--smoke"] if smoke else [])]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=remaining + 30)
+    if proc.returncode:
+        res.skipped.append(f"old: exit {proc.returncode}: {proc.stderr[-300:]}")
+    try:
+        with open(out) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return
+    res.meta["old"] = old["meta"]
+    res.skipped += [f"old {s}" for s in old["skipped"]]
+    res.rows += [dict(r, name="old " + r["name"]) for r in old["rows"]]
+    res.save()
+
+
+def old_worker(res: Results, device, parts):
+    """Runs under the old tree: public API only (no bench.roofline there)."""
+    import symmcoll
+    import symmcoll.reference as ref
+    if "rms" in parts:
+        for quant in QUANTS:
+            for hidden in SIZES.hidden:
+                for tokens in SIZES.tokens:
+                    if res.late(f"rms {tokens}x{hidden} {quant}"):
+                        continue
+                    x, residual, weight = _norm_inputs(tokens, hidden, device)
+                    check = _norm_checker(x, residual, weight, quant, 0.07 if quant else 2e-2)
+                    for algorithm in ("one_shot", "two_shot", "auto"):
+                        res.add("rms", f"symmcoll:{algorithm}", (tokens, hidden, quant or "bf16"),
+                                lambda a=algorithm: symmcoll.all_reduce_rms_norm(x, residual, weight, EPS, algorithm=a,
+                                                                                 quant=quant), check)
+        res.save()
+    if "moe" in parts:
+        for case in SIZES.moe_cases:
+            if res.late(f"moe {case}"):
+                continue
+            tokens_n, hidden, experts, k = case
+            tokens, ids, weights = _moe_inputs(*case, device)
+            want = ref.moe_dispatch(tokens, ids, experts)
+            n = int(want[1].sum())
+            handle = {}
+
+            def dispatch():
+                handle["h"] = symmcoll.moe_dispatch(tokens, ids, experts)
+                return handle["h"]
+            res.add("moe_dispatch", "symmcoll:pull", case, dispatch, lambda out: _exact(out[0][:n], want[0][:n]))
+            expert_out = want[0] * 2
+            want_combined = ref.moe_combine(expert_out, weights, ids, want[2], experts)
+            if "h" in handle:
+                res.add("moe_combine", "symmcoll:push", case,
+                        lambda: symmcoll.moe_combine(expert_out, weights, handle["h"][2]),
+                        lambda out: _exact(out, want_combined))
+        res.save()
+
+
+# ---- the table ------------------------------------------------------------------------------------------
+
+def _fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def table(res: Results) -> str:
+    """One line per case: the best symmcoll candidate (and its config) beside its default config, torch
+    (eager, compiled) and the old kernel; x comp = best / torch.compile (rms), else best / torch."""
+    by_case = {}
+    for r in res.rows:
+        by_case.setdefault((r["section"], tuple(r["case"])), []).append(r)
+    lines = [f"copy rate: {_fmt(res.meta.get('copy', {}).get('best'), '.0f')} GB/s (read + write)",
+             f"{'section':<13}{'case':<26}{'best':>9}{'GB/s':>6}{'%cp':>4} {'config':<20}{'default':>9}"
+             f"{'torch':>9}{'compile':>9}{'x torch':>8}{'old':>9}"]
+    for (section, case), rows in by_case.items():
+        ok = [r for r in rows if "us" in r and not r["name"].startswith("old")]
+        mine = [r for r in ok if r["name"].startswith("symmcoll") or section == "codec"]
+        best = min(mine, key=lambda r: r["us"], default=None)
+        default = next((r["us"] for r in mine if r.get("config") in ("default", "b2048/w8")), None)
+        eager = next((r["us"] for r in ok if r["name"] in ("torch eager", "torch index_select", "torch gather+sum")),
+                     None)
+        compiled = next((r["us"] for r in ok if r["name"] == "torch.compile"), None)
+        versus = compiled or eager
+        old = [r["us"] for r in rows if r["name"].startswith("old") and "us" in r]
+        wrong = [r["name"] for r in rows if "error" in r]
+        lines.append(f"{section:<13}{'x'.join(map(str, case)):<26.26}{_fmt(best and best['us'], '9.1f')}"
+                     f"{_fmt(best and best.get('gbps'), '6.0f')}{_fmt(best and best.get('pct_copy'), '4.0f')} "
+                     f"{(best or {}).get('config', '-') or '-':<20.20}{_fmt(default, '9.1f')}{_fmt(eager, '9.1f')}"
+                     f"{_fmt(compiled, '9.1f')}{_fmt(best and versus and best['us'] / versus, '8.2f')}"
+                     f"{_fmt(min(old) if old else None, '9.1f')}" + (f"  WRONG/FAILED: {wrong}" if wrong else ""))
+    if res.skipped:
+        lines.append(f"skipped (deadline): {len(res.skipped)}: {res.skipped[:6]}")
+    return "\n".join(lines)
+
+
+def _main_rank(args):
+    global SIZES
+    SIZES = Sizes(args.smoke)
+    device = torch.device("cuda", torch.cuda.current_device()) if not args.smoke else torch.device("cpu")
+    res = Results(args.out, args.deadline)
+    if args.old_worker:
+        old_worker(res, device, args.parts)
+        return
+    from symmcoll.bench import provenance, roofline
+    res.meta["provenance"] = provenance.collect(device.type).__dict__
+    res.meta["copy"] = roofline.copy_gbps(device) if not args.smoke else {}
+    print(f"copy: {res.meta['copy']}", flush=True)
+    res.save()
+    for part, fn in (("rms", rms_section), ("moe", moe_section), ("codecs", codec_section)):
+        if part in args.parts:
+            t0 = time.monotonic()
+            fn(res, device)
+            print(f"{part}: {time.monotonic() - t0:.0f} s", flush=True)
+    if args.old_src:
+        old_section(res, args.old_src, args.parts, args.smoke)
+    res.save()
+    print(table(res), flush=True)
+    return res.rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--parts", nargs="+", default=["rms", "moe", "codecs"])
+    parser.add_argument("--old-src", default=None)
+    parser.add_argument("--deadline", type=float, default=440.0, help="seconds after which no new case starts")
+    parser.add_argument("--smoke", action="store_true", help="tiny cases on a CPU rank (checks this script)")
+    parser.add_argument("--old-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    from symmcoll import launch
+    launch.run(_main_rank, 1, args, device="cpu" if args.smoke else "cuda", timeout=int(args.deadline) + 200)
+
+
+if __name__ == "__main__":
+    main()

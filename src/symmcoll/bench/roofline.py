@@ -1,0 +1,224 @@
+"""The HBM roofline of the memory-bound ops: bytes each kernel must read and write, the rate an SM copy
+kernel reaches in the same run, and the codecs of the quantized all-reduce as kernels of their own.
+
+Copy rate (``copy_gbps``): the best of a Triton copy kernel (16-byte accesses, blocks of 8K-32K
+elements, a few warp counts) and torch's ``copy_``, over ``COPY_BYTES`` (1 GiB), as CUDA-graph
+replays; GB/s count bytes read plus bytes written. A kernel at p% of it moves its bytes p% as fast as
+a plain copy could on this GPU.
+
+Bytes each kernel must move (this rank's memory; what a perfect kernel would read and write once):
+
+* all_reduce_rms_norm, tokens T, hidden H, ``s`` = T * H * itemsize: x and residual read, new residual
+  and normed (1 byte per value for fp8) written, weight read, per-token scales written; with W > 1 also
+  the words peers store into my slots, which I read and reset: one-shot 3 (W-1) s, two-shot 6 (W-1)/W s.
+* moe_dispatch: my token rows read (each token once; W > 1: staged once more, written and read by the
+  peers that need it: ``sent`` rows), every received row written, topk_ids read, row origins and my own
+  tokens' rows written. moe_combine: every received expert output row read (W > 1: the remote ones
+  stored into the peers' landing regions: ``sent``), every (token, slot) row that lands here written by
+  a peer and read, every token row written, weights, ids and own rows read.
+* the quantized all-reduce of s bytes (codes of r bytes per input byte: BITS / 8 / itemsize + 4 /
+  (G * itemsize)): x read and the output written (2 s); W > 1 also both hops' codes landing in my slots,
+  read and reset: 6 (W-1)/W s r.
+* codecs: quantize reads s and writes s r; dequantize reads s r and writes s.
+
+``quantize_kernel`` / ``dequantize_kernel`` run the codec helpers of language/codecs.py exactly as the
+quantized all-reduce's stage 0 (quantize, pack, store codes and scales) and stage 2 (load, unpack,
+decode, narrow) do, over a whole tensor: their rates are the codecs' rates.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..language import FORMAT_BITS, FORMATS, dequantize_groups, narrow, pack_words, quantize_groups, unpack_words
+from ..launcher import launch
+
+COPY_BYTES = 1 << 30
+# (block, warps) of the Triton copy kernel: the best one sets the copy rate.
+COPY_CONFIGS = ((8192, 8), (16384, 16), (32768, 16))
+# Input elements per program step of the codec kernels (a multiple of every group size).
+CODEC_BLOCK = 2048
+CODEC_WARPS = 8
+
+
+@triton.jit
+def copy_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
+    """dst <- src, one block per program: the plain SM copy the roofline compares with."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def quantize_kernel(x_ptr, words_ptr, scales_ptr, numel, FMT: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """x (numel values, a multiple of BLOCK) -> packed codes (numel * BITS / 32 int32 words) and one fp32
+    scale per group of G: stage 0 of the quantized all-reduce over a whole tensor."""
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs[None, :], mask=offs[None, :] < numel, other=0).to(tl.float32)
+    codes, scales = quantize_groups(x, 1, BLOCK, G, FMT)
+    word = pid * (BLOCK * BITS // 32) + tl.arange(0, BLOCK * BITS // 32)
+    tl.store(words_ptr + word[None, :], pack_words(codes, 1, BLOCK, BITS), mask=word[None, :] < numel * BITS // 32)
+    group = pid * (BLOCK // G) + tl.arange(0, BLOCK // G)
+    tl.store(scales_ptr + group[None, :], scales, mask=group[None, :] < numel // G)
+
+
+@triton.jit
+def dequantize_kernel(words_ptr, scales_ptr, out_ptr, numel, FMT: tl.constexpr, BITS: tl.constexpr,
+                      G: tl.constexpr, BLOCK: tl.constexpr):
+    """Packed codes and scales -> values in out's dtype: stage 2 of the quantized all-reduce."""
+    pid = tl.program_id(0).to(tl.int64)
+    word = pid * (BLOCK * BITS // 32) + tl.arange(0, BLOCK * BITS // 32)
+    words = tl.load(words_ptr + word[None, :], mask=word[None, :] < numel * BITS // 32, other=0)
+    group = pid * (BLOCK // G) + tl.arange(0, BLOCK // G)
+    scales = tl.load(scales_ptr + group[None, :], mask=group[None, :] < numel // G, other=0)
+    values = dequantize_groups(unpack_words(words, 1, BLOCK, BITS), scales, 1, BLOCK, G, FMT)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs[None, :], narrow(values, out_ptr.dtype.element_ty), mask=offs[None, :] < numel)
+
+
+def copy(src: torch.Tensor, dst: torch.Tensor, block: int = 16384, warps: int = 16) -> None:
+    launch(copy_kernel, (triton.cdiv(src.numel(), block),), (src, dst, src.numel()),
+           dict(BLOCK=block, num_warps=warps))
+
+
+def codec_buffers(numel: int, fmt: str, group_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(words, scales) for ``numel`` values (a multiple of CODEC_BLOCK)."""
+    bits = FORMAT_BITS[FORMATS[fmt]]
+    return (torch.empty(numel * bits // 32, dtype=torch.int32, device=device),
+            torch.empty(numel // group_size, dtype=torch.float32, device=device))
+
+
+def _codec_meta(fmt: str, group_size: int, block: int, warps: int) -> dict:
+    code = FORMATS[fmt]
+    # x * inverse + 0.5 must round twice, as the all-reduce and the reference do.
+    return dict(FMT=code, BITS=FORMAT_BITS[code], G=group_size, BLOCK=block, num_warps=warps, enable_fp_fusion=False)
+
+
+def quantize(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, fmt: str, group_size: int,
+             block: int = CODEC_BLOCK, warps: int = CODEC_WARPS) -> None:
+    numel = x.numel()
+    if numel % block or block % group_size:
+        raise ValueError(f"x must hold a multiple of {block} values (got {numel}) and the block whole groups")
+    launch(quantize_kernel, (numel // block,), (x, words, scales, numel), _codec_meta(fmt, group_size, block, warps))
+
+
+def dequantize(words: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, fmt: str, group_size: int,
+               block: int = CODEC_BLOCK, warps: int = CODEC_WARPS) -> None:
+    numel = out.numel()
+    if numel % block or block % group_size:
+        raise ValueError(f"out must hold a multiple of {block} values (got {numel}) and the block whole groups")
+    launch(dequantize_kernel, (numel // block,), (words, scales, out, numel),
+           _codec_meta(fmt, group_size, block, warps))
+
+
+# ---- bytes each kernel must move ------------------------------------------------------------------------
+
+def code_ratio(fmt: str, group_size: int, itemsize: int) -> float:
+    """Code bytes (codes and scales) per input byte."""
+    return (FORMAT_BITS[FORMATS[fmt]] / 8 + 4 / group_size) / itemsize
+
+
+def rms_norm_bytes(tokens: int, hidden: int, itemsize: int, quant: str | None, world: int = 1,
+                   algorithm: str = "one_shot") -> int:
+    s = tokens * hidden * itemsize
+    local = 3 * s + tokens * hidden * (1 if quant else itemsize) + hidden * itemsize
+    local += 4 * tokens if quant == "fp8_per_token" else 0
+    if world > 1:
+        local += 3 * (world - 1) * s if algorithm == "one_shot" else 6 * (world - 1) * s // world
+    return local
+
+
+def quantized_all_reduce_bytes(nbytes: int, itemsize: int, fmt: str, group_size: int, world: int) -> int:
+    return int(2 * nbytes + (6 * (world - 1) / world * nbytes * code_ratio(fmt, group_size, itemsize)
+                             if world > 1 else 0))
+
+
+def codec_bytes(nbytes: int, itemsize: int, fmt: str, group_size: int) -> int:
+    """Either direction: s one way, s * r the other."""
+    return int(nbytes * (1 + code_ratio(fmt, group_size, itemsize)))
+
+
+def moe_bytes(topk_ids: torch.Tensor, num_experts: int, world: int, rank: int, row_bytes: int,
+              id_bytes: int, weight_bytes: int) -> tuple[int, int]:
+    """(dispatch, combine) bytes of this rank's memory for routing ``topk_ids`` (this rank's; the ranks'
+    routings are drawn alike, so this rank's counts stand for the rows it receives)."""
+    tokens_n, k = topk_ids.shape
+    local = num_experts // world
+    valid = (topk_ids >= 0) & (topk_ids < num_experts)
+    owner = torch.where(valid, topk_ids // local, -1)
+    slots = int(valid.sum())                      # (token, slot) rows: received ones, summed over ranks
+    remote_slots = int((valid & (owner != rank)).sum())
+    per_dest = torch.stack([(owner == d).any(dim=1) for d in range(world)], dim=1)  # token -> rank needs it
+    remote_rows = int(per_dest.sum()) - int(per_dest[:, rank].sum())
+    ids = tokens_n * k * id_bytes
+    dispatch = tokens_n * row_bytes + slots * row_bytes + ids + 2 * slots * 8 + tokens_n * k * 8
+    if world > 1:
+        dispatch += tokens_n * row_bytes + remote_rows * row_bytes  # staged, and read by the peers
+    combine = slots * row_bytes + tokens_n * row_bytes + ids + tokens_n * k * (weight_bytes + 8)
+    if world > 1:
+        combine += 2 * remote_slots * row_bytes  # landed here by the peers, read by me
+    return dispatch, combine
+
+
+# ---- the copy rate ---------------------------------------------------------------------------------------
+
+def time_us(fn, calls: int = 10, replays: int = 10) -> float:
+    """Median microseconds per call of ``fn`` as CUDA-graph replays (eager where capture fails)."""
+    fn()
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        step, per = graph.replay, calls
+    except Exception:  # noqa: BLE001 - not every baseline captures: eager instead
+        torch.cuda.synchronize()
+        step, per = fn, 1
+    step()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / per)
+    return sorted(samples)[len(samples) // 2]
+
+
+def copy_gbps(device, nbytes: int = COPY_BYTES) -> dict:
+    """GB/s (read + write) of every copy way over ``nbytes``, and ``best``: the rate the roofline uses."""
+    src = torch.empty(nbytes // 4, dtype=torch.int32, device=device).random_()
+    dst = torch.empty_like(src)
+    rates = {"torch copy_": 2 * nbytes / time_us(lambda: dst.copy_(src), calls=3, replays=5) / 1e3}
+    for block, warps in COPY_CONFIGS:
+        us = time_us(lambda b=block, w=warps: copy(src, dst, b, w), calls=3, replays=5)
+        rates[f"triton copy {block}/{warps}w"] = 2 * nbytes / us / 1e3
+    if not torch.equal(src, dst):
+        raise AssertionError("the copy kernel copied wrong data")
+    rates["best"] = max(rates.values())
+    return rates
+
+
+def compile_cases(make_workspace):
+    """The copy and codec kernels as ``symmcoll bench`` and benchmarks/roofline.py launch them: every
+    format, the group sizes of comm/quantized.py, bf16 and fp32."""
+    from ..comm.quantized import GROUP_SIZES
+    meta = torch.device("meta")
+    cases = [("roofline.copy", lambda: copy(torch.empty(1 << 20, dtype=torch.int32, device=meta),
+                                            torch.empty(1 << 20, dtype=torch.int32, device=meta)))]
+    for fmt in FORMATS:
+        for group_size in GROUP_SIZES:
+            for dtype in (torch.bfloat16, torch.float32):
+                def thunk(fmt=fmt, group_size=group_size, dtype=dtype):
+                    x = torch.empty(1 << 16, dtype=dtype, device=meta)
+                    words, scales = codec_buffers(x.numel(), fmt, group_size, meta)
+                    quantize(x, words, scales, fmt, group_size)
+                    dequantize(words, scales, torch.empty_like(x), fmt, group_size)
+                cases.append((f"roofline.codec.{fmt}.G{group_size}.{dtype}", thunk))
+    return cases
