@@ -14,11 +14,12 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   with their default config, and at 32, 512 and 8192 tokens every (rows, warps, programs) candidate.
 * moe: tokens {128, 1024, 4096} x hidden {4096, 7168} x experts {8, 64, 256} x top-k {2, 8}: dispatch and
   combine with the default config, torch (index_select; gather + weighted sum), and at 128 and 4096
-  tokens the (block, programs, warps, tokens per item) candidates.
+  tokens with 64 experts the (block, programs, warps, tokens per item) candidates.
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
   every (block, warps) candidate, 32 and 128 with the default.
 * old (``--old-src``: a tree of the code before, e.g. ``git archive --prefix=old_main/ <sha> src | tar x``):
-  the same rms and moe shapes through the public API of that tree, in a second process, same GPU.
+  rms at 32, 512 and 8192 tokens and MoE at hidden 7168, 64 experts, 128 and 4096 tokens, through the
+  public API of that tree, in a second process, same GPU.
 
 Sections run in that order and stop starting new work past ``--deadline`` seconds (the JSON says what
 was skipped). The JSON (provenance, copy rates, every row) is rewritten after every section; the compact
@@ -42,21 +43,25 @@ class Sizes:
     """What a run covers (``--smoke``: a few tiny cases on CPU ranks, interpreted: a check of this script)."""
 
     def __init__(self, smoke: bool):
-        self.tokens = (1, 5) if smoke else (1, 6, 32, 138, 512, 2048, 8192)
-        self.hidden = (48, 40) if smoke else (4096, 6144, 8192, 16384)
+        self.tokens = (5,) if smoke else (1, 6, 32, 138, 512, 2048, 8192)
+        self.hidden = (40,) if smoke else (4096, 6144, 8192, 16384)
         self.sweep_tokens = (5,) if smoke else (32, 512, 8192)
-        self.moe_cases = [(20, 8, 8, 2), (20, 16, 8, 3)] if smoke else \
+        self.moe_cases = [(20, 16, 8, 3)] if smoke else \
             [(t, h, e, k) for t in (128, 1024, 4096) for h in (4096, 7168) for e in (8, 64, 256) for k in (2, 8)]
-        self.moe_sweep_tokens = (20,) if smoke else (128, 4096)
-        self.codec_numels = (8192,) if smoke else tuple((mb << 20) // 2 for mb in (1, 4, 16, 64, 256))
+        # configs swept at these tokens, 64 experts (the experts do not change the data path)
+        self.moe_sweep = () if smoke else ((128, 64), (4096, 64))
+        # the old tree: rms at these tokens, MoE at these cases (the rest is in earlier result files)
+        self.old_tokens = (5,) if smoke else (32, 512, 8192)
+        self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
+        self.codec_numels = (4096,) if smoke else tuple((mb << 20) // 2 for mb in (1, 4, 16, 64, 256))
+        self.group_sizes = (64,) if smoke else (64, 32, 128)
         self.smoke = smoke
 
 
 QUANTS = (None, "fp8_per_token")
 # (block, max_programs, warps, tokens per item)
-MOE_CONFIGS = ((8192, 1024, 4, 1), (4096, 1024, 4, 1), (16384, 1024, 8, 1), (8192, 528, 4, 1), (8192, 264, 8, 1),
-               (8192, 1024, 4, 2))
-CODEC_CONFIGS = ((2048, 8), (4096, 8), (1024, 4), (8192, 16), (4096, 16))
+MOE_CONFIGS = ((4096, 1024, 4, 1), (16384, 1024, 8, 1), (8192, 528, 4, 1), (8192, 1024, 4, 2))
+CODEC_CONFIGS = ((2048, 8), (4096, 8), (1024, 4), (8192, 16))
 EPS = 1e-6
 START = time.monotonic()
 SIZES = Sizes(False)
@@ -260,7 +265,7 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
                 lambda: (expert_out[self_rows].float() * used[..., None]).sum(1).to(expert_out.dtype), check_combine,
                 combine_bytes)
         configs = [("default", None, moe.TOKENS_PER_ITEM["cuda"])]
-        if sweep_configs and tokens_n in SIZES.moe_sweep_tokens:
+        if sweep_configs and (tokens_n, experts) in SIZES.moe_sweep:
             configs += [(f"b{b}/p{p}/w{w}/tt{tt}", LaunchConfig(b, p, w), tt) for b, p, w, tt in MOE_CONFIGS]
         dispatch_options = (("num_experts", experts), ("max_rows", tokens_n * k))
         for label, cfg, tt in configs:
@@ -294,7 +299,7 @@ def codec_section(res: Results, device):
     from symmcoll.bench import roofline
     from symmcoll.language import EMPTY
     for fmt in ("int8", "fp8", "int4"):
-        for group_size in (64, 32, 128):
+        for group_size in SIZES.group_sizes:
             for numel in SIZES.codec_numels:
                 mb = numel * 2 / (1 << 20)
                 if res.late(f"codec {fmt} G{group_size} {mb} MB"):
@@ -316,10 +321,10 @@ def codec_section(res: Results, device):
                 configs = (CODEC_CONFIGS if group_size == 64 else CODEC_CONFIGS[:1])[:1 if SIZES.smoke else None]
                 for block, warps in configs:
                     label = f"b{block}/w{warps}"
-                    res.add("codec", f"{fmt} quantize", (f"{fmt} quantize", group_size, f"{mb:g}MB"),
+                    res.add("codec", f"{fmt} quantize", (fmt, "q", group_size, f"{mb:g}M"),
                             lambda b=block, w=warps: roofline.quantize(x, words, scales, fmt, group_size, b, w),
                             check_codes, nbytes, config=label)
-                    res.add("codec", f"{fmt} dequantize", (f"{fmt} dequantize", group_size, f"{mb:g}MB"),
+                    res.add("codec", f"{fmt} dequantize", (fmt, "dq", group_size, f"{mb:g}M"),
                             lambda b=block, w=warps: roofline.dequantize(words, scales, out, fmt, group_size, b, w),
                             lambda _: check_codes(None), nbytes, config=label)
                 del x, words, scales, out
@@ -358,7 +363,7 @@ def old_worker(res: Results, device, parts):
     if "rms" in parts:
         for quant in QUANTS:
             for hidden in SIZES.hidden:
-                for tokens in SIZES.tokens:
+                for tokens in SIZES.old_tokens:
                     if res.late(f"rms {tokens}x{hidden} {quant}"):
                         continue
                     x, residual, weight = _norm_inputs(tokens, hidden, device)
@@ -369,7 +374,7 @@ def old_worker(res: Results, device, parts):
                                                                                  quant=quant), check)
         res.save()
     if "moe" in parts:
-        for case in SIZES.moe_cases:
+        for case in SIZES.old_moe:
             if res.late(f"moe {case}"):
                 continue
             tokens_n, hidden, experts, k = case

@@ -98,11 +98,11 @@ def _arg_type(value):
 
 def spec_of(rec: launcher.Recorded, label: str = "") -> CompileSpec:
     """The compile spec of a recorded launch, specialised as Triton does at run time (integer
-    arguments equal to 1 become constexprs)."""
+    arguments equal to 1 become constexprs, unless the kernel says ``do_not_specialize``)."""
     names = [p.name for p in rec.kernel.params]
     signature, constexprs = [], []
-    for name, value in zip(names, rec.args):
-        if isinstance(value, int) and not isinstance(value, bool) and value == 1:
+    for param, name, value in zip(rec.kernel.params, names, rec.args):
+        if isinstance(value, int) and not isinstance(value, bool) and value == 1 and not param.do_not_specialize:
             signature.append((name, "constexpr"))
             constexprs.append((name, 1))
         else:

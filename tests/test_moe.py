@@ -1,5 +1,5 @@
 """MoE dispatch and combine against reference.py (torch all_to_all_single with host-side counts):
-random routing at 2, 3 and 4 ranks including experts that receive nothing, tokens whose k experts share
+random routing at 1 (no staging, no push), 2, 3 and 4 ranks including experts that receive nothing, tokens whose k experts share
 a rank, dropped slots (-1) and more than one routing block; rank- and token-coded rows, so a misplaced row
 names its source rank, token and expert; the "nccl" baseline; max_recv_rows too small and bad topk_ids
 reported naming the argument; rounds when the workspace is small; fake shapes. GPU-only: 200 calls of
@@ -123,6 +123,18 @@ def test_dispatch_combine(pools, world_size, shape):
     tokens_n, hidden, per_rank, k = shape
     experts = per_rank * world_size
     assert pools(world_size).run(_round_trip, tokens_n, hidden, experts, k, 2, ("pull", "push")) == [True] * world_size
+
+
+def _one_rank():
+    """World size 1: no staging, no push, one round; odd rows over several routing blocks, and every
+    slot of a token on the rank."""
+    for shape in ((300, 5, 8, 3), (24, 16, 16, 8)):
+        _round_trip(*shape, 2, ("pull", "push"))
+    return True
+
+
+def test_dispatch_combine_one_rank(pools):
+    assert pools(1).run(_one_rank) == [True]
 
 
 def test_nccl_baseline(pools):

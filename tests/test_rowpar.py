@@ -1,5 +1,5 @@
 """The row-parallel fused ops on CPU ranks: matmul_reduce_scatter, matmul_all_reduce and
-all_reduce_rms_norm, every algorithm, world sizes 2-4, bf16 and fp16, odd shapes (M not a multiple of
+all_reduce_rms_norm, every algorithm, world sizes 2-4 (all_reduce_rms_norm also 1), bf16 and fp16, odd shapes (M not a multiple of
 the tile, N not a multiple of 16), back-to-back calls with fresh data, against the fp32 reference
 (normwise relative error, a tolerance per dtype)."""
 
@@ -157,7 +157,9 @@ def _arn_cases():
 
 def _arn_pieces(algorithm, tokens, world, dtype):
     """Launches of the 48-element rows (32 slot words in 16-bit formats, 64 in fp32): 8 (4) rows per
-    one-shot launch, 2 (1) per shard per two-shot launch."""
+    one-shot launch, 2 (1) per shard per two-shot launch; one launch on one rank (no slots used)."""
+    if world == 1:
+        return 1
     rows = (8 if algorithm == "one_shot" else 2 * world) // (2 if dtype == torch.float32 else 1)
     return -(-tokens // rows)
 
@@ -198,6 +200,21 @@ def _arn(algorithm, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_all_reduce_rms_norm(pools, world_size, dtype, algorithm):
     pools(world_size).run(_arn, algorithm, dtype)
+
+
+def _arn_one_rank():
+    """World size 1: the kernels with no peer code (own rows as values, one launch), every dtype, the
+    cases above, and the words the sentinel protocol never sends."""
+    for algorithm in ("one_shot", "two_shot"):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            _arn(algorithm, dtype)
+        for dtype in (torch.bfloat16, torch.float32):
+            _sentinel_words(algorithm, dtype)
+    return True
+
+
+def test_all_reduce_rms_norm_one_rank(pools):
+    assert pools(1).run(_arn_one_rank) == [True]
 
 
 # ---- all three: choices, errors, mismatched calls, fake implementations, torch.compile ------------------

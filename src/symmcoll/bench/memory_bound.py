@@ -56,11 +56,17 @@ _COMPILED = {}
 
 
 def compiled_add_rms_norm(inputs, quant):
-    """torch.compile'd add_rms_norm, compiled once per quant mode (shapes specialise inside)."""
+    """torch.compile'd add_rms_norm, one compiled function per quant mode; the token dimension is marked
+    dynamic (the hidden size stays static, so inductor's row kernel is specialised to it as it would be
+    in a model), which keeps it to one compilation per hidden size instead of one per shape."""
     fn = _COMPILED.get(quant)
     if fn is None:
         fn = _COMPILED[quant] = torch.compile(lambda x, r, w: add_rms_norm(x, r, w, quant))
-    return lambda: fn(*inputs)
+    x, residual, weight = inputs
+    if x.shape[0] > 1:
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(residual, 0)
+    return lambda: fn(x, residual, weight)
 
 
 def _norm_local_reference(inputs, group):

@@ -207,18 +207,17 @@ def copy_gbps(device, nbytes: int = COPY_BYTES) -> dict:
 
 def compile_cases(make_workspace):
     """The copy and codec kernels as ``symmcoll bench`` and benchmarks/roofline.py launch them: every
-    format, the group sizes of comm/quantized.py, bf16 and fp32."""
-    from ..comm.quantized import GROUP_SIZES
+    format at group size 64 on bf16, int8 at the other group sizes, an fp32 case."""
     meta = torch.device("meta")
     cases = [("roofline.copy", lambda: copy(torch.empty(1 << 20, dtype=torch.int32, device=meta),
                                             torch.empty(1 << 20, dtype=torch.int32, device=meta)))]
-    for fmt in FORMATS:
-        for group_size in GROUP_SIZES:
-            for dtype in (torch.bfloat16, torch.float32):
-                def thunk(fmt=fmt, group_size=group_size, dtype=dtype):
-                    x = torch.empty(1 << 16, dtype=dtype, device=meta)
-                    words, scales = codec_buffers(x.numel(), fmt, group_size, meta)
-                    quantize(x, words, scales, fmt, group_size)
-                    dequantize(words, scales, torch.empty_like(x), fmt, group_size)
-                cases.append((f"roofline.codec.{fmt}.G{group_size}.{dtype}", thunk))
+    for fmt, group_size, dtype in (("int8", 64, torch.bfloat16), ("fp8", 64, torch.bfloat16),
+                                   ("int4", 64, torch.bfloat16), ("int8", 32, torch.bfloat16),
+                                   ("int8", 128, torch.bfloat16), ("int4", 32, torch.float32)):
+        def thunk(fmt=fmt, group_size=group_size, dtype=dtype):
+            x = torch.empty(1 << 16, dtype=dtype, device=meta)
+            words, scales = codec_buffers(x.numel(), fmt, group_size, meta)
+            quantize(x, words, scales, fmt, group_size)
+            dequantize(words, scales, torch.empty_like(x), fmt, group_size)
+        cases.append((f"roofline.codec.{fmt}.G{group_size}.{dtype}", thunk))
     return cases

@@ -76,7 +76,7 @@ ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = declare_slots(f"{OP}.one_shot", f"fused.{OP}",
 TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = declare_slots(f"{OP}.two_shot", f"fused.{OP}", 2, two_shot_words)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "eps"])
 def rms_norm_one_shot_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -132,7 +132,7 @@ def rms_norm_one_shot_kernel(
     end_launch(epochs_ptr, epoch)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "shard_rows", "eps"])
 def rms_norm_two_shot_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,

@@ -66,8 +66,8 @@ COUNTER = declare(RegionSpec("moe.route_counter", "moe", lambda g: 1,
 # (8 small programs per SM, 16-byte accesses, 32 KB of loads per step), to be replaced by the roofline
 # sweep's winners (benchmarks/roofline.py).
 GPU_CONFIG = LaunchConfig(block=8192, max_programs=1024, num_warps=4)
-# Rows of expert output per push item (their origins are read as one vector first).
-PUSH_ROWS = 64
+# Rows of expert output per push item (their origins are read as one vector, their parts as one tile).
+PUSH_ROWS = 16
 # Tokens per dispatch/combine item: one on GPU (a step is the token's k rows: no cross-thread shuffles);
 # 16 on CPU, where every interpreted item costs milliseconds.
 TOKENS_PER_ITEM = {"cuda": 1, "cpu": 16}
@@ -239,7 +239,7 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
                          f"({landing.local.numel()} bytes; SYMMCOLL_WORKSPACE_BYTES)")
     tq, tt = min(tokens_n, per_round), TOKENS_PER_ITEM[ws.device.type]
     parts, part_len, hb = _split(hidden, triton.cdiv(tq, tt), cfg, tt * kp2)
-    push_parts, push_len, push_hb = _split(hidden, triton.cdiv(max_rows, PUSH_ROWS), cfg, 1)
+    push_parts, push_len, push_hb = _split(hidden, triton.cdiv(max_rows, PUSH_ROWS), cfg, PUSH_ROWS)
     for t0 in range(0, max(tokens_n, 1), per_round):
         n = min(per_round, tokens_n - t0)
         if world > 1:
@@ -247,11 +247,11 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
                    (*ws.kernel_args, plan.desc, landing.ptrs_dev, expert_out, counts, origin, tokens_n, hidden,
                     max_rows, t0, n, push_parts, push_len),
                    dict(WORLD=world, K=k, EL=local_experts, ELP2=triton.next_power_of_2(local_experts), RB=PUSH_ROWS,
-                        HB=min(push_hb, 4096), num_warps=cfg.num_warps))
+                        HB=push_hb, num_warps=cfg.num_warps))
         launch(moe_combine_kernel, cfg.grid(triton.cdiv(max(n, 1), tt) * parts),
                (*ws.kernel_args, plan.desc, landing.ptrs_dev, expert_out, topk_weights, topk_ids, self_rows, out,
-                tokens_n, hidden, max_rows, experts, t0, n, parts, part_len),
-               dict(WORLD=world, K=k, KP2=kp2, EL=local_experts, TT=tt, HB=hb, num_warps=cfg.num_warps))
+                tokens_n, hidden, max_rows, experts, local_experts, t0, n, parts, part_len),
+               dict(WORLD=world, K=k, KP2=kp2, TT=tt, HB=hb, num_warps=cfg.num_warps))
     return out
 
 

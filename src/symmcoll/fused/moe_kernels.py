@@ -14,10 +14,12 @@ of a local expert straight from its own expert output, the others from its landi
 barrier).
 
 Data movement is a token row (or a part of one) at a time: the row's k slots are a [KP2] vector, so a
-step is one [HB] load stored to every destination row at once (dispatch: a [KP2, HB] store of the
-row broadcast) or one [KP2, HB] load of every slot's row reduced in registers (combine). Row
-addresses are per-row scalars plus a contiguous range: 16-byte accesses wherever rows are 16-byte
-multiples, no per-element pointers, and k rows in flight per step.
+step is one [HB] load stored to every destination row at once (dispatch: a [KP2, HB] store of the row
+broadcast) or one [KP2, HB] load of every slot's row reduced in registers (combine); the push moves
+[RB, HB] tiles of RB rows. Row addresses are per-row scalars plus a contiguous range: 16-byte accesses
+wherever rows are 16-byte multiples, no per-element pointers, and k rows in flight per step. Sizes and
+offsets that only count are not specialised (``do_not_specialize``): one compiled kernel serves every
+batch of a shape class; row lengths and offsets of rows stay specialised (16-byte alignment).
 """
 
 import triton
@@ -39,7 +41,7 @@ def _sanitised_ids(ids_ptr, slot, b, tokens_n, num_experts, K: tl.constexpr, KP2
     return raw, tl.where((raw < 0) | (raw >= num_experts), -1, raw).to(tl.int32), valid
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_words", "tokens_n", "num_experts", "rank_off", "hist_off", "totals_off"])
 def moe_route_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -100,7 +102,8 @@ def moe_route_kernel(
             tl.store(meta + totals_off + experts, carry, mask=experts < num_experts)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens_n", "max_rows", "num_experts", "rank_off", "hist_off", "totals_off", "t0", "tq",
+                                     "parts"])
 def moe_dispatch_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -183,7 +186,7 @@ def moe_dispatch_kernel(
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens_n", "max_rows", "t0", "tq", "parts"])
 def moe_push_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -206,30 +209,26 @@ def moe_push_kernel(
     lane = tl.arange(0, HB)
     in_block = tl.arange(0, RB)
     for item in range(pid, tl.cdiv(rows_held, RB) * parts, nprog):
-        first = item // parts * RB
+        rows = item // parts * RB + in_block
         part = item % parts
         part_end = tl.minimum(part * part_len + part_len, hidden)
-        # The block's rows that go out in this round: one vector load of their origins first.
-        origins = tl.load(origin_ptr + first + in_block, mask=first + in_block < rows_held, other=-1)
+        # The block's rows that go out in this round, and where each lands (its source's region).
+        origins = tl.load(origin_ptr + rows, mask=rows < rows_held, other=-1)
         token = (origins // K) % tokens_n
-        send = (origins >= 0) & ((origins // (tokens_n * K)).to(tl.int32) != rank) & (token >= t0) & \
-            (token < t0 + tq)
+        src = (origins // (tokens_n * K)).to(tl.int32)
+        send = (origins >= 0) & (src != rank) & (token >= t0) & (token < t0 + tq)
         if tl.max(send.to(tl.int32), axis=0) > 0:
-            for r in range(first, tl.minimum(first + RB, rows_held)):
-                origin = tl.load(origin_ptr + r)
-                src = (origin // (tokens_n * K)).to(tl.int32)
-                slot_token = (origin // K) % tokens_n
-                if (origin >= 0) & (src != rank) & (slot_token >= t0) & (slot_token < t0 + tq):
-                    landing = tl.multiple_of(tl.load(table + src).to(tl.pointer_type(expert_ptr.dtype.element_ty)),
-                                             16)
-                    at = landing + ((slot_token - t0) * K + origin % K) * hidden
-                    for h0 in range(part * part_len, part_end, HB):
-                        h = h0 + lane
-                        tl.store(at + h, tl.load(expert_ptr + tl.cast(r, tl.int64) * hidden + h, mask=h < part_end),
-                                 mask=h < part_end)
+            landing = tl.multiple_of(tl.load(table + tl.where(send, src, rank)).to(
+                tl.pointer_type(expert_ptr.dtype.element_ty)), 16)
+            to = landing + ((token - t0) * K + origins % K) * hidden
+            read = expert_ptr + rows.to(tl.int64) * hidden
+            for h0 in range(part * part_len, part_end, HB):
+                h = h0 + lane
+                keep = send[:, None] & (h[None, :] < part_end)
+                tl.store(to[:, None] + h[None, :], tl.load(read[:, None] + h[None, :], mask=keep), mask=keep)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens_n", "max_rows", "num_experts", "local_experts", "t0", "tq", "parts"])
 def moe_combine_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -237,12 +236,11 @@ def moe_combine_kernel(
     desc, landing_ptrs_dev,
     # my expert outputs [max_rows, hidden]; my tokens' weights and ids [T, K]; my own tokens' rows
     # [T, K] (from dispatch); the result [T, hidden]
-    expert_ptr, weights_ptr, ids_ptr, self_ptr, out_ptr, tokens_n, hidden, max_rows, num_experts,
+    expert_ptr, weights_ptr, ids_ptr, self_ptr, out_ptr, tokens_n, hidden, max_rows, num_experts, local_experts,
     # this round: my tokens [t0, t0 + tq); rows in `parts` parts of part_len elements (programs take
     # (TT tokens, part) items)
     t0, tq, parts, part_len,
-    WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, EL: tl.constexpr, TT: tl.constexpr,
-    HB: tl.constexpr,
+    WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, TT: tl.constexpr, HB: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -265,7 +263,7 @@ def moe_combine_kernel(
             valid = valid & (ids >= 0) & (ids < num_experts)
             weights = tl.load(weights_ptr + at, mask=valid, other=0).to(tl.float32)
             own_row = tl.load(self_ptr + at, mask=valid, other=-1)
-            mine = ids // EL == rank
+            mine = ids // local_experts == rank
             # A local slot whose row did not fit max_rows (reported by dispatch) contributes nothing.
             use = valid & (~mine | ((own_row >= 0) & (own_row < max_rows)))
             if WORLD == 1:
