@@ -398,23 +398,23 @@ def old_worker(res: Results, device, parts):
 
 # ---- the table ------------------------------------------------------------------------------------------
 
-def _fmt(v, spec):
-    return format(v, spec) if isinstance(v, (int, float)) else "-"
+COLUMNS = (("section", "<13"), ("case", "<26"), ("best us", ">9"), ("GB/s", ">6"), ("%copy", ">6"), ("config", "<20"),
+           ("default", ">9"), ("torch", ">9"), ("compile", ">9"), ("x torch", ">8"), ("old", ">9"))
 
 
-def table(res: Results) -> str:
-    """One line per case: the best symmcoll candidate (and its config) beside its default config, torch
-    (eager, compiled) and the old kernel; x comp = best / torch.compile (rms), else best / torch."""
+def summary(res: Results) -> list[tuple]:
+    """One row per case: the best symmcoll candidate (and its config) beside its default config, torch
+    (eager, compiled) and the old kernel; x torch = best / torch.compile (rms), else best / torch."""
+    def num(v, digits):
+        return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
     by_case = {}
     for r in res.rows:
         by_case.setdefault((r["section"], tuple(r["case"])), []).append(r)
-    lines = [f"copy rate: {_fmt(res.meta.get('copy', {}).get('best'), '.0f')} GB/s (read + write)",
-             f"{'section':<13}{'case':<26}{'best':>9}{'GB/s':>6}{'%cp':>4} {'config':<20}{'default':>9}"
-             f"{'torch':>9}{'compile':>9}{'x torch':>8}{'old':>9}"]
+    out = []
     for (section, case), rows in by_case.items():
         ok = [r for r in rows if "us" in r and not r["name"].startswith("old")]
         mine = [r for r in ok if r["name"].startswith("symmcoll") or section == "codec"]
-        best = min(mine, key=lambda r: r["us"], default=None)
+        best = min(mine, key=lambda r: r["us"], default={})
         default = next((r["us"] for r in mine if r.get("config") in ("default", "b2048/w8")), None)
         eager = next((r["us"] for r in ok if r["name"] in ("torch eager", "torch index_select", "torch gather+sum")),
                      None)
@@ -422,13 +422,32 @@ def table(res: Results) -> str:
         versus = compiled or eager
         old = [r["us"] for r in rows if r["name"].startswith("old") and "us" in r]
         wrong = [r["name"] for r in rows if "error" in r]
-        lines.append(f"{section:<13}{'x'.join(map(str, case)):<26.26}{_fmt(best and best['us'], '9.1f')}"
-                     f"{_fmt(best and best.get('gbps'), '6.0f')}{_fmt(best and best.get('pct_copy'), '4.0f')} "
-                     f"{(best or {}).get('config', '-') or '-':<20.20}{_fmt(default, '9.1f')}{_fmt(eager, '9.1f')}"
-                     f"{_fmt(compiled, '9.1f')}{_fmt(best and versus and best['us'] / versus, '8.2f')}"
-                     f"{_fmt(min(old) if old else None, '9.1f')}" + (f"  WRONG/FAILED: {wrong}" if wrong else ""))
+        out.append((section, "x".join(map(str, case)), num(best.get("us"), 1), num(best.get("gbps"), 0),
+                    num(best.get("pct_copy"), 0), best.get("config", "-"), num(default, 1), num(eager, 1),
+                    num(compiled, 1), num(best and versus and best["us"] / versus, 2), num(min(old) if old else None, 1),
+                    f"WRONG/FAILED: {wrong}" if wrong else ""))
+    return out
+
+
+def table(res: Results) -> str:
+    lines = [f"copy rate: {res.meta.get('copy', {}).get('best', 0):.0f} GB/s (read + write)",
+             "".join(format(name[:int(width[1:])], width) + " " for name, width in COLUMNS)]
+    for row in summary(res):
+        lines.append("".join(format(v[:int(w[1:])], w) + " " for v, (_, w) in zip(row, COLUMNS)) + row[-1])
     if res.skipped:
         lines.append(f"skipped (deadline): {len(res.skipped)}: {res.skipped[:6]}")
+    return "\n".join(lines)
+
+
+def markdown(path: str) -> str:
+    """The summary of a result file as a markdown table (for docs/results.md)."""
+    with open(path) as f:
+        data = json.load(f)
+    res = Results(path, 0)
+    res.meta, res.rows, res.skipped = data["meta"], data["rows"], data["skipped"]
+    lines = [f"copy rate: {res.meta.get('copy', {}).get('best', 0):.0f} GB/s (read + write)", "",
+             "| " + " | ".join(name for name, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row[:len(COLUMNS)]) + " |" for row in summary(res)]
     return "\n".join(lines)
 
 
@@ -465,7 +484,11 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=440.0, help="seconds after which no new case starts")
     parser.add_argument("--smoke", action="store_true", help="tiny cases on a CPU rank (checks this script)")
     parser.add_argument("--old-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--markdown", action="store_true", help="print --out's table as markdown and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(args.out))
+        return
     from symmcoll import launch
     launch.run(_main_rank, 1, args, device="cpu" if args.smoke else "cuda", timeout=int(args.deadline) + 200)
 

@@ -85,3 +85,36 @@ def test_roofline_sweep_on_a_cpu_rank(tmp_path):
     assert {r["name"] for r in rows if r["section"] == "rms"} >= {"torch eager", "symmcoll:one_shot", "symmcoll:two_shot"}
     assert all(r["bytes"] > 0 and r["us"] > 0 for r in rows)
     assert proc.stdout.strip().splitlines()[-1].startswith("codec")
+
+
+def _specs_on_cpu():
+    """What `symmcoll bench` does before it times a memory-bound op (GPU only), on a CPU rank: inputs,
+    every symmcoll algorithm and baseline (torch.compile aside) checked against its reference, bytes
+    counted for the rows that have a model."""
+    from symmcoll import plan
+    from symmcoll.bench import fused
+    device = torch.device("cpu")
+    for op, shapes in (("all_reduce_rms_norm", [(5, 40), (3, 48, 2)]), ("moe_dispatch", [(20, 16, 8, 2)]),
+                       ("moe_combine", [(20, 16, 8, 2)])):
+        spec = fused.SPECS[op]
+        for shape in shapes:
+            tolerance = (spec.tolerance and spec.tolerance(shape, "bf16")) or fused.TOLERANCE["bf16"]
+            impls = [(n, lambda i, n=n: fused._call(spec, spec.run, n, i, None, shape=shape))
+                     for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
+            impls += [(n, lambda i, make=make: fused._call(spec, make, i, None, shape=shape)())
+                      for n, make in spec.baselines.items() if "compile" not in n]
+            for name, run in impls:
+                inputs = spec.inputs(shape, torch.bfloat16, 0, 1, 0, device)
+                reference = spec.baseline_references.get(name, spec.reference)
+                want = fused._call(spec, reference, inputs, None, shape=shape)
+                err = fused._checked_error(spec, run(inputs), want, inputs, None, shape)
+                assert err <= tolerance, f"{op} {shape} {name}: relative error {err:.2e}"
+                nbytes = spec.bytes(shape, torch.bfloat16, 1, name, inputs, 0)
+                assert nbytes is None or nbytes > 0, (op, name, nbytes)
+            if spec.local is not None:
+                assert spec.local(shape, torch.bfloat16, device)() is not None
+    return True
+
+
+def test_memory_bound_bench_specs_check_on_a_cpu_rank(pools):
+    assert pools(1).run(_specs_on_cpu) == [True]

@@ -5,8 +5,11 @@ quantized all-reduce and MoE dispatch / combine, each with the bytes its kernel 
 Shapes: all_reduce_rms_norm (tokens, hidden) and (tokens, hidden, 2) for the fp8-per-token output;
 all_reduce_quantized (MiB of x, the format of "auto" and of the codec row: 0 int8, 1 fp8, 2 int4, group
 size): every row checked against the exact sum (quantization inside a 0.2 tolerance), the codec row
-against the emulation; MoE (tokens,
-hidden, experts, top-k). The "local" row is torch doing the op's work on one GPU without communication.
+against the emulation; MoE (tokens, hidden, experts, top-k). The "local" row is torch doing the op's work on one GPU without communication.
+
+Bytes per row: a symmcoll kernel, its own model at the run's world size; a torch row on one GPU, the op's
+local work; MoE, every implementation the op's bytes (an effective rate: torch's gather reads more);
+composites of several launches (nccl, unfused all_reduce_rms_norm), none.
 """
 
 from __future__ import annotations
@@ -87,8 +90,17 @@ def _norm_reference(inputs, group, shape):
 
 
 def _norm_bytes(shape, dtype, world, algorithm):
-    return roofline.rms_norm_bytes(shape[0], shape[1], dtype.itemsize, _quant(shape), world,
-                                   "two_shot" if algorithm == "two_shot" else "one_shot")
+    """The fused kernels: their model at this world size (auto: the kernel it picks); torch's add +
+    RMSNorm on one GPU: the local work; composites of several launches (nccl, unfused): none."""
+    from ..fused.all_reduce_rms_norm import ONE_SHOT_MAX_BYTES
+    if algorithm == "auto":
+        nbytes = shape[0] * shape[1] * dtype.itemsize
+        algorithm = "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES * (2 if world <= 2 else 1) else "two_shot"
+    if algorithm in ("one_shot", "two_shot"):
+        return roofline.rms_norm_bytes(shape[0], shape[1], dtype.itemsize, _quant(shape), world, algorithm)
+    if algorithm in ("local", "torch.compile add+RMSNorm"):
+        return roofline.rms_norm_bytes(shape[0], shape[1], dtype.itemsize, _quant(shape))
+    return None
 
 
 def _torch_norm(inputs, shape, compiled):
