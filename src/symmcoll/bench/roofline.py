@@ -1,10 +1,9 @@
 """The HBM roofline of the memory-bound ops: bytes each kernel must read and write, the rate an SM copy
 kernel reaches in the same run, and the codecs of the quantized all-reduce as kernels of their own.
 
-Copy rate (``copy_gbps``): the best of a Triton copy kernel (16-byte accesses, blocks of 8K-32K
-elements, a few warp counts) and torch's ``copy_``, over ``COPY_BYTES`` (1 GiB), as CUDA-graph
-replays; GB/s count bytes read plus bytes written. A kernel at p% of it moves its bytes p% as fast as
-a plain copy could on this GPU.
+Copy rate (``copy_gbps``): bench/bandwidth.py's SM copy kernel over 1 GiB (CUDA-graph replays; GB/s
+count bytes read plus bytes written; torch's graph-captured ``copy_`` is reported beside it, not used).
+A kernel at p% of it moves its bytes p% as fast as a plain copy could on this GPU.
 
 Bytes each kernel must move (this rank's memory; what a perfect kernel would read and write once):
 
@@ -34,21 +33,11 @@ import triton.language as tl
 
 from ..language import FORMAT_BITS, FORMATS, dequantize_groups, narrow, pack_words, quantize_groups, unpack_words
 from ..launcher import launch
+from . import bandwidth
 
-COPY_BYTES = 1 << 30
-# (block, warps) of the Triton copy kernel: the best one sets the copy rate.
-COPY_CONFIGS = ((8192, 8), (16384, 16), (32768, 16))
 # Input elements per program step of the codec kernels (a multiple of every group size).
 CODEC_BLOCK = 2048
 CODEC_WARPS = 8
-
-
-@triton.jit
-def copy_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
-    """dst <- src, one block per program: the plain SM copy the roofline compares with."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
 
 
 @triton.jit
@@ -78,11 +67,6 @@ def dequantize_kernel(words_ptr, scales_ptr, out_ptr, numel, FMT: tl.constexpr, 
     values = dequantize_groups(unpack_words(words, 1, BLOCK, BITS), scales, 1, BLOCK, G, FMT)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs[None, :], narrow(values, out_ptr.dtype.element_ty), mask=offs[None, :] < numel)
-
-
-def copy(src: torch.Tensor, dst: torch.Tensor, block: int = 16384, warps: int = 16) -> None:
-    launch(copy_kernel, (triton.cdiv(src.numel(), block),), (src, dst, src.numel()),
-           dict(BLOCK=block, num_warps=warps))
 
 
 def codec_buffers(numel: int, fmt: str, group_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,51 +150,19 @@ def moe_bytes(topk_ids: torch.Tensor, num_experts: int, world: int, rank: int, r
 
 # ---- the copy rate ---------------------------------------------------------------------------------------
 
-def time_us(fn, calls: int = 10, replays: int = 10) -> float:
-    """Median microseconds per call of ``fn`` as CUDA-graph replays (eager where capture fails)."""
-    fn()
-    torch.cuda.synchronize()
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-        step, per = graph.replay, calls
-    except Exception:  # noqa: BLE001 - not every baseline captures: eager instead
-        torch.cuda.synchronize()
-        step, per = fn, 1
-    step()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / per)
-    return sorted(samples)[len(samples) // 2]
-
-
-def copy_gbps(device, nbytes: int = COPY_BYTES) -> dict:
-    """GB/s (read + write) of every copy way over ``nbytes``, and ``best``: the rate the roofline uses."""
-    src = torch.empty(nbytes // 4, dtype=torch.int32, device=device).random_()
-    dst = torch.empty_like(src)
-    rates = {"torch copy_": 2 * nbytes / time_us(lambda: dst.copy_(src), calls=3, replays=5) / 1e3}
-    for block, warps in COPY_CONFIGS:
-        us = time_us(lambda b=block, w=warps: copy(src, dst, b, w), calls=3, replays=5)
-        rates[f"triton copy {block}/{warps}w"] = 2 * nbytes / us / 1e3
-    if not torch.equal(src, dst):
-        raise AssertionError("the copy kernel copied wrong data")
-    rates["best"] = max(rates.values())
-    return rates
+def copy_gbps(device) -> dict:
+    """GB/s (read + write) of bench/bandwidth.py's SM copy kernel over 1 GiB (``best``: the rate the
+    roofline uses), beside torch's ``copy_`` and the SM read rate (reported, not used)."""
+    rates = bandwidth.measure(device)
+    return {"sm copy": rates.copy_tbs * 1e3, "torch copy_": rates.torch_copy_tbs * 1e3,
+            "sm read": rates.read_tbs * 1e3, "best": rates.copy_tbs * 1e3}
 
 
 def compile_cases(make_workspace):
-    """The copy and codec kernels as ``symmcoll bench`` and benchmarks/roofline.py launch them: every
+    """The codec kernels as ``symmcoll bench`` and benchmarks/roofline.py launch them: every
     format at group size 64 on bf16, int8 at the other group sizes, an fp32 case."""
     meta = torch.device("meta")
-    cases = [("roofline.copy", lambda: copy(torch.empty(1 << 20, dtype=torch.int32, device=meta),
-                                            torch.empty(1 << 20, dtype=torch.int32, device=meta)))]
+    cases = []
     for fmt, group_size, dtype in (("int8", 64, torch.bfloat16), ("fp8", 64, torch.bfloat16),
                                    ("int4", 64, torch.bfloat16), ("int8", 32, torch.bfloat16),
                                    ("int8", 128, torch.bfloat16), ("int4", 32, torch.float32)):
