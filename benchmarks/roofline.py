@@ -17,7 +17,8 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   tokens with 64 experts the (block, programs, warps, tokens per item) candidates.
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
   every (block, warps) candidate, 32 and 128 with the default.
-* old (``--old-src``: a tree of the code before, e.g. ``git archive --prefix=old_main/ <sha> src | tar x``):
+* old (``--old-src``: a tree of the code before that has bench/timing.graph_us, e.g. ``git archive
+  --prefix=old_main/ 85b33e0 src | tar x``):
   rms at 32, 512 and 8192 tokens and MoE at hidden 7168, 64 experts, 128 and 4096 tokens, through the
   public API of that tree, in a second process, same GPU.
 
@@ -64,39 +65,23 @@ MOE_CONFIGS = ((4096, 1024, 4, 1), (16384, 1024, 8, 1), (8192, 528, 4, 1), (8192
 CODEC_CONFIGS = ((2048, 8), (4096, 8), (1024, 4), (8192, 16))
 EPS = 1e-6
 START = time.monotonic()
+# Seconds of the deadline kept for the old tree's cases (a second process: imports, compiles).
+OLD_RESERVE_S = 75
 SIZES = Sizes(False)
 
 
-def time_us(fn, calls: int = 10, replays: int = 7) -> tuple[float, str]:
-    """Median us per call over CUDA-graph replays of ``calls`` calls (eager if capture fails; on CPU
-    wall-clock time of two calls: a check of the harness, not a measurement)."""
-    fn()
+def time_us(fn, replays: int = 7) -> tuple[float, str]:
+    """Median us per call over CUDA-graph replays (symmcoll.bench.timing.graph_us: the call repeated in
+    one graph until a replay lasts ~200 us); on CPU the wall-clock time of two calls (a check of the
+    harness, not a measurement)."""
     if SIZES.smoke:
+        fn()
         t0 = time.perf_counter()
         fn()
         fn()
         return (time.perf_counter() - t0) / 2 * 1e6, "cpu"
-    torch.cuda.synchronize()
-    mode = "graph"
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-        step, per = graph.replay, calls
-    except Exception as exc:  # noqa: BLE001 - not everything captures: timed eagerly, and said so
-        torch.cuda.synchronize()
-        step, per, mode = fn, 1, f"eager ({type(exc).__name__})"
-    step()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / per)
-    return statistics.median(samples), mode
+    from symmcoll.bench.timing import graph_us
+    return statistics.median(graph_us([fn], replays)), "graph"
 
 
 def _exact(got, want) -> float:
@@ -146,6 +131,15 @@ class Results:
 
 # ---- sections -------------------------------------------------------------------------------------------
 
+def _rms_cases(res: Results, tokens_list):
+    """(quant, hidden, tokens) of every rms case, until the deadline."""
+    for quant in QUANTS:
+        for hidden in SIZES.hidden:
+            for tokens in tokens_list:
+                if not res.late(f"rms {tokens}x{hidden} {quant}"):
+                    yield quant, hidden, tokens
+
+
 def _norm_inputs(tokens, hidden, device):
     g = torch.Generator(device=device).manual_seed(tokens * 7 + hidden)
     make = lambda *shape: torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)  # noqa: E731
@@ -172,35 +166,31 @@ def rms_section(res: Results, device, sweep_configs: bool = True):
     from symmcoll.bench import memory_bound, roofline
     from symmcoll.fused import all_reduce_rms_norm as arn
     torch._dynamo.config.cache_size_limit = 64
-    for quant in QUANTS:
-        for hidden in SIZES.hidden:
-            for tokens in SIZES.tokens:
-                if res.late(f"rms {tokens}x{hidden} {quant}"):
-                    continue
-                x, residual, weight = _norm_inputs(tokens, hidden, device)
-                case = (tokens, hidden, quant or "bf16")
-                check = _norm_checker(x, residual, weight, quant, 0.07 if quant else 2e-2)
-                nbytes = roofline.rms_norm_bytes(tokens, hidden, 2, quant)
-                res.add("rms", "torch eager", case, lambda: memory_bound.add_rms_norm(x, residual, weight, quant),
-                        check, nbytes)
-                if not SIZES.smoke:  # inductor's CPU code is no baseline for a GPU kernel
-                    compiled = memory_bound.compiled_add_rms_norm((x, residual, weight), quant)
-                    res.add("rms", "torch.compile", case, compiled, check, nbytes)
-                options = (("eps", EPS), ("quant", quant))
-                request = plan.Request(arn.OP, (tokens, hidden), torch.bfloat16, device, options=options)
-                default = arn.gpu_config(request, 1)
-                configs = [("default", default)]
-                if sweep_configs and tokens in SIZES.sweep_tokens:
-                    configs += [(f"rows{c.block}/w{c.num_warps}/p{c.max_programs}", c) for c in _rms_candidates(hidden)
-                                if c != default]
-                for algorithm in ("one_shot", "two_shot"):
-                    for label, cfg in configs if algorithm == "one_shot" else configs[:1]:
-                        def run(cfg=cfg, algorithm=algorithm):
-                            return plan.resolve(arn.OP, x, None, algorithm, config=cfg, others=(residual, weight),
-                                                options=options).execute(x, others=(residual, weight))
-                        res.add("rms", f"symmcoll:{algorithm}", case, run, check, nbytes, config=label,
-                                rows=cfg.block, warps=cfg.num_warps, programs=cfg.max_programs)
-                symmcoll.check()
+    for quant, hidden, tokens in _rms_cases(res, SIZES.tokens):
+        x, residual, weight = _norm_inputs(tokens, hidden, device)
+        case = (tokens, hidden, quant or "bf16")
+        check = _norm_checker(x, residual, weight, quant, 0.07 if quant else 2e-2)
+        nbytes = roofline.rms_norm_bytes(tokens, hidden, 2, quant)
+        res.add("rms", "torch eager", case, lambda: memory_bound.add_rms_norm(x, residual, weight, quant),
+                check, nbytes)
+        if not SIZES.smoke:  # inductor's CPU code is no baseline for a GPU kernel
+            compiled = memory_bound.compiled_add_rms_norm((x, residual, weight), quant)
+            res.add("rms", "torch.compile", case, compiled, check, nbytes)
+        options = (("eps", EPS), ("quant", quant))
+        request = plan.Request(arn.OP, (tokens, hidden), torch.bfloat16, device, options=options)
+        default = arn.gpu_config(request, 1)
+        configs = [("default", default)]
+        if sweep_configs and tokens in SIZES.sweep_tokens:
+            configs += [(f"rows{c.block}/w{c.num_warps}/p{c.max_programs}", c) for c in _rms_candidates(hidden)
+                        if c != default]
+        for algorithm in ("one_shot", "two_shot"):
+            for label, cfg in configs if algorithm == "one_shot" else configs[:1]:
+                def run(cfg=cfg, algorithm=algorithm):
+                    return plan.resolve(arn.OP, x, None, algorithm, config=cfg, others=(residual, weight),
+                                        options=options).execute(x, others=(residual, weight))
+                res.add("rms", f"symmcoll:{algorithm}", case, run, check, nbytes, config=label,
+                        rows=cfg.block, warps=cfg.num_warps, programs=cfg.max_programs)
+        symmcoll.check()
     res.save()
 
 
@@ -361,17 +351,13 @@ def old_worker(res: Results, device, parts):
     import symmcoll
     import symmcoll.reference as ref
     if "rms" in parts:
-        for quant in QUANTS:
-            for hidden in SIZES.hidden:
-                for tokens in SIZES.old_tokens:
-                    if res.late(f"rms {tokens}x{hidden} {quant}"):
-                        continue
-                    x, residual, weight = _norm_inputs(tokens, hidden, device)
-                    check = _norm_checker(x, residual, weight, quant, 0.07 if quant else 2e-2)
-                    for algorithm in ("one_shot", "two_shot", "auto"):
-                        res.add("rms", f"symmcoll:{algorithm}", (tokens, hidden, quant or "bf16"),
-                                lambda a=algorithm: symmcoll.all_reduce_rms_norm(x, residual, weight, EPS, algorithm=a,
-                                                                                 quant=quant), check)
+        for quant, hidden, tokens in _rms_cases(res, SIZES.old_tokens):
+            x, residual, weight = _norm_inputs(tokens, hidden, device)
+            check = _norm_checker(x, residual, weight, quant, 0.07 if quant else 2e-2)
+            for algorithm in ("one_shot", "two_shot", "auto"):
+                res.add("rms", f"symmcoll:{algorithm}", (tokens, hidden, quant or "bf16"),
+                        lambda a=algorithm: symmcoll.all_reduce_rms_norm(x, residual, weight, EPS, algorithm=a,
+                                                                         quant=quant), check)
         res.save()
     if "moe" in parts:
         for case in SIZES.old_moe:
@@ -424,8 +410,8 @@ def summary(res: Results) -> list[tuple]:
         wrong = [r["name"] for r in rows if "error" in r]
         out.append((section, "x".join(map(str, case)), num(best.get("us"), 1), num(best.get("gbps"), 0),
                     num(best.get("pct_copy"), 0), best.get("config", "-"), num(default, 1), num(eager, 1),
-                    num(compiled, 1), num(best and versus and best["us"] / versus, 2), num(min(old) if old else None, 1),
-                    f"WRONG/FAILED: {wrong}" if wrong else ""))
+                    num(compiled, 1), num(best and versus and best["us"] / versus, 2),
+                    num(min(old) if old else None, 1), f"WRONG/FAILED: {wrong}" if wrong else ""))
     return out
 
 
@@ -464,12 +450,14 @@ def _main_rank(args):
     res.meta["copy"] = roofline.copy_gbps(device) if not args.smoke else {}
     print(f"copy: {res.meta['copy']}", flush=True)
     res.save()
+    res.deadline = args.deadline - (OLD_RESERVE_S if args.old_src else 0)  # time kept for the old tree
     for part, fn in (("rms", rms_section), ("moe", moe_section), ("codecs", codec_section)):
         if part in args.parts:
             t0 = time.monotonic()
             fn(res, device)
             print(f"{part}: {time.monotonic() - t0:.0f} s", flush=True)
     if args.old_src:
+        res.deadline = args.deadline
         old_section(res, args.old_src, args.parts, args.smoke)
     res.save()
     print(table(res), flush=True)
