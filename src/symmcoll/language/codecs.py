@@ -31,6 +31,8 @@ FORMAT_BITS = {0: 8, 1: 8, 2: 4}
 
 _POSITIVE_NAN: tl.constexpr = tl.constexpr(0x7FC00000)
 _EXPONENT_ALL_ONES: tl.constexpr = tl.constexpr(0x7F800000)
+_SIGN_BIT: tl.constexpr = tl.constexpr(-2147483648)  # 0x80000000
+_HALF_BITS: tl.constexpr = tl.constexpr(0x3F000000)  # 0.5
 
 
 @triton.jit
@@ -73,7 +75,9 @@ def quantize_groups(x, ROWS: tl.constexpr, N: tl.constexpr, G: tl.constexpr, FMT
     if FMT == 1:
         codes = _e4m3_encode(t)
     else:
-        codes = (t + tl.where(t >= 0, 0.5, -0.5)).to(tl.int32)  # half away from zero
+        # Half away from zero: t + 0.5 with t's sign (one bit operation; t is finite), truncated.
+        half = ((t.to(tl.int32, bitcast=True) & _SIGN_BIT) | _HALF_BITS).to(tl.float32, bitcast=True)
+        codes = (t + half).to(tl.int32)
     bad_group = tl.max(non_finite.to(tl.int32), axis=2) > 0
     scale = tl.where(bad_group, (tl.zeros_like(amax.to(tl.int32)) + _POSITIVE_NAN).to(tl.float32, bitcast=True),
                      scale)
