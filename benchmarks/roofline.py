@@ -56,6 +56,7 @@ class Sizes:
         self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
         self.codec_numels = (4096,) if smoke else tuple((mb << 20) // 2 for mb in (1, 4, 16, 64, 256))
         self.group_sizes = (64,) if smoke else (64, 32, 128)
+        self.codec_formats = ("int4",) if smoke else ("int8", "fp8", "int4")
         self.smoke = smoke
 
 
@@ -288,7 +289,7 @@ def codec_section(res: Results, device):
     import symmcoll.reference as ref
     from symmcoll.bench import roofline
     from symmcoll.language import EMPTY
-    for fmt in ("int8", "fp8", "int4"):
+    for fmt in SIZES.codec_formats:
         for group_size in SIZES.group_sizes:
             for numel in SIZES.codec_numels:
                 mb = numel * 2 / (1 << 20)

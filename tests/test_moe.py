@@ -193,10 +193,10 @@ def test_reports_errors_and_fake_shapes(pools):
 
 
 def test_rounds_in_a_small_workspace(monkeypatch):
-    # 600 tokens of 16 bytes, top-2: the dispatch stages 256 tokens per round (3 rounds), the combine's
-    # landing region (half the buffer) holds 160 tokens' rows per round (4 rounds). Fresh ranks: the
-    # workspace size is read when a process creates its first workspace.
-    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "10240")
+    # 600 tokens of 16 bytes, top-2: beside 9920 bytes of routing metadata the dispatch stages 276 tokens
+    # per round (3 rounds), the combine's landing region (half the buffer) holds 224 tokens' rows per
+    # round (3 rounds). Fresh ranks: the workspace size is read when a process creates its first workspace.
+    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "14336")
     assert launch.run(_round_trip, 3, 600, 8, 6, 2, 1, ("pull", "push"), device=DEVICE) == [True] * 3
 
 
