@@ -183,6 +183,13 @@ def _quantized_and_moe(rank, world, rows):
                  "wrong": int(err is None or err > 1e-2), "error": error})
 
 
+# (tokens, hidden, dtype, quant) and (tokens, hidden, experts per rank, top-k) of stage roofline_protocols
+ROOFLINE_NORM_CASES = [(6, 16384, torch.bfloat16, None), (139, 4096, torch.bfloat16, "fp8_per_token"),
+                       (33, 4099, torch.float16, "fp8_per_tensor"), (2049, 8192, torch.bfloat16, None),
+                       (64, 1024, torch.float32, None)]
+ROOFLINE_MOE_CASES = [(300, 7168, 8, 2), (128, 4096, 32, 8), (1000, 1000, 4, 3), (7, 16, 2, 1), (2048, 7168, 8, 8)]
+
+
 def _roofline_protocols(rank, world, rows):
     """The protocols issue 23 changed, against answers computed locally from every rank's (seeded)
     inputs, every result the same on every rank where it must be: all_reduce_rms_norm one_shot and
@@ -190,12 +197,10 @@ def _roofline_protocols(rank, world, rows):
     (16384: 1 row per step; 4096: 2; 4099: no 16-byte rows), bf16 / fp16 / fp32, fp8 outputs, several
     pieces, three calls and a CUDA graph replayed with new data; MoE dispatch and combine (per-token
     items, in-block ranks, push only across ranks, combine in rounds) bit-exact, graph replays."""
-    dev = torch.device("cuda", 0)
+    dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")  # CPU: a dry run
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     gen = lambda seed: torch.Generator(device=dev).manual_seed(seed)  # noqa: E731
-    cases = [(6, 16384, torch.bfloat16, None), (139, 4096, torch.bfloat16, "fp8_per_token"),
-             (33, 4099, torch.float16, "fp8_per_tensor"), (2049, 8192, torch.bfloat16, None),
-             (64, 1024, torch.float32, None)]
-    for tokens, hidden, dtype, quant in cases:
+    for tokens, hidden, dtype, quant in ROOFLINE_NORM_CASES:
         for name in ("one_shot", "two_shot"):
             error, err, digest = None, None, None
             try:
@@ -209,7 +214,7 @@ def _roofline_protocols(rank, world, rows):
                     scale = (normed.abs().max() / 300).reshape(1) if quant == "fp8_per_tensor" else None
                     out = symmcoll.all_reduce_rms_norm(x_of(rank), residual, weight, 1e-6, algorithm=name, quant=quant,
                                                        scale=scale)
-                    torch.cuda.synchronize()
+                    sync()
                     symmcoll.check()
                     got = out[0].float() * (out[2] if quant == "fp8_per_token" else scale if quant else 1.0)
                     err = max(err or 0.0, float((out[1].float() - new_res).norm() / new_res.norm()),
@@ -235,7 +240,7 @@ def _roofline_protocols(rank, world, rows):
             residual = torch.randn(40, 2048, generator=gen(800), device=dev).to(torch.bfloat16)
             weight = torch.ones(2048, device=dev, dtype=torch.bfloat16)
             symmcoll.all_reduce_rms_norm(x, residual, weight, 1e-6, algorithm=name)
-            torch.cuda.synchronize()
+            sync()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = [symmcoll.all_reduce_rms_norm(x, residual, weight, 1e-6, algorithm=name) for _ in range(2)]
@@ -244,7 +249,7 @@ def _roofline_protocols(rank, world, rows):
                                              device=dev).to(torch.bfloat16)
                 x.copy_(x_of(rank))
                 graph.replay()
-                torch.cuda.synchronize()
+                sync()
                 want = (residual.float() + sum(x_of(r).float() for r in range(world))).to(torch.bfloat16).float()
                 err = max(err or 0.0, max(float((o[1].float() - want).norm() / want.norm()) for o in out))
             symmcoll.check()
@@ -253,22 +258,20 @@ def _roofline_protocols(rank, world, rows):
             symmcoll.reset()
         rows.append({"check": "roofline_rms_norm_graph", "algorithm": name, "rel_err": err,
                      "wrong": int(err is None or err > 1e-2), "error": error})
-    for T, H, E, k in ((300, 7168, 8 * world, 2), (128, 4096, 64, 8), (1000, 1000, 4 * world, 3), (7, 16, 2 * world, 1),
-                       (2048, 7168, 8 * world, 8)):
+    for T, H, per_rank, k in ROOFLINE_MOE_CASES:
+        E = per_rank * world
         error, wrong = None, None
         try:
-            wrong = 0
-            for call in range(2):
-                wrong += _moe_exact(rank, world, T, H, E, k, call, dev)
+            wrong = sum(_moe_exact(rank, world, T, H, E, k, call, dev, sync) for call in range(2))
             symmcoll.check()
         except Exception as exc:  # noqa: BLE001
-            error = f"{type(exc).__name__}: {exc}"[:300]
+            error, wrong = f"{type(exc).__name__}: {exc}"[:300], None
             symmcoll.reset()
         rows.append({"check": "roofline_moe", "algorithm": "auto", "shape": [T, H, E, k], "wrong_elements": wrong,
                      "wrong": int(wrong is None or wrong > 0), "error": error})
     error, wrong = None, None
     try:
-        wrong = _moe_graph(rank, world, dev)
+        wrong = _moe_graph(rank, world, dev, sync)
         symmcoll.check()
     except Exception as exc:  # noqa: BLE001
         error = f"{type(exc).__name__}: {exc}"[:300]
@@ -283,7 +286,7 @@ def _moe_routing(r, T, H, E, k, call, dev):
     i = torch.arange(T * H, device=dev).reshape(T, H)
     tokens = ((i * 7 + r * 5 + call * 3) % 9 - 4).to(torch.bfloat16)
     g = torch.Generator(device=dev).manual_seed(1000 + 10 * call + r)
-    ids = torch.argsort(torch.rand(T, E, generator=g, device=dev), dim=1)[:, :k]
+    ids = torch.argsort(torch.rand(T, E, generator=g, device=dev), dim=1)[:, :k].contiguous()
     ids[3::7, -1] = -1
     weights = torch.tensor([0.5, 0.25, 2.0, 1.0, 0.125, 4.0, 1.0, 0.5][:k], device=dev).repeat(T, 1)
     return tokens, ids, weights
@@ -302,10 +305,10 @@ def _moe_expected(rank, world, T, H, E, k, call, dev):
     recv = torch.cat(rows)
     tokens, ids, weights = _moe_routing(rank, T, H, E, k, call, dev)
     scale = torch.where(ids >= 0, weights * (ids % local + 1).float(), 0.0).sum(1, keepdim=True)
-    return recv, (tokens.float() * scale).to(torch.bfloat16)
+    return recv, (tokens.float() * scale + 0.0).to(torch.bfloat16)  # + 0.0: a token with no slot sums to +0
 
 
-def _moe_exact(rank, world, T, H, E, k, call, dev):
+def _moe_exact(rank, world, T, H, E, k, call, dev, sync):
     tokens, ids, weights = _moe_routing(rank, T, H, E, k, call, dev)
     recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, E)
     want_recv, want_out = _moe_expected(rank, world, T, H, E, k, call, dev)
@@ -315,17 +318,17 @@ def _moe_exact(rank, world, T, H, E, k, call, dev):
     expert_out = torch.zeros_like(recv)
     expert_out[:n] = (recv[:n].float() * (expert[:, None] + 1)).to(torch.bfloat16)
     out = symmcoll.moe_combine(expert_out, weights, handle)
-    torch.cuda.synchronize()
+    sync()
     return wrong + int((out.view(torch.int16) != want_out.view(torch.int16)).sum())
 
 
-def _moe_graph(rank, world, dev):
+def _moe_graph(rank, world, dev, sync):
     """dispatch + combine captured once, replayed with new tokens (same routing): exact each time."""
     T, H, E, k = 256, 2048, 4 * world, 4
     tokens, ids, weights = _moe_routing(rank, T, H, E, k, 0, dev)
     recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, E)
     symmcoll.moe_combine(recv, weights, handle)
-    torch.cuda.synchronize()
+    sync()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, E)
@@ -334,8 +337,8 @@ def _moe_graph(rank, world, dev):
     for replay in range(3):
         tokens.copy_(_moe_routing(rank, T, H, E, k, replay, dev)[0].roll(replay, 1))
         graph.replay()
-        torch.cuda.synchronize()
-        want = (tokens.float() * torch.where(ids >= 0, weights, 0.0).sum(1, keepdim=True)).to(torch.bfloat16)
+        sync()
+        want = (tokens.float() * torch.where(ids >= 0, weights, 0.0).sum(1, keepdim=True) + 0.0).to(torch.bfloat16)
         wrong += int((out.view(torch.int16) != want.view(torch.int16)).sum())
     return wrong
 
