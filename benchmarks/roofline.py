@@ -18,7 +18,7 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
   every (block, warps) candidate, 32 and 128 with the default.
 * old (``--old-src``: a tree of the code before that has bench/timing.graph_us, e.g. ``git archive
-  --prefix=old_main/ 85b33e0 src | tar x``):
+  --prefix=old_main/ 0851bfe src | tar x``):
   rms at 32, 512 and 8192 tokens and MoE at hidden 7168, 64 experts, 128 and 4096 tokens, through the
   public API of that tree, in a second process, same GPU.
 
