@@ -126,8 +126,10 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
     device_type = ws.device.type
     cfg = gemm_config(M, N, K, a.dtype, ws.device, split=False)
     tile_words = cfg.block_m * cfg.block_n * out.element_size() // 4
-    per_piece = SLOT_WORDS[device_type] // tile_words
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    # A slot row holds SLOT_WORDS of a peer's tiles: pieces of that many tiles per launch. A group of one
+    # sends nothing, so one launch takes every tile (no piece leaves SMs idle).
+    per_piece = SLOT_WORDS[device_type] // tile_words if world > 1 else tiles
     region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
     tma = use_tma(device_type, a, b)
     a_arg, b_arg = host_descriptors(cfg, a, b, False) if tma else (a, b)
