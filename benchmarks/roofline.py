@@ -64,7 +64,8 @@ class Sizes:
 QUANTS = (None, "fp8_per_token")
 # (block, max_programs, warps, tokens per item)
 MOE_CONFIGS = ((4096, 1024, 4, 1), (16384, 1024, 8, 1), (8192, 528, 4, 1), (8192, 1024, 4, 2))
-CODEC_CONFIGS = ((2048, 8), (4096, 8), (1024, 4), (8192, 16))
+# (block, warps, programs) of the codec kernels; the first is bench.roofline's default (CODEC_*)
+CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048))
 EPS = 1e-6
 # Calls in one graph at least: graph_us sizes the graph from one eager call's time, which for a small
 # kernel is the host's (30-100 us), so a graph held 2-7 calls and each replay's start-up cost (~2-10
@@ -320,13 +321,16 @@ def codec_section(res: Results, device):
                         raise AssertionError(f"{wrong} values differ from the emulation (or a word is EMPTY)")
                     return 0.0
                 configs = (CODEC_CONFIGS if group_size == 64 else CODEC_CONFIGS[:1])[:1 if SIZES.smoke else None]
-                for block, warps in configs:
-                    label = f"b{block}/w{warps}"
+                for block, warps, programs in configs:
+                    label = "default" if (block, warps, programs) == CODEC_CONFIGS[0] else \
+                        f"b{block}/w{warps}/p{programs}"
                     res.add("codec", f"{fmt} quantize", (fmt, "q", group_size, f"{mb:g}M"),
-                            lambda b=block, w=warps: roofline.quantize(x, words, scales, fmt, group_size, b, w),
+                            lambda b=block, w=warps, p=programs: roofline.quantize(x, words, scales, fmt, group_size,
+                                                                                   b, w, p),
                             check_codes, nbytes, config=label)
                     res.add("codec", f"{fmt} dequantize", (fmt, "dq", group_size, f"{mb:g}M"),
-                            lambda b=block, w=warps: roofline.dequantize(words, scales, out, fmt, group_size, b, w),
+                            lambda b=block, w=warps, p=programs: roofline.dequantize(words, scales, out, fmt,
+                                                                                     group_size, b, w, p),
                             lambda _: check_codes(None), nbytes, config=label)
                 del x, words, scales, out
                 torch.cuda.empty_cache()
@@ -412,7 +416,7 @@ def summary(res: Results) -> list[tuple]:
         ok = [r for r in rows if "us" in r and not r["name"].startswith("old")]
         mine = [r for r in ok if r["name"].startswith("symmcoll") or section == "codec"]
         best = min(mine, key=lambda r: r["us"], default={})
-        default = next((r["us"] for r in mine if r.get("config") in ("default", "b2048/w8")), None)
+        default = next((r["us"] for r in mine if r.get("config") == "default"), None)
         eager = next((r["us"] for r in ok if r["name"] in ("torch eager", "torch index_select", "torch gather+sum")),
                      None)
         compiled = next((r["us"] for r in ok if r["name"] == "torch.compile"), None)
