@@ -14,8 +14,9 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   with their default config, and at 32, 512, 2048 and 8192 tokens every (values per step, warps,
   programs) candidate: whole rows and rows in chunks (``_rms_candidates``).
 * moe: tokens {128, 1024, 4096} x hidden {4096, 7168} x experts {8, 64, 256} x top-k {2, 8}: dispatch and
-  combine with the default config, torch (index_select; gather + weighted sum), and at 128 and 4096
-  tokens with 64 experts the (block, programs, warps, tokens per item) candidates.
+  combine with the default config, torch (index_select; gather + weighted sum), at 128, 1024 and 4096
+  tokens with 64 experts the (block, programs, warps, tokens per item) candidates, and the dispatch's
+  two launches alone (moe_route: routing; moe_move: the row copies).
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
   every (block, warps) candidate, 32 and 128 with the default.
 * old (``--old-src``: a tree of the code before that has bench/timing.graph_us, e.g. ``git archive
@@ -51,7 +52,7 @@ class Sizes:
         self.moe_cases = [(20, 16, 8, 3)] if smoke else \
             [(t, h, e, k) for t in (128, 1024, 4096) for h in (4096, 7168) for e in (8, 64, 256) for k in (2, 8)]
         # configs swept at these tokens, 64 experts (the experts do not change the data path)
-        self.moe_sweep = () if smoke else ((128, 64), (4096, 64))
+        self.moe_sweep = () if smoke else ((128, 64), (1024, 64), (4096, 64))
         # the old tree: rms at these tokens, MoE at these cases (the rest is in earlier result files)
         self.old_tokens = (5,) if smoke else (32, 512, 8192)
         self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
@@ -63,7 +64,7 @@ class Sizes:
 
 QUANTS = (None, "fp8_per_token")
 # (block, max_programs, warps, tokens per item)
-MOE_CONFIGS = ((4096, 1024, 4, 1), (16384, 1024, 8, 1), (8192, 528, 4, 1), (8192, 1024, 4, 2))
+MOE_CONFIGS = ((8192, 1024, 4, 1), (4096, 1024, 4, 1), (16384, 528, 8, 1), (8192, 528, 4, 2), (16384, 528, 8, 4))
 # (block, warps, programs) of the codec kernels; the first is bench.roofline's default (CODEC_*)
 CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048))
 EPS = 1e-6
@@ -291,9 +292,24 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
             res.add("moe_dispatch", "symmcoll:pull", case, dispatch, check_dispatch, dispatch_bytes, **extra)
             if "out" in handle:
                 res.add("moe_combine", "symmcoll:push", case, combine, check_combine, combine_bytes, **extra)
+            if cfg is None and "out" in handle:
+                _moe_kernels_alone(res, case, dispatch, dispatch_bytes)
         moe.TOKENS_PER_ITEM["cuda"] = 1
         symmcoll.check()
     res.save()
+
+
+def _moe_kernels_alone(res: Results, case, dispatch, dispatch_bytes):
+    """The two launches of a dispatch timed alone (section moe_route: routing, the fixed cost; moe_move:
+    the row copies, over the dispatch's bytes), replayed with the arguments of the call just checked:
+    where the time that is not bandwidth goes."""
+    from symmcoll import launcher
+    with launcher.recording() as launches:
+        dispatch()
+    for section, rec in zip(("moe_route", "moe_move"), launches):
+        res.add(section, "symmcoll:" + rec.kernel.__name__, case,
+                lambda rec=rec: launcher.launch(rec.kernel, rec.grid, rec.args, rec.meta), lambda _: 0.0,
+                dispatch_bytes if section == "moe_move" else None, config="default")
 
 
 def codec_section(res: Results, device):
