@@ -12,8 +12,8 @@ consecutive words. A step moves its rows in chunks of CHUNK values (CHUNK / (val
   written: L2) and normalises it chunk by chunk (``norm_chunks``). A program holds CHUNK values instead
   of a whole row: more programs per SM, each with loads in flight while another reduces; the fp8
   output and the 16-bit tensors never share a tile, so no layout conversion through shared memory.
-  Per-token fp8 scales take max |residual * weight| from pass 1 times the row's 1 / rms (within 2 ulp
-  of max |normed|; the quotient is clamped to +-448 as always).
+  Per-token fp8 scales (both ways) take max |residual * weight| times the row's 1 / rms (within 2 ulp
+  of max |normed|; the quotient is clamped to +-448 as always): the maximum does not wait for the sum.
 
 A rank's own rows never make the trip through words: the kernels use them as the peers will read them
 (``sanitize_values``), so the local work is one read of x, residual and weight and one write of each
@@ -110,8 +110,10 @@ def finish_rows(new_residual, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr
     weight = tl.load(weight_ptr + elems, mask=elems < H, other=0).to(tl.float32)
     tl.store(residual_out_ptr + offs, narrow(new_residual, residual_out_ptr.dtype.element_ty), mask=mask)
     inv_rms = tl.rsqrt(tl.sum(new_residual * new_residual, axis=1) / H + eps)
+    # Per-token fp8: max |normed| as max |residual * weight| / rms (as in chunked rows): the two
+    # reductions do not wait for each other.
+    peak = tl.max(tl.abs(new_residual * weight[None, :]), axis=1) * inv_rms if QUANT == 2 else inv_rms
     normed = new_residual * inv_rms[:, None] * weight[None, :]
-    peak = tl.max(tl.abs(normed), axis=1) if QUANT == 2 else inv_rms
     _store_normed(normed, offs, mask, row_ids, row_ok, scale_ptr, normed_ptr, scales_ptr, peak, QUANT)
 
 
