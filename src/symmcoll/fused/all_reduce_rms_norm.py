@@ -54,8 +54,8 @@ from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slo
 from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig, register, register_op
-from .rms_rows import (FP8_MAX, MIN_AMAX, end_rows, end_step, load_chunk, load_weight, rank_sum, row_words,
-                       word_values)
+from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, rank_sum,
+                       row_words, word_values)
 
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
@@ -114,8 +114,8 @@ def rms_norm_one_shot_kernel(
         for step in range(pid, steps, nprog):
             row_ids = step * ROWS + in_step
             for start in range(0, BLOCK_H, CHUNK):
-                word0 = start // VALUES_PER_WORD
-                sent = (word0 + lanes % WORDS < tl.cdiv(H, VALUES_PER_WORD)) & (step * ROWS + lanes // WORDS < rows)
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
+                sent = used & (step * ROWS + lanes // WORDS < rows)
                 words = row_words(x_ptr, row_ids, row_ids < rows, H, start, FORMAT, WORDS, CHUNK)
                 tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :],
                          tl.broadcast_to(words[None, :], (PEERS, ROWS * WORDS)), mask=is_peer[:, None] & sent[None, :])
@@ -135,8 +135,8 @@ def rms_norm_one_shot_kernel(
                 x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H,
                                                                 start + CHUNK, QUANT, CHUNK)
             if WORLD > 1:
-                word0 = start // VALUES_PER_WORD
-                sent = (word0 + lanes % WORDS < tl.cdiv(H, VALUES_PER_WORD)) & (step * ROWS + lanes // WORDS < rows)
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
+                sent = used & (step * ROWS + lanes // WORDS < rows)
                 slots = region + base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :]
                 tile, budget = take_rows(slots, is_peer[:, None] & sent[None, :], peers, rank, budget, status_ptr,
                                          desc, headers, epoch, check, WORLD)
@@ -193,11 +193,11 @@ def rms_norm_two_shot_kernel(
             their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
             lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // WORDS)[None, :]
             for start in range(0, BLOCK_H, CHUNK):
-                word0 = start // VALUES_PER_WORD
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
                 words = row_words(x_ptr, tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]),
                                   H, start, FORMAT, WORDS, CHUNK)
-                sent = is_peer[:, None] & (word0 + lanes % WORDS < tl.cdiv(H, VALUES_PER_WORD))[None, :] \
-                    & ((step * ROWS + lanes // WORDS) < shard_rows)[None, :] & (lane_rows < rows)
+                sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // WORDS) < shard_rows)[None, :] \
+                    & (lane_rows < rows)
                 tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :],
                          tl.reshape(words, [PEERS, ROWS * WORDS]), mask=sent)
     # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
@@ -217,10 +217,9 @@ def rms_norm_two_shot_kernel(
                 x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H,
                                                                 start + CHUNK, QUANT, CHUNK)
             if WORLD > 1:
-                word0 = start // VALUES_PER_WORD
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
                 lane_in_shard = step * ROWS + lanes // WORDS
-                lane_mine = (word0 + lanes % WORDS < tl.cdiv(H, VALUES_PER_WORD)) & (lane_in_shard < shard_rows) \
-                    & (rank * shard_rows + lane_in_shard < rows)
+                lane_mine = used & (lane_in_shard < shard_rows) & (rank * shard_rows + lane_in_shard < rows)
                 received = is_peer[:, None] & lane_mine[None, :]
                 at = step * ROWS * ROW_BLOCK + word0 + lanes[None, :]
                 tile, budget = take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + at, received, peers,
@@ -256,8 +255,8 @@ def rms_norm_two_shot_kernel(
             squares = tl.zeros([PEERS * ROWS, CHUNK], tl.float32)
             peaks = tl.zeros([PEERS * ROWS, CHUNK], tl.float32)
             for start in range(0, BLOCK_H, CHUNK):
-                word0 = start // VALUES_PER_WORD
-                received = is_peer[:, None] & (word0 + lanes % WORDS < tl.cdiv(H, VALUES_PER_WORD))[None, :] \
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
+                received = is_peer[:, None] & used[None, :] \
                     & ((step * ROWS + lanes // WORDS) < shard_rows)[None, :] & (lane_rows < rows)
                 tile, budget = take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
                                          + word0 + lanes[None, :], received, peers, rank, budget, status_ptr, desc,

@@ -57,6 +57,14 @@ def load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, start, QUANT
 
 
 @triton.jit
+def chunk_words(start, lanes, H, VALUES_PER_WORD: tl.constexpr, WORDS: tl.constexpr):
+    """(the first word in its row of the chunk of values [start, start + WORDS * VALUES_PER_WORD), which
+    of a step's ``lanes`` (WORDS per row) hold values of the row rather than padding to BLOCK_H)."""
+    word0 = start // VALUES_PER_WORD
+    return word0, word0 + lanes % WORDS < tl.cdiv(H, VALUES_PER_WORD)
+
+
+@triton.jit
 def row_words(x_ptr, row_ids, row_ok, H, start, FORMAT: tl.constexpr, WORDS: tl.constexpr, BLOCK: tl.constexpr):
     """Elements [start, start + BLOCK) of rows ``row_ids`` ([R]) of x as sanitised words, flat: [R * WORDS]."""
     R: tl.constexpr = row_ids.shape[0]
