@@ -11,10 +11,12 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
 
 * rms: tokens {1, 6, 32, 138, 512, 2048, 8192} x hidden {4096, 6144, 8192, 16384}, bf16, bf16 or fp8
   (per token) output: torch add + RMSNorm eager and torch.compile'd, symmcoll one_shot and two_shot
-  with their default config, and at 32, 512 and 8192 tokens every (rows, warps, programs) candidate.
+  with their default config, and at 32, 512, 2048 and 8192 tokens every (values per step, warps,
+  programs) candidate: whole rows and rows in chunks (``_rms_candidates``).
 * moe: tokens {128, 1024, 4096} x hidden {4096, 7168} x experts {8, 64, 256} x top-k {2, 8}: dispatch and
-  combine with the default config, torch (index_select; gather + weighted sum), and at 128 and 4096
-  tokens with 64 experts the (block, programs, warps, tokens per item) candidates.
+  combine with the default config, torch (index_select; gather + weighted sum), at 128, 1024 and 4096
+  tokens with 64 experts the (block, programs, warps, tokens per item) candidates, and the dispatch's
+  two launches alone (moe_route: routing; moe_move: the row copies).
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
   every (block, warps) candidate, 32 and 128 with the default.
 * old (``--old-src``: a tree of the code before that has bench/timing.graph_us, e.g. ``git archive
@@ -46,11 +48,11 @@ class Sizes:
     def __init__(self, smoke: bool):
         self.tokens = (5,) if smoke else (1, 6, 32, 138, 512, 2048, 8192)
         self.hidden = (40,) if smoke else (4096, 6144, 8192, 16384)
-        self.sweep_tokens = (5,) if smoke else (32, 512, 8192)
+        self.sweep_tokens = (5,) if smoke else (32, 512, 2048, 8192)
         self.moe_cases = [(20, 16, 8, 3)] if smoke else \
             [(t, h, e, k) for t in (128, 1024, 4096) for h in (4096, 7168) for e in (8, 64, 256) for k in (2, 8)]
         # configs swept at these tokens, 64 experts (the experts do not change the data path)
-        self.moe_sweep = () if smoke else ((128, 64), (4096, 64))
+        self.moe_sweep = () if smoke else ((128, 64), (1024, 64), (4096, 64))
         # the old tree: rms at these tokens, MoE at these cases (the rest is in earlier result files)
         self.old_tokens = (5,) if smoke else (32, 512, 8192)
         self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
@@ -62,9 +64,15 @@ class Sizes:
 
 QUANTS = (None, "fp8_per_token")
 # (block, max_programs, warps, tokens per item)
-MOE_CONFIGS = ((4096, 1024, 4, 1), (16384, 1024, 8, 1), (8192, 528, 4, 1), (8192, 1024, 4, 2))
-CODEC_CONFIGS = ((2048, 8), (4096, 8), (1024, 4), (8192, 16))
+MOE_CONFIGS = ((8192, 1024, 4, 1), (4096, 1024, 4, 1), (16384, 528, 8, 1), (8192, 528, 4, 2), (16384, 528, 8, 4))
+# (block, warps, programs) of the codec kernels; the first is bench.roofline's default (CODEC_*)
+CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048))
 EPS = 1e-6
+# Calls in one graph at least: graph_us sizes the graph from one eager call's time, which for a small
+# kernel is the host's (30-100 us), so a graph held 2-7 calls and each replay's start-up cost (~2-10
+# us) was shared by that few: the first run's <= 32-token and 128-token figures varied 2-4x between
+# identical launches. With 20 calls the start-up is < 0.5 us of a call (ANCHORS.md's convention).
+CALLS_PER_GRAPH = 20
 START = time.monotonic()
 # Seconds of the deadline kept for the old tree's cases (a second process: imports, compiles).
 OLD_RESERVE_S = 75
@@ -72,9 +80,9 @@ SIZES = Sizes(False)
 
 
 def time_us(fn, replays: int = 7) -> tuple[float, str]:
-    """Median us per call over CUDA-graph replays (symmcoll.bench.timing.graph_us: the call repeated in
-    one graph until a replay lasts ~200 us); on CPU the wall-clock time of two calls (a check of the
-    harness, not a measurement)."""
+    """Median us per call over CUDA-graph replays (symmcoll.bench.timing.graph_us: CALLS_PER_GRAPH calls,
+    repeated until a replay lasts ~200 us, in one graph); on CPU the wall-clock time of two calls (a check
+    of the harness, not a measurement)."""
     if SIZES.smoke:
         fn()
         t0 = time.perf_counter()
@@ -82,7 +90,7 @@ def time_us(fn, replays: int = 7) -> tuple[float, str]:
         fn()
         return (time.perf_counter() - t0) / 2 * 1e6, "cpu"
     from symmcoll.bench.timing import graph_us
-    return statistics.median(graph_us([fn], replays)), "graph"
+    return statistics.median(graph_us([fn] * CALLS_PER_GRAPH, replays)), "graph"
 
 
 def _exact(got, want) -> float:
@@ -182,33 +190,37 @@ def rms_section(res: Results, device, sweep_configs: bool = True):
         default = arn.gpu_config(request, 1)
         configs = [("default", default)]
         if sweep_configs and tokens in SIZES.sweep_tokens:
-            configs += [(f"rows{c.block}/w{c.num_warps}/p{c.max_programs}", c) for c in _rms_candidates(hidden)
-                        if c != default]
+            configs += [(_rms_label(c, hidden), c) for c in _rms_candidates(hidden, tokens) if c != default]
         for algorithm in ("one_shot", "two_shot"):
             for label, cfg in configs if algorithm == "one_shot" else configs[:1]:
                 def run(cfg=cfg, algorithm=algorithm):
                     return plan.resolve(arn.OP, x, None, algorithm, config=cfg, others=(residual, weight),
                                         options=options).execute(x, others=(residual, weight))
                 res.add("rms", f"symmcoll:{algorithm}", case, run, check, nbytes, config=label,
-                        rows=cfg.block, warps=cfg.num_warps, programs=cfg.max_programs)
+                        block=cfg.block, warps=cfg.num_warps, programs=cfg.max_programs)
         symmcoll.check()
     res.save()
 
 
-def _rms_candidates(hidden):
+def _rms_candidates(hidden, tokens):
+    """Launch configs of the rms kernels (``block`` = values a program holds per step): whole rows with
+    8, 16 or 32 values per thread (2 rows at 16 for rows of <= 4096); rows in chunks of 1024-4096
+    values at 8 per thread (16 would take a layout conversion through shared memory for the fp8
+    output: fused/rms_rows.py). At <= 32 tokens the whole-row ones only (no chunk runs in parallel)."""
     from symmcoll.plan import LaunchConfig
     block_h = 1 << (hidden - 1).bit_length()
-    found = []
-    for rows in (1, 2, 4):
-        tile = rows * block_h
-        if tile > 16384 or (rows > 1 and tile > 8192):
-            continue
-        for warps in (4, 8, 16, 32):
-            if not 8 <= tile // (32 * warps) <= 64:
-                continue
-            for programs in (264, 528, 1024):
-                found.append(LaunchConfig(rows, programs, warps))
-    return found
+    shapes = [(block_h, block_h // (32 * per_thread)) for per_thread in (8, 16, 32)]
+    shapes += [(2 * block_h, block_h // 256)] if block_h <= 4096 else []
+    if tokens > 32:
+        shapes += [(chunk, chunk // 256) for chunk in (1024, 2048, 4096) if chunk < block_h]
+    programs = (1024,) if tokens <= 32 else (528, 1024)
+    return [LaunchConfig(block, p, warps) for block, warps in shapes if 4 <= warps <= 32 for p in programs]
+
+
+def _rms_label(config, hidden) -> str:
+    block_h = 1 << (hidden - 1).bit_length()
+    shape = f"rows{config.block // block_h}" if config.block >= block_h else f"chunk{config.block}"
+    return f"{shape}/w{config.num_warps}/p{config.max_programs}"
 
 
 def _moe_inputs(tokens_n, hidden, experts, k, device):
@@ -280,9 +292,24 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
             res.add("moe_dispatch", "symmcoll:pull", case, dispatch, check_dispatch, dispatch_bytes, **extra)
             if "out" in handle:
                 res.add("moe_combine", "symmcoll:push", case, combine, check_combine, combine_bytes, **extra)
+            if cfg is None and "out" in handle:
+                _moe_kernels_alone(res, case, dispatch, dispatch_bytes)
         moe.TOKENS_PER_ITEM["cuda"] = 1
         symmcoll.check()
     res.save()
+
+
+def _moe_kernels_alone(res: Results, case, dispatch, dispatch_bytes):
+    """The two launches of a dispatch timed alone (section moe_route: routing, the fixed cost; moe_move:
+    the row copies, over the dispatch's bytes), replayed with the arguments of the call just checked:
+    where the time that is not bandwidth goes."""
+    from symmcoll import launcher
+    with launcher.recording() as launches:
+        dispatch()
+    for section, rec in zip(("moe_route", "moe_move"), launches):
+        res.add(section, "symmcoll:" + rec.kernel.__name__, case,
+                lambda rec=rec: launcher.launch(rec.kernel, rec.grid, rec.args, rec.meta), lambda _: 0.0,
+                dispatch_bytes if section == "moe_move" else None, config="default")
 
 
 def codec_section(res: Results, device):
@@ -310,13 +337,16 @@ def codec_section(res: Results, device):
                         raise AssertionError(f"{wrong} values differ from the emulation (or a word is EMPTY)")
                     return 0.0
                 configs = (CODEC_CONFIGS if group_size == 64 else CODEC_CONFIGS[:1])[:1 if SIZES.smoke else None]
-                for block, warps in configs:
-                    label = f"b{block}/w{warps}"
+                for block, warps, programs in configs:
+                    label = "default" if (block, warps, programs) == CODEC_CONFIGS[0] else \
+                        f"b{block}/w{warps}/p{programs}"
                     res.add("codec", f"{fmt} quantize", (fmt, "q", group_size, f"{mb:g}M"),
-                            lambda b=block, w=warps: roofline.quantize(x, words, scales, fmt, group_size, b, w),
+                            lambda b=block, w=warps, p=programs: roofline.quantize(x, words, scales, fmt, group_size,
+                                                                                   b, w, p),
                             check_codes, nbytes, config=label)
                     res.add("codec", f"{fmt} dequantize", (fmt, "dq", group_size, f"{mb:g}M"),
-                            lambda b=block, w=warps: roofline.dequantize(words, scales, out, fmt, group_size, b, w),
+                            lambda b=block, w=warps, p=programs: roofline.dequantize(words, scales, out, fmt,
+                                                                                     group_size, b, w, p),
                             lambda _: check_codes(None), nbytes, config=label)
                 del x, words, scales, out
                 torch.cuda.empty_cache()
@@ -402,7 +432,7 @@ def summary(res: Results) -> list[tuple]:
         ok = [r for r in rows if "us" in r and not r["name"].startswith("old")]
         mine = [r for r in ok if r["name"].startswith("symmcoll") or section == "codec"]
         best = min(mine, key=lambda r: r["us"], default={})
-        default = next((r["us"] for r in mine if r.get("config") in ("default", "b2048/w8")), None)
+        default = next((r["us"] for r in mine if r.get("config") == "default"), None)
         eager = next((r["us"] for r in ok if r["name"] in ("torch eager", "torch index_select", "torch gather+sum")),
                      None)
         compiled = next((r["us"] for r in ok if r["name"] == "torch.compile"), None)

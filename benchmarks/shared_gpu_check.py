@@ -194,44 +194,56 @@ def _roofline_protocols(rank, world, rows):
     """The protocols issue 23 changed, against answers computed locally from every rank's (seeded)
     inputs, every result the same on every rank where it must be: all_reduce_rms_norm one_shot and
     two_shot (own rows as values, peer code only on several ranks) at hidden sizes of every tile shape
-    (16384: 1 row per step; 4096: 2; 4099: no 16-byte rows), bf16 / fp16 / fp32, fp8 outputs, several
+    (whole rows and rows in chunks of 1024; 4099: no 16-byte rows), bf16 / fp16 / fp32, fp8 outputs, several
     pieces, three calls and a CUDA graph replayed with new data; MoE dispatch and combine (per-token
     items, in-block ranks, push only across ranks, combine in rounds) bit-exact, graph replays."""
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")  # CPU: a dry run
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     gen = lambda seed: torch.Generator(device=dev).manual_seed(seed)  # noqa: E731
-    for tokens, hidden, dtype, quant in ROOFLINE_NORM_CASES:
-        for name in ("one_shot", "two_shot"):
-            error, err, digest = None, None, None
-            try:
-                for call in range(3):
-                    x_of = lambda r: torch.randn(tokens, hidden, generator=gen(600 + 10 * call + r),  # noqa: E731
-                                                 device=dev).to(dtype)
-                    residual = torch.randn(tokens, hidden, generator=gen(700 + call), device=dev).to(dtype)
-                    weight = torch.randn(hidden, generator=gen(701), device=dev).to(dtype)
-                    new_res = (residual.float() + sum(x_of(r).float() for r in range(world))).to(dtype).float()
-                    normed = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
-                    scale = (normed.abs().max() / 300).reshape(1) if quant == "fp8_per_tensor" else None
-                    out = symmcoll.all_reduce_rms_norm(x_of(rank), residual, weight, 1e-6, algorithm=name, quant=quant,
-                                                       scale=scale)
-                    sync()
-                    symmcoll.check()
-                    got = out[0].float() * (out[2] if quant == "fp8_per_token" else scale if quant else 1.0)
-                    err = max(err or 0.0, float((out[1].float() - new_res).norm() / new_res.norm()),
-                              float((got - normed).norm() / normed.norm()))
-                word = torch.int16 if dtype != torch.float32 else torch.int32
-                digest = int(out[1].view(word).to(torch.int64).sum()) + \
-                    int(out[0].view(torch.uint8 if quant else word).to(torch.int64).sum())
-            except Exception as exc:  # noqa: BLE001
-                error = f"{type(exc).__name__}: {exc}"[:300]
-                symmcoll.reset()
-            digests = [None] * world
-            dist.all_gather_object(digests, digest)
-            bound = 0.07 if quant else 2e-2
-            same = len(set(digests)) == 1
-            rows.append({"check": "roofline_rms_norm", "algorithm": name, "shape": [tokens, hidden],
-                         "dtype": str(dtype), "quant": quant, "rel_err": err, "same_on_every_rank": same,
-                         "wrong": int(err is None or err > bound or not same), "error": error})
+    from symmcoll import plan
+    from symmcoll.plan import LaunchConfig
+
+    def norm(x, residual, weight, name, quant, scale, chunk):
+        """The public call, or (``chunk``: values of a row per step) the chunked two-pass rows."""
+        if not chunk:
+            return symmcoll.all_reduce_rms_norm(x, residual, weight, 1e-6, algorithm=name, quant=quant, scale=scale)
+        others = (residual, weight) if scale is None else (residual, weight, scale)
+        out = plan.resolve("all_reduce_rms_norm", x, None, name, config=LaunchConfig(chunk, 528, max(4, chunk // 256)),
+                           others=others, options=(("eps", 1e-6), ("quant", quant))).execute(x, others=others)
+        return out if quant == "fp8_per_token" else out[:2]
+    # Every case with whole rows (the default config) and, for rows longer than 1024, in chunks of 1024.
+    for (tokens, hidden, dtype, quant), name, chunk in [(case, name, chunk) for case in ROOFLINE_NORM_CASES
+                                                         for name in ("one_shot", "two_shot")
+                                                         for chunk in ((0, 1024) if case[1] > 1024 else (0,))]:
+        error, err, digest = None, None, None
+        try:
+            for call in range(3):
+                x_of = lambda r: torch.randn(tokens, hidden, generator=gen(600 + 10 * call + r),  # noqa: E731
+                                             device=dev).to(dtype)
+                residual = torch.randn(tokens, hidden, generator=gen(700 + call), device=dev).to(dtype)
+                weight = torch.randn(hidden, generator=gen(701), device=dev).to(dtype)
+                new_res = (residual.float() + sum(x_of(r).float() for r in range(world))).to(dtype).float()
+                normed = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
+                scale = (normed.abs().max() / 300).reshape(1) if quant == "fp8_per_tensor" else None
+                out = norm(x_of(rank), residual, weight, name, quant, scale, chunk)
+                sync()
+                symmcoll.check()
+                got = out[0].float() * (out[2] if quant == "fp8_per_token" else scale if quant else 1.0)
+                err = max(err or 0.0, float((out[1].float() - new_res).norm() / new_res.norm()),
+                          float((got - normed).norm() / normed.norm()))
+            word = torch.int16 if dtype != torch.float32 else torch.int32
+            digest = int(out[1].view(word).to(torch.int64).sum()) + \
+                int(out[0].view(torch.uint8 if quant else word).to(torch.int64).sum())
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            symmcoll.reset()
+        digests = [None] * world
+        dist.all_gather_object(digests, digest)
+        bound = 0.07 if quant else 2e-2
+        same = len(set(digests)) == 1
+        rows.append({"check": "roofline_rms_norm", "algorithm": name, "shape": [tokens, hidden], "chunk": chunk,
+                     "dtype": str(dtype), "quant": quant, "rel_err": err, "same_on_every_rank": same,
+                     "wrong": int(err is None or err > bound or not same), "error": error})
     # A CUDA graph of the fused op, replayed with new x.
     for name in ("one_shot", "two_shot"):
         error, err = None, None

@@ -138,7 +138,8 @@ for stage in $stages; do
       # Issue 23, one GPU, world size 1: every candidate config of all_reduce_rms_norm, moe_dispatch /
       # moe_combine and the codec kernels beside torch (eager, torch.compile) and the SM copy rate, each
       # checked against the fp32 reference first; the code before the change too if old_main/src exists
-      # (git archive --prefix=old_main/ 0851bfe src | tar x: main before this branch; carry old_main).
+      # (git archive --prefix=old_main/ <commit> src | tar x; carry old_main: ba3dbd4 = run 1's code,
+      # 0851bfe = before the rewrite). ~2.5-3.5 minutes.
       # ROOFLINE_PARTS narrows (rms moe codecs).
       old=""; [ -d old_main/src ] && old="--old-src old_main/src"
       timeout ${ROOFLINE_TIMEOUT:-475} python3 benchmarks/roofline.py --out "$OUT/roofline.json" \

@@ -229,7 +229,7 @@ def _codec_probe_kernel(x_ptr, out_ptr, words_ptr, N: tl.constexpr, G: tl.conste
 
 def _edge_values(quantize: str) -> torch.Tensor:
     """Groups of 32: ties of every kind, fp8 subnormal levels, zeros and negative zeros, a group with
-    Inf, a group with NaN, random groups."""
+    Inf, a group with NaN, a group of values below 2^-118, random groups."""
     qmax = {"int8": 127.0, "fp8": 448.0, "int4": 7.0}[quantize]
     g = torch.Generator().manual_seed(11)
     # amax = qmax: scale 1, so these are exact midpoints between two levels.
@@ -248,7 +248,9 @@ def _edge_values(quantize: str) -> torch.Tensor:
     bad[3] = float("inf")
     nan = torch.randn(32, generator=g)
     nan[30] = float("nan")
-    return torch.cat([ties, tiny, zeros, bad, nan, torch.randn(96, generator=g) * 10]).float()
+    # A group below the smallest amax a scale is taken from (2^-118): steps of 2^-118 / qmax, zeros stay 0.
+    below = torch.randint(-20, 21, (32,), generator=g).float() * 2.0 ** -125
+    return torch.cat([ties, tiny, zeros, bad, nan, below, torch.randn(64, generator=g) * 10]).float()
 
 
 def _codec_edges(quantize: str):

@@ -164,9 +164,12 @@ def _arn_pieces(algorithm, tokens, world, dtype):
     return -(-tokens // rows)
 
 
-def _arn(algorithm, dtype):
+def _arn(algorithm, dtype, config=None, cases=None):
+    """The cases through the public function, or with ``config`` through plan.resolve (the launch
+    config the GPU sweep names: a ``block`` of less than a row runs the chunked two-pass path)."""
+    from symmcoll import plan
     rank = dist.get_rank()
-    for call, (tokens, h, quant) in enumerate(_arn_cases()):
+    for call, (tokens, h, quant) in enumerate(cases or _arn_cases()):
         what = f"{algorithm} {tokens}x{h} {quant} call {call}"
         x = operand((tokens, h), dtype, rank, call)
         residual = operand((tokens, h), dtype, 0, call, salt=2)  # the same on every rank
@@ -179,7 +182,13 @@ def _arn(algorithm, dtype):
         elif quant:
             want = reference.all_reduce_rms_norm(x, residual, weight, EPS, quant=quant)
         before = launches(f"rms_norm_{algorithm}_kernel")
-        got = symmcoll.all_reduce_rms_norm(x, residual, weight, EPS, algorithm=algorithm, quant=quant, scale=scale)
+        if config is None:
+            got = symmcoll.all_reduce_rms_norm(x, residual, weight, EPS, algorithm=algorithm, quant=quant, scale=scale)
+        else:
+            others = (residual, weight) if scale is None else (residual, weight, scale)
+            got = plan.resolve("all_reduce_rms_norm", x, None, algorithm, config=config, others=others,
+                               options=(("eps", EPS), ("quant", quant))).execute(x, others=others)
+            got = got[:3] if quant == "fp8_per_token" else got[:2]
         assert len(got) == (3 if quant == "fp8_per_token" else 2)
         assert got[0].dtype == (torch.float8_e4m3fn if quant else dtype) and got[1].dtype == dtype
         assert_rel_close(got[0].float(), want[0], f"{what}: normed", FP8_TOL if quant else REL_TOL[dtype])
@@ -200,6 +209,21 @@ def _arn(algorithm, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_all_reduce_rms_norm(pools, world_size, dtype, algorithm):
     pools(world_size).run(_arn, algorithm, dtype)
+
+
+def _arn_chunked():
+    """Rows in chunks of 32 values (``block`` 32 < the rows' 64 values: two passes per row, the next
+    chunk's loads issued ahead), bf16: the one-shot kernel on an odd H (a chunk past the row's end), the
+    two-shot kernel (all three stages) with per-token fp8 (scales from pass 1)."""
+    from symmcoll.plan import LaunchConfig
+    _arn("one_shot", torch.bfloat16, LaunchConfig(32, 4, 4), [(3, 33, None)])
+    _arn("two_shot", torch.bfloat16, LaunchConfig(32, 4, 4), [(3, 48, "fp8_per_token")])
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_all_reduce_rms_norm_chunked_rows(pools, world):
+    assert pools(world).run(_arn_chunked) == [True] * world
 
 
 def _arn_one_rank():

@@ -83,29 +83,29 @@ def broadcast(x: torch.Tensor, src: int, group=None) -> torch.Tensor:
 # ---- the quantized all-reduce (comm/quantized.py), emulated step by step in fp32 --------------------
 
 _QUANT_MAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0}
+_TINY_AMAX = 2.0 ** -118  # language/codecs.py TINY_AMAX
 
 
 def quantize_groups(values: torch.Tensor, quantize: str, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 ``values`` (length a multiple of ``group_size``) -> (the levels the codes stand for, fp32, one
-    row per group; the scales, one per group), rounded exactly as ``language/codecs.py`` rounds."""
+    row per group; the scales, one per group), rounded exactly as ``language/codecs.py`` rounds: amax =
+    max(max |v|, 2^-118), scale = amax / qmax, t = v * (qmax / amax) (no clamp: |t| <= qmax (1 + 2^-23)
+    rounds to at most qmax), a group holding Inf or NaN gets zero levels and a NaN scale."""
     v = values.float().reshape(-1, group_size)
-    finite = torch.isfinite(v)
+    finite = torch.isfinite(v).all(dim=1, keepdim=True)
     v = torch.where(finite, v, torch.zeros_like(v))
-    amax = v.abs().amax(dim=1, keepdim=True)
+    amax = v.abs().amax(dim=1, keepdim=True).clamp_min(_TINY_AMAX)
     qmax = _QUANT_MAX[quantize]
     # Tensor by tensor: torch computes `tensor / scalar` and `scalar / tensor` through a reciprocal,
     # which is not the correctly rounded quotient the kernel's div_rn gives.
     qmax_t = torch.full_like(amax, qmax)
     scale = torch.div(amax, qmax_t)
-    inverse = torch.where(amax > 0, torch.div(qmax_t, torch.where(amax > 0, amax, torch.ones_like(amax))),
-                          torch.zeros_like(amax))
-    t = (v * inverse).clamp(-qmax, qmax)
+    t = v * torch.div(qmax_t, amax)
     if quantize == "fp8":
         levels = t.to(torch.float8_e4m3fn).float()
     else:
         levels = torch.trunc(t + torch.where(t >= 0, 0.5, -0.5))
-    scale = torch.where(finite.all(dim=1, keepdim=True), scale, torch.full_like(scale, float("nan")))
-    return levels, scale
+    return levels, torch.where(finite, scale, torch.full_like(scale, float("nan")))
 
 
 def dequantize_groups(levels: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

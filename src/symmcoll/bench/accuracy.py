@@ -41,7 +41,9 @@ _FP32_ROUNDOFF = 2.0 ** -24
 
 
 def _codec_error(magnitude: torch.Tensor, amax: torch.Tensor, quantize: str) -> torch.Tensor:
-    """Largest error of one value of ``magnitude`` in a group whose largest magnitude is ``amax``."""
+    """Largest error of one value of ``magnitude`` in a group whose largest magnitude is ``amax`` (a
+    scale is never taken from less than 2^-118: language/codecs.py TINY_AMAX)."""
+    amax = amax.clamp_min(2.0 ** -118)
     if quantize == "fp8":
         # e4m3: 3 mantissa bits (half a step is <= 1/16 of the value); subnormal steps of 2**-9 scales.
         return magnitude / 16 + amax / (448 * 1024) + amax * _CODEC_SLACK

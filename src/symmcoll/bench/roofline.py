@@ -35,38 +35,35 @@ from ..language import FORMAT_BITS, FORMATS, dequantize_groups, narrow, pack_wor
 from ..launcher import launch
 from . import bandwidth
 
-# Input elements per program step of the codec kernels (a multiple of every group size).
+# Input elements per program step of the codec kernels (a multiple of every group size), warps, and
+# the most programs (each loops over steps, as the quantized all-reduce's stages do).
 CODEC_BLOCK = 2048
 CODEC_WARPS = 8
+CODEC_PROGRAMS = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def quantize_kernel(x_ptr, words_ptr, scales_ptr, numel, FMT: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
                     BLOCK: tl.constexpr):
     """x (numel values, a multiple of BLOCK) -> packed codes (numel * BITS / 32 int32 words) and one fp32
     scale per group of G: stage 0 of the quantized all-reduce over a whole tensor."""
-    pid = tl.program_id(0).to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs[None, :], mask=offs[None, :] < numel, other=0).to(tl.float32)
-    codes, scales = quantize_groups(x, 1, BLOCK, G, FMT)
-    word = pid * (BLOCK * BITS // 32) + tl.arange(0, BLOCK * BITS // 32)
-    tl.store(words_ptr + word[None, :], pack_words(codes, 1, BLOCK, BITS), mask=word[None, :] < numel * BITS // 32)
-    group = pid * (BLOCK // G) + tl.arange(0, BLOCK // G)
-    tl.store(scales_ptr + group[None, :], scales, mask=group[None, :] < numel // G)
+    for block in range(tl.program_id(0).to(tl.int64), numel // BLOCK, tl.num_programs(0)):
+        x = tl.load(x_ptr + block * BLOCK + tl.arange(0, BLOCK)[None, :]).to(tl.float32)
+        codes, scales = quantize_groups(x, 1, BLOCK, G, FMT)
+        tl.store(words_ptr + block * (BLOCK * BITS // 32) + tl.arange(0, BLOCK * BITS // 32)[None, :],
+                 pack_words(codes, 1, BLOCK, BITS))
+        tl.store(scales_ptr + block * (BLOCK // G) + tl.arange(0, BLOCK // G)[None, :], scales)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def dequantize_kernel(words_ptr, scales_ptr, out_ptr, numel, FMT: tl.constexpr, BITS: tl.constexpr,
                       G: tl.constexpr, BLOCK: tl.constexpr):
     """Packed codes and scales -> values in out's dtype: stage 2 of the quantized all-reduce."""
-    pid = tl.program_id(0).to(tl.int64)
-    word = pid * (BLOCK * BITS // 32) + tl.arange(0, BLOCK * BITS // 32)
-    words = tl.load(words_ptr + word[None, :], mask=word[None, :] < numel * BITS // 32, other=0)
-    group = pid * (BLOCK // G) + tl.arange(0, BLOCK // G)
-    scales = tl.load(scales_ptr + group[None, :], mask=group[None, :] < numel // G, other=0)
-    values = dequantize_groups(unpack_words(words, 1, BLOCK, BITS), scales, 1, BLOCK, G, FMT)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + offs[None, :], narrow(values, out_ptr.dtype.element_ty), mask=offs[None, :] < numel)
+    for block in range(tl.program_id(0).to(tl.int64), numel // BLOCK, tl.num_programs(0)):
+        words = tl.load(words_ptr + block * (BLOCK * BITS // 32) + tl.arange(0, BLOCK * BITS // 32)[None, :])
+        scales = tl.load(scales_ptr + block * (BLOCK // G) + tl.arange(0, BLOCK // G)[None, :])
+        values = dequantize_groups(unpack_words(words, 1, BLOCK, BITS), scales, 1, BLOCK, G, FMT)
+        tl.store(out_ptr + block * BLOCK + tl.arange(0, BLOCK)[None, :], narrow(values, out_ptr.dtype.element_ty))
 
 
 def codec_buffers(numel: int, fmt: str, group_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,21 +79,22 @@ def _codec_meta(fmt: str, group_size: int, block: int, warps: int) -> dict:
     return dict(FMT=code, BITS=FORMAT_BITS[code], G=group_size, BLOCK=block, num_warps=warps, enable_fp_fusion=False)
 
 
-def quantize(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, fmt: str, group_size: int,
-             block: int = CODEC_BLOCK, warps: int = CODEC_WARPS) -> None:
-    numel = x.numel()
+def _codec_grid(numel: int, block: int, group_size: int, programs: int, what: str) -> tuple[int]:
     if numel % block or block % group_size:
-        raise ValueError(f"x must hold a multiple of {block} values (got {numel}) and the block whole groups")
-    launch(quantize_kernel, (numel // block,), (x, words, scales, numel), _codec_meta(fmt, group_size, block, warps))
+        raise ValueError(f"{what} must hold a multiple of {block} values (got {numel}) and the block whole groups")
+    return (max(1, min(programs, numel // block)),)
+
+
+def quantize(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, fmt: str, group_size: int,
+             block: int = CODEC_BLOCK, warps: int = CODEC_WARPS, programs: int = CODEC_PROGRAMS) -> None:
+    launch(quantize_kernel, _codec_grid(x.numel(), block, group_size, programs, "x"), (x, words, scales, x.numel()),
+           _codec_meta(fmt, group_size, block, warps))
 
 
 def dequantize(words: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, fmt: str, group_size: int,
-               block: int = CODEC_BLOCK, warps: int = CODEC_WARPS) -> None:
-    numel = out.numel()
-    if numel % block or block % group_size:
-        raise ValueError(f"out must hold a multiple of {block} values (got {numel}) and the block whole groups")
-    launch(dequantize_kernel, (numel // block,), (words, scales, out, numel),
-           _codec_meta(fmt, group_size, block, warps))
+               block: int = CODEC_BLOCK, warps: int = CODEC_WARPS, programs: int = CODEC_PROGRAMS) -> None:
+    launch(dequantize_kernel, _codec_grid(out.numel(), block, group_size, programs, "out"),
+           (words, scales, out, out.numel()), _codec_meta(fmt, group_size, block, warps))
 
 
 # ---- bytes each kernel must move ------------------------------------------------------------------------

@@ -28,10 +28,13 @@ two_shot
     2 (W-1)/W * S per rank).
 
 Rows longer than MAX_HIDDEN elements run the unfused baseline; more rows than the slots hold go in
-pieces of whole rows (one launch each). The local work of a step is one pass: x, residual and weight
-read once (my own rows as values, never through words), new residual and normed written once; on one
-rank no peer code is compiled in and one launch takes every row. Launch: ``gpu_config`` (rows per step,
-programs, warps), overridable per call (``plan.resolve(..., config=)``) for the roofline sweep.
+pieces of whole rows (one launch each). The local work of a step is one pass over whole rows, or (a
+config ``block`` of less than a row) two passes over a row in chunks, the second reading back the new
+residual the first wrote (fused/rms_rows.py): x, residual and weight read once from HBM (my own rows as
+values, never through words), new residual and normed written once; on one rank no peer code, no
+slots and no launch epoch are compiled in and one launch takes every row. Launch: ``gpu_config``
+(values per step, programs, warps), overridable per call (``plan.resolve(..., config=)``) for the
+roofline sweep.
 
 nccl / unfused
     The process group's all-reduce / symmcoll.all_reduce ("auto"), then torch: residual + sum (rounded),
@@ -51,7 +54,8 @@ from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slo
 from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig, register, register_op
-from .rms_rows import FP8_MAX, MIN_AMAX, finish_rows, load_rows, own_values, rank_sum, row_words, word_values
+from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, rank_sum,
+                       row_words, word_values)
 
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
@@ -85,20 +89,23 @@ def rms_norm_one_shot_kernel(
     # inputs [rows, H] (weight [H], scale [1]) and outputs (scales [rows]) of this piece
     x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, H, eps,
     # a row is ROW_BLOCK words in the slots (H values rounded up to a power of 2: BLOCK_H); ROWS rows per
-    # step; SLOT_WORDS per source; PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per
-    # tensor, 2 fp8 per token
+    # step, CHUNK values of each at a time (CHUNK < BLOCK_H: one row, two passes); SLOT_WORDS per source;
+    # PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per tensor, 2 fp8 per token
     WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
-    SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
+    CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, 1,
-                                              SLOT_WORDS)
+    if WORLD > 1:  # one rank: nothing goes through the slots, no epoch to keep
+        epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD,
+                                                  1, SLOT_WORDS)
     steps = tl.cdiv(rows, ROWS)
-    # A step is ROWS consecutive rows: ROWS * ROW_BLOCK consecutive slot words.
-    lanes = tl.arange(0, ROWS * ROW_BLOCK)
+    # A step is ROWS consecutive rows: ROWS * ROW_BLOCK consecutive slot words; a chunk of a row is
+    # WORDS of them from word CHUNK / VALUES_PER_WORD * (chunk number) of the row.
+    VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
+    WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
+    lanes = tl.arange(0, ROWS * WORDS)
     in_step = tl.arange(0, ROWS)
-    used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
     peers = tl.arange(0, PEERS)
     is_peer = (peers < WORLD) & (peers != rank)
     if WORLD > 1:
@@ -106,30 +113,50 @@ def rms_norm_one_shot_kernel(
         to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
         for step in range(pid, steps, nprog):
             row_ids = step * ROWS + in_step
-            sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
-            words = row_words(x_ptr, row_ids, row_ids < rows, H, FORMAT, ROW_BLOCK, BLOCK_H)
-            tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
-                     tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=is_peer[:, None] & sent[None, :])
+            for start in range(0, BLOCK_H, CHUNK):
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
+                sent = used & (step * ROWS + lanes // WORDS < rows)
+                words = row_words(x_ptr, row_ids, row_ids < rows, H, start, FORMAT, WORDS, CHUNK)
+                tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :],
+                         tl.broadcast_to(words[None, :], (PEERS, ROWS * WORDS)), mask=is_peer[:, None] & sent[None, :])
     # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
     budget = max_spins
     check = 1
     for step in range(pid, steps, nprog):
         row_ids = step * ROWS + in_step
         row_ok = row_ids < rows
-        total = own_values(x_ptr, row_ids, row_ok, H, FORMAT, BLOCK_H)
-        residual = load_rows(residual_ptr, row_ids, row_ok, H, BLOCK_H)
-        if WORLD > 1:
-            sent = used & (step * ROWS + lanes // ROW_BLOCK < rows)
-            slots = region + base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :]
-            tile, budget = take_rows(slots, is_peer[:, None] & sent[None, :], peers, rank, budget, status_ptr, desc,
-                                     headers, epoch, check, WORLD)
-            check = 0
-            total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
-        if budget > 0:
+        squares = tl.zeros([ROWS, CHUNK], tl.float32)
+        peaks = tl.zeros([ROWS, CHUNK], tl.float32)
+        x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, 0, QUANT,
+                                                        CHUNK)
+        for start in range(0, BLOCK_H, CHUNK):
+            total, residual, weight = sanitize_values(x_next, FORMAT), residual_next, weight_next
+            if CHUNK < BLOCK_H:
+                x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H,
+                                                                start + CHUNK, QUANT, CHUNK)
+            if WORLD > 1:
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
+                sent = used & (step * ROWS + lanes // WORDS < rows)
+                slots = region + base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :]
+                tile, budget = take_rows(slots, is_peer[:, None] & sent[None, :], peers, rank, budget, status_ptr,
+                                         desc, headers, epoch, check, WORLD)
+                check = 0
+                total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, WORDS, CHUNK)
             new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
-            finish_rows(new_residual, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
-                        H, eps, QUANT, BLOCK_H)
-    end_launch(epochs_ptr, epoch)
+            if WORLD == 1:  # no wait that can fail: no branch between this chunk and the next one's loads
+                squares, peaks = end_step(new_residual, weight, squares, peaks, row_ids, row_ok, start, weight_ptr,
+                                          scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK,
+                                          BLOCK_H)
+            else:
+                if budget > 0:
+                    squares, peaks = end_step(new_residual, weight, squares, peaks, row_ids, row_ok, start,
+                                              weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps,
+                                              QUANT, CHUNK, BLOCK_H)
+        if budget > 0:
+            end_rows(squares, peaks, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
+                     H, eps, QUANT, CHUNK, BLOCK_H)
+    if WORLD > 1:
+        end_launch(epochs_ptr, epoch)
 
 
 @triton.jit(do_not_specialize=["rows", "shard_rows", "eps"])
@@ -142,16 +169,18 @@ def rms_norm_two_shot_kernel(
     # [s * shard_rows, (s + 1) * shard_rows) below ``rows``
     x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, shard_rows, H, eps,
     WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
-    SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
+    CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch, scatter_base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank,
-                                                      WORLD, 2, SLOT_WORDS)
-    gather_base = scatter_base + WORLD * SLOT_WORDS
-    lanes = tl.arange(0, ROWS * ROW_BLOCK)
+    if WORLD > 1:
+        epoch, scatter_base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank,
+                                                          WORLD, 2, SLOT_WORDS)
+        gather_base = scatter_base + WORLD * SLOT_WORDS
+    VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
+    WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
+    lanes = tl.arange(0, ROWS * WORDS)
     in_step = tl.arange(0, ROWS)
-    used = (lanes % ROW_BLOCK) < tl.cdiv(H, BLOCK_H // ROW_BLOCK)
     peers = tl.arange(0, PEERS)
     is_peer = (peers < WORLD) & (peers != rank)
     steps = tl.cdiv(shard_rows, ROWS)
@@ -162,13 +191,15 @@ def rms_norm_two_shot_kernel(
             in_shard = step * ROWS + in_step
             their_rows = peers[:, None] * shard_rows + in_shard[None, :]
             their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
-            words = row_words(x_ptr, tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), H,
-                              FORMAT, ROW_BLOCK, BLOCK_H)
-            lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
-            sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
-                & (lane_rows < rows)
-            tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
-                     tl.reshape(words, [PEERS, ROWS * ROW_BLOCK]), mask=sent)
+            lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // WORDS)[None, :]
+            for start in range(0, BLOCK_H, CHUNK):
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
+                words = row_words(x_ptr, tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]),
+                                  H, start, FORMAT, WORDS, CHUNK)
+                sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // WORDS) < shard_rows)[None, :] \
+                    & (lane_rows < rows)
+                tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :],
+                         tl.reshape(words, [PEERS, ROWS * WORDS]), mask=sent)
     # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
     budget = max_spins
     check = 1
@@ -176,44 +207,69 @@ def rms_norm_two_shot_kernel(
         in_shard = step * ROWS + in_step
         my_rows = rank * shard_rows + in_shard
         mine_ok = (in_shard < shard_rows) & (my_rows < rows)
-        total = own_values(x_ptr, my_rows, mine_ok, H, FORMAT, BLOCK_H)
-        residual = load_rows(residual_ptr, my_rows, mine_ok, H, BLOCK_H)
-        if WORLD > 1:
-            lane_in_shard = step * ROWS + lanes // ROW_BLOCK
-            lane_mine = used & (lane_in_shard < shard_rows) & (rank * shard_rows + lane_in_shard < rows)
-            received = is_peer[:, None] & lane_mine[None, :]
-            tile, budget = take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
-                                     + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
-                                     check, WORLD)
-            check = 0
-            total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, ROW_BLOCK, BLOCK_H)
-        # The new residual as the peers will see it (rounded and sanitised alike).
-        new_residual = sanitize_values(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
-                                       FORMAT)
-        if budget > 0:
-            finish_rows(new_residual, my_rows, mine_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr,
-                        scales_ptr, H, eps, QUANT, BLOCK_H)
+        squares = tl.zeros([ROWS, CHUNK], tl.float32)
+        peaks = tl.zeros([ROWS, CHUNK], tl.float32)
+        x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H, 0, QUANT,
+                                                        CHUNK)
+        for start in range(0, BLOCK_H, CHUNK):
+            total, residual, weight = sanitize_values(x_next, FORMAT), residual_next, weight_next
+            if CHUNK < BLOCK_H:
+                x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H,
+                                                                start + CHUNK, QUANT, CHUNK)
             if WORLD > 1:
-                words = words_of(tl.reshape(new_residual, [ROWS * BLOCK_H]), FORMAT, ROWS * ROW_BLOCK)
-                tl.store(to_peers + gather_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + lanes[None, :],
-                         tl.broadcast_to(words[None, :], (PEERS, ROWS * ROW_BLOCK)), mask=received)
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
+                lane_in_shard = step * ROWS + lanes // WORDS
+                lane_mine = used & (lane_in_shard < shard_rows) & (rank * shard_rows + lane_in_shard < rows)
+                received = is_peer[:, None] & lane_mine[None, :]
+                at = step * ROWS * ROW_BLOCK + word0 + lanes[None, :]
+                tile, budget = take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + at, received, peers,
+                                         rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+                check = 0
+                total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, WORDS, CHUNK)
+            # The new residual as the peers will see it (rounded and sanitised alike).
+            new_residual = sanitize_values(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
+                                           FORMAT)
+            if WORLD == 1:
+                squares, peaks = end_step(new_residual, weight, squares, peaks, my_rows, mine_ok, start, weight_ptr,
+                                          scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK,
+                                          BLOCK_H)
+            else:
+                if budget > 0:
+                    squares, peaks = end_step(new_residual, weight, squares, peaks, my_rows, mine_ok, start,
+                                              weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps,
+                                              QUANT, CHUNK, BLOCK_H)
+                    words = words_of(tl.reshape(new_residual, [ROWS * CHUNK]), FORMAT, ROWS * WORDS)
+                    tl.store(to_peers + gather_base + rank * SLOT_WORDS + at,
+                             tl.broadcast_to(words[None, :], (PEERS, ROWS * WORDS)), mask=received)
+        if budget > 0:
+            end_rows(squares, peaks, my_rows, mine_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
+                     H, eps, QUANT, CHUNK, BLOCK_H)
     if WORLD > 1:
         # Stage 2: every peer's new residual rows from my gather slots; store and normalise them here.
         for step in range(pid, steps, nprog):
             in_shard = step * ROWS + in_step
-            their_rows = peers[:, None] * shard_rows + in_shard[None, :]
-            their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
-            lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // ROW_BLOCK)[None, :]
-            received = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // ROW_BLOCK) < shard_rows)[None, :] \
-                & (lane_rows < rows)
-            tile, budget = take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
-                                     + lanes[None, :], received, peers, rank, budget, status_ptr, desc, headers, epoch,
-                                     0, WORLD)
+            their_rows = tl.reshape(peers[:, None] * shard_rows + in_shard[None, :], [PEERS * ROWS])
+            their_ok = tl.reshape(is_peer[:, None] & (in_shard < shard_rows)[None, :]
+                                  & (peers[:, None] * shard_rows + in_shard[None, :] < rows), [PEERS * ROWS])
+            lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // WORDS)[None, :]
+            squares = tl.zeros([PEERS * ROWS, CHUNK], tl.float32)
+            peaks = tl.zeros([PEERS * ROWS, CHUNK], tl.float32)
+            for start in range(0, BLOCK_H, CHUNK):
+                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
+                received = is_peer[:, None] & used[None, :] \
+                    & ((step * ROWS + lanes // WORDS) < shard_rows)[None, :] & (lane_rows < rows)
+                tile, budget = take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
+                                         + word0 + lanes[None, :], received, peers, rank, budget, status_ptr, desc,
+                                         headers, epoch, 0, WORLD)
+                new_residual = word_values(tl.reshape(tile, [PEERS * ROWS, WORDS]), FORMAT, WORDS, CHUNK)
+                if budget > 0:
+                    squares, peaks = end_step(new_residual, load_weight(weight_ptr, H, start, CHUNK), squares, peaks,
+                                              their_rows, their_ok, start, weight_ptr, scale_ptr, normed_ptr,
+                                              residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK, BLOCK_H)
             if budget > 0:
-                finish_rows(word_values(tl.reshape(tile, [PEERS * ROWS, ROW_BLOCK]), FORMAT, ROW_BLOCK, BLOCK_H),
-                            tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]), weight_ptr,
-                            scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, BLOCK_H)
-    end_launch(epochs_ptr, epoch)
+                end_rows(squares, peaks, their_rows, their_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr,
+                         scales_ptr, H, eps, QUANT, CHUNK, BLOCK_H)
+        end_launch(epochs_ptr, epoch)
 
 
 # ---- host side ---------------------------------------------------------------------------------------
@@ -233,24 +289,35 @@ def _row_block(h: int, itemsize: int) -> int:
 
 
 def gpu_config(request: plan.Request, world: int) -> LaunchConfig:
-    """GPU launch of both kernels: ``block`` = rows per step, ``max_programs``, ``num_warps``. A step's
-    tile (rows x the row rounded up to a power of two) of about 8K values at 16 values per thread, and
-    up to MAX_PROGRAMS programs (one step each up to 1024 steps), so that several programs share an SM
-    and keep its loads in flight while another reduces or stores. Predictions from bytes in flight, to
-    be replaced by the roofline sweep's winners (benchmarks/roofline.py)."""
+    """GPU launch of both kernels: ``block`` = values a program holds per step (whole rows: ``block`` /
+    BLOCK_H rows; less than a row: one row in chunks of ``block`` values, two passes), ``max_programs``,
+    ``num_warps``. From the first roofline run (2026-11-24, one H200, every (rows, warps, programs) at 32,
+    512 and 8192 tokens): one row per step and 16 values per thread (warps = BLOCK_H / 512) was best or
+    within 3% of it at every hidden size and token count; more rows per step lost up to 30% (2048 x
+    4096: 76% of copy with 2 rows). The program cap mattered by <= 3%."""
     block_h = _row_block(request.shape[-1], request.dtype.itemsize) * (4 // request.dtype.itemsize)
-    rows = max(1, min(8, 8192 // block_h))
-    return LaunchConfig(rows, MAX_PROGRAMS, max(4, min(32, rows * block_h // 512)))
+    return LaunchConfig(block_h, MAX_PROGRAMS, max(4, min(32, block_h // 512)))
+
+
+def _steps(config: LaunchConfig, block_h: int, device_type: str) -> tuple[int, int]:
+    """(ROWS, CHUNK): whole rows per step, or one row in chunks. CPU: 4 whole rows per step (every
+    interpreted step costs milliseconds) unless a config was named (the tests of the chunked path)."""
+    if device_type != "cuda" and config is plan.CPU_CONFIG:
+        return 4, block_h
+    return max(1, config.block // block_h), min(config.block, block_h)
 
 
 def _launch_config(p: plan.Plan, h: int, itemsize: int) -> tuple[dict, int]:
-    """Constexprs of both kernels and their programs' cap: the plan's LaunchConfig (rows per step,
-    programs, warps) on GPU; on CPU 4 rows per step (each interpreted step costs milliseconds)."""
+    """Constexprs of both kernels and their programs' cap, from the plan's LaunchConfig."""
     row_block = _row_block(h, itemsize)
-    rows = p.config.block if p.ws.device.type == "cuda" else 4
-    return dict(WORLD=p.world, FORMAT=WORD_FORMAT[p.request.dtype], ROW_BLOCK=row_block,
-                BLOCK_H=row_block * (4 // itemsize), ROWS=rows, PEERS=triton.next_power_of_2(p.world),
-                QUANT=QUANT[dict(p.request.options)["quant"]], num_warps=p.config.num_warps), p.config.max_programs
+    block_h = row_block * (4 // itemsize)
+    rows, chunk = _steps(p.config, block_h, p.ws.device.type)
+    if chunk * itemsize < 16 and chunk < block_h:
+        raise ValueError(f"config.block must hold at least 16 bytes of a row when it is less than a row, got "
+                         f"{p.config.block}")
+    return dict(WORLD=p.world, FORMAT=WORD_FORMAT[p.request.dtype], ROW_BLOCK=row_block, BLOCK_H=block_h, ROWS=rows,
+                CHUNK=chunk, PEERS=triton.next_power_of_2(p.world), QUANT=QUANT[dict(p.request.options)["quant"]],
+                num_warps=p.config.num_warps), p.config.max_programs
 
 
 def _kernel_run(kind: str):
@@ -384,24 +451,32 @@ ops.define(OP, "(Tensor x, Tensor residual, Tensor weight, float eps, str group_
 
 def compile_cases(make_workspace):
     """Both kernels' launches on meta tensors: hidden 16384, 8192, 6144 and 4096, an odd hidden size,
-    every quant mode and dtype, every world size (1: no peer code), rank 1 somewhere."""
+    every quant mode and dtype, every world size (1: no peer code), rank 1 somewhere; whole rows (the
+    default config) and chunked rows (``block`` values less than a row)."""
     cases = []
     for kind in ("one_shot", "two_shot"):
-        for world, rank, dtype, (tokens, h), quant in ((1, 0, torch.bfloat16, (8192, 16384), "fp8_per_token"),
-                                                       (1, 0, torch.bfloat16, (2048, 4096), None),
-                                                       (2, 1, torch.bfloat16, (6, 8192), None),
-                                                       (4, 0, torch.bfloat16, (138, 6144), "fp8_per_token"),
-                                                       (3, 1, torch.float16, (33, 4099), "fp8_per_tensor"),
-                                                       (8, 1, torch.float32, (512, 1024), None)):
-            def thunk(kind=kind, world=world, rank=rank, dtype=dtype, tokens=tokens, h=h, quant=quant):
+        for world, rank, dtype, (tokens, h), quant, block in (
+                (1, 0, torch.bfloat16, (8192, 16384), "fp8_per_token", None),
+                (1, 0, torch.bfloat16, (8192, 16384), "fp8_per_token", 4096),
+                (1, 0, torch.bfloat16, (2048, 4096), None, None),
+                (2, 1, torch.bfloat16, (6, 8192), None, None),
+                (2, 1, torch.bfloat16, (6, 8192), None, 2048),
+                (4, 0, torch.bfloat16, (138, 6144), "fp8_per_token", None),
+                (3, 1, torch.float16, (33, 4099), "fp8_per_tensor", None),
+                (3, 1, torch.float16, (33, 4099), "fp8_per_tensor", 1024),
+                (8, 1, torch.float32, (512, 1024), None, None)):
+            def thunk(kind=kind, world=world, rank=rank, dtype=dtype, tokens=tokens, h=h, quant=quant, block=block):
                 x = torch.empty((tokens, h), dtype=dtype, device="meta")
                 others = (torch.empty_like(x), torch.empty((h,), dtype=dtype, device="meta"))
                 if quant == "fp8_per_tensor":
                     others += (torch.empty((1,), dtype=torch.float32, device="meta"),)
                 request = plan.Request(OP, (tokens, h), dtype, torch.device("cuda"),
                                        options=(("eps", 1e-6), ("quant", quant)))
+                config = gpu_config(request, world)
+                if block is not None:
+                    config = LaunchConfig(block, config.max_programs, max(4, block // 256))
                 p = plan.Plan(request, "kernel", plan.algorithms(OP)[kind], None, world, rank,
-                              make_workspace(world, rank), gpu_config(request, world), 3, None)
+                              make_workspace(world, rank), config, 3, None)
                 p.algorithm.run(p, x, None, *others)
-            cases.append((f"{OP}.{kind} ws{world} {tokens}x{h} {quant}", thunk))
+            cases.append((f"{OP}.{kind} ws{world} {tokens}x{h} {quant} block {block}", thunk))
     return cases

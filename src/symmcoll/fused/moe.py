@@ -62,10 +62,11 @@ LANDING = declare(RegionSpec(
     "stores come after that exit barrier"))
 COUNTER = declare(RegionSpec("moe.route_counter", "moe", lambda g: 1,
                              "programs of the route kernel that are done (the last one resets it)", symmetric=False))
-# block = elements moved per step over a token's rows, max_programs, warps: predicted from bytes in flight
-# (8 small programs per SM, 16-byte accesses, 32 KB of loads per step), to be replaced by the roofline
-# sweep's winners (benchmarks/roofline.py).
-GPU_CONFIG = LaunchConfig(block=8192, max_programs=1024, num_warps=4)
+# block = elements moved per step over a token's rows, max_programs, warps. In the first roofline run
+# (2026-11-24, one H200) 528 programs beat 1024 by 5-20% at 4096 tokens top-8 (dispatch 162 vs 196 us,
+# combine 157 vs 165 at hidden 7168, 64 experts) and lost <= 7% at top-2; likely why: at 72-94
+# registers a thread only 5-7 such programs fit an SM (528 = 4 per SM all start at once, 1024 do not).
+GPU_CONFIG = LaunchConfig(block=8192, max_programs=528, num_warps=4)
 # Rows of expert output per push item (their origins are read as one vector, their parts as one tile).
 PUSH_ROWS = 16
 # Tokens per dispatch/combine item: one on GPU (a step is the token's k rows: no cross-thread shuffles);

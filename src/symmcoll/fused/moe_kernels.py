@@ -150,7 +150,15 @@ def moe_dispatch_kernel(
             # Sources in the order rank+1, rank+2, ...: the ranks do not all read rank 0 first.
             src = (rank + 1 + item // (groups * parts)) % WORLD
             first_token = t0 + item // parts % groups * TT
-            part = item % parts
+            part_start = item % parts * part_words
+            part_end = tl.minimum(part_start + part_words, row_words)
+            token_ok = (first_token + in_group < t0 + tq)[:, None]
+            if WORLD == 1:
+                # Every row is needed here: its first HB words are loaded before the three dependent
+                # loads of routing metadata that say where it goes.
+                rows = tokens_ptr + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
+                values = tl.load(rows + (part_start + lane)[None, :],
+                                 mask=token_ok & ((part_start + lane)[None, :] < part_end))
             meta = peer_ptr(buffer_ptrs_dev, src, tl.int32)
             # Each slot's row: start of (expert, source) + rows of earlier blocks + rank in its block.
             token = first_token + slot // KP2
@@ -162,26 +170,30 @@ def moe_dispatch_kernel(
                 tl.load(meta + hist_off + token // TB * num_experts + ids, mask=mine, other=0) + \
                 tl.load(meta + rank_off + token * K + j, mask=mine, other=0)
             kept = mine & (dest < max_rows)
-            if part == 0:
+            if part_start == 0:
                 tl.store(origin_ptr + dest, (src * tokens_n + token).to(tl.int64) * K + j, mask=kept)
                 if src == rank:
                     tl.store(self_ptr + token * K + j, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
-            # Each row is read once (mine: from my tokens; a peer's: from its staged copy) and stored into
-            # each of its local experts' rows.
+            # Each row is read once (mine: from my tokens; a peer's: from its staged copy, only if one of
+            # my experts needs it) and stored into each of its local experts' rows; the next HB words
+            # are in flight while these are stored.
             if tl.max(kept.to(tl.int32), axis=0) > 0:
-                if src == rank:
-                    rows = tokens_ptr
-                else:
-                    rows = peer_ptr(buffer_ptrs_dev, src, out_ptr.dtype.element_ty) + tokens_off
-                rows = rows + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
+                if WORLD > 1:
+                    if src == rank:
+                        rows = tokens_ptr
+                    else:
+                        rows = peer_ptr(buffer_ptrs_dev, src, out_ptr.dtype.element_ty) + tokens_off
+                    rows = rows + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
+                    values = tl.load(rows + (part_start + lane)[None, :],
+                                     mask=token_ok & ((part_start + lane)[None, :] < part_end))
                 to = out_ptr + dest.to(tl.int64)[:, None] * row_words
-                part_end = tl.minimum(part * part_words + part_words, row_words)
-                for h0 in range(part * part_words, part_end, HB):
+                for h0 in range(part_start, part_end, HB):
+                    ahead = h0 + HB + lane
+                    upcoming = tl.load(rows + ahead[None, :], mask=token_ok & (ahead[None, :] < part_end))
                     h = h0 + lane
-                    values = tl.load(rows + h[None, :], mask=(first_token + in_group < t0 + tq)[:, None] &
-                                     (h[None, :] < part_end))
                     copies = tl.reshape(tl.broadcast_to(values[:, None, :], (TT, KP2, HB)), (TT * KP2, HB))
                     tl.store(to + h[None, :], copies, mask=kept[:, None] & (h[None, :] < part_end))
+                    values = upcoming
         # Nobody restages its buffer (next round or call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
 
@@ -254,29 +266,38 @@ def moe_combine_kernel(
         groups = tl.cdiv(end - t0, TT)
         for item in range(pid, groups * parts, nprog):
             first_token = t0 + item // parts * TT
-            part = item % parts
-            part_end = tl.minimum(part * part_len + part_len, hidden)
+            part_start = item % parts * part_len
+            part_end = tl.minimum(part_start + part_len, hidden)
             token = first_token + slot // KP2
             at = token * K + slot % KP2
-            valid = (slot % KP2 < K) & (token < end)
-            ids = tl.load(ids_ptr + at, mask=valid, other=-1)
-            valid = valid & (ids >= 0) & (ids < num_experts)
-            weights = tl.load(weights_ptr + at, mask=valid, other=0).to(tl.float32)
-            own_row = tl.load(self_ptr + at, mask=valid, other=-1)
-            mine = ids // local_experts == rank
-            # A local slot whose row did not fit max_rows (reported by dispatch) contributes nothing.
-            use = valid & (~mine | ((own_row >= 0) & (own_row < max_rows)))
-            if WORLD == 1:
+            in_round = (slot % KP2 < K) & (token < end)
+            # A slot's row in my expert output comes from dispatch (-1 where the slot has none), so the
+            # rows' loads wait for one load, not for the ids first.
+            own_row = tl.load(self_ptr + at, mask=in_round, other=-1)
+            own_ok = (own_row >= 0) & (own_row < max_rows)
+            if WORLD == 1:  # every expert is mine: the slots with a row are the ones used
+                use = in_round & own_ok
                 rows = expert_ptr + own_row * hidden
             else:
+                ids = tl.load(ids_ptr + at, mask=in_round, other=-1)
+                mine = ids // local_experts == rank
+                # A local slot whose row did not fit max_rows (reported by dispatch) contributes nothing.
+                use = in_round & (ids >= 0) & (ids < num_experts) & (~mine | own_ok)
                 rows = tl.where(mine, expert_ptr + own_row * hidden, landing + (at - t0 * K).to(tl.int64) * hidden)
+            weights = tl.where(use, tl.load(weights_ptr + at, mask=in_round, other=0).to(tl.float32), 0.0)
             out_rows = out_ptr + (first_token + in_group).to(tl.int64)[:, None] * hidden
             out_ok = (first_token + in_group < end)[:, None]
-            for h0 in range(part * part_len, part_end, HB):
-                h = h0 + lane
-                values = tl.load(rows[:, None] + h[None, :], mask=use[:, None] & (h[None, :] < part_end), other=0)
+            values = tl.load(rows[:, None] + (part_start + lane)[None, :],
+                             mask=use[:, None] & ((part_start + lane)[None, :] < part_end), other=0)
+            for h0 in range(part_start, part_end, HB):
+                # The next HB elements of every slot's row are in flight while these are summed.
+                ahead = h0 + HB + lane
+                upcoming = tl.load(rows[:, None] + ahead[None, :], mask=use[:, None] & (ahead[None, :] < part_end),
+                                   other=0)
                 acc = tl.sum(tl.reshape(values.to(tl.float32) * weights[:, None], (TT, KP2, HB)), axis=1)
+                h = h0 + lane
                 tl.store(out_rows + h[None, :], narrow(acc, out_ptr.dtype.element_ty),
                          mask=out_ok & (h[None, :] < part_end))
+                values = upcoming
         # Nobody pushes into my landing region (next round or call) until I have read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)

@@ -7,8 +7,8 @@ Formats (``FMT`` constexpr; ``FORMATS`` maps the public names):
     1 fp8    e4m3fn codes, 4 per word             scale = amax / 448
     2 int4   codes in [-7, 7], 8 per word         scale = amax / 7
 
-``amax`` is the largest magnitude in the group; a group holding Inf or NaN gets a NaN scale (and zero
-codes), so non-finite input turns its whole group into NaN instead of being lost. Every step is IEEE
+``amax`` is the largest magnitude in the group, at least TINY_AMAX; a group holding Inf or NaN gets a
+NaN scale (and zero codes), so non-finite input turns its whole group into NaN instead of being lost. Every step is IEEE
 fp32 arithmetic with a fixed rounding (``div_rn``; half away from zero for the integer formats;
 nearest-even for fp8 through ``blocks.narrow``, the package's one fp8 rounding, on which the
 interpreter and the GPU agree bit for bit): the same values give the same codes on every machine, and
@@ -33,6 +33,11 @@ _POSITIVE_NAN: tl.constexpr = tl.constexpr(0x7FC00000)
 _EXPONENT_ALL_ONES: tl.constexpr = tl.constexpr(0x7F800000)
 _SIGN_BIT: tl.constexpr = tl.constexpr(-2147483648)  # 0x80000000
 _HALF_BITS: tl.constexpr = tl.constexpr(0x3F000000)  # 0.5
+# Half e4m3's smallest step (2^-10): what rounds to zero, ties to even included.
+_E4M3_HALF_STEP: tl.constexpr = tl.constexpr(2.0 ** -10)
+# Smallest group maximum a scale is taken from (2^-118): qmax / TINY_AMAX stays finite for every
+# format, so t never overflows; a group of smaller values is quantized in steps of TINY_AMAX / qmax.
+TINY_AMAX: tl.constexpr = tl.constexpr(2.0 ** -118)
 
 
 @triton.jit
@@ -47,11 +52,12 @@ def _qmax(FMT: tl.constexpr):
 
 @triton.jit
 def _e4m3_encode(t):
-    """fp32 in [-448, 448] -> e4m3fn code (int32 0..255), rounded to nearest-even by ``blocks.narrow``
-    (the GPU's conversion; emulated bit for bit under the interpreter); negative zero becomes +0, so
-    0x80 never appears."""
-    code = narrow(t, tl.float8e4nv).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
-    return tl.where(code == 0x80, 0, code)
+    """fp32 (|t| <= 448 (1 + 2^-23)) -> e4m3fn code (int32 0..255), rounded to nearest-even by
+    ``blocks.narrow`` (the GPU's conversion, saturating; emulated bit for bit under the interpreter).
+    Negative zero never appears: t in [-2^-10, 0] (what rounds to -0) is taken as |t| first, so the
+    code is never 0x80."""
+    t = tl.where(t < -_E4M3_HALF_STEP, t, tl.abs(t))
+    return narrow(t, tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
 
 
 @triton.jit
@@ -62,26 +68,29 @@ def _e4m3_decode(codes):
 
 @triton.jit
 def quantize_groups(x, ROWS: tl.constexpr, N: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr):
-    """fp32 [ROWS, N] -> (int32 codes [ROWS, N], fp32 scales [ROWS, N // G]); groups of G along a row."""
+    """fp32 [ROWS, N] -> (int32 codes [ROWS, N], fp32 scales [ROWS, N // G]); groups of G along a row.
+
+    Per group: amax = max(max |v|, TINY_AMAX), scale = amax / qmax and inverse = qmax / amax (both
+    ``div_rn``), t = v * inverse, then the format's rounding; a group holding Inf or NaN gets zero codes
+    and a NaN scale. |t| <= qmax (1 + 2^-23) needs no clamp: the integer formats' rounding of t + 1/2
+    truncates it to qmax, e4m3's saturates. Per value: the magnitude's bits and their integer maximum
+    (which is max |v| for finite values and above every finite one for Inf and NaN: no separate
+    non-finite test), a multiply, the rounding, a select for the non-finite groups."""
     v = tl.reshape(x, (ROWS, N // G, G))
-    magnitude_bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    non_finite = magnitude_bits >= _EXPONENT_ALL_ONES
-    v = tl.where(non_finite, 0.0, v)
-    amax = tl.max(tl.abs(v), axis=2)
-    qmax = _qmax(FMT)
-    scale = tl.math.div_rn(amax, tl.zeros_like(amax) + qmax)
-    inverse = tl.where(amax > 0, tl.math.div_rn(tl.zeros_like(amax) + qmax, tl.where(amax > 0, amax, 1.0)), 0.0)
-    t = tl.minimum(tl.maximum(v * inverse[:, :, None], -qmax), qmax)
+    peak = tl.max(v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
+    finite = peak < _EXPONENT_ALL_ONES
+    amax = tl.maximum(tl.where(finite, peak, 0).to(tl.float32, bitcast=True), TINY_AMAX)
+    qmax = tl.zeros_like(amax) + _qmax(FMT)
+    nan = (tl.zeros_like(peak) + _POSITIVE_NAN).to(tl.float32, bitcast=True)
+    scale = tl.where(finite, tl.math.div_rn(amax, qmax), nan)
+    t = v * tl.math.div_rn(qmax, amax)[:, :, None]
     if FMT == 1:
         codes = _e4m3_encode(t)
     else:
         # Half away from zero: t + 0.5 with t's sign (one bit operation; t is finite), truncated.
         half = ((t.to(tl.int32, bitcast=True) & _SIGN_BIT) | _HALF_BITS).to(tl.float32, bitcast=True)
         codes = (t + half).to(tl.int32)
-    bad_group = tl.max(non_finite.to(tl.int32), axis=2) > 0
-    scale = tl.where(bad_group, (tl.zeros_like(amax.to(tl.int32)) + _POSITIVE_NAN).to(tl.float32, bitcast=True),
-                     scale)
-    return tl.reshape(codes, (ROWS, N)), scale
+    return tl.reshape(tl.where(finite[:, :, None], codes, 0), (ROWS, N)), scale
 
 
 @triton.jit
