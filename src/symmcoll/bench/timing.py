@@ -116,6 +116,9 @@ def _events_elapsed_us(steps: list[Callable[[], object]], group=None) -> list[fl
     return [start.elapsed_time(end) * 1e3 for start, end in pairs]
 
 
+MIN_CALLS_PER_GRAPH = 20
+
+
 def graph_us(calls: list[Callable[[], object]], replays: int, warmup: int = 2, min_graph_us: float = 200.0) -> list[float]:
     """One process, no group: ``calls`` (e.g. one per rotating input set) captured in order, repeated
     until a replay lasts about ``min_graph_us``, into one CUDA graph; the time per call of each of
@@ -123,7 +126,9 @@ def graph_us(calls: list[Callable[[], object]], replays: int, warmup: int = 2, m
     for call in calls:  # compile and warm up outside the capture
         call()
     probe = _events_elapsed_us([lambda: [c() for c in calls]] * 2)
-    repeats = max(1, int(min_graph_us / max(min(probe), 1e-3) + 0.999))
+    # The probe times eager calls, whose GPU time includes launch gaps: at least MIN_CALLS_PER_GRAPH calls
+    # per graph, so a replay's start-up is spread over many.
+    repeats = max(1, int(min_graph_us / max(min(probe), 1e-3) + 0.999), -(-MIN_CALLS_PER_GRAPH // len(calls)))
     order = iter(range(10 ** 9))
     captured = CapturedCalls(lambda: calls[next(order) % len(calls)](), repeats * len(calls))
     for _ in range(warmup):
