@@ -40,7 +40,6 @@ from .. import plan as planner
 from ..language import (EPOCH_SLOTS, announce, barrier_kernel, block_barrier, end_launch, launch_epoch, peer_ptr,
                         send_tile_flag, wait_tile_flag)
 from ..launcher import launch
-from ..memory import persistent_allocations
 from ..plan import Algorithm, Plan, register, register_op
 from . import gemm
 from .gemm_configs import gemm_config
@@ -255,10 +254,9 @@ def _state(plan: Plan, chunks: int, device: torch.device):
     reset)."""
     if plan.cache.get("chunks", -1) < chunks:
         plan.cache["chunks"] = chunks
-        with persistent_allocations(device):
-            plan.cache["flags"] = torch.zeros(chunks, dtype=torch.int64, device=device)
-            plan.cache["epoch"] = torch.zeros(EPOCH_SLOTS.value, dtype=torch.int32, device=device)
-            plan.cache["ready"] = torch.zeros(chunks, dtype=torch.int64, device=device)
+        plan.cache["flags"] = torch.zeros(chunks, dtype=torch.int64, device=device)
+        plan.cache["epoch"] = torch.zeros(EPOCH_SLOTS.value, dtype=torch.int32, device=device)
+        plan.cache["ready"] = torch.zeros(chunks, dtype=torch.int64, device=device)
     return plan.cache["flags"], plan.cache["epoch"], plan.cache["ready"]
 
 

@@ -17,7 +17,6 @@ thing for CPU runs (files in /dev/shm mapped into every rank process). Kernels c
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 from dataclasses import dataclass, field
@@ -180,30 +179,6 @@ def default_group(group):
     return dist.group.WORLD
 
 
-_ALLOCATION_STREAMS: dict = {}
-
-
-@contextlib.contextmanager
-def persistent_allocations(device: torch.device):
-    """Allocate tensors that outlive the call (workspaces, plans' flags and counters) outside any
-    CUDA-graph memory pool. torch.compile's cudagraph trees warm a graph up eagerly with the current
-    stream's allocations routed to the graph's pool, and fail on allocations left alive there; the
-    caching allocator routes by stream, so these are made on a stream of their own, which the current
-    stream then waits for. During a capture itself nothing is rerouted (a capture may not wait on an
-    outside stream): what a first call makes there belongs to the graph."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        yield
-        return
-    current = torch.cuda.current_stream(device)
-    side = _ALLOCATION_STREAMS.get(device.index)
-    if side is None:
-        side = _ALLOCATION_STREAMS[device.index] = torch.cuda.Stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        yield
-    current.wait_stream(side)
-
-
 def get_workspace(group=None, device: torch.device | None = None, op: str = "") -> Workspace:
     """The workspace of (group, device), created collectively on first use.
 
@@ -218,8 +193,7 @@ def get_workspace(group=None, device: torch.device | None = None, op: str = "") 
     ws = _WORKSPACES.get(key)
     if ws is None:
         try:
-            with persistent_allocations(torch.device(device)):
-                ws = _create(group, torch.device(device))
+            ws = _create(group, torch.device(device))
         except SymmcollTimeoutError as exc:
             if not op:
                 raise
