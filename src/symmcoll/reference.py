@@ -1,7 +1,11 @@
 """The single oracle: what every symmcoll op must return, computed with torch / torch.distributed.
 
-Reductions run in fp32 (as symmcoll accumulates) and are rounded once to the input dtype. Data movement
-(all-gather, all-to-all, broadcast) moves the tensors' bytes, so every dtype is compared bit-exactly.
+Reductions are torch's over the stacked inputs of every rank, in fp32 (as symmcoll accumulates), rounded
+once to the input dtype: ``sum`` is ``torch.sum`` over the stack (IEEE: NaN propagates, +Inf + -Inf is
+NaN), ``avg`` that divided by the world size, ``max`` / ``min`` are ``torch.amax`` / ``torch.amin`` (NaN
+propagates). The process group's own reductions are not used: NCCL's max/min drop NaN (``fmaxf``) and
+gloo's depend on the order of the operands. Data movement (all-gather, all-to-all, broadcast) moves the
+tensors' bytes, so every dtype is compared bit-exactly.
 """
 
 from __future__ import annotations
@@ -11,17 +15,28 @@ import math
 import torch
 import torch.distributed as dist
 
-_DIST_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-             "min": dist.ReduceOp.MIN}
+
+def reduce_stacked(stacked: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """``op`` over dim 0 of ``stacked`` (one row per rank), in fp32: what every reduction computes."""
+    stacked = stacked.float()
+    if op == "sum":
+        return stacked.sum(0)
+    if op == "avg":
+        return stacked.sum(0) / stacked.shape[0]
+    if op == "max":
+        return stacked.amax(0)
+    if op == "min":
+        return stacked.amin(0)
+    raise ValueError(f"op must be 'sum', 'avg', 'max' or 'min', got {op!r}")
+
+
+def stacked(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's ``x``, stacked along a new dim 0 (rank order). Collective."""
+    return all_gather(x.reshape(-1), group).reshape(dist.get_world_size(group), *x.shape)
 
 
 def all_reduce(x: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
-    acc = x.float().clone()
-    dist.all_reduce(acc, op=_DIST_OPS[op], group=group)
-    if op == "avg":
-        acc /= dist.get_world_size(group)
-    return acc.to(x.dtype)
-
+    return reduce_stacked(stacked(x, group), op).to(x.dtype)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -32,12 +47,8 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 def reduce_scatter(x: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
     """Segment ``rank`` (of W along dim 0) of the fp32 all-reduce of ``x``, rounded once."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    acc = x.float().clone()
-    dist.all_reduce(acc, op=_DIST_OPS[op], group=group)
-    if op == "avg":
-        acc /= world
     rows = x.shape[0] // world
-    return acc[rank * rows:(rank + 1) * rows].to(x.dtype)
+    return reduce_stacked(stacked(x, group), op)[rank * rows:(rank + 1) * rows].to(x.dtype)
 
 
 def all_gather(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -149,10 +160,8 @@ def all_reduce_quantized(x: torch.Tensor, group=None, op: str = "sum", quantize:
 # ---- fused ops: fp32 results (not rounded), for relative-error checks --------------------------------
 
 def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
-    """sum over ranks of a @ b, in fp32 from the inputs' values."""
-    acc = a.float() @ b.float()
-    dist.all_reduce(acc, group=group)
-    return acc
+    """sum over ranks of a @ b, in fp32 from the inputs' values (torch.sum over the stacked products)."""
+    return reduce_stacked(stacked(a.float() @ b.float(), group))
 
 
 def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
@@ -170,8 +179,7 @@ def all_reduce_rms_norm(x, residual, weight, eps: float, group=None, quant: str 
     new_residual / sqrt(mean(new_residual^2) + eps) * weight over the last dim. quant "fp8_per_tensor":
     normed is divided by ``scale`` and clamped to +-448 (still fp32, not rounded to fp8);
     "fp8_per_token": the same with a scale per row, max|row| / 448, also returned ([rows, 1])."""
-    total = x.float().clone()
-    dist.all_reduce(total, group=group)
+    total = reduce_stacked(stacked(x, group))
     new_residual = residual.float() + total
     normed = new_residual * torch.rsqrt(new_residual.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     if quant == "fp8_per_tensor":
