@@ -41,8 +41,45 @@ def _interpret_like_the_gpu() -> None:
     builder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
 
 
+def _patch_the_language_once_per_launch() -> None:
+    """Triton 3.6's interpreter re-patches triton.language on every call of a jit helper (a walk over
+    every member of the module, about 1 ms), although the launch has patched it already and restores
+    it only when the launch ends: about half the time of an interpreted symmcoll kernel. A helper
+    whose module sees no language module the launch has not patched now runs without it."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    launches = interpreter.GridExecutor.__call__
+    device_call = interpreter.InterpretedFunction.__call__
+    patched: list = []  # the language modules of the launches in progress
+
+    def langs(fn) -> frozenset:
+        return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+
+    def launch(self, *args, **kwargs):
+        patched.append(langs(self.fn))
+        try:
+            return launches(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def call(self, *args, **kwargs):
+        if not patched or not langs(self.fn) <= patched[-1]:
+            return device_call(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise interpreter.InterpreterError(repr(exc)) from exc
+
+    interpreter.GridExecutor.__call__ = launch
+    interpreter.InterpretedFunction.__call__ = call
+
+
 if INTERPRETED:
     _interpret_like_the_gpu()
+    _patch_the_language_once_per_launch()
 
 
 @triton.jit
