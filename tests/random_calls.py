@@ -15,7 +15,7 @@ SymmcollMismatchError on every rank, naming the field that differs and a rank wh
 other call must return reference's answer. After a failed call every rank resets together.
 
 Differences between protocols that never meet (a barrier against a barrier-free kernel) are found
-only when a wait times out: such calls are drawn rarely (``SLOW_RATE``); every other difference is
+only when a wait times out: one such call in a thousand (``SLOW_EVERY``); every other difference is
 drawn where both sides meet in one protocol and is found at once.
 """
 
@@ -47,8 +47,9 @@ BARRIER = {("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_reduce"
            *(("all_gather_matmul", a) for a in ("naive_remote", "gather_then_gemm", "gather_then_cublas",
                                                 "copy_engine_producer", "fused"))}
 DIFFER_RATE = 0.2
-# Of the differences found only when a wait times out (SYMMCOLL_TIMEOUT_S each): this share of calls.
-SLOW_RATE = 0.0025
+# Differences found only when a wait times out (SYMMCOLL_TIMEOUT_S each): call 250 of every 1000, a
+# barrier all-reduce against a barrier-free one.
+SLOW_EVERY, SLOW_AT = 1000, 250
 
 
 @dataclass
@@ -269,6 +270,21 @@ def _slow(call: Call) -> bool:
     return here is None or here != there
 
 
+def _explicit(rng: random.Random, call: Call) -> Call:
+    """``call`` with a kernel algorithm of its own in place of one the host picks ("auto", "unfused":
+    where the ranks meet is unknown to the generator) or of the process group's ("nccl": unchecked)."""
+    if call.algorithm not in ("auto", "nccl", "unfused") or call.op == "quantized":
+        return call
+    kernels = [a for a in symmcoll.ALGORITHMS[call.op] if a != "unfused"]
+    barrier = [a for a in kernels if (call.op, a) in BARRIER]
+    dtype = call.dtype if call.torch_dtype.is_floating_point or call.op not in ("all_reduce", "reduce_scatter") \
+        else "float32"
+    params = dict(call.params)
+    if call.op == "all_to_all" and params["kind"] == "device":
+        barrier = ["pull"]
+    return Call(call.index, call.op, rng.choice(barrier or kernels), dtype, params, specials=call.specials)
+
+
 def draw_calls(seed: int, first: int, count: int, world: int) -> list[Call]:
     """Calls ``first``, ..., ``first + count - 1`` of the run ``seed`` (the same list on every rank)."""
     calls = []
@@ -276,11 +292,14 @@ def draw_calls(seed: int, first: int, count: int, world: int) -> list[Call]:
         rng = random.Random(f"{seed}/{index}/{world}")
         call = _draw(rng, world)
         call.index = index
-        if rng.random() < DIFFER_RATE:
-            slow_allowed = rng.random() < SLOW_RATE / DIFFER_RATE
+        if index % SLOW_EVERY == SLOW_AT:
+            call = Call(index, "all_reduce", "one_shot", "float32", dict(reduce_op="sum", shape=(17,)), "algorithm",
+                        (world - 1,), dict(algorithm=rng.choice(["sentinel_one_shot", "low_latency"])))
+        elif rng.random() < DIFFER_RATE:
+            call = _explicit(rng, call)
             for _ in range(6):
                 differing = _differ(rng, call, world)
-                if differing is not None and (slow_allowed or not _slow(differing)):
+                if differing is not None and not _slow(differing):
                     call = differing
                     break
         calls.append(call)
@@ -484,7 +503,7 @@ def compare(call: Call, got, want) -> str | None:
 
 # ---- a batch on every rank, and the verdict --------------------------------------------------------------
 
-def batch(seed: int, first: int, count: int, timeout_s: float = 6.0, workspace_bytes: int = 1 << 20) -> list[dict]:
+def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_bytes: int = 1 << 20) -> list[dict]:
     """Run calls ``first..first+count-1`` on this rank (all ranks together); one outcome per call."""
     rank, world = dist.get_rank(), dist.get_world_size()
     saved = {k: os.environ.get(k) for k in ("SYMMCOLL_TIMEOUT_S", "SYMMCOLL_WORKSPACE_BYTES")}
@@ -566,6 +585,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout-s", type=float, default=3.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    import random_calls  # the ranks unpickle this module's functions by its name, not as __main__
     from symmcoll import launch
     from symmcoll.bench import provenance
     t0 = time.monotonic()
@@ -573,14 +593,14 @@ def main(argv=None) -> int:
     with launch.RankPool(args.world_size, device=args.device) as pool:
         for first in range(0, args.calls, args.batch):
             count = min(args.batch, args.calls - first)
-            got = pool.run(batch, args.seed, first, count, args.timeout_s, 8 << 20, timeout=900)
+            got = pool.run(random_calls.batch, args.seed, first, count, args.timeout_s, 8 << 20, timeout=900)
             failures += verdict(args.seed, args.world_size, first, got)
             outcomes += [[got[r][i] for r in range(args.world_size)] for i in range(count)]
             print(f"calls {first + count}/{args.calls}: {len(failures)} failures, {time.monotonic() - t0:.0f} s",
                   flush=True)
     calls = draw_calls(args.seed, 0, args.calls, args.world_size)
-    result = dict(provenance=asdict(provenance.collect(args.world_size, "eager"))
-                  if hasattr(provenance, "collect") else {}, seed=args.seed, world_size=args.world_size,
+    result = dict(provenance=asdict(provenance.collect("cuda" if args.device.startswith("cuda") else "cpu")),
+                  seed=args.seed, world_size=args.world_size,
                   device=args.device, calls=args.calls, differing=sum(c.differ is not None for c in calls),
                   failures=failures, seconds=round(time.monotonic() - t0, 1),
                   by_op={op: sum(c.op == op for c in calls) for op in sorted({c.op for c in calls})},

@@ -10,9 +10,9 @@ Bits (bit 31 always 0, bit 0 always 1 so the value is odd, never 1 and never spe
     17..30   fingerprint of every other field the ranks must agree on (shapes of the inputs, splits,
              options such as group_size or max_rows; 14 bits)
 
-Two calls that differ in op, algorithm, dtype, reduce op or root always differ in their descriptor;
-calls that differ only in the fingerprinted fields differ unless their fingerprints collide (one pair
-in 16384).
+Two calls that differ in op, algorithm, dtype, reduce op or root always differ in their descriptor, and
+so do two calls whose inputs differ in one dimension by less than 16384; calls that differ otherwise
+only in the fingerprinted fields differ unless their fingerprints collide (one pair in 16384).
 
 A descriptor names its fields too: every rank remembers the fields of each descriptor it uses and
 posts them to the process group's store once, when the plan is made (``remember``). A rank that finds
@@ -44,12 +44,28 @@ _REDUCE_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 HEADER_FIELDS = ("op", "algorithm", "dtype", "reduce_op", "src")
 
 
+def _hash(value) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=4).digest(), "little")
+
+
 def _fingerprint(fields: dict, dtype: torch.dtype) -> int:
-    rest = sorted((k, repr(v)) for k, v in fields.items() if k not in HEADER_FIELDS)
+    """14 bits of the fields without bits of their own. Shapes enter linearly, each dimension (and the
+    rank) times an odd factor of its own: two calls whose shapes differ in one dimension by less than
+    16384 (the usual mistake: one rank's size off by a few) always differ; other differences collide
+    one time in 16384."""
+    rest, shapes = [], 0
+    for name, value in sorted(fields.items()):
+        if name in HEADER_FIELDS:
+            continue
+        if isinstance(value, tuple) and all(isinstance(d, int) for d in value):
+            factors = _hash(name)
+            for i, d in enumerate((len(value), *value)):
+                shapes += d * ((factors >> (3 * i) & 0x3FFF) | 1)
+        else:
+            rest.append((name, repr(value)))
     if dtype not in DTYPE_CODES:
         rest.append(("dtype", str(dtype)))
-    digest = hashlib.blake2b(repr(rest).encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x3FFF
+    return (_hash(rest) + shapes) & 0x3FFF
 
 
 def encode(code: int, dtype: torch.dtype, fields: dict) -> int:

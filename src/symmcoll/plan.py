@@ -313,7 +313,8 @@ def check_tensor(x, name: str = "x") -> None:
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     check_device(x, name)
     if not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (got shape {tuple(x.shape)}, strides {tuple(x.stride())})")
+        raise ValueError(f"{name} must be contiguous (got shape {tuple(x.shape)}, strides {tuple(x.stride())}): "
+                         f"call .contiguous() on it")
 
 
 def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, reduce_op: str | None = None,

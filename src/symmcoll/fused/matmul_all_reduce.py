@@ -194,7 +194,8 @@ register(Algorithm(OP, "two_shot", 77, "fused", _fused_or_empty(_two_shot),
 def matmul_all_reduce_impl(a: torch.Tensor, b: torch.Tensor, group_name: str, algorithm: str) -> torch.Tensor:
     for name, t in (("a", a), ("b", b)):
         if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())})")
+            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())}): "
+                             f"call .contiguous() on it")
     return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,), x_name="a",
                         other_names=("b",)).execute(a, others=(b,))
 
