@@ -85,18 +85,28 @@ def _name(dtype: torch.dtype) -> str:
 
 # ---- drawing calls ---------------------------------------------------------------------------------------
 
-def _size(rng: random.Random) -> int:
-    """0, 1, odd and small, or a few thousand (several blocks / pieces on CPU)."""
-    return rng.choice([0, 1, rng.randrange(1, 40, 2), rng.randrange(2, 64), rng.randrange(2000, 6000)])
+def _size(rng: random.Random, large: bool = True) -> int:
+    """0, 1, odd and small, or (one time in ten, where ``large``) a few thousand: several blocks or
+    pieces on CPU."""
+    if large and rng.random() < 0.1:
+        return rng.randrange(1000, 3000)
+    return rng.choice([0, 1, rng.randrange(1, 40, 2), rng.randrange(2, 64)])
 
 
-def _draw(rng: random.Random, world: int) -> Call:
-    op = rng.choice(["all_reduce", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all",
-                     "quantized", "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm",
-                     "all_gather_matmul"])
+def _choices(op: str, process_group: bool) -> list[str]:
+    """What ``algorithm=`` may be: every kernel, "auto", and "nccl" where the process group runs the
+    call's tensors (not gloo on GPU tensors: ranks sharing one GPU)."""
+    return [*symmcoll.ALGORITHMS[op], "auto", *(["nccl"] if process_group else [])]
+
+
+def _draw(rng: random.Random, world: int, process_group: bool) -> Call:
+    # Collectives three times in four (they are cheap on CPU), each fused op about one time in twenty.
+    op = rng.choices(["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "quantized",
+                      "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm", "all_gather_matmul"],
+                     weights=[25, 12, 12, 10, 12, 5, 6, 6, 6, 6])[0]
     if op in ("all_reduce", "reduce_scatter"):
-        algorithm = rng.choice([*symmcoll.ALGORITHMS[op], "auto", "nccl"])
-        dtype = rng.choice(FLOATS + ((torch.int32,) if algorithm in ("auto", "nccl") else ()))
+        algorithm = rng.choice(_choices(op, process_group))
+        dtype = rng.choice(FLOATS + ((torch.int32,) if algorithm in ("auto", "nccl") and process_group else ()))
         reduce_op = rng.choice(REDUCE if dtype.is_floating_point else ("sum", "max", "min"))
         if algorithm == "nccl" and reduce_op in ("max", "min"):
             reduce_op = "sum"  # NaN through the process group's max/min is its own business (test_special_values)
@@ -107,14 +117,14 @@ def _draw(rng: random.Random, world: int) -> Call:
             params["shape"] = (rows, rng.choice([1, 2, 3]))
         return Call(0, op, algorithm, _name(dtype), params, specials=dtype.is_floating_point and rng.random() < 0.5)
     if op in ("all_gather", "broadcast"):
-        algorithm = rng.choice([*symmcoll.ALGORITHMS[op], "auto", "nccl"])
+        algorithm = rng.choice(_choices(op, process_group))
         dtype = rng.choice(MOVE_DTYPES)
         params = dict(shape=(_size(rng),) if rng.random() < 0.5 else (rng.choice([0, 1, 5]), rng.choice([1, 3])))
         if op == "broadcast":
             params["src"] = rng.randrange(world)
         return Call(0, op, algorithm, _name(dtype), params)
     if op == "all_to_all":
-        algorithm = rng.choice([*symmcoll.ALGORITHMS[op], "auto", "nccl"])
+        algorithm = rng.choice(_choices(op, process_group))
         kind = rng.choice(["equal", "equal", "list", "device"])
         if kind == "device" and algorithm in ("copy_engine",):
             kind = "list"
@@ -126,19 +136,20 @@ def _draw(rng: random.Random, world: int) -> Call:
         dtype = rng.choice(FLOATS)
         return Call(0, op, "auto", _name(dtype), dict(quantize=rng.choice(["int8", "fp8", "int4"]),
                                                       group_size=rng.choice([32, 64, 128]),
-                                                      reduce_op=rng.choice(["sum", "avg"]), shape=(_size(rng),)),
+                                                      reduce_op=rng.choice(["sum", "avg"]),
+                                                      shape=(_size(rng, large=False),)),
                     specials=rng.random() < 0.3)
     if op in ("matmul_reduce_scatter", "matmul_all_reduce"):
-        algorithm = rng.choice([*symmcoll.ALGORITHMS[op], "auto", "nccl"])
+        algorithm = rng.choice(_choices(op, process_group))
         m = world * rng.choice([0, 1, 2, 9]) if op == "matmul_reduce_scatter" else rng.choice([0, 1, 5, 33])
         params = dict(m=m, k=rng.choice([0, 1, 7, 16]), n=rng.choice([0, 1, 9, 33]))
         return Call(0, op, algorithm, _name(rng.choice(FLOATS)), params, specials=rng.random() < 0.5)
     if op == "all_reduce_rms_norm":
-        algorithm = rng.choice([*symmcoll.ALGORITHMS[op], "auto", "nccl"])
+        algorithm = rng.choice(_choices(op, process_group))
         quant = rng.choice([None, None, "fp8_per_token", "fp8_per_tensor"])
         params = dict(rows=rng.choice([0, 1, 5, 13]), h=rng.choice([1, 16, 33]), quant=quant, eps=1e-6)
         return Call(0, op, algorithm, _name(rng.choice(FLOATS)), params, specials=rng.random() < 0.3)
-    algorithm = rng.choice([*symmcoll.ALGORITHMS["all_gather_matmul"], "auto", "nccl"])
+    algorithm = rng.choice(_choices("all_gather_matmul", process_group))
     params = dict(rows=rng.choice([0, 1, 3, 17]), k=rng.choice([0, 8, 24]), ns=rng.choice([(5,), (16, 3)]))
     return Call(0, "all_gather_matmul", algorithm, _name(rng.choice((torch.bfloat16, torch.float16))), params)
 
@@ -252,21 +263,22 @@ def _empty(call: Call) -> bool:
     return 0 in p["shape"]
 
 
-def _protocol(call: Call):
+def _protocol(call: Call, world: int):
     """Where a call meets its peers: "barrier" (signals), a barrier-free kernel's own region, or None
-    where the host decides (auto, unfused variants)."""
+    where the host decides (auto, unfused variants) or only some peers meet (a tree on more than two
+    ranks: a rank learns of a difference two hops away when its neighbour's wait gives up)."""
     if _empty(call) or (call.op, call.algorithm) in BARRIER:
         return "barrier"
     if call.op == "quantized":
         return "quantized"
-    if call.algorithm in ("auto", "unfused"):
+    if call.algorithm in ("auto", "unfused") or (call.algorithm == "tree" and world > 2):
         return None
     return call.op, call.algorithm, call.params.get("kind")
 
 
-def _slow(call: Call) -> bool:
+def _slow(call: Call, world: int) -> bool:
     """Would this difference be found only when a wait times out?"""
-    here, there = _protocol(call), _protocol(call.on(call.odd[0]))
+    here, there = _protocol(call, world), _protocol(call.on(call.odd[0]), world)
     return here is None or here != there
 
 
@@ -285,21 +297,22 @@ def _explicit(rng: random.Random, call: Call) -> Call:
     return Call(call.index, call.op, rng.choice(barrier or kernels), dtype, params, specials=call.specials)
 
 
-def draw_calls(seed: int, first: int, count: int, world: int) -> list[Call]:
-    """Calls ``first``, ..., ``first + count - 1`` of the run ``seed`` (the same list on every rank)."""
+def draw_calls(seed: int, first: int, count: int, world: int, process_group: bool = True) -> list[Call]:
+    """Calls ``first``, ..., ``first + count - 1`` of the run ``seed`` (the same list on every rank);
+    ``process_group``: whether calls may go to the process group's own collectives."""
     calls = []
     for index in range(first, first + count):
         rng = random.Random(f"{seed}/{index}/{world}")
-        call = _draw(rng, world)
+        call = _draw(rng, world, process_group)
         call.index = index
-        if index % SLOW_EVERY == SLOW_AT:
+        if index % SLOW_EVERY == SLOW_AT and world == 2:
             call = Call(index, "all_reduce", "one_shot", "float32", dict(reduce_op="sum", shape=(17,)), "algorithm",
                         (world - 1,), dict(algorithm=rng.choice(["sentinel_one_shot", "low_latency"])))
         elif rng.random() < DIFFER_RATE:
             call = _explicit(rng, call)
             for _ in range(6):
                 differing = _differ(rng, call, world)
-                if differing is not None and not _slow(differing):
+                if differing is not None and not _slow(differing, world):
                     call = differing
                     break
         calls.append(call)
@@ -503,7 +516,8 @@ def compare(call: Call, got, want) -> str | None:
 
 # ---- a batch on every rank, and the verdict --------------------------------------------------------------
 
-def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_bytes: int = 1 << 20) -> list[dict]:
+def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_bytes: int = 1 << 20,
+          process_group: bool = True) -> list[dict]:
     """Run calls ``first..first+count-1`` on this rank (all ranks together); one outcome per call."""
     rank, world = dist.get_rank(), dist.get_world_size()
     saved = {k: os.environ.get(k) for k in ("SYMMCOLL_TIMEOUT_S", "SYMMCOLL_WORKSPACE_BYTES")}
@@ -511,7 +525,7 @@ def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_b
     symmcoll.reset()
     outcomes = []
     try:
-        for call in draw_calls(seed, first, count, world):
+        for call in draw_calls(seed, first, count, world, process_group):
             t0 = time.monotonic()
             outcome = _outcome(call, seed, rank, world)
             outcome["seconds"] = round(time.monotonic() - t0, 3)
@@ -545,9 +559,10 @@ def _outcome(call: Call, seed: int, rank: int, world: int) -> dict:
     return dict(kind="wrong", message=problem) if problem else dict(kind="ok")
 
 
-def verdict(seed: int, world: int, first: int, outcomes_by_rank: list[list[dict]]) -> list[str]:
+def verdict(seed: int, world: int, first: int, outcomes_by_rank: list[list[dict]],
+            process_group: bool = True) -> list[str]:
     """Every failure of the batch, each naming its seed and call (how to run it again)."""
-    calls = draw_calls(seed, first, len(outcomes_by_rank[0]), world)
+    calls = draw_calls(seed, first, len(outcomes_by_rank[0]), world, process_group)
     failures = []
     for i, call in enumerate(calls):
         per_rank = [outcomes[i] for outcomes in outcomes_by_rank]
@@ -590,15 +605,17 @@ def main(argv=None) -> int:
     from symmcoll.bench import provenance
     t0 = time.monotonic()
     failures, outcomes = [], []
+    process_group = args.device != "cuda-shared"  # gloo lacks most collectives on GPU tensors
     with launch.RankPool(args.world_size, device=args.device) as pool:
         for first in range(0, args.calls, args.batch):
             count = min(args.batch, args.calls - first)
-            got = pool.run(random_calls.batch, args.seed, first, count, args.timeout_s, 8 << 20, timeout=900)
-            failures += verdict(args.seed, args.world_size, first, got)
+            got = pool.run(random_calls.batch, args.seed, first, count, args.timeout_s, 8 << 20, process_group,
+                           timeout=900)
+            failures += verdict(args.seed, args.world_size, first, got, process_group)
             outcomes += [[got[r][i] for r in range(args.world_size)] for i in range(count)]
             print(f"calls {first + count}/{args.calls}: {len(failures)} failures, {time.monotonic() - t0:.0f} s",
                   flush=True)
-    calls = draw_calls(args.seed, 0, args.calls, args.world_size)
+    calls = draw_calls(args.seed, 0, args.calls, args.world_size, process_group)
     result = dict(provenance=asdict(provenance.collect("cuda" if args.device.startswith("cuda") else "cpu")),
                   seed=args.seed, world_size=args.world_size,
                   device=args.device, calls=args.calls, differing=sum(c.differ is not None for c in calls),

@@ -23,6 +23,12 @@ from symmcoll import reference
 from rank_checks import device, special_values, assert_same
 
 OPS = ("sum", "avg", "max", "min")
+
+
+def _process_group_runs_here() -> bool:
+    """The process group's own collectives run on these tensors (not with gloo on GPU tensors: ranks
+    sharing one GPU, where gloo lacks most CUDA collectives)."""
+    return not (torch.cuda.is_available() and dist.get_backend() == "gloo")
 # 6 whole cycles of special_values per segment; 108 bytes of bf16: whole words (reduce_scatter.sentinel).
 SEGMENT = 54
 
@@ -32,7 +38,7 @@ def _reduction_failures(dtypes) -> list[str]:
     rank, world = dist.get_rank(), dist.get_world_size()
     failures = []
     for op in ("all_reduce", "reduce_scatter"):
-        for algorithm in [*symmcoll.ALGORITHMS[op], "auto", "nccl"]:
+        for algorithm in [*symmcoll.ALGORITHMS[op], "auto"] + (["nccl"] if _process_group_runs_here() else []):
             for reduce_op in OPS:
                 if algorithm == "nccl" and reduce_op in ("max", "min"):
                     continue  # the process group's semantics (module docstring)
@@ -72,10 +78,11 @@ def _fused_failures(dtype) -> list[str]:
             failures.append(str(exc))
 
     a, b = _operands(4 * world, 9, 20, rank, world, dtype)
-    for algorithm in ("fused", "unfused", "nccl"):
+    nccl = ("nccl",) if _process_group_runs_here() else ()
+    for algorithm in ("fused", "unfused", *nccl):
         check(symmcoll.matmul_reduce_scatter(a, b, algorithm=algorithm), reference.matmul_reduce_scatter(a, b),
               f"matmul_reduce_scatter.{algorithm} {dtype}")
-    for algorithm in ("one_shot", "two_shot", "unfused", "nccl"):
+    for algorithm in ("one_shot", "two_shot", "unfused", *nccl):
         check(symmcoll.matmul_all_reduce(a, b, algorithm=algorithm), reference.matmul_all_reduce(a, b),
               f"matmul_all_reduce.{algorithm} {dtype}")
     # Rows of 18: row 1 sums to a NaN, row 2 to +Inf, row 3 to +Inf - Inf, the others finite.
@@ -88,7 +95,7 @@ def _fused_failures(dtype) -> list[str]:
     scale = torch.full((1,), 0.25, device=device())
     tol = dict(rtol=1e-2, atol=1e-2)
     # The unfused and nccl variants end in torch: fp8 through them is torch's own arithmetic.
-    for algorithm in ("one_shot", "two_shot", "unfused", "nccl"):
+    for algorithm in ("one_shot", "two_shot", "unfused", *nccl):
         for quant in (None, "fp8_per_token", "fp8_per_tensor") if algorithm.endswith("_shot") else (None,):
             what = f"all_reduce_rms_norm.{algorithm} {quant} {dtype}"
             extra = dict(scale=scale) if quant == "fp8_per_tensor" else {}

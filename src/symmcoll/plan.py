@@ -153,18 +153,20 @@ _REGISTRY: dict[str, dict[str, Algorithm]] = {op: {} for op in OPS}
 # for "every input's shape and dtype, the splits and the options" (``agreed_fields``).
 _OP_RULES: dict[str, Callable] = {}
 _REDUCING_OPS: set[str] = set(("all_reduce", "reduce_scatter"))
-# Ops whose kernels run (and meet the peers) even when this rank's input is empty.
-_RUNS_WHEN_EMPTY: set[str] = set()
+# Ops whose kernels run (and meet the peers) even when this rank's input is empty, where they do:
+# op -> runs(request) -> bool.
+_RUNS_WHEN_EMPTY: dict[str, Callable] = {}
 
 
 def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | Callable | None = None,
-                dispatch_size: Callable | None = None, runs_when_empty: bool = False) -> None:
+                dispatch_size: Callable | None = None, runs_when_empty: Callable | None = None) -> None:
     """Make ``op`` known to the resolver: its shape rule, whether it takes a reduce op, what "auto" runs
     where the tuned table has no rule (an algorithm name, or ``default(request, world) -> name`` where the
     choice depends on the shape, e.g. decode-sized M), and the size the table is keyed by
     (``dispatch_size(request, world)``; default: input bytes per rank, output bytes per rank for
-    reduce_scatter); ``runs_when_empty``: its algorithms meet the peers whatever this rank's input (no
-    handshake for an empty one). The collectives register in comm/shapes.py and comm/splits.py; fused
+    reduce_scatter); ``runs_when_empty(request) -> bool``: where its algorithms meet the peers whatever
+    this rank's input (an empty one needs no handshake, and may be empty on this rank alone). The
+    collectives register in comm/shapes.py and comm/splits.py; fused
     ops in their modules."""
     _REGISTRY.setdefault(op, {})
     _OP_RULES[op] = shape_rule
@@ -174,8 +176,8 @@ def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default
         _REDUCING_OPS.add(op)
     if default is not None:
         _DEFAULTS[op] = default
-    if runs_when_empty:
-        _RUNS_WHEN_EMPTY.add(op)
+    if runs_when_empty is not None:
+        _RUNS_WHEN_EMPTY[op] = runs_when_empty
 
 
 _DEFAULTS: dict[str, str | Callable] = {"all_reduce": "two_shot"}
@@ -384,7 +386,8 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
     name = _choose(request, world, algorithm, topology.of_group(group))
     chosen = table[name]
-    empty = op not in _RUNS_WHEN_EMPTY and _no_work(request, out_shape)
+    runs_anyway = _RUNS_WHEN_EMPTY.get(op)
+    empty = not (runs_anyway and runs_anyway(request)) and _no_work(request, out_shape)
     # Whatever this rank does, it meets its peers with its descriptor, except where the caller asked
     # for the process group itself.
     handshake = 1 < world <= MAX_WORLD and algorithm != BACKEND and (empty or name == BACKEND)

@@ -109,7 +109,10 @@ def default_all_to_all(request: Request, world: int) -> str:
     return "pull"
 
 
-register_op("all_to_all", all_to_all_shape, default=default_all_to_all, runs_when_empty=True)
+# With splits, a rank may send or receive nothing while its peers do: the kernels run (and exchange
+# counts) whatever this rank's input. Equal splits of an empty x are empty on every rank.
+register_op("all_to_all", all_to_all_shape, default=default_all_to_all,
+            runs_when_empty=lambda request: request.splits is not None)
 
 
 @triton.jit

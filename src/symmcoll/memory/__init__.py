@@ -156,11 +156,26 @@ class Workspace:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 announced = int(self.signal_pad[ANNOUNCE_SLOT + peer])
+                if record[1] != 2 and announced == record[4]:
+                    # The peer waited for is in this call too, stuck behind another rank (a tree's
+                    # neighbour, whose own wait failed): name a rank whose announced call differs.
+                    peer, announced = self._other_caller(peer, record[4], record[2])
+                    record[3] = peer
             if node_local:
                 first = self.topology.first_rank(self.topology.node_of(self.rank))
                 record[2], record[3] = record[2] + first, peer + first
             peer_global = dist.get_global_rank(self.group, record[3]) if 0 <= record[3] < self.world_size else None
             raise error_from_record(record, announced, peer_global)
+
+    def _other_caller(self, peer: int, desc: int, me: int) -> tuple[int, int]:
+        """(a rank whose last announced call is not ``desc``, its descriptor), in the numbering of the
+        kernel that recorded (``me``: its rank); (``peer``, ``desc``) if every rank announced ``desc``
+        (then nobody called differently: a timeout)."""
+        for other in range(self.geometry.world_size):
+            announced = int(self.signal_pad[ANNOUNCE_SLOT + other])
+            if other != me and announced not in (0, desc):
+                return other, announced
+        return peer, desc
 
 
 _WORKSPACES: dict[tuple, Workspace] = {}
