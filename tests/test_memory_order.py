@@ -6,7 +6,7 @@ or a loop listed in ``flags.SPIN_LOOPS`` that does what its entry says: "acquire
 acquire or acq_rel atomic), "release" (retries a release atomic) or "data" (polls the data itself with
 volatile loads only: each word carries its own readiness). A spin on a flag with a volatile or plain
 load outside that list fails, naming the function. Flags are published only through
-``release_flag``: no ``tl.atomic_xchg`` / ``tl.atomic_cas`` outside language/.
+``release_flag``: no ``tl.atomic_xchg`` / ``tl.atomic_cas`` outside language/ but resets to 0.
 
 The pair itself is compiled for sm_90 here and its PTX checked for acquire / release atomics at the
 scope asked for."""
@@ -24,14 +24,7 @@ from symmcoll.language.flags import SPIN_LOOPS
 
 # Waits that are known not to order what they guard, each with who fixes it. The test fails when one
 # is fixed and still listed here, so the list cannot outlive the problem.
-PENDING = {
-    "symmcoll.fused.all_gather_matmul._wait_flag":
-        "all_gather_matmul's chunk-flag wait (a volatile load): the GEMM rewrite moves it onto "
-        "language.acquire_flag (SCOPE='gpu')",
-    "symmcoll.fused.all_gather_matmul.ag_matmul_kernel":
-        "all_gather_matmul's producers publish chunk flags with tl.atomic_xchg: the GEMM rewrite moves them "
-        "onto language.release_flag",
-}
+PENDING: dict[str, str] = {}
 ACQUIRE = {"acquire", "acq_rel"}
 RELEASE = {"release", "acq_rel"}
 
@@ -107,6 +100,12 @@ class Source:
                     yield ("atomic", sub.func.attr, _sem(sub))
 
 
+def _resets(call: ast.Call) -> bool:
+    """tl.atomic_xchg(ptr, 0, ...): a counter set back to 0, publishing nothing."""
+    value = call.args[1] if len(call.args) > 1 else next((kw.value for kw in call.keywords if kw.arg == "val"), None)
+    return call.func.attr == "atomic_xchg" and isinstance(value, ast.Constant) and value.value == 0
+
+
 def _problem(kind: str | None, direct: list, every: list) -> str | None:
     """What is wrong with a spin loop of this kind (None: nothing)."""
     atomics = [op for op in direct if op[0] == "atomic"]
@@ -135,16 +134,17 @@ def test_every_spin_loop_orders_what_it_guards():
             pending_seen.add(name)
         elif problem:
             problems.append(f"{name} (line {loop.lineno} of its source): {problem}")
-    # Flags are published by release_flag only.
+    # Flags are published by release_flag only (an exchange of 0 resets a counter for the next launch).
     for name, tree in source.trees.items():
         if name.startswith("symmcoll.language."):
             continue
-        for op in source.ops_without_calls(tree):
-            if op[0] == "atomic" and op[1] in ("atomic_xchg", "atomic_cas"):
+        for call in ast.walk(tree):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and \
+                    call.func.attr in ("atomic_xchg", "atomic_cas") and not _resets(call):
                 if name in PENDING:
                     pending_seen.add(name)
                 else:
-                    problems.append(f"{name}: publishes a flag with tl.{op[1]} (use language.release_flag)")
+                    problems.append(f"{name}: publishes a flag with tl.{call.func.attr} (use language.release_flag)")
     assert problems == [], "\n".join(problems)
     assert sorted(set(SPIN_LOOPS) - listed_seen) == [], "SPIN_LOOPS entries without a spin loop (stale)"
     fixed = sorted(set(PENDING) - pending_seen)
