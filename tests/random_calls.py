@@ -598,6 +598,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=24)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--timeout-s", type=float, default=3.0)
+    parser.add_argument("--budget-s", type=float, default=1e9,
+                        help="start no batch after this many seconds (the JSON says how many calls ran)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     import random_calls  # the ranks unpickle this module's functions by its name, not as __main__
@@ -608,6 +610,9 @@ def main(argv=None) -> int:
     process_group = args.device != "cuda-shared"  # gloo lacks most collectives on GPU tensors
     with launch.RankPool(args.world_size, device=args.device) as pool:
         for first in range(0, args.calls, args.batch):
+            if time.monotonic() - t0 > args.budget_s:
+                print(f"time budget of {args.budget_s:g} s spent after {first} calls", flush=True)
+                break
             count = min(args.batch, args.calls - first)
             got = pool.run(random_calls.batch, args.seed, first, count, args.timeout_s, 8 << 20, process_group,
                            timeout=900)
@@ -615,20 +620,20 @@ def main(argv=None) -> int:
             outcomes += [[got[r][i] for r in range(args.world_size)] for i in range(count)]
             print(f"calls {first + count}/{args.calls}: {len(failures)} failures, {time.monotonic() - t0:.0f} s",
                   flush=True)
-    calls = draw_calls(args.seed, 0, args.calls, args.world_size, process_group)
+    calls = draw_calls(args.seed, 0, len(outcomes), args.world_size, process_group)
     result = dict(provenance=asdict(provenance.collect("cuda" if args.device.startswith("cuda") else "cpu")),
-                  seed=args.seed, world_size=args.world_size,
-                  device=args.device, calls=args.calls, differing=sum(c.differ is not None for c in calls),
+                  seed=args.seed, world_size=args.world_size, device=args.device, calls=len(outcomes),
+                  calls_asked=args.calls, differing=sum(c.differ is not None for c in calls),
                   failures=failures, seconds=round(time.monotonic() - t0, 1),
                   by_op={op: sum(c.op == op for c in calls) for op in sorted({c.op for c in calls})},
                   outcomes=[dict(call=asdict(c), ranks=o) for c, o in zip(calls, outcomes)])
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, default=str)
-    print(f"{args.calls} calls ({result['differing']} differing between ranks), {len(failures)} failures; "
+    print(f"{len(outcomes)} calls ({result['differing']} differing between ranks), {len(failures)} failures; "
           f"{args.out}")
     for failure in failures[:10]:
         print(failure)
-    return 1 if failures else 0
+    return 1 if failures or len(outcomes) < args.calls else 0
 
 
 if __name__ == "__main__":

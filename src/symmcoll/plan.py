@@ -282,7 +282,6 @@ class Plan:
             ws.check()  # CPU: the kernels already ran
         return out
 
-
     def _handshake(self) -> None:
         from .language import barrier_kernel
         from .launcher import launch

@@ -53,9 +53,12 @@ def _patch_the_language_once_per_launch() -> None:
     launches = interpreter.GridExecutor.__call__
     device_call = interpreter.InterpretedFunction.__call__
     patched: list = []  # the language modules of the launches in progress
+    seen: dict = {}
 
     def langs(fn) -> frozenset:
-        return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        if fn not in seen:
+            seen[fn] = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        return seen[fn]
 
     def launch(self, *args, **kwargs):
         patched.append(langs(self.fn))

@@ -40,8 +40,8 @@ DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
 # CAS on H200 takes about a microsecond; one interpreted iteration about 2 ms (measured on 2 cores).
 SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 500}
 DEFAULT_TIMEOUT_S = 20.0
-# Error record (language/signals.py): words 0..5 a failure that breaks the workspace, 7 the interpreter's
-# deadline (launcher), 8..13 argument reports.
+# Error record (language/signals.py): words 0..5 a failure that breaks the workspace, 6..7 the
+# interpreter's wait clock (launcher), 8..13 argument reports.
 STATUS_INTS = 16
 STATUS_REPORTS = 8
 _ALIGN = 4096
