@@ -154,10 +154,6 @@ def _draw(rng: random.Random, world: int, process_group: bool) -> Call:
     return Call(0, "all_gather_matmul", algorithm, _name(rng.choice((torch.bfloat16, torch.float16))), params)
 
 
-def _barrier(op: str, algorithm: str) -> bool:
-    return (op, algorithm) in BARRIER
-
-
 def _differ(rng: random.Random, call: Call, world: int) -> Call | None:
     """``call`` with one field changed on some ranks (None where this call has no field to change that
     every algorithm compares: "nccl" is the process group's, unchecked)."""
@@ -191,7 +187,6 @@ def _differ(rng: random.Random, call: Call, world: int) -> Call | None:
         other["params"] = dict(shape=(p["shape"][0], p["shape"][1] + 1))
     elif what == "x.shape" and call.op == "all_to_all":
         other["params"] = dict(cols=p["cols"] + 1)
-        what = "x.shape"
     elif what == "x.shape":  # rms norm rows
         other["params"] = dict(rows=p["rows"] + 1)
     elif what == "reduce_op":
@@ -213,7 +208,7 @@ def _differ(rng: random.Random, call: Call, world: int) -> Call | None:
         op, algorithm = rng.choice([t for t in targets if t[0] != call.op])
         needs_float = op in ("all_reduce", "reduce_scatter") and call.torch_dtype not in FLOATS
         other.update(op=op, algorithm=algorithm, dtype="float32" if needs_float else call.dtype)
-        other["params"] = _params_for(op, p, world, rng)
+        other["params"] = _params_for(op, p, world)
     elif what == "algorithm":
         names = [a for a in symmcoll.ALGORITHMS[call.op] if a != call.algorithm]
         other["algorithm"] = rng.choice(names)
@@ -238,7 +233,8 @@ def _differ(rng: random.Random, call: Call, world: int) -> Call | None:
     return Call(call.index, call.op, call.algorithm, call.dtype, call.params, what, odd, other, call.specials)
 
 
-def _params_for(op: str, p: dict, world: int, rng: random.Random) -> dict:
+def _params_for(op: str, p: dict, world: int) -> dict:
+    """The parameters of a barrier call of ``op`` a rank makes instead of ``p``'s call."""
     shape = p.get("shape", (world,))
     if op == "reduce_scatter":
         return dict(shape=(world * max(1, shape[0] // world), 1), reduce_op="sum")

@@ -8,7 +8,6 @@ import re
 import time
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -103,16 +102,16 @@ def _shapes_and_names():
     world = dist.get_world_size()
     bf, dev = torch.bfloat16, device()
     out = {}
+    ones = lambda *shape: torch.ones(shape, dtype=bf, device=dev)  # noqa: E731
     for algorithm in sorted(symmcoll.ALGORITHMS["all_gather_matmul"]) + ["nccl"]:
-        c, g = symmcoll.all_gather_matmul(torch.ones(0, 16, dtype=bf, device=dev), torch.ones(16, 5, dtype=bf, device=dev),
-                                          algorithm=algorithm, return_gathered=True)
-        c2 = symmcoll.all_gather_matmul(torch.ones(3, 0, dtype=bf, device=dev), torch.ones(0, 5, dtype=bf, device=dev),
-                                        algorithm=algorithm)
+        c, g = symmcoll.all_gather_matmul(ones(0, 16), ones(16, 5), algorithm=algorithm, return_gathered=True)
+        c2 = symmcoll.all_gather_matmul(ones(3, 0), ones(0, 5), algorithm=algorithm)
         out[algorithm] = (tuple(c.shape), tuple(g.shape), tuple(c2.shape), bool((c2 == 0).all()))
     errors = []
     a = torch.ones(4, 16, dtype=bf, device=dev)
     b = torch.ones(5, 16, dtype=bf, device=dev).t()
-    for fn in (lambda: symmcoll.all_gather_matmul(a, b), lambda: symmcoll.all_gather_matmul(a.t().contiguous().t(), a.t()),
+    for fn in (lambda: symmcoll.all_gather_matmul(a, b),
+               lambda: symmcoll.all_gather_matmul(a.t().contiguous().t(), a.t()),
                lambda: symmcoll.matmul_reduce_scatter(torch.ones(2 * world, 16, dtype=bf, device=dev), b),
                lambda: symmcoll.all_reduce_rms_norm(a, a.t().contiguous().t(), torch.ones(16, dtype=bf, device=dev),
                                                     1e-6)):
@@ -129,7 +128,7 @@ def test_zero_rows_and_argument_names(pools):
         for algorithm, (c, g, c2, zeros) in out.items():
             assert (c, g, c2, zeros) == ((0, 5), (0, 16), (6, 5), True), algorithm
         assert errors[0].startswith("b must be contiguous"), errors[0]
-        assert errors[1].startswith("a_shard must be contiguous") or errors[1].startswith("b must be contiguous"), errors
+        assert errors[1].startswith(("a_shard must be contiguous", "b must be contiguous")), errors
         assert errors[2].startswith("b must be contiguous"), errors[2]
         assert errors[3].startswith("residual must be contiguous"), errors[3]
         assert all("input 1" not in e and "call .contiguous()" in e for e in errors), errors

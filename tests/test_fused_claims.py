@@ -3,7 +3,6 @@ and that no torch matmul runs (every aten op of the call, recorded by a TorchDis
 variant that quietly fell back to torch.matmul + a collective, or to two kernels, fails here although
 its values would be right."""
 
-import pytest
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -48,7 +48,8 @@ def _reduction_failures(dtypes, algorithms=None, reduce_ops=OPS) -> list[str]:
                     x = special_values(world * SEGMENT, rank, world, dtype)
                     try:
                         got = getattr(symmcoll, op)(x, op=reduce_op, algorithm=algorithm)
-                        assert_same(got, getattr(reference, op)(x, op=reduce_op), f"{op}.{algorithm} {reduce_op} {dtype}")
+                        want = getattr(reference, op)(x, op=reduce_op)
+                        assert_same(got, want, f"{op}.{algorithm} {reduce_op} {dtype}")
                     except AssertionError as exc:
                         failures.append(str(exc))
     symmcoll.check()
