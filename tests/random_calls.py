@@ -47,9 +47,9 @@ BARRIER = {("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_reduce"
            *(("all_gather_matmul", a) for a in ("naive_remote", "gather_then_gemm", "gather_then_cublas",
                                                 "copy_engine_producer", "fused"))}
 DIFFER_RATE = 0.2
-# Differences found only when a wait times out (SYMMCOLL_TIMEOUT_S each): call 250 of every 1000, a
-# barrier all-reduce against a barrier-free one.
-SLOW_EVERY, SLOW_AT = 1000, 250
+# Differences found only when a wait times out: call 250 of every 1000 at world size 2, a barrier
+# all-reduce against a barrier-free one, waits SLOW_TIMEOUT_S.
+SLOW_EVERY, SLOW_AT, SLOW_TIMEOUT_S = 1000, 250, 2.0
 
 
 @dataclass
@@ -100,10 +100,10 @@ def _choices(op: str, process_group: bool) -> list[str]:
 
 
 def _draw(rng: random.Random, world: int, process_group: bool) -> Call:
-    # Collectives three times in four (they are cheap on CPU), each fused op about one time in twenty.
+    # Collectives three times in four (they are cheap on CPU), each fused op one time in twenty.
     op = rng.choices(["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "quantized",
                       "matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm", "all_gather_matmul"],
-                     weights=[25, 12, 12, 10, 12, 5, 6, 6, 6, 6])[0]
+                     weights=[25, 12, 12, 10, 12, 5, 5, 5, 5, 5])[0]
     if op in ("all_reduce", "reduce_scatter"):
         algorithm = rng.choice(_choices(op, process_group))
         dtype = rng.choice(FLOATS + ((torch.int32,) if algorithm in ("auto", "nccl") and process_group else ()))
@@ -293,6 +293,10 @@ def _explicit(rng: random.Random, call: Call) -> Call:
     return Call(call.index, call.op, rng.choice(barrier or kernels), dtype, params, specials=call.specials)
 
 
+def _forced_slow(index: int, world: int) -> bool:
+    return index % SLOW_EVERY == SLOW_AT and world == 2
+
+
 def draw_calls(seed: int, first: int, count: int, world: int, process_group: bool = True) -> list[Call]:
     """Calls ``first``, ..., ``first + count - 1`` of the run ``seed`` (the same list on every rank);
     ``process_group``: whether calls may go to the process group's own collectives."""
@@ -301,7 +305,7 @@ def draw_calls(seed: int, first: int, count: int, world: int, process_group: boo
         rng = random.Random(f"{seed}/{index}/{world}")
         call = _draw(rng, world, process_group)
         call.index = index
-        if index % SLOW_EVERY == SLOW_AT and world == 2:
+        if _forced_slow(index, world):
             call = Call(index, "all_reduce", "one_shot", "float32", dict(reduce_op="sum", shape=(17,)), "algorithm",
                         (world - 1,), dict(algorithm=rng.choice(["sentinel_one_shot", "low_latency"])))
         elif rng.random() < DIFFER_RATE:
@@ -523,6 +527,7 @@ def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_b
     try:
         for call in draw_calls(seed, first, count, world, process_group):
             t0 = time.monotonic()
+            os.environ["SYMMCOLL_TIMEOUT_S"] = str(SLOW_TIMEOUT_S if _forced_slow(call.index, world) else timeout_s)
             outcome = _outcome(call, seed, rank, world)
             outcome["seconds"] = round(time.monotonic() - t0, 3)
             outcomes.append(outcome)
