@@ -51,6 +51,24 @@ def release_flag(flag_ptr, value, SCOPE: tl.constexpr = "sys"):
 
 
 @triton.jit
+def _other_call(seen, ready, TAGGED: tl.constexpr):
+    """Whether a tagged flag holds this epoch with another descriptor (a peer made a different call);
+    never for an untagged one."""
+    if TAGGED:
+        return ((seen >> 32) == (ready >> 32)) & (seen != ready)
+    else:
+        return seen != seen
+
+
+@triton.jit
+def _their_descriptor(seen, TAGGED: tl.constexpr):
+    if TAGGED:
+        return (seen & 0xFFFFFFFF).to(tl.int32)
+    else:
+        return 0
+
+
+@triton.jit
 def acquire_flag(flag_ptr, ready, budget, status_ptr, rank, peer, desc, SCOPE: tl.constexpr = "sys"):
     """Wait until the flag at ``flag_ptr`` holds ``ready`` (acquire, ``SCOPE``), at most ``budget``
     spins. Returns the spins left: 0 means this wait (or an earlier one of this program, or another
@@ -58,30 +76,18 @@ def acquire_flag(flag_ptr, ready, budget, status_ptr, rank, peer, desc, SCOPE: t
     TAGGED: tl.constexpr = flag_ptr.dtype.element_ty == tl.int64
     seen = tl.atomic_cas(flag_ptr, ready, ready, sem="acquire", scope=SCOPE)
     spins = 0
-    if TAGGED:
-        epoch = ready >> 32
-        while (seen != ready) & ((seen >> 32) != epoch) & (budget > 0):
-            seen = tl.atomic_cas(flag_ptr, ready, ready, sem="acquire", scope=SCOPE)
-            budget -= 1
-            spins += 1
-            if failed_elsewhere(status_ptr, spins):
-                budget = budget * 0
-        if seen != ready:
-            if (seen >> 32) == epoch:
-                record_error(status_ptr, KIND_MISMATCH, rank, peer, desc, (seen & 0xFFFFFFFF).to(tl.int32))
-            else:
-                record_timeout(status_ptr, rank, peer, desc)
+    while (seen != ready) & (budget > 0) & (_other_call(seen, ready, TAGGED) == 0):
+        seen = tl.atomic_cas(flag_ptr, ready, ready, sem="acquire", scope=SCOPE)
+        budget -= 1
+        spins += 1
+        if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
-    else:
-        while (seen != ready) & (budget > 0):
-            seen = tl.atomic_cas(flag_ptr, ready, ready, sem="acquire", scope=SCOPE)
-            budget -= 1
-            spins += 1
-            if failed_elsewhere(status_ptr, spins):
-                budget = budget * 0
-        if seen != ready:
+    if seen != ready:
+        if _other_call(seen, ready, TAGGED):
+            record_error(status_ptr, KIND_MISMATCH, rank, peer, desc, _their_descriptor(seen, TAGGED))
+        else:
             record_timeout(status_ptr, rank, peer, desc)
-            budget = budget * 0
+        budget = budget * 0
     # The acquiring thread's view must reach every thread that reads the data next.
     tl.debug_barrier()
     return budget
