@@ -15,8 +15,8 @@ SymmcollMismatchError on every rank, naming the field that differs and a rank wh
 other call must return reference's answer. After a failed call every rank resets together.
 
 Differences between protocols that never meet (a barrier against a barrier-free kernel) are found
-only when a wait times out: one such call in a thousand (``SLOW_EVERY``); every other difference is
-drawn where both sides meet in one protocol and is found at once.
+only when a wait times out: call 250 of every thousand at world size 2 is one (``SLOW_EVERY``); every
+other difference is drawn where both sides meet in one protocol and is found at once.
 """
 
 from __future__ import annotations
@@ -538,7 +538,10 @@ def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_b
                 symmcoll.reset()
     finally:
         for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         symmcoll.reset()
     return outcomes
 
