@@ -33,6 +33,7 @@ from .signals import KIND_MISMATCH, failed_elsewhere, record_error, record_timeo
 SPIN_LOOPS = {
     "symmcoll.language.flags.acquire_flag": "acquire",
     "symmcoll.language.signals.wait_signals": "acquire",      # barrier slots: CAS desc -> 0
+    "symmcoll.language.transport.wait_signal": "acquire",     # a transport put-with-signal's signal
     "symmcoll.language.signals.send_signals": "release",      # barrier slots: CAS 0 -> desc
     "symmcoll.language.signals.wait_flagged": "data",         # LL: the epoch and the data in one store
     "symmcoll.language.signals.wait_filled": "data",          # sentinel words: not EMPTY means the data
