@@ -5,7 +5,7 @@
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [roofline]
-#                                                            [roofline-bench] [roofline-shared]
+#                                                            [roofline-bench] [roofline-shared] [semantics]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -160,6 +160,24 @@ for stage in $stages; do
       # sharing GPU 0: exact or within tolerance, the same bits on every rank, graph replays.
       timeout ${SHARED_TIMEOUT:-475} python3 benchmarks/shared_gpu_check.py --world-size ${SHARED_WORLD_SIZE:-2} \
         --stages roofline_protocols --out "$OUT/roofline_shared.json" 2>&1 | tee "$OUT/roofline_shared.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    semantics)
+      # Issue 24 on one GPU, two ranks sharing it (launch device "cuda-shared"), about 7 minutes: NaN/Inf
+      # through every reduction algorithm and the fused ops' reductions (against
+      # torch.sum/amax/amin of the stacked inputs); the device cost of the call-descriptor checks in CUDA
+      # graphs (JSON: verdicts[].cost_us, target <= 0.1 us); 1000 random calls, a fifth of them
+      # differing between ranks, against symmcoll.reference (JSON: failures, calls; a time budget stops
+      # it early and says so).
+      SYMMCOLL_TEST_DEVICE=cuda-shared timeout ${SEMANTICS_TESTS_TIMEOUT:-240} python3 -m pytest -v -rA \
+        -p no:cacheprovider tests/test_special_values.py::test_gpu_every_reduction 2>&1 | tee "$OUT/semantics_special_values.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      timeout ${SEMANTICS_COST_TIMEOUT:-60} python3 benchmarks/desc_check_cost.py --out "$OUT/desc_check_cost.json" 2>&1 \
+        | tee "$OUT/desc_check_cost.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      timeout ${SEMANTICS_CALLS_TIMEOUT:-170} python3 tests/random_calls.py --device cuda-shared --world-size 2 \
+        --calls ${SEMANTICS_CALLS:-1000} --budget-s ${SEMANTICS_CALLS_BUDGET:-120} --batch 50 \
+        --out "$OUT/random_calls_cuda_shared.json" 2>&1 | tee "$OUT/random_calls.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     quantized-tests)

@@ -1,8 +1,9 @@
 """Shared fixtures: rank pools reused across tests (spawning ranks costs seconds each).
 
 CPU by default (gloo + emulated symmetric memory + interpreter). ``SYMMCOLL_TEST_DEVICE=cuda`` runs the
-same tests with CUDA tensors on the GPU machine (scripts/gpu_check.sh); tests marked ``gpu`` run only
-there and are reported as skipped -- not passed -- elsewhere.
+same tests with CUDA tensors on the GPU machine (scripts/gpu_check.sh; ``cuda-shared``: every rank on
+GPU 0, for a one-GPU machine); tests marked ``gpu`` run only there and are reported as skipped -- not
+passed -- elsewhere.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ WORLD_SIZES = [int(w) for w in os.environ.get("SYMMCOLL_TEST_WORLD_SIZES", "2,3,
 
 
 def pytest_collection_modifyitems(config, items):
-    if DEVICE != "cuda":
+    if DEVICE not in ("cuda", "cuda-shared"):
         skip = pytest.mark.skip(reason="GPU test: NOT RUN on this machine (no CUDA)")
         for item in items:
             if "gpu" in item.keywords:

@@ -73,3 +73,39 @@ def assert_clean_finish(what: str) -> None:
         torch.cuda.synchronize()
     symmcoll.check()
     assert_pads_zero(what)
+
+
+def special_values(numel: int, rank: int, world: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rank ``rank``'s input of a reduction over ``world`` ranks where the positions cycle through the
+    cases special values make: NaN on the first or on the last rank, +Inf against -Inf, Inf on every
+    rank, Inf against NaN, and small integers (exact in every dtype) in between."""
+    nan, inf = float("nan"), float("inf")
+    last = world - 1
+    cases = [
+        lambda r: nan if r == 0 else 1.0,                    # NaN first in rank order
+        lambda r: nan if r == last else 2.0,                 # NaN last
+        lambda r: inf if r == 0 else (-inf if r == 1 else 0.0),   # +Inf + -Inf: NaN (sum), +-Inf (max/min)
+        lambda r: inf,                                       # Inf everywhere
+        lambda r: -inf,
+        lambda r: inf if r == last else -3.0,                # one Inf among finite values
+        lambda r: nan if r == 0 else (inf if r == 1 else -inf),
+        lambda r: float(r) - 1.0,                            # finite
+        lambda r: float((r * 5) % 7) - 3.0,
+    ]
+    values = [cases[i % len(cases)](rank) for i in range(numel)]
+    return torch.tensor(values, dtype=torch.float32).to(dtype).to(device())
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor, what: str, rtol: float = 0.0, atol: float = 0.0) -> None:
+    """``got`` equals ``want`` where both are finite (within rtol/atol), and both are NaN, +Inf or -Inf
+    at the same places; names rank and index of the first difference."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if got.shape != want.shape:
+        raise AssertionError(f"rank {rank}: {what}: got shape {tuple(got.shape)}, want {tuple(want.shape)}")
+    g, w = got.float().reshape(-1).cpu(), want.float().reshape(-1).cpu()
+    finite = torch.isfinite(g) & torch.isfinite(w)
+    bad = torch.where(finite, (g - w).abs() > atol + rtol * w.abs(), ~((g == w) | (g.isnan() & w.isnan())))
+    if bool(bad.any()):
+        idx = int(bad.nonzero()[0])
+        raise AssertionError(f"rank {rank}: {what}: {int(bad.sum())} of {g.numel()} wrong, first at index {idx}: "
+                             f"got {g[idx].item()}, want {w[idx].item()}")

@@ -1,6 +1,6 @@
 """all_gather_matmul: every variant of the ladder against an fp32 reference computed locally from every
 rank's (deterministic) shard; M/W not a multiple of the tile, N and K not multiples of 16, a list of Bs
-sharing one gather, the gathered A bit-exact, back-to-back calls with fresh data, shards larger than
+sharing one gather and a single B, the gathered A bit-exact, back-to-back calls with fresh data, shards larger than
 the workspace (pieces), the fake implementation and torch.compile."""
 
 import os
@@ -48,6 +48,9 @@ def _check(algorithm, rows, k, ns, dtype, calls=2):
             assert not bool(bad.any()), f"rank {rank} {algorithm}: wrong rows {bad.any(1).nonzero()[:5].tolist()}"
     single = symmcoll.all_gather_matmul(a, bs[0], algorithm=algorithm)
     assert isinstance(single, torch.Tensor) and single.shape == (world * rows, bs[0].shape[1])
+    ref = want_a.float() @ bs[0].float()
+    err = float((single.float() - ref).norm() / ref.norm())
+    assert err < TOLERANCE[dtype], f"rank {rank} {algorithm} single B: rel err {err:.2e}"
     return True
 
 

@@ -65,11 +65,6 @@ def _all_reduce_later(algorithm="auto", dtype=torch.float32, op="sum"):
     return later
 
 
-def _all_gather_later(group):
-    x = _x(100, dist.get_rank(group), cols=2)
-    return symmcoll.all_gather(x, group), reference.all_gather(x, group)
-
-
 def _broadcast_later(group):
     x = _x(100, dist.get_rank(group))
     return symmcoll.broadcast(x, 0, group), reference.broadcast(x, 0, group)
@@ -97,11 +92,6 @@ def _all_to_all_splits_later(group):
     return _all_to_all_splits(rank, group), reference.all_to_all(x, group, splits=_splits(rank))
 
 
-def _two_algorithms(rank):
-    symmcoll.all_reduce(_x(100, rank), algorithm="one_shot")
-    symmcoll.all_reduce(_x(100, rank), algorithm="two_shot")
-
-
 def _rows(rank):
     return 101 if rank == ODD else 100
 
@@ -115,37 +105,27 @@ def _a2a_rows(rank):
 class Mismatch:
     case: Case
     odd: set  # the ranks that make the different call
-    field: str  # how the error's fields name what differs
+    field: str  # the name the error's fields give what differs
     op: str  # what the error names (a prefix of "op.algorithm")
 
 
+# Differences in size, dtype, reduce op, root and algorithm between warm ranks of every collective are
+# drawn by the hundred in tests/test_random_calls.py; these cases start fresh ranks (cold workspaces,
+# the process group's own all_to_all) and check an exact call after reset().
 MISMATCHES = {
     "all_reduce size, auto": Mismatch(Case(lambda r: symmcoll.all_reduce(_x(_rows(r), r)), _all_reduce_later()),
-                                      {ODD}, "size", "all_reduce."),
-    "all_reduce size, one_shot": Mismatch(Case(lambda r: symmcoll.all_reduce(_x(_rows(r), r), algorithm="one_shot"),
-                                               _all_reduce_later("one_shot")), {ODD}, "size", "all_reduce.one_shot"),
-    "all_gather rows": Mismatch(Case(lambda r: symmcoll.all_gather(_x(_rows(r), r, cols=2)), _all_gather_later),
-                                {ODD}, "size", "all_gather."),
-    "broadcast size": Mismatch(Case(lambda r: symmcoll.broadcast(_x(_rows(r), r), 0), _broadcast_later),
-                               {ODD}, "size", "broadcast."),
+                                      {ODD}, "x.shape", "all_reduce."),
     "all_to_all rows, pull": Mismatch(Case(lambda r: symmcoll.all_to_all(_x(_a2a_rows(r), r, cols=2), algorithm="pull"),
-                                           _all_to_all_later("pull")), {ODD}, "size", "all_to_all.pull"),
+                                           _all_to_all_later("pull")), {ODD}, "x.shape", "all_to_all.pull"),
     # What "auto" picks for this all_to_all on CPU (and on 4 GPUs): the process group's own. It
     # compares the split sizes it exchanges anyway before moving any data.
     "all_to_all rows, nccl": Mismatch(Case(lambda r: symmcoll.all_to_all(_x(_a2a_rows(r), r, cols=2), algorithm="nccl"),
-                                           _all_to_all_later("nccl")), {ODD}, "size", "all_to_all.nccl"),
+                                           _all_to_all_later("nccl")), {ODD}, "x.shape", "all_to_all.nccl"),
     "dtype": Mismatch(Case(lambda r: symmcoll.all_reduce(_x(100, r, torch.float32 if r == 0 else torch.bfloat16)),
                            _all_reduce_later(dtype=torch.bfloat16)), {0}, "dtype", "all_reduce."),
-    "algorithm, warm": Mismatch(Case(lambda r: symmcoll.all_reduce(_x(100, r),
-                                                                   algorithm="one_shot" if r == 0 else "two_shot"),
-                                     _all_reduce_later("two_shot"), warm=_two_algorithms),
-                                {0}, "op/algorithm", "all_reduce."),
     "algorithm, cold": Mismatch(Case(lambda r: symmcoll.all_reduce(_x(100, r),
                                                                    algorithm="one_shot" if r == 0 else "two_shot"),
-                                     _all_reduce_later("one_shot")), {0}, "op/algorithm", "all_reduce."),
-    "reduce op": Mismatch(Case(lambda r: symmcoll.all_reduce(_x(100, r), op="max" if r == ODD else "sum",
-                                                             algorithm="two_shot"),
-                               _all_reduce_later("two_shot", op="max")), {ODD}, "reduce op", "all_reduce.two_shot"),
+                                     _all_reduce_later("one_shot")), {0}, "algorithm", "all_reduce."),
     # every rank names itself as the root: every pair of ranks disagrees
     "broadcast src=rank": Mismatch(Case(lambda r: symmcoll.broadcast(_x(10, r), r), _broadcast_later),
                                    set(range(WORLD)), "src", "broadcast.pull"),
@@ -289,10 +269,10 @@ def test_mismatched_call_raises_on_every_rank(name, monkeypatch):
             assert peer != rank and 0 <= peer < WORLD, what
         else:
             assert (peer in spec.odd) != (rank in spec.odd), what
-        assert any(f.startswith(spec.field) for f in outcome["fields"]), what
+        assert spec.field in outcome["fields"], what
         assert outcome["op"].startswith(spec.op), what
         message = outcome["message"]
-        assert f"rank {peer} made a different call: {spec.field}" in message, message
+        assert f"rank {peer} made a different call: " in message and spec.field in message, message
         assert "symmcoll.reset()" in message, message
         assert outcome["seconds"] < DEVICE_WAIT_BOUND_S, what
         assert later == "exact", later

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from symmcoll.models import MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 
-from test_tp_block import TOLERANCE, _rel, _stand_ins_where_missing
+from test_tp_block import TOLERANCE, _rel
 
 pytestmark = pytest.mark.gpu
 
@@ -37,32 +37,31 @@ def _token(step):
 def _decode_graphs(replays):
     rank, world = dist.get_rank(), dist.get_world_size()
     outputs = {}
-    with _stand_ins_where_missing():
-        for mode in MODES:
-            block = _block(mode)
-            graph_cache = KVCache.empty(SMALL, world, BATCH, CACHE + 8, device="cuda").fill_random(rank, world, CACHE)
-            eager_cache = KVCache(graph_cache.k.clone(), graph_cache.v.clone())
-            x = _token(0)
-            positions = torch.full((BATCH,), CACHE, dtype=torch.int64, device="cuda")
-            block.decode(x, positions, KVCache(graph_cache.k.clone(), graph_cache.v.clone()))   # warm-up
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = block.decode(x, positions, graph_cache)
-            for step in range(1, replays + 1):
-                token = _token(step)
-                where = torch.tensor([CACHE + step % 4, CACHE, CACHE + 1, CACHE - step], device="cuda")
-                x.copy_(token)
-                positions.copy_(where)
-                graph.replay()
-                want = block.decode(token, where, eager_cache)
-                err = _rel(out, want, token)
-                assert err < 1e-3, f"rank {rank} {mode}: replay {step} differs from eager decode: {err:.2e}"
-                outputs.setdefault(mode, []).append(out.clone())
-            for name in ("k", "v"):
-                got, want = getattr(graph_cache, name).float(), getattr(eager_cache, name).float()
-                err = float((got - want).norm() / want.norm())
-                assert err < 1e-3, f"rank {rank} {mode}: graph and eager {name} caches differ: {err:.2e}"
+    for mode in MODES:
+        block = _block(mode)
+        graph_cache = KVCache.empty(SMALL, world, BATCH, CACHE + 8, device="cuda").fill_random(rank, world, CACHE)
+        eager_cache = KVCache(graph_cache.k.clone(), graph_cache.v.clone())
+        x = _token(0)
+        positions = torch.full((BATCH,), CACHE, dtype=torch.int64, device="cuda")
+        block.decode(x, positions, KVCache(graph_cache.k.clone(), graph_cache.v.clone()))   # warm-up
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = block.decode(x, positions, graph_cache)
+        for step in range(1, replays + 1):
+            token = _token(step)
+            where = torch.tensor([CACHE + step % 4, CACHE, CACHE + 1, CACHE - step], device="cuda")
+            x.copy_(token)
+            positions.copy_(where)
+            graph.replay()
+            want = block.decode(token, where, eager_cache)
+            err = _rel(out, want, token)
+            assert err < 1e-3, f"rank {rank} {mode}: replay {step} differs from eager decode: {err:.2e}"
+            outputs.setdefault(mode, []).append(out.clone())
+        for name in ("k", "v"):
+            got, want = getattr(graph_cache, name).float(), getattr(eager_cache, name).float()
+            err = float((got - want).norm() / want.norm())
+            assert err < 1e-3, f"rank {rank} {mode}: graph and eager {name} caches differ: {err:.2e}"
     for mode in MODES[1:]:
         for step, (got, want) in enumerate(zip(outputs[mode], outputs["nccl"])):
             err = _rel(got, want, _token(step + 1))
@@ -84,17 +83,16 @@ def _compiled_prefill():
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(batch * seq, SMALL.hidden, generator=g, device="cuda")[rank * rows:(rank + 1) * rows]
     x = x.to(torch.bfloat16)
-    with _stand_ins_where_missing():
-        for mode in MODES:
-            block = _block(mode)
-            eager = block.prefill(x, KVCache.empty(SMALL, world, batch, seq, device="cuda"))
-            torch._dynamo.reset()
-            compiled = torch.compile(block.prefill, fullgraph=True, dynamic=False)
-            cache = KVCache.empty(SMALL, world, batch, seq, device="cuda")
-            got = compiled(x, cache)
-            err = _rel(got, eager, x)
-            assert err < TOLERANCE, f"rank {rank} {mode}: compiled prefill vs eager {err:.2e}"
-            assert cache.k.abs().sum() > 0, f"rank {rank} {mode}: compiled prefill left the cache empty"
+    for mode in MODES:
+        block = _block(mode)
+        eager = block.prefill(x, KVCache.empty(SMALL, world, batch, seq, device="cuda"))
+        torch._dynamo.reset()
+        compiled = torch.compile(block.prefill, fullgraph=True, dynamic=False)
+        cache = KVCache.empty(SMALL, world, batch, seq, device="cuda")
+        got = compiled(x, cache)
+        err = _rel(got, eager, x)
+        assert err < TOLERANCE, f"rank {rank} {mode}: compiled prefill vs eager {err:.2e}"
+        assert cache.k.abs().sum() > 0, f"rank {rank} {mode}: compiled prefill left the cache empty"
     return True
 
 

@@ -4,11 +4,9 @@ unsharded block in fp32 (the same bf16 weights) and against mode "nccl"; the KV 
 the reference's heads; the block's own semantics (a decode step equals the last row of a longer
 prefill); bad configurations; ``symmcoll bench --op tp_block`` skipping without GPUs.
 
-symmcoll ops still being merged (matmul_reduce_scatter, matmul_all_reduce, all_reduce_rms_norm) get
-unfused stand-ins built on symmcoll's collectives, installed only while ``symmcoll`` lacks them, so
-these tests run the real ops as soon as they exist."""
+The block needs matmul_reduce_scatter, matmul_all_reduce and all_reduce_rms_norm from symmcoll: a
+missing one fails the tests (test_symmcoll_has_the_ops_the_block_needs), no stand-in replaces it."""
 
-import contextlib
 import os
 
 import pytest
@@ -17,7 +15,6 @@ import torch.distributed as dist
 
 import symmcoll
 from symmcoll.models import BlockConfig, BlockWeights, DecoderBlock, KVCache
-from symmcoll.models.layers import rms_norm
 
 from rank_checks import assert_clean_finish, device
 
@@ -29,37 +26,12 @@ DECODE_POSITIONS = ([SEQ, SEQ], [SEQ + 1, SEQ - 1])   # step 2: sequence 1 rewri
 # the branches) in bf16 against fp32 arithmetic on the same weights: each of the ~8 roundings to bf16
 # between the input and the output adds up to 2^-9 relative; measured 5e-3 to 7.5e-3 here.
 TOLERANCE = 2e-2
+OPS_THE_BLOCK_NEEDS = ("matmul_reduce_scatter", "matmul_all_reduce", "all_reduce_rms_norm", "all_gather_matmul",
+                       "all_reduce")
 
 
-# ---- stand-ins for ops not merged yet ---------------------------------------------------------------
-
-def _matmul_reduce_scatter(a, b, group=None, *, algorithm="auto"):
-    return symmcoll.reduce_scatter(a @ b, group)
-
-
-def _matmul_all_reduce(a, b, group=None, *, algorithm="auto"):
-    return symmcoll.all_reduce(a @ b, group)
-
-
-def _all_reduce_rms_norm(x, residual, weight, eps, group=None, *, algorithm="auto"):
-    h = residual + symmcoll.all_reduce(x, group)
-    return rms_norm(h, weight, eps), h
-
-
-STAND_INS = {"matmul_reduce_scatter": _matmul_reduce_scatter, "matmul_all_reduce": _matmul_all_reduce,
-             "all_reduce_rms_norm": _all_reduce_rms_norm}
-
-
-@contextlib.contextmanager
-def _stand_ins_where_missing():
-    installed = [name for name in STAND_INS if not hasattr(symmcoll, name)]
-    for name in installed:
-        setattr(symmcoll, name, STAND_INS[name])
-    try:
-        yield installed
-    finally:
-        for name in installed:
-            delattr(symmcoll, name)
+def test_symmcoll_has_the_ops_the_block_needs():
+    assert [name for name in OPS_THE_BLOCK_NEEDS if not hasattr(symmcoll, name)] == []
 
 
 # ---- rank side ---------------------------------------------------------------------------------------
@@ -100,23 +72,22 @@ def _modes_against_reference(modes, seed):
     heads = slice(rank * TINY.n_kv_heads // world, (rank + 1) * TINY.n_kv_heads // world)
     weights = BlockWeights.random(TINY, rank, world, seed=seed, device=device())
     errors, results = {}, {}
-    with _stand_ins_where_missing() as stand_ins:
-        for mode in modes:
-            got, ins, cache = _steps(DecoderBlock(TINY, weights, mode), x, rank, world, torch.bfloat16)
-            results[mode] = got, ins
-            for i, (g, w, base) in enumerate(zip(got, want, ins)):
-                assert g.shape == w.shape and g.dtype == torch.bfloat16, f"{mode} step {i}: {g.dtype}{tuple(g.shape)}"
-                errors[(mode, i, "vs fp32 reference")] = _rel(g, w, base)
-            for name, buf, ref in (("k", cache.k, want_cache.k), ("v", cache.v, want_cache.v)):
-                ref = ref[:, heads]
-                errors[(mode, "cache " + name, "vs fp32 reference")] = float((buf.float() - ref).norm() / ref.norm())
-        for mode in modes:
-            if mode != "nccl" and "nccl" in modes:
-                for i, (g, w, base) in enumerate(zip(results[mode][0], results["nccl"][0], results[mode][1])):
-                    errors[(mode, i, "vs nccl")] = _rel(g, w, base)
+    for mode in modes:
+        got, ins, cache = _steps(DecoderBlock(TINY, weights, mode), x, rank, world, torch.bfloat16)
+        results[mode] = got, ins
+        for i, (g, w, base) in enumerate(zip(got, want, ins)):
+            assert g.shape == w.shape and g.dtype == torch.bfloat16, f"{mode} step {i}: {g.dtype}{tuple(g.shape)}"
+            errors[(mode, i, "vs fp32 reference")] = _rel(g, w, base)
+        for name, buf, ref in (("k", cache.k, want_cache.k), ("v", cache.v, want_cache.v)):
+            ref = ref[:, heads]
+            errors[(mode, "cache " + name, "vs fp32 reference")] = float((buf.float() - ref).norm() / ref.norm())
+    for mode in modes:
+        if mode != "nccl" and "nccl" in modes:
+            for i, (g, w, base) in enumerate(zip(results[mode][0], results["nccl"][0], results[mode][1])):
+                errors[(mode, i, "vs nccl")] = _rel(g, w, base)
     if "symmcoll" in modes:
         assert_clean_finish("tp block, mode symmcoll")
-    return errors, stand_ins
+    return errors
 
 
 _TORCH_FALLBACKS = []
@@ -160,18 +131,14 @@ def test_mode_matches_the_unsharded_block(pools, mode):
                     "one_shot_all_reduce_copy have CUDA kernels only (the mode's wiring is checked on CPU "
                     "by test_torch_async_tp_wiring_with_torch_fallbacks)")
     modes = ("nccl",) if mode == "nccl" else ("nccl", mode)
-    results = pools(2).run(_modes_against_reference, modes, 3)
-    for errors, stand_ins in results:
+    for errors in pools(2).run(_modes_against_reference, modes, 3):
         _assert_within(errors, TOLERANCE)
-    stand_ins = results[0][1]
-    if mode == "symmcoll" and stand_ins:
-        print(f"symmcoll stand-ins (ops not merged yet): {', '.join(stand_ins)}")
 
 
 def test_torch_async_tp_wiring_with_torch_fallbacks(pools):
     if DEVICE == "cuda":
         pytest.skip("on GPU test_mode_matches_the_unsharded_block runs the real torch ops")
-    for errors, _ in pools(2).run(_torch_async_tp_wiring, 4):
+    for errors in pools(2).run(_torch_async_tp_wiring, 4):
         _assert_within(errors, TOLERANCE)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .calls import algorithm_name, differing_fields
+from .calls import algorithm_name, difference
 
 _RESET = ("The workspace is now inconsistent: call symmcoll.reset() on every rank before the next "
           "collective.")
@@ -32,15 +32,18 @@ class SymmcollTimeoutError(SymmcollError):
 
 
 class SymmcollMismatchError(SymmcollError):
-    """Ranks made different calls (op, algorithm, dtype, size, reduce op or root differ)."""
+    """Ranks made different calls. ``fields``: the names of what differs (``op``, ``algorithm``,
+    ``dtype``, ``reduce_op``, ``src``, ``x.shape``, ``b.shape``, ``splits``, ``group_size``, ...);
+    ``peer``: a rank that made the other call; ``detail``: both values, where known."""
 
-    def __init__(self, op: str, rank: int, peer: int, fields: list[str]):
-        self.op, self.rank, self.peer, self.fields = op, rank, peer, list(fields)
+    def __init__(self, op: str, rank: int, peer: int, fields: list[str], detail: str = ""):
+        self.op, self.rank, self.peer, self.fields, self.detail = op, rank, peer, list(fields), detail
         verb = "differs" if len(fields) <= 1 else "differ"
         super().__init__(
             f"symmcoll: {op} on rank {rank}: rank {peer} made a different call: {', '.join(fields) or 'call'} "
-            f"{verb} between ranks {min(rank, peer)} and {max(rank, peer)}. Every rank must make the same "
-            f"sequence of calls with the same op, algorithm, dtype, shape, reduce op and src. {_RESET}")
+            f"{verb} between ranks {min(rank, peer)} and {max(rank, peer)}{f' ({detail})' if detail else ''}. "
+            f"Every rank must make the same sequence of calls with the same op, algorithm, dtype, shapes, "
+            f"reduce op, src and options. {_RESET}")
 
 
 class SymmcollArgumentError(SymmcollError, ValueError):
@@ -75,18 +78,22 @@ def argument_error_from_record(record: list[int], new_reports: int) -> SymmcollA
     return SymmcollArgumentError(op, rank, argument, message)
 
 
-def error_from_record(record: list[int], announced: int) -> SymmcollError:
+def error_from_record(record: list[int], announced: int, peer_global_rank: int | None = None) -> SymmcollError:
     """The exception for a kernel's error record [flag, kind, rank, peer, desc, peer desc, ...];
-    ``announced`` is the descriptor the peer last announced to this rank (0 if none)."""
+    ``announced`` is the descriptor the peer last announced to this rank (0 if none);
+    ``peer_global_rank`` finds the fields the peer posted for its descriptor (calls.difference)."""
     _, kind, rank, peer, desc, peer_desc = record[:6]
     op = algorithm_name(desc)
     if kind == 2 and peer_desc == -1:  # language/transport.py FAILED_DESC: the peer had failed before
         return SymmcollMismatchError(op, rank, peer, [f"(rank {peer} had failed earlier; its own error names the "
                                                       f"cause)"])
     if kind == 2:
-        return SymmcollMismatchError(op, rank, peer, differing_fields(desc, peer_desc))
+        return SymmcollMismatchError(op, rank, peer, *difference(desc, peer_desc, peer_global_rank))
     if announced and announced != desc:
-        fields = differing_fields(desc, announced)
-        return SymmcollMismatchError(op, rank, peer, [f"(timed out; rank {peer}'s last call here was "
-                                                      f"{algorithm_name(announced)}) " + ", ".join(fields)])
+        # Two kinds of protocol meet nowhere (a barrier against a barrier-free kernel): the wait timed
+        # out, and the call the peer announced says why.
+        fields, values = difference(desc, announced, peer_global_rank)
+        return SymmcollMismatchError(op, rank, peer, fields,
+                                     f"{values}; found after a wait timed out: rank {peer}'s last call here was "
+                                     f"{algorithm_name(announced)}")
     return SymmcollTimeoutError(op, rank, peer)

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +70,11 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict) -> None:
         _RECORDING.append(Recorded(kernel, tuple(grid), tuple(args), dict(meta)))
         return
     LAUNCH_COUNTS[kernel.__name__] += 1
-    if INTERPRETED or not FAST:
+    if INTERPRETED:
+        with _deadline(kernel, args):
+            kernel[grid](*args, **meta)
+        return
+    if not FAST:
         kernel[grid](*args, **meta)
         return
     key = (kernel, tuple(sorted(meta.items())), tuple(_spec(a) for a in args))
@@ -85,6 +92,48 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict) -> None:
     g = tuple(grid) + (1, 1)
     compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
                   *values)
+
+
+@contextlib.contextmanager
+def _deadline(kernel, args):
+    """Interpreted launches of workspace kernels (their arguments start with Workspace.kernel_args): a
+    watchdog thread sets the record's deadline word once this launch's waits have spun for
+    SYMMCOLL_TIMEOUT_S, and every spinning wait gives up when it sees the word
+    (language.signals.failed_elsewhere), as a GPU wait gives up when its spin budget is spent. The
+    waits count their spins in the record; the watchdog adds up this process's CPU time over the
+    ticks in which they moved: time spent computing does not count, and on a machine where the ranks
+    share too few cores a wait lasts as long as a peer needs to make up SYMMCOLL_TIMEOUT_S of work (a
+    spin count did that before, but an interpreted spin costs 1 to 10 ms depending on the kernel)."""
+    if list(kernel.arg_names[:2]) != ["signal_pad_ptrs_dev", "status_ptr"]:
+        yield
+        return
+    from .memory import timeout_seconds
+    from .memory.layout import STATUS_DEADLINE_WORD, STATUS_SPINS_WORD
+    spins = ctypes.c_int32.from_address(args[1] + 4 * STATUS_SPINS_WORD)
+    deadline = ctypes.c_int32.from_address(args[1] + 4 * STATUS_DEADLINE_WORD)
+    done = threading.Event()
+    watchdog = threading.Thread(target=_watch, args=(spins, deadline, timeout_seconds(), done), daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watchdog.join()
+        deadline.value = 0
+
+
+def _watch(spins, deadline, limit: float, done: threading.Event, tick: float = 0.05) -> None:
+    """Add up this process's CPU time over the ticks in which ``spins`` moved; past ``limit``, set
+    ``deadline``."""
+    waited, last, seen = 0.0, time.process_time(), spins.value
+    while not done.wait(tick):
+        now, count = time.process_time(), spins.value
+        if count != seen:
+            waited += now - last
+        seen, last = count, now
+        if waited >= limit:
+            deadline.value = 1
+            return
 
 
 class Prepared:

@@ -84,7 +84,7 @@ def all_reduce_quantized_impl(x, group_name: str, reduce_op: str, quantize: str,
     if quantize not in QUANTIZE_FORMATS:
         raise ValueError(f"quantize must be None or one of {QUANTIZE_FORMATS}, got {quantize!r}")
     return plan.resolve("all_reduce_quantized", x, resolve_group(group_name), f"quantized_{quantize}",
-                        reduce_op=reduce_op, options=(("group_size", group_size),)).execute(x)
+                        reduce_op=reduce_op, options=(("quantize", quantize), ("group_size", group_size))).execute(x)
 
 
 def reduce_scatter_impl(x, group_name: str, reduce_op: str, algorithm: str):
@@ -114,8 +114,9 @@ def broadcast_impl(x, src: int, group_name: str, algorithm: str):
 def all_gather_matmul_impl(a_shard, bs, group_name: str, algorithm: str):
     from .fused import all_gather_matmul  # noqa: F401  (registers the op)
     bs = tuple(bs)
-    outs, gathered = plan.resolve("all_gather_matmul", a_shard, resolve_group(group_name), algorithm,
-                                  others=bs).execute(a_shard, others=bs)
+    names = ("b",) if len(bs) == 1 else tuple(f"b[{i}]" for i in range(len(bs)))
+    outs, gathered = plan.resolve("all_gather_matmul", a_shard, resolve_group(group_name), algorithm, others=bs,
+                                  x_name="a_shard", other_names=names).execute(a_shard, others=bs)
     return list(outs), gathered
 
 

@@ -9,10 +9,18 @@ returns a ``Plan``: the algorithm, the workspace, the launch config, the call de
 compare inside the kernel, and the output shape. Plans are cached per (op, algorithm, group, dtype,
 shape, device, reduce op, src, splits); a cached call does no Python work beyond a dictionary lookup,
 a contiguity check and the launches.
+
+Every call a rank makes meets its peers with its descriptor (symmcoll.calls), so that a rank whose
+call differs is told so, naming the fields: kernel calls inside their kernels; a rank with nothing to
+do (an empty input) and symmcoll's own fallbacks to the process group through a one-program barrier
+kernel first (``Plan.handshake``); a fused op's unfused variant through its collective, which carries
+the fused op's descriptor (``inner``). Only ``algorithm="nccl"`` hands the call to the process group
+as it is (torch.distributed's semantics: no comparison, its own timeout).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import operator
@@ -100,6 +108,12 @@ class Request:
     others: tuple = ()
     # Op-specific options (hashable), e.g. (("return_gathered", True),).
     options: tuple = ()
+    # Public names of the main input and of ``others`` (error messages, mismatched fields).
+    names: tuple = ()
+
+    def name(self, i: int) -> str:
+        """The public name of input ``i`` (0: the main input, then ``others``)."""
+        return self.names[i] if i < len(self.names) else ("x" if i == 0 else f"input {i}")
 
     @property
     def numel(self) -> int:
@@ -134,19 +148,26 @@ class Algorithm:
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {op: {} for op in OPS}
 # Shape rules of ops registered by other modules (fused ops): rule(request, world) -> (out shape or
-# None, size key of the call descriptor); may raise ValueError naming the argument.
+# None, what the ranks must agree on); may raise ValueError naming the argument. What they agree on:
+# a dict of named fields (e.g. all_to_all's, whose row counts differ between ranks), or anything else
+# for "every input's shape and dtype, the splits and the options" (``agreed_fields``).
 _OP_RULES: dict[str, Callable] = {}
 _REDUCING_OPS: set[str] = set(("all_reduce", "reduce_scatter"))
+# Ops whose kernels run (and meet the peers) even when this rank's input is empty, where they do:
+# op -> runs(request) -> bool.
+_RUNS_WHEN_EMPTY: dict[str, Callable] = {}
 
 
 def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | Callable | None = None,
-                dispatch_size: Callable | None = None) -> None:
+                dispatch_size: Callable | None = None, runs_when_empty: Callable | None = None) -> None:
     """Make ``op`` known to the resolver: its shape rule, whether it takes a reduce op, what "auto" runs
     where the tuned table has no rule (an algorithm name, or ``default(request, world) -> name`` where the
     choice depends on the shape, e.g. decode-sized M), and the size the table is keyed by
     (``dispatch_size(request, world)``; default: input bytes per rank, output bytes per rank for
-    reduce_scatter). The collectives register in comm/shapes.py and comm/splits.py; fused ops in their
-    modules."""
+    reduce_scatter); ``runs_when_empty(request) -> bool``: where its algorithms meet the peers whatever
+    this rank's input (an empty one needs no handshake, and may be empty on this rank alone). The
+    collectives register in comm/shapes.py and comm/splits.py; fused
+    ops in their modules."""
     _REGISTRY.setdefault(op, {})
     _OP_RULES[op] = shape_rule
     if dispatch_size is not None:
@@ -155,6 +176,8 @@ def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default
         _REDUCING_OPS.add(op)
     if default is not None:
         _DEFAULTS[op] = default
+    if runs_when_empty is not None:
+        _RUNS_WHEN_EMPTY[op] = runs_when_empty
 
 
 _DEFAULTS: dict[str, str | Callable] = {"all_reduce": "two_shot"}
@@ -167,7 +190,7 @@ def registered_ops() -> list[str]:
 
 
 def shape_rule(op: str) -> Callable:
-    """The registered shape rule of ``op``: rule(request, world) -> (output shape or None, size key)."""
+    """The registered shape rule of ``op``: rule(request, world) -> (output shape or None, agreed fields)."""
     return _OP_RULES[op]
 
 
@@ -223,6 +246,9 @@ class Plan:
     # A single-launch call's prepared launch (launcher.Prepared): later calls with an input of the
     # same shape skip the algorithm's host code (GPU only; set by the algorithm on its first run).
     fast: object = None
+    # Meet the peers first with a barrier carrying the descriptor: this rank launches nothing else that
+    # would (an empty input), or the call goes to the process group, which compares nothing.
+    handshake: bool = False
 
     @property
     def name(self) -> str:
@@ -244,6 +270,8 @@ class Plan:
                 ws.check()
             if fast.try_fast(x, out):
                 return out
+        if self.handshake:
+            self._handshake()
         if self.kind == "local":
             return _local(self, x, out)
         ws = self.ws
@@ -253,6 +281,15 @@ class Plan:
         if ws is not None and ws.device.type == "cpu":
             ws.check()  # CPU: the kernels already ran
         return out
+
+    def _handshake(self) -> None:
+        from .language import barrier_kernel
+        from .launcher import launch
+        ws = self.ws
+        ws.check()
+        launch(barrier_kernel, (1,), (*ws.kernel_args, self.desc), dict(WORLD=self.world, num_warps=1))
+        if ws.device.type == "cpu":
+            ws.check()
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -277,7 +314,8 @@ def check_tensor(x, name: str = "x") -> None:
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     check_device(x, name)
     if not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (got shape {tuple(x.shape)}, strides {tuple(x.stride())})")
+        raise ValueError(f"{name} must be contiguous (got shape {tuple(x.shape)}, strides {tuple(x.stride())}): "
+                         f"call .contiguous() on it")
 
 
 def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, reduce_op: str | None = None,
@@ -304,7 +342,8 @@ def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, re
     check_tensor(x, x_name)
     for i, t in enumerate(others):
         check_tensor(t, other_names[i] if i < len(other_names) else f"input {i + 1}")
-    plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options)
+    plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options,
+                    (x_name, *other_names))
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
@@ -317,7 +356,7 @@ def _group_and_world(group):
     return group, dist.get_world_size(group), dist.get_rank(group)
 
 
-def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(), options=()) -> Plan:
+def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(), options=(), names=()) -> Plan:
     if op not in _REGISTRY:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if not isinstance(algorithm, str):
@@ -339,17 +378,23 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
             raise ValueError(f"src must be an int (a rank of the group), got {type(src).__name__}") from None
         if not 0 <= src < world:
             raise ValueError(f"src must be a group rank in [0, {world}), got {src}")
-    request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits, others, options)
-    out_shape, size_key = _OP_RULES[op](request, world)
+    request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits, others, options, names)
+    out_shape, agreed = _OP_RULES[op](request, world)
     # Device-side splits always run a kernel: the received counts and the bound check live on the device.
-    if op in OPS and splits != DEVICE_SPLITS and (world == 1 or (out_shape is not None and math.prod(out_shape) == 0)
-                                                  or x.numel() == 0 and op != "all_to_all"):
+    if world == 1 and op in OPS and splits != DEVICE_SPLITS:
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
     name = _choose(request, world, algorithm, topology.of_group(group))
     chosen = table[name]
-    ws = None if name == BACKEND else memory.get_workspace(group, x.device, op=f"{op}.{name}")
-    if ws is not None and ws.device.type != x.device.type:
-        raise ValueError(f"x is on {x.device}, expected a {ws.device.type} tensor")
+    runs_anyway = _RUNS_WHEN_EMPTY.get(op)
+    empty = not (runs_anyway and runs_anyway(request)) and _no_work(request, out_shape)
+    # Whatever this rank does, it meets its peers with its descriptor, except where the caller asked
+    # for the process group itself.
+    handshake = 1 < world <= MAX_WORLD and algorithm != BACKEND and (empty or name == BACKEND)
+    ws = None
+    if name != BACKEND or handshake:
+        ws = memory.get_workspace(group, x.device, op=f"{op}.{name}")
+        if ws.device.type != x.device.type:
+            raise ValueError(f"{request.name(0)} is on {x.device}, expected a {ws.device.type} tensor")
     cfg = config
     if cfg is None and name != BACKEND:
         if x.device.type == "cpu":
@@ -359,9 +404,59 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
         elif chosen.gpu_configs is not None:
             nbytes = chosen.config_bytes(request, world) if chosen.config_bytes else request.nbytes
             cfg = chosen.gpu_configs.pick(nbytes, world)
-    desc = calls.encode(chosen.code, request.dtype, reduce_op, src, size_key)
+    fields = call_fields(request, name, agreed)
+    desc = calls.encode(chosen.code, request.dtype, fields)
+    if name != BACKEND or handshake:
+        calls.remember(desc, fields)
     log.debug("%s of %s %s on %d ranks: %s", op, x.dtype, tuple(x.shape), world, name)
-    return Plan(request, "kernel", chosen, group, world, rank, ws, cfg, desc, out_shape)
+    kind = "local" if empty and op in OPS else "kernel"
+    return Plan(request, kind, chosen, group, world, rank, ws, cfg, desc, out_shape, handshake=handshake)
+
+
+def _no_work(request: Request, out_shape) -> bool:
+    """Nothing to compute or move on this rank: an empty input or output."""
+    return (request.numel == 0 or any(math.prod(shape) == 0 for shape, _, _ in request.others)
+            or (out_shape is not None and math.prod(out_shape) == 0))
+
+
+def agreed_fields(request: Request) -> dict:
+    """What every rank's call must agree on besides op, algorithm, dtype, reduce op and src, by public
+    name: the shape of every input (and the dtype of the others), the splits, every option."""
+    fields = {f"{request.name(0)}.shape": request.shape}
+    for i, (shape, dtype, _) in enumerate(request.others, 1):
+        fields[f"{request.name(i)}.shape"] = shape
+        fields[f"{request.name(i)}.dtype"] = str(dtype)
+    if request.splits is not None:
+        fields["splits"] = request.splits
+    fields.update(request.options)
+    return fields
+
+
+def call_fields(request: Request, algorithm: str, agreed=None) -> dict:
+    """The named fields of a call's descriptor (calls.encode); ``agreed``: the shape rule's fields, or
+    anything not a dict for ``agreed_fields``."""
+    fields = {"op": request.op, "algorithm": algorithm, "dtype": str(request.dtype)}
+    if request.op in _REDUCING_OPS:
+        fields["reduce_op"] = request.reduce_op or "sum"
+    if request.op == "broadcast":
+        fields["src"] = request.src
+    fields.update(agreed if isinstance(agreed, dict) else agreed_fields(request))
+    return fields
+
+
+def inner(outer: Plan, op: str, x: torch.Tensor, algorithm: str = "auto", **kwargs) -> Plan:
+    """The plan of a collective that carries out part of the call ``outer`` (a fused op's unfused
+    variant), with ``outer``'s descriptor: the ranks compare the whole call (a different K of a matmul,
+    a different group size of a quantized call), not only the collective's part of it. Cached in
+    ``outer``."""
+    key = ("inner", op, algorithm, x.shape, x.dtype, tuple(sorted(kwargs.items())))
+    plan = outer.cache.get(key)
+    if plan is None:
+        plan = resolve(op, x, outer.group, algorithm, **kwargs)
+        if plan.desc and outer.desc:
+            plan = dataclasses.replace(plan, desc=outer.desc, cache={}, fast=None)
+        outer.cache[key] = plan
+    return plan
 
 
 def _choose(request: Request, world: int, algorithm: str, topo: topology.Topology | None = None) -> str:

@@ -1,7 +1,11 @@
 """The single oracle: what every symmcoll op must return, computed with torch / torch.distributed.
 
-Reductions run in fp32 (as symmcoll accumulates) and are rounded once to the input dtype. Data movement
-(all-gather, all-to-all, broadcast) moves the tensors' bytes, so every dtype is compared bit-exactly.
+Reductions are torch's over the stacked inputs of every rank, in fp32 (as symmcoll accumulates), rounded
+once to the input dtype: ``sum`` is ``torch.sum`` over the stack (IEEE: NaN propagates, +Inf + -Inf is
+NaN), ``avg`` that divided by the world size, ``max`` / ``min`` are ``torch.amax`` / ``torch.amin`` (NaN
+propagates). The process group's own reductions are not used: NCCL's max/min drop NaN (``fmaxf``) and
+gloo's depend on the order of the operands. Data movement (all-gather, all-to-all, broadcast) moves the
+tensors' bytes, so every dtype is compared bit-exactly.
 """
 
 from __future__ import annotations
@@ -11,17 +15,28 @@ import math
 import torch
 import torch.distributed as dist
 
-_DIST_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-             "min": dist.ReduceOp.MIN}
+
+def reduce_stacked(stacked: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """``op`` over dim 0 of ``stacked`` (one row per rank), in fp32: what every reduction computes."""
+    stacked = stacked.float()
+    if op == "sum":
+        return stacked.sum(0)
+    if op == "avg":
+        return stacked.sum(0) / stacked.shape[0]
+    if op == "max":
+        return stacked.amax(0)
+    if op == "min":
+        return stacked.amin(0)
+    raise ValueError(f"op must be 'sum', 'avg', 'max' or 'min', got {op!r}")
+
+
+def stacked(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's ``x``, stacked along a new dim 0 (rank order). Collective."""
+    return all_gather(x.reshape(-1), group).reshape(dist.get_world_size(group), *x.shape)
 
 
 def all_reduce(x: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
-    acc = x.float().clone()
-    dist.all_reduce(acc, op=_DIST_OPS[op], group=group)
-    if op == "avg":
-        acc /= dist.get_world_size(group)
-    return acc.to(x.dtype)
-
+    return reduce_stacked(stacked(x, group), op).to(x.dtype)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -32,12 +47,8 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 def reduce_scatter(x: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
     """Segment ``rank`` (of W along dim 0) of the fp32 all-reduce of ``x``, rounded once."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    acc = x.float().clone()
-    dist.all_reduce(acc, op=_DIST_OPS[op], group=group)
-    if op == "avg":
-        acc /= world
     rows = x.shape[0] // world
-    return acc[rank * rows:(rank + 1) * rows].to(x.dtype)
+    return reduce_stacked(stacked(x, group), op)[rank * rows:(rank + 1) * rows].to(x.dtype)
 
 
 def all_gather(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -122,37 +133,41 @@ def _round_trip(values: torch.Tensor, quantize: str, group_size: int) -> torch.T
 
 def all_reduce_quantized(x: torch.Tensor, group=None, op: str = "sum", quantize: str = "int8",
                          group_size: int = 64) -> torch.Tensor:
-    """What ``all_reduce(x, quantize=..., group_size=...)`` returns, bit for bit: for each shard of each
-    piece (geometry: ``comm.quantized.pieces``), the owner's own values exact plus every other rank's
-    values quantized and decoded, summed in rank order in fp32, then quantized and decoded again and
-    rounded once to x's dtype. Collective (gathers every rank's x)."""
+    """What ``all_reduce(x, quantize=..., group_size=...)`` returns, bit for bit (``quantized_stacked``
+    of every rank's x). Collective."""
+    return quantized_stacked(stacked(x, group), op, quantize, group_size).to(x.dtype)
+
+
+def quantized_stacked(parts: torch.Tensor, op: str = "sum", quantize: str = "int8",
+                      group_size: int = 64) -> torch.Tensor:
+    """The quantized all-reduce of every rank's input (``parts``: one row per rank, rank order), fp32,
+    shaped like one input: for each shard of each piece (geometry: ``comm.quantized.pieces``), the
+    owner's own values exact plus every other rank's values quantized and decoded, summed in rank order
+    in fp32, then quantized and decoded again (round the result once to the input dtype)."""
     from .comm.quantized import pieces
-    world = dist.get_world_size(group)
-    flat = x.reshape(-1)
-    parts = all_gather(flat, group).reshape(world, -1).float()
-    out = torch.empty(flat.numel(), dtype=torch.float32, device=x.device)
-    for start, n, shard_len in pieces(flat.numel(), world, x.device.type):
+    world = parts.shape[0]
+    flat = parts.reshape(world, -1).float()
+    out = torch.empty(flat.shape[1], dtype=torch.float32, device=parts.device)
+    for start, n, shard_len in pieces(flat.shape[1], world, parts.device.type):
         for owner in range(world):
             lo, hi = start + owner * shard_len, start + min((owner + 1) * shard_len, n)
             if lo >= hi:
                 continue
             acc = None
             for r in range(world):
-                values = parts[r, lo:hi] if r == owner else _round_trip(parts[r, lo:hi], quantize, group_size)
+                values = flat[r, lo:hi] if r == owner else _round_trip(flat[r, lo:hi], quantize, group_size)
                 acc = values.clone() if acc is None else acc + values
             if op == "avg":
                 acc = torch.div(acc, torch.full_like(acc, world))
             out[lo:hi] = _round_trip(acc, quantize, group_size)
-    return out.to(x.dtype).reshape(x.shape)
+    return out.reshape(parts.shape[1:])
 
 
 # ---- fused ops: fp32 results (not rounded), for relative-error checks --------------------------------
 
 def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
-    """sum over ranks of a @ b, in fp32 from the inputs' values."""
-    acc = a.float() @ b.float()
-    dist.all_reduce(acc, group=group)
-    return acc
+    """sum over ranks of a @ b, in fp32 from the inputs' values (torch.sum over the stacked products)."""
+    return reduce_stacked(stacked(a.float() @ b.float(), group))
 
 
 def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None) -> torch.Tensor:
@@ -166,12 +181,16 @@ FP8_MAX = 448.0  # largest float8_e4m3fn
 
 
 def all_reduce_rms_norm(x, residual, weight, eps: float, group=None, quant: str | None = None, scale=None):
-    """(normed, new_residual[, scales]) in fp32: new_residual = residual + sum over ranks of x, normed =
-    new_residual / sqrt(mean(new_residual^2) + eps) * weight over the last dim. quant "fp8_per_tensor":
-    normed is divided by ``scale`` and clamped to +-448 (still fp32, not rounded to fp8);
-    "fp8_per_token": the same with a scale per row, max|row| / 448, also returned ([rows, 1])."""
-    total = x.float().clone()
-    dist.all_reduce(total, group=group)
+    """(normed, new_residual[, scales]) in fp32 (``rms_norm_tail`` of the sum over ranks of x). Collective."""
+    return rms_norm_tail(reduce_stacked(stacked(x, group)), residual, weight, eps, quant, scale)
+
+
+def rms_norm_tail(total: torch.Tensor, residual, weight, eps: float, quant: str | None = None, scale=None):
+    """(normed, new_residual[, scales]) in fp32 from ``total`` (the fp32 sum over ranks of x):
+    new_residual = residual + total, normed = new_residual / sqrt(mean(new_residual^2) + eps) * weight
+    over the last dim. quant "fp8_per_tensor": normed is divided by ``scale`` and clamped to +-448 (still
+    fp32, not rounded to fp8); "fp8_per_token": the same with a scale per row, max|row| / 448, also
+    returned ([rows, 1])."""
     new_residual = residual.float() + total
     normed = new_residual * torch.rsqrt(new_residual.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     if quant == "fp8_per_tensor":

@@ -46,17 +46,17 @@ def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
 
 
 def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    rows = x.reshape(out.shape[0] // plan.world, *out.shape[1:])
-    if x.dtype.itemsize in (1, 2, 4, 8):
-        all_gather_single(out, rows, group=plan.group)
-    else:  # gloo's all_gather_into_tensor lacks some dtypes; the list form takes them
-        dist.all_gather(list(out.chunk(plan.world)), rows, group=plan.group)
+    # As bytes: gloo gathers no fp8, bool or complex tensors (out is contiguous: rank r's bytes are
+    # the r-th 1/W of it).
+    all_gather_single(out.reshape(-1).view(torch.uint8), x.reshape(-1).view(torch.uint8), group=plan.group)
     return out
 
 
 def _broadcast(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     out.copy_(x)
-    dist.broadcast(out, src=dist.get_global_rank(plan.group, plan.request.src), group=plan.group)
+    # As bytes: gloo broadcasts no fp8, bool or complex tensors.
+    dist.broadcast(out.reshape(-1).view(torch.uint8), src=dist.get_global_rank(plan.group, plan.request.src),
+                   group=plan.group)
     return out
 
 
@@ -75,7 +75,8 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_de
         # every rank has just exchanged, so every rank raises before any data moves (otherwise the
         # backend raises on some ranks and waits forever on others).
         peer = next(s for s in range(world) if recv[s] != send[s])
-        raise SymmcollMismatchError(f"all_to_all.{BACKEND}", plan.rank, peer, ["size (element or row count)"])
+        raise SymmcollMismatchError(f"all_to_all.{BACKEND}", plan.rank, peer, ["x.shape"],
+                                    f"{send[peer]} rows for rank {peer} here, {recv[peer]} rows for this rank there")
     if out is None:
         out = torch.empty((sum(recv), *x.shape[1:]), dtype=x.dtype, device=x.device)
     row_bytes = math.prod(x.shape[1:]) * x.element_size()

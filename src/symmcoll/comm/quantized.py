@@ -50,8 +50,8 @@ import triton.language as tl
 from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
                         open_slots, pack_words, peer_rows, quantize_groups, take_rows, unpack_words)
 from ..launcher import launch
-from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, register,
-                    register_op, resolve)
+from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, inner,
+                    register, register_op)
 from .common import chunks, config, meta
 
 OP = "all_reduce_quantized"
@@ -240,7 +240,7 @@ def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tens
 
 def _exact(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """The exact all-reduce, as ``symmcoll.all_reduce(x)`` without quantize= runs it."""
-    return resolve("all_reduce", x, plan.group, "auto", reduce_op=plan.request.reduce_op).execute(x, out)
+    return inner(plan, "all_reduce", x, reduce_op=plan.request.reduce_op).execute(x, out)
 
 
 def _shape_rule(request, world: int):

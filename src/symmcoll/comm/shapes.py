@@ -1,6 +1,7 @@
-"""Shape rules of the collectives: what each op returns, what it refuses (ValueError naming the
-argument), and the size key of its call descriptor. Registered with the resolver (plan.register_op).
-all_to_all's rule, which knows its splits, is in splits.py."""
+"""Shape rules of the collectives: what each op returns and what it refuses (ValueError naming the
+argument). Registered with the resolver (plan.register_op). Every rank's call agrees on x's shape and
+dtype (plan.agreed_fields: the rules return None for that); all_to_all's rule, whose row counts may
+differ between ranks, is in splits.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from ..plan import Request, register_op
 
 
 def _same_shape(request: Request, world: int):
-    return request.shape, request.nbytes
+    return request.shape, None
 
 
 def _reduce_scatter(request: Request, world: int):
@@ -18,12 +19,12 @@ def _reduce_scatter(request: Request, world: int):
     if shape[0] % world:
         raise ValueError(f"x.shape[0] must be divisible by the world size: x has shape {shape}, world "
                          f"size {world}, so the output shape ({shape[0]}/{world}, ...) is not whole")
-    return (shape[0] // world, *shape[1:]), request.nbytes
+    return (shape[0] // world, *shape[1:]), None
 
 
 def _all_gather(request: Request, world: int):
     rows = request.shape if request.shape else (1,)
-    return (world * rows[0], *rows[1:]), request.nbytes
+    return (world * rows[0], *rows[1:]), None
 
 
 register_op("all_reduce", _same_shape, reduces=True, default="two_shot")

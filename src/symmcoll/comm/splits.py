@@ -42,8 +42,9 @@ def row_bytes(request: Request) -> int:
     return math.prod(request.shape[1:]) * request.dtype.itemsize
 
 
-def all_to_all_shape(request: Request, world: int) -> tuple[tuple | None, int]:
-    """(output shape or None when only the peers know it, size key of the call descriptor)."""
+def all_to_all_shape(request: Request, world: int) -> tuple[tuple | None, dict]:
+    """(output shape or None when only the peers know it, the fields every rank's call agrees on: with
+    splits, the row counts differ between ranks and are not among them)."""
     shape = request.shape
     if len(shape) == 0:
         raise ValueError("x must have at least one dimension (rows are exchanged along dim 0), got a 0-dim tensor")
@@ -53,15 +54,15 @@ def all_to_all_shape(request: Request, world: int) -> tuple[tuple | None, int]:
         if shape[0] % world:
             raise ValueError(f"x.shape[0] must be divisible by the world size for equal splits: x has shape {shape}, "
                              f"world size {world} (or pass splits=)")
-        return shape, request.nbytes
+        return shape, {"x.shape": shape}
     if request.splits == DEVICE_SPLITS:
         max_rows = _check_device_splits(request, world)
-        return (max_rows, *shape[1:]), row_bytes(request) | max_rows << 24 | 3 << 44
+        return (max_rows, *shape[1:]), {"x.shape[1:]": shape[1:], "splits": "a tensor", "max_rows": max_rows}
     if option(request, "max_rows") is not None:
         raise ValueError("max_rows is for splits given as a device tensor; with a list of splits the output is "
                          "sized exactly")
     check_splits(request.splits, shape[0], world)
-    return None, row_bytes(request) | 1 << 40
+    return None, {"x.shape[1:]": shape[1:], "splits": "a list"}
 
 
 def _check_device_splits(request: Request, world: int) -> int:
@@ -107,7 +108,10 @@ def default_all_to_all(request: Request, world: int) -> str:
     return "pull"
 
 
-register_op("all_to_all", all_to_all_shape, default=default_all_to_all)
+# With splits, a rank may send or receive nothing while its peers do: the kernels run (and exchange
+# counts) whatever this rank's input. Equal splits of an empty x are empty on every rank.
+register_op("all_to_all", all_to_all_shape, default=default_all_to_all,
+            runs_when_empty=lambda request: request.splits is not None)
 
 
 @triton.jit

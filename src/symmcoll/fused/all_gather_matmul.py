@@ -221,7 +221,8 @@ def _nccl(plan: Plan, a, _out, *bs):
 
 
 def _gather(plan: Plan, a: torch.Tensor) -> torch.Tensor:
-    return planner.resolve("all_gather", a, plan.group, "auto").execute(a)
+    """symmcoll's all-gather, carrying this call's descriptor (peers compare B's shape too)."""
+    return planner.inner(plan, "all_gather", a).execute(a)
 
 
 def _gather_then_gemm(plan: Plan, a, _out, *bs):
@@ -267,8 +268,8 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     ws, world, rank = plan.ws, plan.world, plan.rank
     rows_total, K = a.shape
     outs, g = _outputs(plan, a, bs, True)
-    if rows_total == 0:
-        return outs, g
+    if rows_total == 0 or K == 0:  # nothing to gather or multiply (the plan's handshake met the peers)
+        return [out.zero_() for out in outs], g
     b = bs[0]
     config = _config(plan, a, b)
     alone = world == 1

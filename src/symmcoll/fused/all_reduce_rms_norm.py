@@ -373,7 +373,7 @@ def _nccl(p: plan.Plan, x, _out, residual, weight, scale=None):
 
 
 def _unfused(p: plan.Plan, x, _out, residual, weight, scale=None):
-    total = plan.resolve("all_reduce", x, p.group, "auto").execute(x)
+    total = plan.inner(p, "all_reduce", x).execute(x)
     return _torch_tail(p, total, residual, weight, scale)
 
 
@@ -435,10 +435,11 @@ def all_reduce_rms_norm_impl(x, residual, weight, eps: float, group_name: str, a
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())})")
+            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())}): "
+                             f"call .contiguous() on it")
     options = (("eps", float(eps)), ("quant", quant or None))
-    return plan.resolve(OP, x, ops.resolve_group(group_name), algorithm, others=others,
-                        options=options).execute(x, others=others)
+    return plan.resolve(OP, x, ops.resolve_group(group_name), algorithm, others=others, options=options,
+                        other_names=("residual", "weight", "scale")[:len(others)]).execute(x, others=others)
 
 
 def _fake(x, residual, weight, eps, group_name, algorithm, quant, scale=None):

@@ -169,7 +169,7 @@ def _nccl(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> 
 
 def _unfused(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     partial = torch.matmul(a, b)
-    return plan.resolve("all_reduce", partial, p.group, "auto").execute(partial, out)
+    return plan.inner(p, "all_reduce", partial).execute(partial, out)
 
 
 def _shape_rule(request: plan.Request, world: int):
@@ -194,8 +194,10 @@ register(Algorithm(OP, "two_shot", 77, "fused", _fused_or_empty(_two_shot),
 def matmul_all_reduce_impl(a: torch.Tensor, b: torch.Tensor, group_name: str, algorithm: str) -> torch.Tensor:
     for name, t in (("a", a), ("b", b)):
         if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())})")
-    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,)).execute(a, others=(b,))
+            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())}): "
+                             f"call .contiguous() on it")
+    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,), x_name="a",
+                        other_names=("b",)).execute(a, others=(b,))
 
 
 def _fake(a, b, group_name, algorithm):

@@ -193,7 +193,7 @@ def _nccl(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> 
 
 def _unfused(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     partial = torch.matmul(a, b)
-    return plan.resolve("reduce_scatter", partial, p.group, "auto").execute(partial, out)
+    return plan.inner(p, "reduce_scatter", partial).execute(partial, out)
 
 
 def check_operands(request: plan.Request) -> tuple[int, int, int]:
@@ -240,12 +240,14 @@ def _check(a, b) -> None:
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())})")
+            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())}): "
+                             f"call .contiguous() on it")
 
 
 def matmul_reduce_scatter_impl(a: torch.Tensor, b: torch.Tensor, group_name: str, algorithm: str) -> torch.Tensor:
     _check(a, b)
-    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,)).execute(a, others=(b,))
+    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,), x_name="a",
+                        other_names=("b",)).execute(a, others=(b,))
 
 
 def _fake(a, b, group_name, algorithm):

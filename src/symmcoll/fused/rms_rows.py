@@ -24,7 +24,7 @@ the next chunk (``load_chunk``) before the current one is summed, stored and red
 import triton
 import triton.language as tl
 
-from ..language import narrow, values_of, words_of
+from ..language import nan_max, nan_maximum, nan_minimum, narrow, values_of, words_of
 
 FP8_MAX: tl.constexpr = tl.constexpr(448.0)  # largest float8_e4m3fn
 MIN_AMAX: tl.constexpr = tl.constexpr(1e-12)  # per-token scales of all-zero rows stay finite
@@ -93,17 +93,18 @@ def rank_sum(tile, own, peers, rank, WORLD: tl.constexpr, FORMAT: tl.constexpr, 
 def _store_normed(normed, offs, mask, row_ids, row_ok, scale_ptr, normed_ptr, scales_ptr, peak,
                   QUANT: tl.constexpr):
     """Store normalised values (QUANT 0: in normed's dtype; 1: divided by the scale at ``scale_ptr``;
-    2: by the row's scale ``peak`` / 448, stored too), clamped to +-448 when quantized."""
+    2: by the row's scale ``peak`` / 448, stored too), clamped to +-448 when quantized. NaN propagates
+    into the scale and the row, as in torch (the GPU's plain max drops it: language.nan_maximum)."""
     if QUANT == 0:
         tl.store(normed_ptr + offs, narrow(normed, normed_ptr.dtype.element_ty), mask=mask)
     else:
         if QUANT == 1:
             scaled = normed / tl.load(scale_ptr)
         else:
-            scales = tl.maximum(peak, MIN_AMAX) / FP8_MAX
+            scales = nan_maximum(peak, MIN_AMAX) / FP8_MAX
             tl.store(scales_ptr + row_ids, scales, mask=row_ok)
             scaled = normed / scales[:, None]
-        clamped = tl.minimum(tl.maximum(scaled, -FP8_MAX), FP8_MAX)
+        clamped = nan_minimum(nan_maximum(scaled, -FP8_MAX), FP8_MAX)
         tl.store(normed_ptr + offs, narrow(clamped, normed_ptr.dtype.element_ty), mask=mask)
 
 
@@ -120,7 +121,7 @@ def finish_rows(new_residual, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr
     inv_rms = tl.rsqrt(tl.sum(new_residual * new_residual, axis=1) / H + eps)
     # Per-token fp8: max |normed| as max |residual * weight| / rms (as in chunked rows): the two
     # reductions do not wait for each other.
-    peak = tl.max(tl.abs(new_residual * weight[None, :]), axis=1) * inv_rms if QUANT == 2 else inv_rms
+    peak = nan_max(tl.abs(new_residual * weight[None, :]), 1) * inv_rms if QUANT == 2 else inv_rms
     normed = new_residual * inv_rms[:, None] * weight[None, :]
     _store_normed(normed, offs, mask, row_ids, row_ok, scale_ptr, normed_ptr, scales_ptr, peak, QUANT)
 
@@ -137,7 +138,7 @@ def keep_chunk(new_residual, weight, squares, peaks, row_ids, row_ok, start, res
              narrow(new_residual, residual_out_ptr.dtype.element_ty), mask=mask)
     squares += new_residual * new_residual
     if QUANT == 2:
-        peaks = tl.maximum(peaks, tl.abs(new_residual * weight[None, :]))
+        peaks = nan_maximum(peaks, tl.abs(new_residual * weight[None, :]))
     return squares, peaks
 
 
@@ -148,7 +149,7 @@ def norm_chunks(squares, peaks, row_ids, row_ok, weight_ptr, scale_ptr, normed_p
     back (this program wrote it: visible after the barrier) chunk by chunk, normalised, stored; the
     next chunk's loads are issued before this one's arithmetic."""
     inv_rms = tl.rsqrt(tl.sum(squares, axis=1) / H + eps)
-    peak = tl.max(peaks, axis=1) * inv_rms
+    peak = nan_max(peaks, 1) * inv_rms
     tl.debug_barrier()
     residual_next = load_rows(residual_out_ptr, row_ids, row_ok, H, 0, CHUNK)
     weight_next = load_weight(weight_ptr, H, 0, CHUNK)

@@ -2,16 +2,18 @@
 and fp32 reductions (blocks.py), word formats of the barrier-free protocols (words.py), results as
 messages (tiles.py: rows and GEMM tiles as sentinel words, per-tile ready flags), epoch-tagged counts,
 escaped words and device-side splits (tagged.py), the one-program barrier kernel (barrier.py), group
-quantization codecs (codecs.py), the sentinel slot layout and its take helpers (slots.py)."""
+quantization codecs (codecs.py), the sentinel slot layout and its take helpers (slots.py), and the
+acquire / release pair every flag that guards data goes through (flags.py)."""
 
 from .blocks import (INTERPRETED, OP_AVG, OP_MAX, OP_MIN, OP_SUM, REDUCE_OPS, combine, copy_blocks, finalize,
-                     move_block, narrow, reduce_rows, tee_blocks)
+                     move_block, nan_max, nan_maximum, nan_min, nan_minimum, narrow, reduce_rows, tee_blocks)
 from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, EPOCH_SLOTS, MAX_WORLD, announce, block_barrier,
                       end_launch, launch_epoch, peer_ptr, peer_rows, post_header, record_argument, record_error,
                       record_timeout, send_signals, wait_filled, wait_filled_rows, wait_flagged, wait_signals)
 from .slots import HEADER_WORDS, PHASES, declare_slots, open_slots, take, take_rows
 from .tagged import ESCAPE_GROUP, clamped_splits, escape, post_counts, wait_counts, wait_escaped
 from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, sanitize_values, unpack
+from .flags import acquire_flag, release_flag
 from .tiles import send_tile_flag, tile_values, tile_words, values_of, wait_tile_flag, words_of
 from .barrier import barrier_kernel
 from .codecs import FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, unpack_words
@@ -26,3 +28,4 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "padded_words", "sanitize", "sanitize_values", "unpack", "barrier_kernel", "FORMAT_BITS", "FORMATS",
            "dequantize_groups", "pack_words", "quantize_groups", "unpack_words", "send_tile_flag", "tile_values",
            "tile_words", "values_of", "wait_tile_flag", "words_of"]
+__all__ += ["nan_max", "nan_maximum", "nan_min", "nan_minimum", "acquire_flag", "release_flag"]

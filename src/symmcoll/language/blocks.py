@@ -1,6 +1,14 @@
 """Block helpers every kernel shares: copies, reductions in fp32, and narrowing that rounds the same
 way on every machine.
 
+Reductions give torch's answers for special values: a sum is IEEE addition (NaN propagates, +Inf + -Inf
+is NaN), and max/min propagate NaN as ``torch.amax`` / ``torch.amin`` do. The GPU's plain ``max.f32``
+(``tl.maximum``, ``tl.max``) returns the other operand when one is NaN, so every max/min here asks for
+NaN propagation explicitly (``nan_maximum``, ``nan_max``). Under ``TRITON_INTERPRET=1`` the
+interpreter would propagate NaN through ``tl.maximum`` anyway (it maps it to numpy's ``maximum``);
+``_interpret_like_the_gpu`` makes it drop NaN as the GPU does, so CPU runs show what the GPU computes
+and a max/min without explicit propagation fails the CPU tests too.
+
 ``narrow`` converts fp32 to a kernel's element type. On the GPU ``.to(tl.bfloat16)`` rounds to
 nearest-even; triton 3.6's interpreter truncates instead, so under ``TRITON_INTERPRET=1`` bf16 is
 rounded with integer operations on the fp32 bits (the same result, bit for bit); fp8 e4m3 likewise
@@ -18,6 +26,63 @@ OP_SUM, OP_AVG, OP_MAX, OP_MIN = 0, 1, 2, 3
 REDUCE_OPS = {"sum": OP_SUM, "avg": OP_AVG, "max": OP_MAX, "min": OP_MIN}
 
 INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def _interpret_like_the_gpu() -> None:
+    """Map the interpreter's NaN-ignoring float min/max (``tl.maximum`` / ``tl.minimum`` without
+    ``propagate_nan``: LLVM maxnum/minnum, PTX ``max.f32``) to numpy's NaN-ignoring ``fmax`` / ``fmin``
+    instead of the NaN-propagating ``maximum`` / ``minimum`` triton 3.6 uses. (Its ``tl.max`` / ``tl.min``
+    reductions already ignore NaN, as the GPU's do.)"""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    builder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
+    builder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
+
+
+def _patch_the_language_once_per_launch() -> None:
+    """Triton 3.6's interpreter re-patches triton.language on every call of a jit helper (a walk over
+    every member of the module, about 1 ms), although the launch has patched it already and restores
+    it only when the launch ends: about half the time of an interpreted symmcoll kernel. A helper
+    whose module sees no language module the launch has not patched now runs without it."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    launches = interpreter.GridExecutor.__call__
+    device_call = interpreter.InterpretedFunction.__call__
+    patched: list = []  # the language modules of the launches in progress
+    seen: dict = {}
+
+    def langs(fn) -> frozenset:
+        if fn not in seen:
+            seen[fn] = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        return seen[fn]
+
+    def launch(self, *args, **kwargs):
+        patched.append(langs(self.fn))
+        try:
+            return launches(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def call(self, *args, **kwargs):
+        if not patched or not langs(self.fn) <= patched[-1]:
+            return device_call(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise interpreter.InterpreterError(repr(exc)) from exc
+
+    interpreter.GridExecutor.__call__ = launch
+    interpreter.InterpretedFunction.__call__ = call
+
+
+if INTERPRETED:
+    _interpret_like_the_gpu()
+    _patch_the_language_once_per_launch()
 
 
 @triton.jit
@@ -61,12 +126,40 @@ def narrow(values, ELEM: tl.constexpr):
 
 
 @triton.jit
+def nan_maximum(a, b):
+    """Elementwise max that propagates NaN (torch.maximum); one ``max.NaN.f32`` on the GPU."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def nan_minimum(a, b):
+    """Elementwise min that propagates NaN (torch.minimum)."""
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def nan_max(values, axis: tl.constexpr):
+    """Max over ``axis`` that is NaN where any value is (torch.amax): the fast NaN-ignoring reduction,
+    then the NaNs put back (a reduction with a NaN-propagating combine runs element by element in the
+    interpreter)."""
+    has_nan = tl.max((values != values).to(tl.int32), axis=axis) > 0
+    return tl.where(has_nan, float("nan"), tl.max(values, axis=axis))
+
+
+@triton.jit
+def nan_min(values, axis: tl.constexpr):
+    """Min over ``axis`` that is NaN where any value is (torch.amin)."""
+    has_nan = tl.max((values != values).to(tl.int32), axis=axis) > 0
+    return tl.where(has_nan, float("nan"), tl.min(values, axis=axis))
+
+
+@triton.jit
 def combine(acc, value, OP: tl.constexpr):
-    """Fold ``value`` (fp32) into ``acc`` (fp32) for sum/avg/max/min."""
+    """Fold ``value`` (fp32) into ``acc`` (fp32) for sum/avg/max/min (NaN propagates, as in torch)."""
     if OP == 2:
-        return tl.maximum(acc, value)
+        return nan_maximum(acc, value)
     elif OP == 3:
-        return tl.minimum(acc, value)
+        return nan_minimum(acc, value)
     else:
         return acc + value
 
@@ -83,9 +176,9 @@ def finalize(acc, OP: tl.constexpr, WORLD: tl.constexpr):
 def reduce_rows(values, valid, OP: tl.constexpr, WORLD: tl.constexpr):
     """op over the valid rows of a [PEERS, BLOCK] fp32 tile (the same order on every rank)."""
     if OP == 2:
-        acc = tl.max(tl.where(valid, values, float("-inf")), axis=0)
+        acc = nan_max(tl.where(valid, values, float("-inf")), 0)
     elif OP == 3:
-        acc = tl.min(tl.where(valid, values, float("inf")), axis=0)
+        acc = nan_min(tl.where(valid, values, float("inf")), 0)
     else:
         acc = tl.sum(tl.where(valid, values, 0.0), axis=0)
     return finalize(acc, OP, WORLD)

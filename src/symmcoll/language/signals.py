@@ -34,7 +34,8 @@ import triton
 import triton.language as tl
 
 from ..memory.layout import ANNOUNCE_SLOT as _ANNOUNCE_SLOT
-from ..memory.layout import MAX_PROGRAMS
+from ..memory.layout import MAX_PROGRAMS, STATUS_DEADLINE_WORD, STATUS_SPINS_WORD
+from .blocks import INTERPRETED
 
 # Lanes of the per-peer vectors. World sizes up to MAX_WORLD are supported by every kernel.
 MAX_WORLD: tl.constexpr = tl.constexpr(8)
@@ -59,6 +60,11 @@ ARG_SPLITS: tl.constexpr = tl.constexpr(2)
 ARG_TOPK_IDS: tl.constexpr = tl.constexpr(3)
 # A spinning wait looks at this rank's error record once per this many spins.
 ABORT_CHECK_SPINS: tl.constexpr = tl.constexpr(64)
+# Under the interpreter a spin's cost varies too much (1-10 ms) for a spin count to stand for seconds:
+# waits count their spins in the record and the launcher's watchdog sets the deadline word once this
+# launch's waits have spun for SYMMCOLL_TIMEOUT_S (of CPU time); every wait gives up when it is set.
+STATUS_SPINS: tl.constexpr = tl.constexpr(STATUS_SPINS_WORD)
+STATUS_DEADLINE: tl.constexpr = tl.constexpr(STATUS_DEADLINE_WORD)
 
 
 @triton.jit
@@ -114,10 +120,16 @@ def record_argument(status_ptr, argument, value, limit, rank, desc):
 @triton.jit
 def failed_elsewhere(status_ptr, spins):
     """Every ABORT_CHECK_SPINS spins: has a program of this rank recorded an error? (volatile read
-    of the host-visible record; between checks, and at spin 0, answers no without reading)."""
+    of the host-visible record; between checks, and at spin 0, answers no without reading). Under the
+    interpreter every spin also counts itself and asks whether this launch's waits have used up
+    SYMMCOLL_TIMEOUT_S (a spin costs milliseconds there: the check is free)."""
+    status = status_ptr.to(tl.pointer_type(tl.int32))
     flag = 0
     if spins % ABORT_CHECK_SPINS == ABORT_CHECK_SPINS - 1:
-        flag = tl.load(status_ptr.to(tl.pointer_type(tl.int32)) + STATUS_FLAG, volatile=True)
+        flag = tl.load(status + STATUS_FLAG, volatile=True)
+    if INTERPRETED:
+        tl.atomic_add(status + STATUS_SPINS, 1)
+        flag = flag | tl.load(status + STATUS_DEADLINE, volatile=True)
     return flag != 0
 
 

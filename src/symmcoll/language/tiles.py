@@ -9,18 +9,17 @@ aligned 4-byte store is guaranteed to land whole, which is what lets a receiver 
 not EMPTY as final.
 
 Tile flags (the reduce-scatter GEMM): an int64 flag per (source, tile) in the receiver's region holds
-``(epoch << 32) | desc`` once the tile's data is there. The sender stores the tile, synchronises its
-block (``tl.debug_barrier``: every thread's stores are issued) and exchanges the flag with release
-semantics at system scope; the receiver spins with acquire CAS until the flag equals its own
-``(epoch, desc)`` and synchronises its block before reading. Flags are epoch-tagged (the launch
-counter of language.signals), so nobody resets them and graph replays need no host work; a flag of
-this epoch carrying another descriptor is a peer that made a different call (recorded as a mismatch).
+``(epoch << 32) | desc`` once the tile's data is there, handed over with language/flags.py's pair
+(``send_tile_flag`` / ``wait_tile_flag``: ``release_flag`` / ``acquire_flag`` at system scope). Flags
+are epoch-tagged (the launch counter of language.signals), so nobody resets them and graph replays need
+no host work; a flag of this epoch carrying another descriptor is a peer that made a different call
+(recorded as a mismatch).
 """
 
 import triton
 import triton.language as tl
 
-from .signals import KIND_MISMATCH, failed_elsewhere, record_error, record_timeout
+from .flags import acquire_flag, release_flag
 from .words import pack, sanitize, unpack
 
 
@@ -70,33 +69,11 @@ def tile_values(words, FORMAT: tl.constexpr):
 
 @triton.jit
 def send_tile_flag(flag_ptr, ready):
-    """Publish a tile this block stored: every thread's stores first, then the flag (release, system
-    scope)."""
-    tl.debug_barrier()
-    tl.atomic_xchg(flag_ptr, ready, sem="release", scope="sys")
+    """``release_flag`` at system scope: the tile this block stored, then its flag."""
+    release_flag(flag_ptr, ready, "sys")
 
 
 @triton.jit
 def wait_tile_flag(flag_ptr, ready, budget, status_ptr, rank, peer, desc):
-    """Wait until the int64 flag at ``flag_ptr`` holds ``ready`` = (epoch << 32) | desc (acquire,
-    system scope), at most ``budget`` spins. Returns the spins left: 0 means this wait (or an earlier
-    one of this program, or another program of this rank) failed and was recorded; the caller must not
-    use the tile. A flag of this epoch naming another descriptor is a mismatched call."""
-    epoch = ready >> 32
-    seen = tl.atomic_cas(flag_ptr, ready, ready, sem="acquire", scope="sys")
-    spins = 0
-    while (seen != ready) & ((seen >> 32) != epoch) & (budget > 0):
-        seen = tl.atomic_cas(flag_ptr, ready, ready, sem="acquire", scope="sys")
-        budget -= 1
-        spins += 1
-        if failed_elsewhere(status_ptr, spins):
-            budget = budget * 0
-    if seen != ready:
-        if (seen >> 32) == epoch:
-            record_error(status_ptr, KIND_MISMATCH, rank, peer, desc, (seen & 0xFFFFFFFF).to(tl.int32))
-        else:
-            record_timeout(status_ptr, rank, peer, desc)
-        budget = budget * 0
-    # The acquiring thread's view must reach every thread that reads the tile next.
-    tl.debug_barrier()
-    return budget
+    """``acquire_flag`` at system scope on a tile's (epoch << 32) | desc flag; returns the spins left."""
+    return acquire_flag(flag_ptr, ready, budget, status_ptr, rank, peer, desc, "sys")

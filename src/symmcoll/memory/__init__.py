@@ -39,7 +39,8 @@ DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
 # CAS on H200 takes about a microsecond; one interpreted iteration about 2 ms (measured on 2 cores).
 SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 500}
 DEFAULT_TIMEOUT_S = 20.0
-# Error record (language/signals.py): words 0..5 a failure that breaks the workspace, 8..13 argument reports.
+# Error record (language/signals.py): words 0..5 a failure that breaks the workspace, 6..7 the
+# interpreter's wait clock (launcher), 8..13 argument reports.
 STATUS_INTS = 16
 STATUS_REPORTS = 8
 _ALIGN = 4096
@@ -154,10 +155,26 @@ class Workspace:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 announced = int(self.signal_pad[ANNOUNCE_SLOT + peer])
+                if record[1] != 2 and announced == record[4]:
+                    # The peer waited for is in this call too, stuck behind another rank (a tree's
+                    # neighbour, whose own wait failed): name a rank whose announced call differs.
+                    peer, announced = self._other_caller(peer, record[4], record[2])
+                    record[3] = peer
             if node_local:
                 first = self.topology.first_rank(self.topology.node_of(self.rank))
                 record[2], record[3] = record[2] + first, peer + first
-            raise error_from_record(record, announced)
+            peer_global = dist.get_global_rank(self.group, record[3]) if 0 <= record[3] < self.world_size else None
+            raise error_from_record(record, announced, peer_global)
+
+    def _other_caller(self, peer: int, desc: int, me: int) -> tuple[int, int]:
+        """(a rank whose last announced call is not ``desc``, its descriptor), in the numbering of the
+        kernel that recorded (``me``: its rank); (``peer``, ``desc``) if every rank announced ``desc``
+        (then nobody called differently: a timeout)."""
+        for other in range(self.geometry.world_size):
+            announced = int(self.signal_pad[ANNOUNCE_SLOT + other])
+            if other != me and announced not in (0, desc):
+                return other, announced
+        return peer, desc
 
 
 _WORKSPACES: dict[tuple, Workspace] = {}
@@ -230,7 +247,7 @@ def bounded_rendezvous(group, what: str, value: str = "") -> None:
     values = [store.get(k).decode() for k in keys]
     for r, v in enumerate(values):
         if v != value:
-            raise SymmcollMismatchError(what, rank, r, [f"setup ({value!r} here, {v!r} on rank {r})"])
+            raise SymmcollMismatchError(what, rank, r, ["workspace"], f"{value!r} here, {v!r} there")
 
 
 def _create(group, device: torch.device) -> Workspace:
