@@ -38,7 +38,9 @@ for stage in $stages; do
   case $stage in
     tests)
       sizes=2; [ "$ngpu" -ge 3 ] && sizes=2,3; [ "$ngpu" -ge 4 ] && sizes=2,3,4
-      SYMMCOLL_TEST_WORLD_SIZES=${TEST_WORLD_SIZES:-$sizes} timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -v -rA -p no:cacheprovider \
+      # One GPU: the ranks of a multi-rank test share it (launch device "cuda-shared").
+      dev=cuda; [ "$ngpu" -ge 2 ] || dev=cuda-shared
+      SYMMCOLL_TEST_DEVICE=${TEST_DEVICE:-$dev} SYMMCOLL_TEST_WORLD_SIZES=${TEST_WORLD_SIZES:-$sizes} timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -v -rA -p no:cacheprovider \
         ${TEST_FILTER:+-k "$TEST_FILTER"} ${TEST_PATHS:-tests/} --ignore=tests/test_compile.py --ignore=tests/test_bench.py 2>&1 \
         | tee "$OUT/gpu_tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -76,11 +76,13 @@ def ag_matmul_kernel(
     desc, buffer_ptrs_dev, flags_ptr, epoch_ptr,
     # A shard [rows, K] (my input), B [K, N], C and gathered A (rows of owner s start at s * shard_stride)
     a_ptr, b_ptr, c_ptr, g_ptr, rows, N, K, shard_stride, stride_a, stride_b, stride_c, stride_g,
+    # HOST_DESC (a group of one, TMA): the host's tensor descriptors of A and B (no device work per tile)
+    a_desc, b_desc,
     # SOURCE: PEER_BUFFERS, COPY_ENGINE or PRODUCERS; the first N_PRODUCERS programs pull (PRODUCERS only)
     WORLD: tl.constexpr, SOURCE: tl.constexpr, N_PRODUCERS: tl.constexpr, CONSUMERS: tl.constexpr,
     # the GEMM core's tile config (gemm_configs.GemmConfig.meta, split_k = 1)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
-    TMA: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
+    TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -116,7 +118,10 @@ def ag_matmul_kernel(
         num_n = tl.cdiv(N, BN)
         b_src = b_ptr
         if TMA:
-            b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
+            if HOST_DESC:
+                b_src = b_desc
+            else:
+                b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
         for tile in range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
             logical, pid_n = gemm.grouped_tile(tile, WORLD * blocks_per_shard, num_n, GROUP_M)
             owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
@@ -145,7 +150,11 @@ def ag_matmul_kernel(
                 stride = stride_g
                 row = owner * shard_stride + local_first
             if TMA:
-                a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1], block_shape=[BM, BK])
+                if HOST_DESC:  # WORLD == 1: every row is mine
+                    a_src = a_desc
+                else:
+                    a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1],
+                                                      block_shape=[BM, BK])
                 acc = gemm.k_loop(a_src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK,
                                   TMA, SWAP_AB, False, PRECISION)
             else:
@@ -274,12 +283,19 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     config = _config(plan, a, b)
     alone = world == 1
     producers = 0 if alone else producers
-    piece = _piece_rows(plan, a, config.block_m)
+    piece = rows_total if alone else _piece_rows(plan, a, config.block_m)  # alone: no buffer is used
     flags, epoch, ready = _state(plan, world * triton.cdiv(piece, config.block_m), a.device)
     on_gpu = ws.device.type == "cuda"  # (meta tensors when the compile checks record the launches)
     tma = source != PEER_BUFFERS.value and gemm.use_tma(ws.device.type, a, g, b)
     consumers = max(1, gemm.programs_for(config, ws.device) - producers)
     copies = source in (PEER_BUFFERS.value, COPY_ENGINE.value) and not alone
+    # Alone, the gathered A is a copy of A: the copy engine makes it on a side stream while the GEMM runs.
+    tee = alone and a.is_cuda
+    if tee:
+        side = _side_stream(plan, a.device)
+        side.wait_stream(torch.cuda.current_stream(a.device))
+        with torch.cuda.stream(side):
+            g.copy_(a)
     for start in range(0, rows_total, piece):
         rows = min(piece, rows_total - start)
         a_piece = a[start:start + rows]
@@ -290,10 +306,13 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
         if source == COPY_ENGINE.value and not alone:
             launch(bump_kernel, (1,), (epoch, ready, plan.desc, ready.numel()), dict(BLOCK=256, num_warps=1))
             _copy_engine_gather(plan, a, g, flags, ready, start, rows, config.block_m)
+        host_desc = alone and tma
+        a_desc, b_desc = gemm.host_descriptors(config, a_piece, b, False) if host_desc else (a_piece, b)
         launch(ag_matmul_kernel, (producers + consumers,),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, outs[0][start:], g[start:],
-                rows, b.shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0)),
-               dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, TMA=tma,
+                rows, b.shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
+                b_desc),
+               dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, TMA=tma, HOST_DESC=host_desc,
                     PRECISION=gemm.precision(a.dtype), COPY_COLS=128 if on_gpu else 32, **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
@@ -304,11 +323,20 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                 g[owner * rows_total + start:][:rows].copy_(src)
         if copies:
             barrier()
-    if source != PRODUCERS.value or alone:
+    if tee:
+        torch.cuda.current_stream(a.device).wait_stream(_side_stream(plan, a.device))
+    elif source != PRODUCERS.value or alone:
         g[rank * rows_total:(rank + 1) * rows_total].copy_(a)
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
     return outs, g
+
+
+def _side_stream(plan: Plan, device: torch.device) -> torch.cuda.Stream:
+    """This plan's side stream for copy-engine copies (made once)."""
+    if "side_stream" not in plan.cache:
+        plan.cache["side_stream"] = torch.cuda.Stream(device)
+    return plan.cache["side_stream"]
 
 
 def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, block_m: int) -> None:
@@ -320,7 +348,7 @@ def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, b
     K = a.shape[1]
     nbytes = rows * K * a.element_size()
     if a.is_cuda:
-        side = plan.cache.setdefault("side_stream", torch.cuda.Stream(a.device))
+        side = _side_stream(plan, a.device)
         side.wait_stream(torch.cuda.current_stream(a.device))
         context = torch.cuda.stream(side)
     else:
@@ -373,4 +401,4 @@ def compile_cases(make_workspace):
     return [case(w, r, name, dtype, rows, k, n)
             for name in ("naive_remote", "copy_engine_producer", "fused")
             for w, r, dtype, rows, k, n in ((2, 1, torch.bfloat16, 8192, 8192, 8192), (4, 0, torch.float16, 1000, 4096, 3584),
-                                            (8, 3, torch.bfloat16, 100, 96, 200))]
+                                            (8, 3, torch.bfloat16, 100, 96, 200), (1, 0, torch.bfloat16, 4096, 8192, 8192))]
