@@ -136,8 +136,8 @@ def _gpu_stress(algorithm, calls, replays):
 @pytest.mark.parametrize("ws", [1, 2, 4])
 @pytest.mark.parametrize("algorithm", ["naive_remote", "gather_then_gemm", "copy_engine_producer", "fused"])
 def test_gpu_back_to_back_and_graph_replays(pools, ws, algorithm):
-    """World size 1 takes the group-of-one path (host descriptors, the gathered A copied on a side
-    stream); on a one-GPU machine (cuda-shared) the ranks of larger groups share the GPU."""
+    """World size 1 takes the group-of-one path (host tensor descriptors); on a one-GPU machine
+    (cuda-shared) the ranks of larger groups share the GPU."""
     if ws > torch.cuda.device_count() and DEVICE != "cuda-shared":
         pytest.skip(f"NOT RUN: needs {ws} GPUs")
     worst = pools(ws).run(_gpu_stress, algorithm, 50, 20, timeout=600)
