@@ -60,6 +60,13 @@ def test_variants_at_every_world_size(pools, world_size, algorithm):
     assert pools(world_size).run(_check, algorithm, 13, 40, (24, 8), torch.bfloat16) == [True] * world_size
 
 
+def test_group_of_one_copies_a_in_the_kernel():
+    # A group of one: the GEMM's tiles write the gathered A, each a slice of the columns (K = 100 over
+    # several column blocks, 45 rows over two row blocks, the last short).
+    for algorithm in ("naive_remote", "copy_engine_producer", "fused"):
+        assert launch.run(_check, 1, algorithm, 45, 100, (70, 8), torch.bfloat16, 1, device=DEVICE) == [True]
+
+
 @pytest.mark.parametrize("algorithm", ["naive_remote", "copy_engine_producer", "fused"])
 def test_fp16_and_whole_tiles(pools, algorithm):
     assert pools(2).run(_check, algorithm, 64, 32, (32,), torch.float16, 1) == [True, True]

@@ -163,6 +163,15 @@ def ag_matmul_kernel(
             if budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
                                 tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
+            if WORLD == 1:
+                # The gathered A is a copy of A: each tile (m, n) copies its 1/num_n slice of the columns of
+                # row block m (just read, so from L2), spreading the copy evenly over the GEMM's programs.
+                width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS
+                c_lo = pid_n * width
+                if c_lo < K:
+                    _copy_rows(a_ptr + tl.cast(local_first, tl.int64) * stride_a + c_lo,
+                               g_ptr + tl.cast(local_first, tl.int64) * stride_g + c_lo, g_ptr, count,
+                               tl.minimum(width, K - c_lo), stride_a, stride_g, stride_g, BM, COPY_COLS, False)
     if SOURCE == PRODUCERS:
         end_launch(epoch_ptr, epoch)
 
@@ -306,7 +315,8 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                 rows, b.shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
                 b_desc),
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, TMA=tma, HOST_DESC=host_desc,
-                    PRECISION=gemm.precision(a.dtype), COPY_COLS=128 if on_gpu else 32, **config.meta()))
+                    PRECISION=gemm.precision(a.dtype), COPY_COLS=(64 if alone else 128) if on_gpu else 32,
+                    **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
         if source == PEER_BUFFERS.value:  # the gathered A was not needed by the GEMM: pull it now
@@ -316,9 +326,9 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                 g[owner * rows_total + start:][:rows].copy_(src)
         if copies:
             barrier()
-    # Alone, the gathered A is a copy of A, made after the GEMM: made by the copy engine on a side stream
-    # during it, it slowed the GEMM by 6-13% at M = 16384 on an H200 (run of 2026-11-24 06:54).
-    if source != PRODUCERS.value or alone:
+    # Alone, the kernel's tiles copy A into the gathered A as they go (a copy by the copy engine on a
+    # side stream during the GEMM slowed it by 6-13% at M = 16384 on an H200, run of 2026-11-24 06:54).
+    if source != PRODUCERS.value and not alone:
         g[rank * rows_total:(rank + 1) * rows_total].copy_(a)
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
