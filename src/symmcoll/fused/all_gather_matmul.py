@@ -27,6 +27,9 @@ Numbered variants of one op, from the unfused reference to one kernel (all corre
 Flags are int32 per chunk of BM rows, tagged with the call's epoch (a per-plan device counter), so
 nothing is ever reset and graph replays need no host work. Chunks never straddle two ranks' rows.
 Shards larger than the workspace buffer go in pieces of rows (every shard's rows [j*P, (j+1)*P)).
+A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel alone (no producers,
+barriers or copies; host tensor descriptors), and its tiles write the gathered A as they go (tile
+(m, n) copies its 1/num_n slice of row block m's columns).
 """
 
 from __future__ import annotations
