@@ -24,7 +24,7 @@ Numbered variants of one op, from the unfused reference to one kernel (all corre
                         flag. Consumers wait only on producers, which have lower program ids: they are
                         scheduled first on the GPU and run first under the interpreter.
 
-Flags are int32 per chunk of BM rows, tagged with the call's epoch (a per-plan device counter), so
+Flags are int64 per chunk of BM rows, tagged with the call's epoch (a per-plan device counter), so
 nothing is ever reset and graph replays need no host work. Chunks never straddle two ranks' rows.
 Shards larger than the workspace buffer go in pieces of rows (every shard's rows [j*P, (j+1)*P)).
 A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel alone (no producers,
