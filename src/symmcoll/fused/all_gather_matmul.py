@@ -43,6 +43,7 @@ from .. import plan as planner
 from ..language import (EPOCH_SLOTS, announce, barrier_kernel, block_barrier, end_launch, launch_epoch, peer_ptr,
                         send_tile_flag, wait_tile_flag)
 from ..launcher import launch
+from ..memory.persistent_state import persistent
 from ..plan import Algorithm, Plan, register, register_op
 from . import gemm
 from .gemm_configs import gemm_config
@@ -276,9 +277,10 @@ def _state(plan: Plan, chunks: int, device: torch.device):
     reset)."""
     if plan.cache.get("chunks", -1) < chunks:
         plan.cache["chunks"] = chunks
-        plan.cache["flags"] = torch.zeros(chunks, dtype=torch.int64, device=device)
-        plan.cache["epoch"] = torch.zeros(EPOCH_SLOTS.value, dtype=torch.int32, device=device)
-        plan.cache["ready"] = torch.zeros(chunks, dtype=torch.int64, device=device)
+        plan.cache["flags"], plan.cache["epoch"], plan.cache["ready"] = persistent(device, lambda: (
+            torch.zeros(chunks, dtype=torch.int64, device=device),
+            torch.zeros(EPOCH_SLOTS.value, dtype=torch.int32, device=device),
+            torch.zeros(chunks, dtype=torch.int64, device=device)))
     return plan.cache["flags"], plan.cache["epoch"], plan.cache["ready"]
 
 
