@@ -545,23 +545,33 @@ def _record(case: dict) -> None:
             f.write(line + "\n")
 
 
-def naming_pool_leaks(mode: str, fn, *args):
-    """``fn(*args)`` on this rank. Under reduce-overhead, with the CUDA allocator recording where each
-    block was allocated (Python stacks), so that a failure of cudagraph trees' pool check ("Detected N
-    tensor(s) in the cudagraph pool not tracked as outputs", which lists bare addresses) is raised
-    again, last in the traceback, with each live block's size and the frames of symmcoll and of the
-    tests that allocated it."""
+def gpu_case(mode: str, fn, *args):
+    """``fn(*args)`` on this rank, and what CUDA graphs did: {"graphs": graphs cudagraph trees recorded
+    (0 under reduce-overhead: it ran eagerly), "cudagraph_skips": partitions Inductor left eager}.
+    Under reduce-overhead the CUDA allocator records where each block was allocated (Python stacks),
+    so that a failure of cudagraph trees' pool check ("Detected N tensor(s) in the cudagraph pool not
+    tracked as outputs", which lists bare addresses) is raised again, last in the traceback, with each
+    live block's size and the frames of symmcoll and of the tests that allocated it."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
     if mode != "reduce-overhead":
-        return fn(*args)
+        return fn(*args), {}
+    skips = counters["inductor"]["cudagraph_skips"]
     torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=1 << 20)
     try:
-        return fn(*args)
+        result = fn(*args)
     except RuntimeError as exc:
         if "cudagraph pool" not in str(exc):
             raise
         raise RuntimeError(_pool_leak_sites(str(exc))) from exc
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
+    manager = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    nodes, graphs = list(manager.get_roots()) if manager else [], 0
+    while nodes:
+        graphs += 1
+        nodes.extend(child for children in nodes.pop().children.values() for child in children)
+    return result, {"graphs": graphs, "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips}
 
 
 def _pool_leak_sites(message: str) -> str:
@@ -577,7 +587,8 @@ def _pool_leak_sites(message: str) -> str:
             if address in wanted:
                 frames = block.get("frames", [])
                 ours = [f for f in frames if "symmcoll" in f["filename"] or "/tests/" in f["filename"]] or frames
-                where = " < ".join(f"{'/'.join(f['filename'].split('/')[-2:])}:{f['line']} {f['name']}" for f in ours[:4])
+                where = " < ".join(f"{'/'.join(f['filename'].split('/')[-2:])}:{f['line']} {f['name']}"
+                                   for f in ours[:4])
                 sites[(block["size"], segment["stream"], where or "(no history)")] += 1
             address += block["size"]
     lines = [f"{n} x {size} B (stream {stream:#x}): {where}" for (size, stream, where), n in sites.most_common(40)]
@@ -588,12 +599,20 @@ def _pool_leak_sites(message: str) -> str:
 def _block_case(pool, label, mode, sequence_parallel, backend_kwargs, train, expected):
     import time
     start = time.monotonic()
-    results = pool.run(naming_pool_leaks, mode, block_run, sequence_parallel, backend_kwargs, train, False, mode, 3,
-                       timeout=400)
+    runs = pool.run(gpu_case, mode, block_run, sequence_parallel, backend_kwargs, train, False, mode, 3, timeout=400)
+    results = [result for result, _ in runs]
     _record({"case": label, "mode": mode, "world": len(results), "device": pool.device_type,
              "seconds": round(time.monotonic() - start, 1), "errors": [r[0] for r in results],
-             "launches": [r[2] for r in results], "rewritten": [e.result for r in results[0][1] for e in r.entries]})
+             "launches": [r[2] for r in results], "rewritten": [e.result for r in results[0][1] for e in r.entries],
+             "cuda_graphs": [graphs for _, graphs in runs]})
+    _check_graphs(mode, runs)
     _check_block(results, expected)
+
+
+def _check_graphs(mode: str, runs) -> None:
+    """Under reduce-overhead the calls ran as CUDA graphs (forward, and backward when training)."""
+    for rank, (_, graphs) in enumerate(runs):
+        assert mode != "reduce-overhead" or graphs["graphs"] > 0, f"rank {rank}: no CUDA graph recorded: {graphs}"
 
 
 @pytest.mark.gpu
@@ -622,11 +641,12 @@ def test_gpu_world_size_one(mode):
     with launch.RankPool(1, device="cuda") as pool:
         _block_case(pool, "tp_sp train", mode, True, FUSED, True, {"forward": {}, "backward": {}})
         start = time.monotonic()
-        err, reports = pool.run(naming_pool_leaks, mode, functional_run, True, False, False, FUSED, 64, mode, 3,
-                                timeout=400)[0]
+        runs = pool.run(gpu_case, mode, functional_run, True, False, False, FUSED, 64, mode, 3, timeout=400)
+        (err, reports), graphs = runs[0]
         _record({"case": "functional sp inference", "mode": mode, "world": 1, "device": "cuda",
                  "seconds": round(time.monotonic() - start, 1), "errors": [err],
-                 "rewritten": [e.result for e in reports[0].entries]})
+                 "rewritten": [e.result for e in reports[0].entries], "cuda_graphs": [graphs]})
+        _check_graphs(mode, runs)
         assert err <= TOLERANCE
         assert [e.result for e in reports[0].entries] == ["symmcoll.all_gather_matmul",
                                                           "symmcoll.matmul_reduce_scatter"], str(reports[0])
