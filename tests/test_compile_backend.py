@@ -553,10 +553,17 @@ def gpu_case(mode: str, fn, *args):
     tracked as outputs", which lists bare addresses) is raised again, last in the traceback, with each
     live block's size and the frames of symmcoll and of the tests that allocated it."""
     from torch._dynamo.utils import counters
-    from torch._inductor import cudagraph_trees
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
     if mode != "reduce-overhead":
         return fn(*args), {}
     skips = counters["inductor"]["cudagraph_skips"]
+    record, recorded = CUDAGraphTreeManager.record_function, []
+
+    def counted(manager, *a, **kw):  # (the manager and its graphs are gone once fn's model is)
+        recorded.append(1)
+        return record(manager, *a, **kw)
+
+    CUDAGraphTreeManager.record_function = counted
     torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=1 << 20)
     try:
         result = fn(*args)
@@ -566,12 +573,8 @@ def gpu_case(mode: str, fn, *args):
         raise RuntimeError(_pool_leak_sites(str(exc))) from exc
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    manager = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
-    nodes, graphs = list(manager.get_roots()) if manager else [], 0
-    while nodes:
-        graphs += 1
-        nodes.extend(child for children in nodes.pop().children.values() for child in children)
-    return result, {"graphs": graphs, "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips}
+        CUDAGraphTreeManager.record_function = record
+    return result, {"graphs": len(recorded), "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips}
 
 
 def _pool_leak_sites(message: str) -> str:
