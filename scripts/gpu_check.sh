@@ -128,7 +128,9 @@ for stage in $stages; do
       # symmcoll.backend (issue 26): the Llama block of tests/llama_client.py compiled with inner="inductor"
       # under mode="reduce-overhead" (CUDA graphs: warm-up, capture, replay) and "max-autotune-no-cudagraphs",
       # two ranks (sharing GPU 0 on a one-GPU machine) and world size 1, against the unsharded block.
-      # One JSON line per case in backend_gpu.jsonl (errors, rewrites, kernel launches, seconds). BACKEND_FILTER
+      # One JSON line per case in backend_gpu.jsonl (errors, rewrites, kernel launches, seconds; under
+      # reduce-overhead cuda_graphs: graphs recorded per rank, which must be > 0). A failed cudagraph-trees pool
+      # check is raised again listing each live block's size and allocating frames. BACKEND_FILTER
       # (pytest -k) splits it, e.g. "reduce" and "autotune" in two calls.
       rm -f "$OUT/backend_gpu.jsonl"
       SYMMCOLL_BACKEND_RESULTS="$OUT/backend_gpu.jsonl" timeout ${BACKEND_TIMEOUT:-470} python3 -m pytest -v -rA -s \
