@@ -452,7 +452,7 @@ def test_backend_arguments():
 
 # ---- state kept across calls, made outside CUDA-graph pools (memory/persistent_state.py) ---------------
 
-class ThreadPoolStandIn(TorchDispatchMode):
+class PoolStandIn(TorchDispatchMode):
     """On CPU, what cudagraph trees' warm-up does to this thread's CUDA allocations: every storage an op
     of this thread creates is noted (dispatch modes, like the pool's filter, are per thread; symmcoll
     ops are run with the mode on inside them, as the pool sees their allocations too)."""
@@ -497,7 +497,7 @@ def first_calls_in_a_pool(threaded: bool):
     a, b = (torch.randn(*shape, generator=g).to(dev, torch.bfloat16) for shape in ((16, 32), (32, 16)))
     ga, gb = (torch.randn(*shape, generator=g).to(dev, torch.bfloat16) for shape in ((9, 256), (256, 64)))
     sends = [1] + [2] * (world - 1)
-    pool = ThreadPoolStandIn()
+    pool = PoolStandIn()
     if threaded:
         persistent_state.THREADED_DEVICE_TYPES.add("cpu")
     try:
