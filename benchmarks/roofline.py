@@ -48,7 +48,8 @@ class Sizes:
     def __init__(self, smoke: bool):
         self.tokens = (5,) if smoke else (1, 6, 32, 138, 512, 2048, 8192)
         self.hidden = (40,) if smoke else (4096, 6144, 8192, 16384)
-        self.sweep_tokens = (5,) if smoke else (32, 512, 2048, 8192)
+        self.sweep_tokens = (5,) if smoke else self.tokens  # every case: the table has an entry for each
+        self.ahead_tokens = (5,) if smoke else (2048, 8192)  # loads a step ahead: programs with several rows
         self.moe_cases = [(20, 16, 8, 3)] if smoke else \
             [(t, h, e, k) for t in (128, 1024, 4096) for h in (4096, 7168) for e in (8, 64, 256) for k in (2, 8)]
         # configs swept at these tokens, 64 experts (the experts do not change the data path)
@@ -64,9 +65,12 @@ class Sizes:
 
 QUANTS = (None, "fp8_per_token")
 # (block, max_programs, warps, tokens per item)
-MOE_CONFIGS = ((8192, 1024, 4, 1), (4096, 1024, 4, 1), (16384, 528, 8, 1), (8192, 528, 4, 2), (16384, 528, 8, 4))
-# (block, warps, programs) of the codec kernels; the first is bench.roofline's default (CODEC_*)
-CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048))
+# (the first: fused/moe.py's untuned GPU_CONFIG, timed under its own label too: a check of the spread)
+MOE_CONFIGS = ((8192, 528, 4, 1), (8192, 1024, 4, 1), (4096, 1024, 4, 1), (4096, 528, 4, 1), (16384, 528, 8, 1),
+               (8192, 528, 4, 2), (16384, 528, 8, 4))
+# (block, warps, programs) of the codec kernels; the first is bench.roofline's untuned rule (CODEC_*)
+CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048), (4096, 4, 1024),
+                 (2048, 4, 2048))
 EPS = 1e-6
 # Calls in one graph at least: graph_us sizes the graph from one eager call's time, which for a small
 # kernel is the host's (30-100 us), so a graph held 2-7 calls and each replay's start-up cost (~2-10
@@ -190,37 +194,54 @@ def rms_section(res: Results, device, sweep_configs: bool = True):
         default = arn.gpu_config(request, 1)
         configs = [("default", default)]
         if sweep_configs and tokens in SIZES.sweep_tokens:
-            configs += [(_rms_label(c, hidden), c) for c in _rms_candidates(hidden, tokens) if c != default]
+            configs += [(_rms_label(c, hidden), c) for c in _rms_candidates(hidden, tokens)
+                        if rms_fields(c, hidden) != rms_fields(default, hidden)]
         for algorithm in ("one_shot", "two_shot"):
             for label, cfg in configs if algorithm == "one_shot" else configs[:1]:
                 def run(cfg=cfg, algorithm=algorithm):
                     return plan.resolve(arn.OP, x, None, algorithm, config=cfg, others=(residual, weight),
                                         options=options).execute(x, others=(residual, weight))
                 res.add("rms", f"symmcoll:{algorithm}", case, run, check, nbytes, config=label,
-                        block=cfg.block, warps=cfg.num_warps, programs=cfg.max_programs)
+                        block=cfg.block, warps=cfg.num_warps, **rms_fields(cfg, hidden))
         symmcoll.check()
     res.save()
 
 
 def _rms_candidates(hidden, tokens):
     """Launch configs of the rms kernels (``block`` = values a program holds per step): whole rows with
-    8, 16 or 32 values per thread (2 rows at 16 for rows of <= 4096); rows in chunks of 1024-4096
-    values at 8 per thread (16 would take a layout conversion through shared memory for the fp8
-    output: fused/rms_rows.py). At <= 32 tokens the whole-row ones only (no chunk runs in parallel)."""
-    from symmcoll.plan import LaunchConfig
+    4, 8, 16 or 32 values per thread (2 rows at 16 for rows of <= 4096); rows in chunks of 1024-8192
+    values at 8 per thread and of 4096-8192 at 16 (for the fp8 output 16 takes a layout conversion
+    through shared memory: fused/rms_rows.py); at 2048 and more tokens (several rows per program) whole
+    rows at 8 per thread and chunks of 2048 with the next step's loads issued ahead (``ahead``), at 264
+    and 528 programs. At <= 32 tokens the whole-row ones only (no chunk runs in parallel)."""
+    from symmcoll.fused.memory_bound_configs import RmsConfig
     block_h = 1 << (hidden - 1).bit_length()
-    shapes = [(block_h, block_h // (32 * per_thread)) for per_thread in (8, 16, 32)]
+    shapes = [(block_h, block_h // (32 * per_thread)) for per_thread in (4, 8, 16, 32)]
     shapes += [(2 * block_h, block_h // 256)] if block_h <= 4096 else []
     if tokens > 32:
-        shapes += [(chunk, chunk // 256) for chunk in (1024, 2048, 4096) if chunk < block_h]
+        shapes += [(chunk, chunk // 256) for chunk in (1024, 2048, 4096, 8192) if chunk < block_h]
+        shapes += [(chunk, chunk // 512) for chunk in (4096, 8192) if chunk < block_h]
     programs = (1024,) if tokens <= 32 else (528, 1024)
-    return [LaunchConfig(block, p, warps) for block, warps in shapes if 4 <= warps <= 32 for p in programs]
+    configs = [RmsConfig(block, p, warps) for block, warps in shapes if 4 <= warps <= 32 for p in programs]
+    if tokens in SIZES.ahead_tokens:
+        ahead = [(block_h, block_h // 256)] + [(2048, 8)] * (2048 < block_h)
+        configs += [RmsConfig(block, p, warps, True) for block, warps in ahead if 4 <= warps <= 32 for p in (264, 528)]
+    return configs
+
+
+def rms_fields(config, hidden) -> dict:
+    """A config as the table keeps it (fused/memory_bound_configs.py): whole rows or a chunk, values per
+    thread, programs, loads ahead."""
+    block_h = 1 << (hidden - 1).bit_length()
+    shape = {"rows": config.block // block_h} if config.block >= block_h else {"chunk": config.block}
+    return dict(shape, per_thread=config.block // (32 * config.num_warps), programs=config.max_programs,
+                ahead=bool(getattr(config, "ahead", False)))
 
 
 def _rms_label(config, hidden) -> str:
-    block_h = 1 << (hidden - 1).bit_length()
-    shape = f"rows{config.block // block_h}" if config.block >= block_h else f"chunk{config.block}"
-    return f"{shape}/w{config.num_warps}/p{config.max_programs}"
+    fields = rms_fields(config, hidden)
+    shape = f"rows{fields['rows']}" if "rows" in fields else f"chunk{fields['chunk']}"
+    return f"{shape}/w{config.num_warps}/p{config.max_programs}" + ("/ahead" if fields["ahead"] else "")
 
 
 def _moe_inputs(tokens_n, hidden, experts, k, device):
@@ -267,7 +288,7 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
         res.add("moe_combine", "torch gather+sum", case,
                 lambda: (expert_out[self_rows].float() * used[..., None]).sum(1).to(expert_out.dtype), check_combine,
                 combine_bytes)
-        configs = [("default", None, moe.TOKENS_PER_ITEM["cuda"])]
+        configs = [("default", None, 1)]
         if sweep_configs and (tokens_n, experts) in SIZES.moe_sweep:
             configs += [(f"b{b}/p{p}/w{w}/tt{tt}", LaunchConfig(b, p, w), tt) for b, p, w, tt in MOE_CONFIGS]
         dispatch_options = (("num_experts", experts), ("max_rows", tokens_n * k))
@@ -287,16 +308,29 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
                                     others=(weights, ids, counts, origin, self_rows_),
                                     options=(("num_experts", experts),)).execute(
                     expert_out, others=(weights, ids, counts, origin, self_rows_))
-            extra = dict(config=label) if cfg is None else dict(config=label, block=cfg.block,
-                                                                programs=cfg.max_programs, warps=cfg.num_warps, tt=tt)
-            res.add("moe_dispatch", "symmcoll:pull", case, dispatch, check_dispatch, dispatch_bytes, **extra)
+            fields = {op: _moe_fields(op, case, device, cfg, tt) for op in ("moe_dispatch", "moe_combine")}
+            res.add("moe_dispatch", "symmcoll:pull", case, dispatch, check_dispatch, dispatch_bytes, config=label,
+                    **fields["moe_dispatch"])
             if "out" in handle:
-                res.add("moe_combine", "symmcoll:push", case, combine, check_combine, combine_bytes, **extra)
+                res.add("moe_combine", "symmcoll:push", case, combine, check_combine, combine_bytes, config=label,
+                        **fields["moe_combine"])
             if cfg is None and "out" in handle:
                 _moe_kernels_alone(res, case, dispatch, dispatch_bytes)
         moe.TOKENS_PER_ITEM["cuda"] = 1
         symmcoll.check()
     res.save()
+
+
+def _moe_fields(op, case, device, cfg, tt) -> dict:
+    """The launch of a MoE row as the table keeps it: the candidate's, or (``cfg`` None) the default
+    fused/moe.py picks for this case on one rank (its table's entry, else GPU_CONFIG)."""
+    from symmcoll.fused import memory_bound_configs as mbc
+    from symmcoll.fused import moe
+    if cfg is None:
+        tokens_n, hidden, _, k = case
+        entry = mbc.moe_entry(mbc.device_table(device), op, tokens_n, hidden, k)
+        cfg, tt = mbc.moe_config(entry) if entry else (moe.GPU_CONFIG, moe.TOKENS_PER_ITEM["cuda"])
+    return dict(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=tt)
 
 
 def _moe_kernels_alone(res: Results, case, dispatch, dispatch_bytes):
@@ -336,18 +370,21 @@ def codec_section(res: Results, device):
                     if wrong or bool((words == EMPTY.value).any()):
                         raise AssertionError(f"{wrong} values differ from the emulation (or a word is EMPTY)")
                     return 0.0
-                configs = (CODEC_CONFIGS if group_size == 64 else CODEC_CONFIGS[:1])[:1 if SIZES.smoke else None]
-                for block, warps, programs in configs:
-                    label = "default" if (block, warps, programs) == CODEC_CONFIGS[0] else \
-                        f"b{block}/w{warps}/p{programs}"
-                    res.add("codec", f"{fmt} quantize", (fmt, "q", group_size, f"{mb:g}M"),
-                            lambda b=block, w=warps, p=programs: roofline.quantize(x, words, scales, fmt, group_size,
-                                                                                   b, w, p),
-                            check_codes, nbytes, config=label)
-                    res.add("codec", f"{fmt} dequantize", (fmt, "dq", group_size, f"{mb:g}M"),
-                            lambda b=block, w=warps, p=programs: roofline.dequantize(words, scales, out, fmt,
-                                                                                     group_size, b, w, p),
-                            lambda _: check_codes(None), nbytes, config=label)
+                for direction in ("q", "dq"):
+                    default = roofline.codec_config(fmt, direction, group_size, numel, device)
+                    configs = [default] + [c for c in CODEC_CONFIGS if c != default and not SIZES.smoke]
+                    for block, warps, programs in configs:
+                        label = "default" if (block, warps, programs) == default else f"b{block}/w{warps}/p{programs}"
+                        if direction == "q":
+                            name, check = f"{fmt} quantize", check_codes
+                            fn = lambda b=block, w=warps, p=programs: roofline.quantize(  # noqa: E731
+                                x, words, scales, fmt, group_size, b, w, p)
+                        else:
+                            name, check = f"{fmt} dequantize", lambda _: check_codes(None)
+                            fn = lambda b=block, w=warps, p=programs: roofline.dequantize(  # noqa: E731
+                                words, scales, out, fmt, group_size, b, w, p)
+                        res.add("codec", name, (fmt, direction, group_size, f"{mb:g}M"), fn, check, nbytes,
+                                config=label, block=block, warps=warps, programs=programs)
                 del x, words, scales, out
                 torch.cuda.empty_cache()
     res.save()
@@ -411,6 +448,44 @@ def old_worker(res: Results, device, parts):
                         lambda: symmcoll.moe_combine(expert_out, weights, handle["h"][2]),
                         lambda out: _exact(out, want_combined))
         res.save()
+
+
+# ---- the launch table of fused/memory_bound_configs.py ---------------------------------------------------
+
+def _filled(row: dict) -> dict:
+    """A row of an earlier result with its config's fields (runs before 2026-11-24 run 3 kept labels and
+    block/warps/programs only; their defaults were the untuned rules)."""
+    from symmcoll.bench import roofline
+    from symmcoll.fused import moe
+    row = dict(row)
+    label = row.get("config")
+    if row["section"] == "rms" and "per_thread" not in row and "block" in row:
+        row.update(rms_fields(type("Config", (), dict(block=row["block"], num_warps=row["warps"],
+                                                       max_programs=row["programs"]))(), row["case"][1]))
+    elif row["section"] in ("moe_dispatch", "moe_combine") and "tt" not in row and label == "default":
+        cfg = moe.GPU_CONFIG
+        row.update(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=1)
+    elif row["section"] == "codec" and "block" not in row and label:
+        block, warps, programs = ((roofline.CODEC_BLOCK, roofline.CODEC_WARPS, roofline.CODEC_PROGRAMS)
+                                  if label == "default" else (int(f[1:]) for f in label.split("/")))
+        row.update(block=block, warps=warps, programs=programs)
+    return row
+
+
+def write_table(result_path: str, table_path: str, gpu: str) -> dict:
+    """The table (fused/memory_bound_configs.build_table) of the result at ``result_path``."""
+    from symmcoll.fused.memory_bound_configs import build_table
+    with open(result_path) as f:
+        result = json.load(f)
+    result["rows"] = [_filled(r) for r in result["rows"] if not r["name"].startswith("old")]
+    table = build_table(result, gpu, os.path.basename(os.path.dirname(os.path.abspath(result_path))))
+    with open(table_path, "w") as f:
+        json.dump(table, f, indent=1)
+    moved = {key: sum(e["label"] != "default" for e in entries) for key, entries in table.items()
+             if isinstance(entries, list)}
+    print(f"table {table_path}: entries {({k: len(v) for k, v in table.items() if isinstance(v, list)})}, "
+          f"default replaced in {moved}", flush=True)
+    return table
 
 
 # ---- the table ------------------------------------------------------------------------------------------
@@ -492,6 +567,11 @@ def _main_rank(args):
         old_section(res, args.old_src, args.parts, args.smoke)
     res.save()
     print(table(res), flush=True)
+    if not args.smoke:  # this GPU model's launch table, to copy into src/symmcoll/data/ if it is kept
+        from symmcoll.fused.gemm_configs import gpu_key
+        name = torch.cuda.get_device_name()
+        write_table(args.out, os.path.join(os.path.dirname(os.path.abspath(args.out)),
+                                           f"roofline_{gpu_key(name) or 'gpu'}.json"), name)
     return res.rows
 
 
@@ -504,9 +584,15 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny cases on a CPU rank (checks this script)")
     parser.add_argument("--old-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--markdown", action="store_true", help="print --out's table as markdown and exit")
+    parser.add_argument("--write-table", metavar="TABLE", help="write the launch table of the result --out "
+                        "(fused/memory_bound_configs.py's format) to TABLE and exit")
+    parser.add_argument("--gpu", default="NVIDIA H200", help="the GPU --write-table names")
     args = parser.parse_args()
     if args.markdown:
         print(markdown(args.out))
+        return
+    if args.write_table:
+        write_table(args.out, args.write_table, args.gpu)
         return
     from symmcoll import launch
     launch.run(_main_rank, 1, args, device="cpu" if args.smoke else "cuda", timeout=int(args.deadline) + 200)

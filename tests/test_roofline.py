@@ -113,3 +113,95 @@ def _specs_on_cpu():
 
 def test_memory_bound_bench_specs_check_on_a_cpu_rank(pools):
     assert pools(1).run(_specs_on_cpu) == [True]
+
+
+def _rms_loads_ahead():
+    """all_reduce_rms_norm's one-shot kernel on one rank with the next step's loads issued ahead
+    (RmsConfig.ahead): whole rows and rows in chunks (an odd H: a chunk past the row's end), 2 programs
+    over 11 rows (several steps each), bf16 and fp16, plain and per-token fp8: the same bits as without
+    loads ahead, and within tolerance of the reference."""
+    from symmcoll import plan, reference
+    from symmcoll.fused.memory_bound_configs import RmsConfig
+    g = torch.Generator().manual_seed(3)
+    for dtype, h, block, quant in ((torch.bfloat16, 48, 64, None), (torch.bfloat16, 33, 16, None),
+                                   (torch.float16, 48, 32, "fp8_per_token"), (torch.bfloat16, 40, 64, "fp8_per_token")):
+        what = f"{dtype} H {h} block {block} {quant}"
+        x, residual = (torch.randn(11, h, generator=g).to(dtype) for _ in range(2))
+        weight = torch.randn(h, generator=g).to(dtype)
+        got = [plan.resolve("all_reduce_rms_norm", x, None, "one_shot", config=RmsConfig(block, 2, 4, ahead),
+                            others=(residual, weight), options=(("eps", 1e-6), ("quant", quant))).execute(
+            x, others=(residual, weight)) for ahead in (True, False)]
+        for a, b, name in zip(*got, ("normed", "new residual", "scales")):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{what}: {name} differs with loads ahead"
+        assert torch.equal(got[0][1], (x.float() + residual.float()).to(dtype)), f"{what}: new residual, rounded once"
+        want = reference.all_reduce_rms_norm(x, residual, weight, 1e-6, quant=quant)
+        normed = got[0][0].float() * (got[0][2] if quant else 1)
+        err = float((normed - want[0].float() * (want[2] if quant else 1)).norm() / want[0].float().norm())
+        assert err < (0.07 if quant else 2e-2), f"{what}: normed, relative error {err:.2e}"
+    return True
+
+
+def test_rms_norm_loads_ahead_on_one_rank(pools):
+    assert pools(1).run(_rms_loads_ahead) == [True]
+
+
+def test_shipped_defaults_are_the_tables_picks(monkeypatch):
+    """On one GPU rank the defaults of all_reduce_rms_norm, moe_dispatch / moe_combine and the codec
+    kernels are, case for case, the configs the shipped H200 table (data/roofline_h200.json) holds;
+    between its cases the nearest measured hidden size and the largest measured token count below;
+    the untuned rules on more ranks, for fp32 rows and where no measured hidden size is near."""
+    from types import SimpleNamespace
+    from symmcoll import plan
+    from symmcoll.fused import all_reduce_rms_norm as arn
+    from symmcoll.fused import memory_bound_configs as mbc
+    from symmcoll.fused import moe
+    table = mbc.load_table("h200")
+    assert table["rms"] and table["moe_dispatch"] and table["moe_combine"] and table["codec"]
+    monkeypatch.setattr(mbc, "device_table", lambda device: table if device.type == "cuda" else {})
+    cuda = torch.device("cuda")
+
+    def rms(tokens, hidden, quant, world=1, dtype=torch.bfloat16):
+        request = plan.Request(arn.OP, (tokens, hidden), dtype, cuda, options=(("eps", 1e-6), ("quant", quant)))
+        return arn.gpu_config(request, world)
+    for e in table["rms"]:
+        cfg, block_h = rms(e["tokens"], e["hidden"], None if e["quant"] == "bf16" else e["quant"]), 1 << (e["hidden"] - 1).bit_length()
+        shape = {"rows": cfg.block // block_h} if cfg.block >= block_h else {"chunk": cfg.block}
+        assert {**shape, "per_thread": cfg.block // (32 * cfg.num_warps), "programs": cfg.max_programs,
+                "ahead": cfg.ahead} == {f: e[f] for f in ("rows", "chunk", "per_thread", "programs", "ahead") if f in e}
+    entry = lambda **key: next(e for e in table["rms"] if all(e[f] == v for f, v in key.items()))  # noqa: E731
+    for (tokens, hidden), (at_tokens, at_hidden) in (((138, 6144), (32, 6144)), ((100000, 7168), (8192, 8192)),
+                                                      ((1, 2048), (32, 4096)), ((3000, 16000), (2048, 16384))):
+        assert rms(tokens, hidden, None) == mbc.rms_config(entry(tokens=at_tokens, hidden=at_hidden, quant="bf16"),
+                                                           1 << (hidden - 1).bit_length())
+    untuned = plan.LaunchConfig(8192, 1024, 16)
+    assert rms(512, 8192, None, world=2) == untuned and rms(512, 8192, None, dtype=torch.float32) == untuned
+    assert rms(512, 1024, None) == plan.LaunchConfig(1024, 1024, 4)  # no hidden size within a factor of 2
+
+    for op in ("moe_dispatch", "moe_combine"):
+        for e in table[op]:
+            fake = SimpleNamespace(ws=SimpleNamespace(device=cuda), config=None, world=1)
+            cfg, tt = moe._config(fake, op, e["tokens"], e["hidden"], e["k"])
+            assert (cfg.block, cfg.max_programs, cfg.num_warps, tt) == (e["block"], e["programs"], e["warps"], e["tt"])
+            fake.world = 2
+            assert moe._config(fake, op, e["tokens"], e["hidden"], e["k"]) == (moe.GPU_CONFIG, 1)
+    for e in table["codec"]:
+        assert roofline.codec_config(e["fmt"], e["direction"], e["group"], e["numel"], cuda) == \
+            (e["block"], e["warps"], e["programs"])
+        assert roofline.codec_config(e["fmt"], e["direction"], e["group"], e["numel"], "cpu") == \
+            (roofline.CODEC_BLOCK, roofline.CODEC_WARPS, roofline.CODEC_PROGRAMS)
+
+
+def test_table_replaces_a_default_only_beyond_the_noise():
+    """build_table: per case the fastest candidate where it beats the run's default by more than NOISE,
+    else the default; cases with no candidate beside the default are left out."""
+    from symmcoll.fused.memory_bound_configs import NOISE, build_table
+
+    def row(case, us, label, block):
+        return dict(section="moe_combine", name="symmcoll:push", case=case, us=us, config=label, block=block,
+                    programs=528, warps=4, tt=1)
+    rows = [row([128, 4096, 64, 2], 10.0, "default", 8192), row([128, 4096, 64, 2], 10.0 * (1 - NOISE / 2), "b", 4096),
+            row([1024, 4096, 64, 2], 10.0, "default", 8192), row([1024, 4096, 64, 2], 9.0, "c", 16384),
+            row([4096, 4096, 64, 2], 10.0, "default", 8192)]
+    table = build_table(dict(rows=rows), "NVIDIA H200", "test")
+    assert [(e["tokens"], e["block"], e["label"]) for e in table["moe_combine"]] == [(1024, 16384, "c"),
+                                                                                     (128, 8192, "default")]

@@ -32,11 +32,12 @@ import triton
 import triton.language as tl
 
 from ..language import FORMAT_BITS, FORMATS, dequantize_groups, narrow, pack_words, quantize_groups, unpack_words
+from ..fused import memory_bound_configs
 from ..launcher import launch
 from . import bandwidth
 
 # Input elements per program step of the codec kernels (a multiple of every group size), warps, and
-# the most programs (each loops over steps, as the quantized all-reduce's stages do).
+# the most programs (each loops over steps, as the quantized all-reduce's stages do): the untuned rule.
 CODEC_BLOCK = 2048
 CODEC_WARPS = 8
 CODEC_PROGRAMS = 1024
@@ -85,14 +86,31 @@ def _codec_grid(numel: int, block: int, group_size: int, programs: int, what: st
     return (max(1, min(programs, numel // block)),)
 
 
+def codec_config(fmt: str, direction: str, group_size: int, numel: int, device) -> tuple[int, int, int]:
+    """(block, warps, programs) of the quantize ("q") or dequantize ("dq") kernel for ``numel`` values: the
+    table measured on this GPU model (fused/memory_bound_configs.py) where its block fits the tensor,
+    else CODEC_BLOCK, CODEC_WARPS, CODEC_PROGRAMS."""
+    entry = memory_bound_configs.codec_entry(memory_bound_configs.device_table(torch.device(device)), fmt, direction,
+                                             group_size, numel)
+    if entry is not None and numel % entry["block"] == 0 and entry["block"] % group_size == 0:
+        return entry["block"], entry["warps"], entry["programs"]
+    return CODEC_BLOCK, CODEC_WARPS, CODEC_PROGRAMS
+
+
 def quantize(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, fmt: str, group_size: int,
-             block: int = CODEC_BLOCK, warps: int = CODEC_WARPS, programs: int = CODEC_PROGRAMS) -> None:
+             block: int | None = None, warps: int | None = None, programs: int | None = None) -> None:
+    """Codes and scales of x; the launch is ``codec_config``'s unless all three are given."""
+    if None in (block, warps, programs):
+        block, warps, programs = codec_config(fmt, "q", group_size, x.numel(), x.device)
     launch(quantize_kernel, _codec_grid(x.numel(), block, group_size, programs, "x"), (x, words, scales, x.numel()),
            _codec_meta(fmt, group_size, block, warps))
 
 
 def dequantize(words: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, fmt: str, group_size: int,
-               block: int = CODEC_BLOCK, warps: int = CODEC_WARPS, programs: int = CODEC_PROGRAMS) -> None:
+               block: int | None = None, warps: int | None = None, programs: int | None = None) -> None:
+    """out from codes and scales; the launch is ``codec_config``'s unless all three are given."""
+    if None in (block, warps, programs):
+        block, warps, programs = codec_config(fmt, "dq", group_size, out.numel(), out.device)
     launch(dequantize_kernel, _codec_grid(out.numel(), block, group_size, programs, "out"),
            (words, scales, out, out.numel()), _codec_meta(fmt, group_size, block, warps))
 

@@ -32,9 +32,10 @@ pieces of whole rows (one launch each). The local work of a step is one pass ove
 config ``block`` of less than a row) two passes over a row in chunks, the second reading back the new
 residual the first wrote (fused/rms_rows.py): x, residual and weight read once from HBM (my own rows as
 values, never through words), new residual and normed written once; on one rank no peer code, no
-slots and no launch epoch are compiled in and one launch takes every row. Launch: ``gpu_config``
-(values per step, programs, warps), overridable per call (``plan.resolve(..., config=)``) for the
-roofline sweep.
+slots and no launch epoch are compiled in and one launch takes every row, and the one-shot kernel may
+load the next step's first chunk before finishing a step (``AHEAD``). Launch: ``gpu_config`` (values
+per step, programs, warps; on one rank the table measured on this GPU model), overridable per call
+(``plan.resolve(..., config=)``) for the roofline sweep.
 
 nccl / unfused
     The process group's all-reduce / symmcoll.all_reduce ("auto"), then torch: residual + sum (rounded),
@@ -54,6 +55,7 @@ from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slo
 from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig, register, register_op
+from . import memory_bound_configs
 from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, rank_sum,
                        row_words, word_values)
 
@@ -90,9 +92,10 @@ def rms_norm_one_shot_kernel(
     x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, H, eps,
     # a row is ROW_BLOCK words in the slots (H values rounded up to a power of 2: BLOCK_H); ROWS rows per
     # step, CHUNK values of each at a time (CHUNK < BLOCK_H: one row, two passes); SLOT_WORDS per source;
-    # PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per tensor, 2 fp8 per token
+    # PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per tensor, 2 fp8 per token;
+    # AHEAD (one rank only): the next step's first chunk is loaded before this step's last is finished
     WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
-    CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
+    CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr, AHEAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -122,16 +125,28 @@ def rms_norm_one_shot_kernel(
     # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
     budget = max_spins
     check = 1
+    LOAD_AHEAD: tl.constexpr = AHEAD and WORLD == 1
+    if LOAD_AHEAD:
+        x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, pid * ROWS + in_step,
+                                                        pid * ROWS + in_step < rows, H, 0, QUANT, CHUNK)
     for step in range(pid, steps, nprog):
         row_ids = step * ROWS + in_step
         row_ok = row_ids < rows
         squares = tl.zeros([ROWS, CHUNK], tl.float32)
         peaks = tl.zeros([ROWS, CHUNK], tl.float32)
-        x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, 0, QUANT,
-                                                        CHUNK)
+        if not LOAD_AHEAD:
+            x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, 0,
+                                                            QUANT, CHUNK)
         for start in range(0, BLOCK_H, CHUNK):
             total, residual, weight = sanitize_values(x_next, FORMAT), residual_next, weight_next
-            if CHUNK < BLOCK_H:
+            if LOAD_AHEAD:
+                # After a step's last chunk, the next step's first: in flight through this step's norm.
+                wrap = start + CHUNK >= BLOCK_H
+                ahead_rows = row_ids + tl.where(wrap, nprog * ROWS, 0)
+                x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, ahead_rows,
+                                                                ahead_rows < rows, H, tl.where(wrap, 0, start + CHUNK),
+                                                                QUANT, CHUNK)
+            elif CHUNK < BLOCK_H:
                 x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H,
                                                                 start + CHUNK, QUANT, CHUNK)
             if WORLD > 1:
@@ -291,11 +306,19 @@ def _row_block(h: int, itemsize: int) -> int:
 def gpu_config(request: plan.Request, world: int) -> LaunchConfig:
     """GPU launch of both kernels: ``block`` = values a program holds per step (whole rows: ``block`` /
     BLOCK_H rows; less than a row: one row in chunks of ``block`` values, two passes), ``max_programs``,
-    ``num_warps``. From the first roofline run (2026-11-24, one H200, every (rows, warps, programs) at 32,
-    512 and 8192 tokens): one row per step and 16 values per thread (warps = BLOCK_H / 512) was best or
-    within 3% of it at every hidden size and token count; more rows per step lost up to 30% (2048 x
-    4096: 76% of copy with 2 rows). The program cap mattered by <= 3%."""
+    ``num_warps`` (RmsConfig.ahead: the one-shot kernel's loads a step ahead). On one rank from the table
+    measured on this GPU model (fused/memory_bound_configs.py: the fastest candidate of the roofline
+    sweep per tokens x hidden x quant, 2-byte dtypes). Untuned rule (other GPUs, more ranks, fp32), from
+    the first roofline run (2026-11-24, one H200, every (rows, warps, programs) at 32, 512 and 8192
+    tokens): one row per step and 16 values per thread (warps = BLOCK_H / 512) was best or within 3% of
+    it at most shapes; more rows per step lost up to 30% (2048 x 4096: 76% of copy with 2 rows)."""
     block_h = _row_block(request.shape[-1], request.dtype.itemsize) * (4 // request.dtype.itemsize)
+    if world == 1 and request.dtype.itemsize == 2:
+        tokens = request.numel // max(request.shape[-1], 1)
+        entry = memory_bound_configs.rms_entry(memory_bound_configs.device_table(request.device), tokens,
+                                               request.shape[-1], dict(request.options)["quant"])
+        if entry is not None:
+            return memory_bound_configs.rms_config(entry, block_h)
     return LaunchConfig(block_h, MAX_PROGRAMS, max(4, min(32, block_h // 512)))
 
 
@@ -318,6 +341,10 @@ def _launch_config(p: plan.Plan, h: int, itemsize: int) -> tuple[dict, int]:
     return dict(WORLD=p.world, FORMAT=WORD_FORMAT[p.request.dtype], ROW_BLOCK=row_block, BLOCK_H=block_h, ROWS=rows,
                 CHUNK=chunk, PEERS=triton.next_power_of_2(p.world), QUANT=QUANT[dict(p.request.options)["quant"]],
                 num_warps=p.config.num_warps), p.config.max_programs
+
+
+def _ahead(config: LaunchConfig) -> bool:
+    return bool(getattr(config, "ahead", False))
 
 
 def _kernel_run(kind: str):
@@ -347,7 +374,7 @@ def _kernel_run(kind: str):
             launch(kernel, (max(1, min(max_programs, triton.cdiv(shard, meta["ROWS"]))),),
                    (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, pieces[0], pieces[1], weight, scale_arg,
                     pieces[2], pieces[3], scales.reshape(-1)[start:] if scales.numel() else scales, *sizes),
-                   dict(meta, SLOT_WORDS=slot_words))
+                   dict(meta, SLOT_WORDS=slot_words, **({"AHEAD": _ahead(p.config)} if one_shot else {})))
         return normed, new_residual, scales
     return run
 
@@ -453,12 +480,14 @@ ops.define(OP, "(Tensor x, Tensor residual, Tensor weight, float eps, str group_
 def compile_cases(make_workspace):
     """Both kernels' launches on meta tensors: hidden 16384, 8192, 6144 and 4096, an odd hidden size,
     every quant mode and dtype, every world size (1: no peer code), rank 1 somewhere; whole rows (the
-    default config) and chunked rows (``block`` values less than a row)."""
+    default config) and chunked rows (``block`` values less than a row), with loads a step ahead."""
     cases = []
     for kind in ("one_shot", "two_shot"):
         for world, rank, dtype, (tokens, h), quant, block in (
                 (1, 0, torch.bfloat16, (8192, 16384), "fp8_per_token", None),
                 (1, 0, torch.bfloat16, (8192, 16384), "fp8_per_token", 4096),
+                (1, 0, torch.bfloat16, (8192, 16384), "fp8_per_token", -4096),
+                (1, 0, torch.bfloat16, (2048, 4096), None, -4096),
                 (1, 0, torch.bfloat16, (2048, 4096), None, None),
                 (2, 1, torch.bfloat16, (6, 8192), None, None),
                 (2, 1, torch.bfloat16, (6, 8192), None, 2048),
@@ -474,8 +503,9 @@ def compile_cases(make_workspace):
                 request = plan.Request(OP, (tokens, h), dtype, torch.device("cuda"),
                                        options=(("eps", 1e-6), ("quant", quant)))
                 config = gpu_config(request, world)
-                if block is not None:
-                    config = LaunchConfig(block, config.max_programs, max(4, block // 256))
+                if block is not None:  # negative: the same block with the one-shot kernel's loads ahead
+                    config = memory_bound_configs.RmsConfig(abs(block), config.max_programs,
+                                                            max(4, abs(block) // 256), block < 0)
                 p = plan.Plan(request, "kernel", plan.algorithms(OP)[kind], None, world, rank,
                               make_workspace(world, rank), config, 3, None)
                 p.algorithm.run(p, x, None, *others)

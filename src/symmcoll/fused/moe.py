@@ -34,8 +34,9 @@ staging copy of the tokens, which are not in symmetric memory: none on one rank)
 received row once; combine stores each remote (token, slot) row once and reads every slot row and
 writes every token row once. Tokens that do not fit the buffer (dispatch) or the landing region
 (combine, T * k rows) go in rounds, each a pair of launches; every rank derives the rounds from T, H, k
-and E; one round on one rank. Launch: GPU_CONFIG (programs, warps, elements per step), overridable per
-call (``plan.resolve(..., config=)``) for the roofline sweep.
+and E; one round on one rank. Launch (programs, warps, elements per step, tokens per item): on one rank
+the table measured on this GPU model, else GPU_CONFIG; overridable per call (``plan.resolve(...,
+config=)``) for the roofline sweep.
 
 Compared with torch's ``all_to_all_single`` (the "nccl" algorithm, ``reference.moe_dispatch`` /
 ``moe_combine``), which needs the counts on the host and a gather/scatter around each exchange, this is
@@ -53,6 +54,7 @@ from .. import reference
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, Request, register, register_op
+from . import memory_bound_configs
 from .moe_kernels import moe_combine_kernel, moe_dispatch_kernel, moe_push_kernel, moe_route_kernel
 
 LANDING = declare(RegionSpec(
@@ -142,11 +144,19 @@ def _tiles(k: int, local_experts: int) -> dict:
     return dict(KP2=kp2, ELP2=triton.next_power_of_2(local_experts), TB=max(1, 128 // kp2))
 
 
-def _config(plan: Plan) -> LaunchConfig:
-    """``block`` = elements (words) moved per step summed over a token's KP2 rows, ``max_programs``,
-    ``num_warps``: the plan's (``plan.resolve(..., config=)`` overrides GPU_CONFIG) or the CPU's."""
-    return plan.config if plan.config is not None and plan.ws.device.type == "cuda" else (
-        GPU_CONFIG if plan.ws.device.type == "cuda" else CPU_CONFIG)
+def _config(plan: Plan, op: str, tokens_n: int, hidden: int, k: int) -> tuple[LaunchConfig, int]:
+    """(launch, tokens per item): ``block`` = elements (words) moved per step summed over a token's KP2
+    rows, ``max_programs``, ``num_warps`` of ``op``. The plan's (``plan.resolve(..., config=)``, with
+    TOKENS_PER_ITEM: the roofline sweep); on one GPU rank the table measured on this GPU model
+    (fused/memory_bound_configs.py, by tokens x hidden x top-k); else GPU_CONFIG; the CPU's on CPU."""
+    device = plan.ws.device
+    if device.type != "cuda":
+        return CPU_CONFIG, TOKENS_PER_ITEM[device.type]
+    if plan.config is not None:
+        return plan.config, TOKENS_PER_ITEM["cuda"]
+    entry = None if plan.world > 1 else memory_bound_configs.moe_entry(
+        memory_bound_configs.device_table(device), op, tokens_n, hidden, k)
+    return memory_bound_configs.moe_config(entry) if entry else (GPU_CONFIG, TOKENS_PER_ITEM["cuda"])
 
 
 def _split(row: int, items: int, cfg: LaunchConfig, rows_per_step: int) -> tuple[int, int, int]:
@@ -180,7 +190,7 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     local_experts, max_rows = experts // world, out.shape[0]
     words, out_words = _words(tokens), _words(out)
     row = tokens.shape[1] * tokens.element_size() // words.element_size()
-    cfg, tiles = _config(plan), _tiles(k, local_experts)
+    (cfg, tt), tiles = _config(plan, "moe_dispatch", tokens_n, tokens.shape[1], k), _tiles(k, local_experts)
     tb = tiles["TB"]
     blocks = triton.cdiv(tokens_n, tb)
     # My buffer: sanitised ids [T, k], in-block ranks [T, k], block prefixes [blocks, E], totals [E]
@@ -202,7 +212,7 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     origin = torch.empty(max_rows, dtype=torch.int64, device=tokens.device)
     self_rows = torch.empty((tokens_n, k), dtype=torch.int64, device=tokens.device)
     e_p2 = triton.next_power_of_2(experts)
-    tq, tt = min(tokens_n, per_round), TOKENS_PER_ITEM[ws.device.type]
+    tq = min(tokens_n, per_round)
     parts, part_words, hb = _split(row, world * triton.cdiv(tq, tt), cfg, tt * tiles["KP2"])
     stage_words = tq * row if world > 1 else 0
     route_grid = cfg.grid(max(blocks, triton.cdiv(stage_words, 4096)))
@@ -230,7 +240,7 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
     hidden, max_rows = expert_out.shape[1], expert_out.shape[0]
     experts = _option(plan.request, "num_experts")
     local_experts = experts // world
-    cfg, kp2 = _config(plan), triton.next_power_of_2(k)
+    (cfg, tt), kp2 = _config(plan, "moe_combine", tokens_n, hidden, k), triton.next_power_of_2(k)
     landing = ws.region(LANDING.name)
     # One round on one rank (nothing lands); else as many tokens' k rows as the landing region holds.
     per_round = max(tokens_n, 1) if world == 1 else \
@@ -238,7 +248,7 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
     if per_round == 0:
         raise ValueError(f"expert_out: {k} rows of {hidden} elements per token do not fit the landing region "
                          f"({landing.local.numel()} bytes; SYMMCOLL_WORKSPACE_BYTES)")
-    tq, tt = min(tokens_n, per_round), TOKENS_PER_ITEM[ws.device.type]
+    tq = min(tokens_n, per_round)
     parts, part_len, hb = _split(hidden, triton.cdiv(tq, tt), cfg, tt * kp2)
     push_parts, push_len, push_hb = _split(hidden, triton.cdiv(max_rows, PUSH_ROWS), cfg, PUSH_ROWS)
     for t0 in range(0, max(tokens_n, 1), per_round):
