@@ -151,13 +151,22 @@ for stage in $stages; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     roofline-bench)
-      # The same ops through `symmcoll bench` with the roofline columns (bytes, GB/s, % of the copy rate),
-      # world size 1 (ROOFLINE_WORLD). Two calls fit 8 minutes each: the default ops, then
-      # ROOFLINE_BENCH_OPS="moe_dispatch moe_combine".
-      ops=${ROOFLINE_BENCH_OPS:-all_reduce_rms_norm all_reduce_quantized}
-      timeout ${ROOFLINE_TIMEOUT:-475} python3 -m symmcoll bench --op $ops --world-size ${ROOFLINE_WORLD:-1} \
-        ${ROOFLINE_SHAPES:+--shapes $ROOFLINE_SHAPES} -n ${ROOFLINE_ITERS:-10} --out "$OUT" 2>&1 | tee "$OUT/roofline_bench.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      # The memory-bound ops through `symmcoll bench` with the roofline columns (bytes, GB/s, % of the SM
+      # copy rate measured at the start of each op's run), world size 1 (ROOFLINE_WORLD), a few shapes per
+      # op (ROOFLINE_SHAPES replaces them for every op named in ROOFLINE_BENCH_OPS): about 3-4 minutes, most
+      # of it torch.compile of the baseline (once per hidden size and quant) and a rank pool per op. The
+      # full grids with every candidate config are the roofline stage's (benchmarks/roofline.py).
+      : > "$OUT/roofline_bench.log"
+      for op in ${ROOFLINE_BENCH_OPS:-all_reduce_rms_norm all_reduce_quantized moe_dispatch moe_combine}; do
+        case $op in
+          all_reduce_rms_norm) shapes="32x4096 2048x4096 512x16384 512x16384x2"; limit=200 ;;
+          all_reduce_quantized) shapes="16x0x64 256x2x64"; limit=90 ;;
+          *) shapes="128x7168x64x8 1024x4096x8x2 4096x7168x256x8"; limit=80 ;;
+        esac
+        timeout ${ROOFLINE_BENCH_TIMEOUT:-$limit} python3 -m symmcoll bench --op $op --world-size ${ROOFLINE_WORLD:-1} \
+          --shapes ${ROOFLINE_SHAPES:-$shapes} -n ${ROOFLINE_ITERS:-10} --out "$OUT" 2>&1 | tee -a "$OUT/roofline_bench.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
       ;;
     roofline-shared)
       # The changed protocols (all_reduce_rms_norm one/two-shot, MoE dispatch/combine) with two ranks

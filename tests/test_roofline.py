@@ -205,3 +205,20 @@ def test_table_replaces_a_default_only_beyond_the_noise():
     table = build_table(dict(rows=rows), "NVIDIA H200", "test")
     assert [(e["tokens"], e["block"], e["label"]) for e in table["moe_combine"]] == [(1024, 16384, "c"),
                                                                                      (128, 8192, "default")]
+
+
+def test_bench_rows_carry_the_roofline_columns():
+    """`symmcoll bench`'s rows and table for a memory-bound op (GPU only; here its row and table code):
+    GB/s over the bytes the kernel must move, % of the run's copy rate, columns of the roofline table."""
+    import io
+    from rich.console import Console
+    from symmcoll.bench import fused
+    spec = fused.SPECS["all_reduce_rms_norm"]
+    nbytes = spec.bytes((2048, 4096), torch.bfloat16, 1, "one_shot")
+    row = fused._row("all_reduce_rms_norm", "symmcoll:one_shot", "symmcoll", (2048, 4096), "bf16", 1, 20.0, 19.0, 0,
+                     1e-3, "graph", None, nbytes, 3800.0)
+    assert nbytes == roofline.rms_norm_bytes(2048, 4096, 2, None)
+    assert abs(row["gbps"] - nbytes / 20e3) < 1e-9 and abs(row["pct_copy"] - 100 * row["gbps"] / 3800) < 1e-9
+    out = io.StringIO()
+    Console(file=out, width=200).print(fused._table("all_reduce_rms_norm", 1, "bf16", [row], spec))
+    assert "% copy" in out.getvalue() and f"{row['pct_copy']:.0f}" in out.getvalue()
