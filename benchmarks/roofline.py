@@ -64,10 +64,12 @@ class Sizes:
 
 
 QUANTS = (None, "fp8_per_token")
-# (block, max_programs, warps, tokens per item)
-# (the first: fused/moe.py's untuned GPU_CONFIG, timed under its own label too: a check of the spread)
-MOE_CONFIGS = ((8192, 528, 4, 1), (8192, 1024, 4, 1), (4096, 1024, 4, 1), (4096, 528, 4, 1), (16384, 528, 8, 1),
-               (8192, 528, 4, 2), (16384, 528, 8, 4))
+# (block, max_programs, warps, tokens per item, LOCAL_ROUTE_SLOTS): the first is fused/moe.py's untuned
+# GPU_CONFIG, timed under its own label too (a check of the spread); local > 0: dispatch in one launch
+# (moe_dispatch_local_kernel) up to that many slots (T * k), else the routing launch first
+MOE_CONFIGS = ((8192, 528, 4, 1, 0), (8192, 1024, 4, 1, 0), (4096, 1024, 4, 1, 0), (4096, 528, 4, 1, 0),
+               (16384, 528, 8, 1, 0), (8192, 528, 4, 2, 0), (16384, 528, 8, 4, 0),
+               (8192, 528, 4, 1, 4096), (8192, 1024, 4, 1, 4096), (8192, 1024, 4, 1, 8192))
 # (block, warps, programs) of the codec kernels; the first is bench.roofline's untuned rule (CODEC_*)
 CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048), (4096, 4, 1024),
                  (2048, 4, 2048))
@@ -288,12 +290,13 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
         res.add("moe_combine", "torch gather+sum", case,
                 lambda: (expert_out[self_rows].float() * used[..., None]).sum(1).to(expert_out.dtype), check_combine,
                 combine_bytes)
-        configs = [("default", None, 1)]
+        configs = [("default", None, 1, 0)]
         if sweep_configs and (tokens_n, experts) in SIZES.moe_sweep:
-            configs += [(f"b{b}/p{p}/w{w}/tt{tt}", LaunchConfig(b, p, w), tt) for b, p, w, tt in MOE_CONFIGS]
+            configs += [(f"b{b}/p{p}/w{w}/tt{tt}" + (f"/local{ls}" if ls else ""), LaunchConfig(b, p, w), tt, ls)
+                        for b, p, w, tt, ls in MOE_CONFIGS]
         dispatch_options = (("num_experts", experts), ("max_rows", tokens_n * k))
-        for label, cfg, tt in configs:
-            moe.TOKENS_PER_ITEM["cuda"] = tt
+        for label, cfg, tt, local_slots in configs:
+            moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"] = tt, local_slots
             handle = {}
 
             def dispatch(cfg=cfg):
@@ -308,7 +311,7 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
                                     others=(weights, ids, counts, origin, self_rows_),
                                     options=(("num_experts", experts),)).execute(
                     expert_out, others=(weights, ids, counts, origin, self_rows_))
-            fields = {op: _moe_fields(op, case, device, cfg, tt) for op in ("moe_dispatch", "moe_combine")}
+            fields = {op: _moe_fields(op, case, device, cfg, tt, local_slots) for op in ("moe_dispatch", "moe_combine")}
             res.add("moe_dispatch", "symmcoll:pull", case, dispatch, check_dispatch, dispatch_bytes, config=label,
                     **fields["moe_dispatch"])
             if "out" in handle:
@@ -316,31 +319,32 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
                         **fields["moe_combine"])
             if cfg is None and "out" in handle:
                 _moe_kernels_alone(res, case, dispatch, dispatch_bytes)
-        moe.TOKENS_PER_ITEM["cuda"] = 1
+        moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"] = 1, 0
         symmcoll.check()
     res.save()
 
 
-def _moe_fields(op, case, device, cfg, tt) -> dict:
+def _moe_fields(op, case, device, cfg, tt, local_slots) -> dict:
     """The launch of a MoE row as the table keeps it: the candidate's, or (``cfg`` None) the default
-    fused/moe.py picks for this case on one rank (its table's entry, else GPU_CONFIG)."""
+    fused/moe.py picks for this case on one rank (its table's entry, else the untuned rule)."""
     from symmcoll.fused import memory_bound_configs as mbc
     from symmcoll.fused import moe
     if cfg is None:
         tokens_n, hidden, _, k = case
         entry = mbc.moe_entry(mbc.device_table(device), op, tokens_n, hidden, k)
-        cfg, tt = mbc.moe_config(entry) if entry else (moe.GPU_CONFIG, moe.TOKENS_PER_ITEM["cuda"])
-    return dict(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=tt)
+        cfg, tt, local_slots = mbc.moe_config(entry) if entry else (moe.GPU_CONFIG, 1, 0)
+    fields = dict(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=tt)
+    return dict(fields, local_slots=local_slots) if op == "moe_dispatch" else fields
 
 
 def _moe_kernels_alone(res: Results, case, dispatch, dispatch_bytes):
-    """The two launches of a dispatch timed alone (section moe_route: routing, the fixed cost; moe_move:
-    the row copies, over the dispatch's bytes), replayed with the arguments of the call just checked:
-    where the time that is not bandwidth goes."""
+    """The launches of a dispatch timed alone (section moe_route: routing, the fixed cost; moe_move: the
+    row copies, over the dispatch's bytes; a dispatch in one launch: moe_move only), replayed with the
+    arguments of the call just checked: where the time that is not bandwidth goes."""
     from symmcoll import launcher
     with launcher.recording() as launches:
         dispatch()
-    for section, rec in zip(("moe_route", "moe_move"), launches):
+    for section, rec in zip(("moe_route", "moe_move")[2 - len(launches):], launches):
         res.add(section, "symmcoll:" + rec.kernel.__name__, case,
                 lambda rec=rec: launcher.launch(rec.kernel, rec.grid, rec.args, rec.meta), lambda _: 0.0,
                 dispatch_bytes if section == "moe_move" else None, config="default")

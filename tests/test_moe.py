@@ -127,9 +127,27 @@ def test_dispatch_combine(pools, world_size, shape):
 
 def _one_rank():
     """World size 1: no staging, no push, one round; odd rows over several routing blocks, and every
-    slot of a token on the rank."""
-    for shape in ((300, 5, 8, 3), (24, 16, 16, 8)):
-        _round_trip(*shape, 2, ("pull", "push"))
+    slot of a token on the rank; dispatch in one launch (every program routes every slot) and with the
+    routing launch first (LOCAL_ROUTE_SLOTS 0), each reporting max_recv_rows too small and a bad id."""
+    from symmcoll.fused import moe
+    saved = moe.LOCAL_ROUTE_SLOTS["cpu"]
+    try:
+        for local_slots in (4096, 0):
+            moe.LOCAL_ROUTE_SLOTS["cpu"] = local_slots
+            for shape in ((300, 5, 8, 3), (24, 16, 16, 8))[:2 if local_slots else 1]:
+                _round_trip(*shape, 2 if local_slots else 1, ("pull", "push"))
+            tokens, ids = coded_tokens(16, 4, 0, 0), torch.zeros(16, 2, dtype=torch.int64, device=device())
+            ids[:, 1] = 1
+            with pytest.raises(symmcoll.SymmcollArgumentError, match=r"max_rows = 5 is too small: 32"):
+                symmcoll.moe_dispatch(tokens, ids, 2, max_recv_rows=5)
+                symmcoll.check()
+            ids[3, 0] = 7
+            with pytest.raises(symmcoll.SymmcollArgumentError, match=r"topk_ids holds 7"):
+                symmcoll.moe_dispatch(tokens, ids, 2)
+                symmcoll.check()
+            assert_clean_finish(f"after moe reports on one rank, LOCAL_ROUTE_SLOTS {local_slots}")
+    finally:
+        moe.LOCAL_ROUTE_SLOTS["cpu"] = saved
     return True
 
 

@@ -75,7 +75,9 @@ def test_roofline_sweep_on_a_cpu_rank(tmp_path):
     result = json.loads(out.read_text())
     assert result["meta"]["provenance"]["device_type"] == "cpu" and not result["skipped"]
     rows = result["rows"]
-    assert {r["section"] for r in rows} == {"rms", "moe_dispatch", "moe_combine", "moe_route", "moe_move", "codec"}
+    # (a dispatch in one launch on one rank, as on CPU, has no moe_route row)
+    assert {"rms", "moe_dispatch", "moe_combine", "moe_move", "codec"} <= {r["section"] for r in rows} <= \
+        {"rms", "moe_dispatch", "moe_combine", "moe_route", "moe_move", "codec"}
     assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
     assert {r["name"] for r in rows if r["section"] == "rms"} >= {"torch eager", "symmcoll:one_shot", "symmcoll:two_shot"}
     assert all(r["us"] > 0 and (r["section"] == "moe_route" or r["bytes"] > 0) for r in rows)
@@ -180,10 +182,11 @@ def test_shipped_defaults_are_the_tables_picks(monkeypatch):
     for op in ("moe_dispatch", "moe_combine"):
         for e in table[op]:
             fake = SimpleNamespace(ws=SimpleNamespace(device=cuda), config=None, world=1)
-            cfg, tt = moe._config(fake, op, e["tokens"], e["hidden"], e["k"])
-            assert (cfg.block, cfg.max_programs, cfg.num_warps, tt) == (e["block"], e["programs"], e["warps"], e["tt"])
+            cfg, tt, local_slots = moe._config(fake, op, e["tokens"], e["hidden"], e["k"])
+            assert (cfg.block, cfg.max_programs, cfg.num_warps, tt, local_slots) == \
+                (e["block"], e["programs"], e["warps"], e["tt"], e.get("local_slots", 0))
             fake.world = 2
-            assert moe._config(fake, op, e["tokens"], e["hidden"], e["k"]) == (moe.GPU_CONFIG, 1)
+            assert moe._config(fake, op, e["tokens"], e["hidden"], e["k"]) == (moe.GPU_CONFIG, 1, 0)
     for e in table["codec"]:
         assert roofline.codec_config(e["fmt"], e["direction"], e["group"], e["numel"], cuda) == \
             (e["block"], e["warps"], e["programs"])
@@ -203,8 +206,8 @@ def test_table_replaces_a_default_only_beyond_the_noise():
             row([1024, 4096, 64, 2], 10.0, "default", 8192), row([1024, 4096, 64, 2], 9.0, "c", 16384),
             row([4096, 4096, 64, 2], 10.0, "default", 8192)]
     table = build_table(dict(rows=rows), "NVIDIA H200", "test")
-    assert [(e["tokens"], e["block"], e["label"]) for e in table["moe_combine"]] == [(1024, 16384, "c"),
-                                                                                     (128, 8192, "default")]
+    assert [(e["tokens"], e["block"], e["label"]) for e in table["moe_combine"]] == [(128, 8192, "default"),
+                                                                                     (1024, 16384, "c")]
 
 
 def test_bench_rows_carry_the_roofline_columns():

@@ -19,7 +19,8 @@ count of the issue, so those are exact).
 * rms: ``rows`` whole rows per step, or one row in chunks of ``chunk`` values; ``per_thread`` values
   per thread (warps = values of a step / 32 / per_thread, 4 to 32); ``programs`` (the cap);
   ``ahead``: the next step's loads issued before this step's arithmetic (world size 1).
-* moe: ``block`` elements per step over a token's rows, ``programs``, ``warps``, ``tt`` tokens per item.
+* moe: ``block`` elements per step over a token's rows, ``programs``, ``warps``, ``tt`` tokens per item;
+  dispatch: ``local_slots``, the most slots (T * k) routed inside the one dispatch launch (0: never).
 * codec: ``block`` input values per step, ``warps``, ``programs``.
 """
 
@@ -108,9 +109,10 @@ def moe_entry(table: dict, op: str, tokens: int, hidden: int, k: int) -> dict | 
     return _at_most(_nearest(_nearest(table.get(op, []), "hidden", hidden), "k", k), "tokens", tokens)
 
 
-def moe_config(entry: dict) -> tuple[LaunchConfig, int]:
-    """(launch, tokens per item) of a moe entry."""
-    return LaunchConfig(entry["block"], entry["programs"], entry["warps"]), entry["tt"]
+def moe_config(entry: dict) -> tuple[LaunchConfig, int, int]:
+    """(launch, tokens per item, most slots routed inside the dispatch launch: 0 = a routing launch first)
+    of a moe entry."""
+    return LaunchConfig(entry["block"], entry["programs"], entry["warps"]), entry["tt"], entry.get("local_slots", 0)
 
 
 def codec_entry(table: dict, fmt: str, direction: str, group_size: int, numel: int) -> dict | None:
@@ -127,7 +129,8 @@ _SECTIONS = (("rms", "rms", "symmcoll:one_shot", ("tokens", "hidden", "quant")),
              ("codec", "codec", None, ("fmt", "direction", "group", "size")))
 # Fields of a row's config in each table.
 CONFIG_FIELDS = {"rms": ("rows", "chunk", "per_thread", "programs", "ahead"),
-                 "moe_dispatch": ("block", "programs", "warps", "tt"), "moe_combine": ("block", "programs", "warps", "tt"),
+                 "moe_dispatch": ("block", "programs", "warps", "tt", "local_slots"),
+                 "moe_combine": ("block", "programs", "warps", "tt"),
                  "codec": ("block", "warps", "programs")}
 
 
@@ -146,7 +149,7 @@ def build_table(result: dict, gpu: str, source: str) -> dict:
         cases: dict[tuple, list] = {}
         for row in result["rows"]:
             if row["section"] == section and "us" in row and (name is None or row["name"] == name) \
-                    and all(f in row for f in CONFIG_FIELDS[key] if f not in ("rows", "chunk", "ahead")):
+                    and all(f in row for f in CONFIG_FIELDS[key] if f not in ("rows", "chunk", "ahead", "local_slots")):
                 cases.setdefault((row["name"], tuple(row["case"])), []).append(row)
         entries = []
         for (_, case), rows in sorted(cases.items()):

@@ -55,7 +55,8 @@ from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, Request, register, register_op
 from . import memory_bound_configs
-from .moe_kernels import moe_combine_kernel, moe_dispatch_kernel, moe_push_kernel, moe_route_kernel
+from .moe_kernels import (moe_combine_kernel, moe_dispatch_kernel, moe_dispatch_local_kernel, moe_push_kernel,
+                          moe_route_kernel)
 
 LANDING = declare(RegionSpec(
     "moe.landing", "moe", lambda g: g.buffer_bytes // 2,
@@ -74,6 +75,11 @@ PUSH_ROWS = 16
 # Tokens per dispatch/combine item: one on GPU (a step is the token's k rows: no cross-thread shuffles);
 # 16 on CPU, where every interpreted item costs milliseconds.
 TOKENS_PER_ITEM = {"cuda": 1, "cpu": 16}
+# Dispatch on one rank in one launch (moe_dispatch_local_kernel: every program routes every slot) when
+# the slots (T * k, rounded up to a power of 2) are at most this many; else the routing launch first.
+# Off on GPU until measured (the roofline sweep times both; the table's ``local_slots`` picks); on on
+# CPU, where the world-size-1 tests run it (and one test the two-launch path).
+LOCAL_ROUTE_SLOTS = {"cuda": 0, "cpu": 4096}
 
 
 def _option(request: Request, name: str):
@@ -144,19 +150,21 @@ def _tiles(k: int, local_experts: int) -> dict:
     return dict(KP2=kp2, ELP2=triton.next_power_of_2(local_experts), TB=max(1, 128 // kp2))
 
 
-def _config(plan: Plan, op: str, tokens_n: int, hidden: int, k: int) -> tuple[LaunchConfig, int]:
-    """(launch, tokens per item): ``block`` = elements (words) moved per step summed over a token's KP2
-    rows, ``max_programs``, ``num_warps`` of ``op``. The plan's (``plan.resolve(..., config=)``, with
-    TOKENS_PER_ITEM: the roofline sweep); on one GPU rank the table measured on this GPU model
-    (fused/memory_bound_configs.py, by tokens x hidden x top-k); else GPU_CONFIG; the CPU's on CPU."""
+def _config(plan: Plan, op: str, tokens_n: int, hidden: int, k: int) -> tuple[LaunchConfig, int, int]:
+    """(launch, tokens per item, LOCAL_ROUTE_SLOTS) of ``op``: ``block`` = elements (words) moved per step
+    summed over a token's KP2 rows, ``max_programs``, ``num_warps``. The plan's (``plan.resolve(...,
+    config=)``, with the module's TOKENS_PER_ITEM and LOCAL_ROUTE_SLOTS: the roofline sweep); on one GPU
+    rank the table measured on this GPU model (fused/memory_bound_configs.py, by tokens x hidden x
+    top-k); else GPU_CONFIG; the CPU's on CPU."""
     device = plan.ws.device
     if device.type != "cuda":
-        return CPU_CONFIG, TOKENS_PER_ITEM[device.type]
+        return CPU_CONFIG, TOKENS_PER_ITEM[device.type], LOCAL_ROUTE_SLOTS[device.type]
     if plan.config is not None:
-        return plan.config, TOKENS_PER_ITEM["cuda"]
+        return plan.config, TOKENS_PER_ITEM["cuda"], LOCAL_ROUTE_SLOTS["cuda"]
     entry = None if plan.world > 1 else memory_bound_configs.moe_entry(
         memory_bound_configs.device_table(device), op, tokens_n, hidden, k)
-    return memory_bound_configs.moe_config(entry) if entry else (GPU_CONFIG, TOKENS_PER_ITEM["cuda"])
+    return memory_bound_configs.moe_config(entry) if entry else \
+        (GPU_CONFIG, TOKENS_PER_ITEM["cuda"], LOCAL_ROUTE_SLOTS["cuda"])
 
 
 def _split(row: int, items: int, cfg: LaunchConfig, rows_per_step: int) -> tuple[int, int, int]:
@@ -190,7 +198,20 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     local_experts, max_rows = experts // world, out.shape[0]
     words, out_words = _words(tokens), _words(out)
     row = tokens.shape[1] * tokens.element_size() // words.element_size()
-    (cfg, tt), tiles = _config(plan, "moe_dispatch", tokens_n, tokens.shape[1], k), _tiles(k, local_experts)
+    cfg, tt, local_slots = _config(plan, "moe_dispatch", tokens_n, tokens.shape[1], k)
+    tiles = _tiles(k, local_experts)
+    counts = torch.empty(local_experts, dtype=torch.int64, device=tokens.device)
+    origin = torch.empty(max_rows, dtype=torch.int64, device=tokens.device)
+    self_rows = torch.empty((tokens_n, k), dtype=torch.int64, device=tokens.device)
+    e_p2 = triton.next_power_of_2(experts)
+    slots = triton.next_power_of_2(max(tokens_n * k, 1))
+    if world == 1 and slots <= local_slots:  # one launch: every program routes every slot itself
+        parts, part_words, hb = _split(row, triton.cdiv(max(tokens_n, 1), tt), cfg, tt * tiles["KP2"])
+        launch(moe_dispatch_local_kernel, cfg.grid(triton.cdiv(max(tokens_n, 1), tt) * parts),
+               (*ws.kernel_args, plan.desc, words, topk_ids, out_words, counts, origin, self_rows, tokens_n, row,
+                max_rows, experts, parts, part_words),
+               dict(K=k, KP2=tiles["KP2"], E_P2=e_p2, SLOTS=slots, TT=tt, HB=hb, num_warps=cfg.num_warps))
+        return out, counts, origin, self_rows
     tb = tiles["TB"]
     blocks = triton.cdiv(tokens_n, tb)
     # My buffer: sanitised ids [T, k], in-block ranks [T, k], block prefixes [blocks, E], totals [E]
@@ -208,10 +229,6 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     if per_round == 0:
         raise ValueError(f"tokens: a row of {row * words.element_size()} bytes does not fit the "
                          f"{ws.buffer_bytes}-byte workspace beside the routing metadata (SYMMCOLL_WORKSPACE_BYTES)")
-    counts = torch.empty(local_experts, dtype=torch.int64, device=tokens.device)
-    origin = torch.empty(max_rows, dtype=torch.int64, device=tokens.device)
-    self_rows = torch.empty((tokens_n, k), dtype=torch.int64, device=tokens.device)
-    e_p2 = triton.next_power_of_2(experts)
     tq = min(tokens_n, per_round)
     parts, part_words, hb = _split(row, world * triton.cdiv(tq, tt), cfg, tt * tiles["KP2"])
     stage_words = tq * row if world > 1 else 0
@@ -240,7 +257,7 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
     hidden, max_rows = expert_out.shape[1], expert_out.shape[0]
     experts = _option(plan.request, "num_experts")
     local_experts = experts // world
-    (cfg, tt), kp2 = _config(plan, "moe_combine", tokens_n, hidden, k), triton.next_power_of_2(k)
+    (cfg, tt, _), kp2 = _config(plan, "moe_combine", tokens_n, hidden, k), triton.next_power_of_2(k)
     landing = ws.region(LANDING.name)
     # One round on one rank (nothing lands); else as many tokens' k rows as the landing region holds.
     per_round = max(tokens_n, 1) if world == 1 else \
@@ -287,27 +304,38 @@ register(Algorithm("moe_combine", "nccl", 103, "backend", _combine_reference,
 
 
 def compile_cases(make_workspace):
-    """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push), 2, 3 and
-    4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256 experts, an odd hidden size."""
+    """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push; dispatch
+    with a routing launch and in one launch), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of
+    64 and 256 experts, an odd hidden size."""
     cases = []
-    for world, dtype, experts, k, hidden in ((1, torch.bfloat16, 256, 8, 7168), (2, torch.bfloat16, 8, 2, 4096),
-                                             (4, torch.float8_e4m3fn, 64, 8, 7168),
-                                             (3, torch.float32, 6, 3, 5)):
-        def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden):
-            rank = min(1, world - 1)
-            ws = make_workspace(world, rank)
-            meta = torch.device("meta")
-            tokens = torch.empty(300, hidden, dtype=dtype, device=meta)
-            ids = torch.empty(300, k, dtype=torch.int64, device=meta)
-            max_rows = 300 * world * min(k, experts // world)
-            request = Request("moe_dispatch", tuple(tokens.shape), dtype, meta,
-                              others=(((300, k), torch.int64, meta),),
-                              options=(("num_experts", experts), ("max_rows", max_rows)))
-            plan = Plan(request, "kernel", None, None, world, rank, ws, None, 3, (max_rows, hidden))
-            out = torch.empty(max_rows, hidden, dtype=dtype, device=meta)
-            _, counts, origin, self_rows = _dispatch(plan, tokens, out, ids)
-            if dtype.is_floating_point and dtype.itemsize > 1:
-                combined = torch.empty(300, hidden, dtype=dtype, device=meta)
-                _combine(plan, out, combined, torch.empty(300, k, device=meta), ids, counts, origin, self_rows)
-        cases.append((f"moe.{world}ranks.{dtype}.top{k}of{experts}", thunk))
+    for world, dtype, experts, k, hidden, local_slots in (
+            (1, torch.bfloat16, 256, 8, 7168, 0), (1, torch.bfloat16, 256, 8, 7168, 4096),
+            (1, torch.float32, 8, 2, 5, 1024), (2, torch.bfloat16, 8, 2, 4096, 0),
+            (4, torch.float8_e4m3fn, 64, 8, 7168, 0), (3, torch.float32, 6, 3, 5, 0)):
+        def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden, local_slots=local_slots):
+            saved, LOCAL_ROUTE_SLOTS["cuda"] = LOCAL_ROUTE_SLOTS["cuda"], local_slots
+            try:
+                _compile_case(make_workspace, world, dtype, experts, k, hidden)
+            finally:
+                LOCAL_ROUTE_SLOTS["cuda"] = saved
+        cases.append((f"moe.{world}ranks.{dtype}.top{k}of{experts}.local{local_slots}", thunk))
     return cases
+
+
+def _compile_case(make_workspace, world, dtype, experts, k, hidden):
+    """One rank's dispatch and (16- and 32-bit floats) combine of 300 tokens on meta tensors."""
+    rank = min(1, world - 1)
+    ws = make_workspace(world, rank)
+    meta = torch.device("meta")
+    tokens = torch.empty(300, hidden, dtype=dtype, device=meta)
+    ids = torch.empty(300, k, dtype=torch.int64, device=meta)
+    max_rows = 300 * world * min(k, experts // world)
+    request = Request("moe_dispatch", tuple(tokens.shape), dtype, meta,
+                      others=(((300, k), torch.int64, meta),),
+                      options=(("num_experts", experts), ("max_rows", max_rows)))
+    plan = Plan(request, "kernel", None, None, world, rank, ws, None, 3, (max_rows, hidden))
+    out = torch.empty(max_rows, hidden, dtype=dtype, device=meta)
+    _, counts, origin, self_rows = _dispatch(plan, tokens, out, ids)
+    if dtype.is_floating_point and dtype.itemsize > 1:
+        combined = torch.empty(300, hidden, dtype=dtype, device=meta)
+        _combine(plan, out, combined, torch.empty(300, k, device=meta), ids, counts, origin, self_rows)

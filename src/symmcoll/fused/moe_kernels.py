@@ -1,6 +1,8 @@
 """The kernels of MoE dispatch and combine (fused/moe.py: the algorithm, the layouts, the host side).
 
-Dispatch, per round of tokens: ``moe_route_kernel`` (local: stage token rows in my buffer for the peers;
+Dispatch on one rank with at most LOCAL_ROUTE_SLOTS (fused/moe.py) slots: ``moe_dispatch_local_kernel``
+alone (every program routes every slot itself, then copies its tokens' rows). Otherwise, per round of
+tokens: ``moe_route_kernel`` (local: stage token rows in my buffer for the peers;
 in the first round also sanitise topk_ids into my buffer's metadata, count slots per expert per
 block of TB tokens and rank each slot among the block's slots of its expert; the last program to
 finish turns the counts into prefixes over blocks and totals), then ``moe_dispatch_kernel`` (entry
@@ -196,6 +198,78 @@ def moe_dispatch_kernel(
                     values = upcoming
         # Nobody restages its buffer (next round or call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
+
+
+@triton.jit(do_not_specialize=["tokens_n", "max_rows", "num_experts", "parts"])
+def moe_dispatch_local_kernel(
+    # workspace (Workspace.kernel_args): signal pads (unused: no peer), error record, wait budget, my rank
+    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
+    # this call's descriptor (named in error records)
+    desc,
+    # my token rows (words), topk_ids [T, K] (int32 or int64); outputs: rows by expert (words), expert
+    # counts [E] int64, row origins [max_rows] int64, my tokens' rows [T, K] int64
+    tokens_ptr, ids_ptr, out_ptr, counts_ptr, origin_ptr, self_ptr,
+    tokens_n, row_words, max_rows, num_experts, parts, part_words,
+    # SLOTS >= T * K (a power of 2): every program holds every slot's expert; programs take (TT tokens,
+    # part of the row) items
+    K: tl.constexpr, KP2: tl.constexpr, E_P2: tl.constexpr, SLOTS: tl.constexpr, TT: tl.constexpr,
+    HB: tl.constexpr,
+):
+    """Dispatch on one rank in one launch, for batches of at most SLOTS slots: every program routes all
+    slots itself (one load of topk_ids, a histogram: each expert's first row), so no routing launch, no
+    counter and no scan precede the row copies; each slot's row is its expert's first + the slots of
+    that expert before it (token, then slot order): the layout of moe_route_kernel + moe_dispatch_kernel."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    every = tl.arange(0, SLOTS)
+    raw = tl.load(ids_ptr + every, mask=every < tokens_n * K, other=-1)
+    ids = tl.where((raw < 0) | (raw >= num_experts), -1, raw).to(tl.int32)
+    counts = tl.histogram(ids, E_P2, mask=ids >= 0)
+    starts = tl.cumsum(counts, axis=0) - counts
+    received = tl.sum(counts, axis=0)
+    if pid == 0:
+        experts = tl.arange(0, E_P2)
+        tl.store(counts_ptr + experts, counts.to(tl.int64), mask=experts < num_experts)
+        bad = (every < tokens_n * K) & ((raw < -1) | (raw >= num_experts))
+        if tl.max(bad.to(tl.int32), axis=0) > 0:
+            record_argument(status_ptr, ARG_TOPK_IDS, tl.max(tl.where(bad, raw, -(1 << 30)), axis=0).to(tl.int32),
+                            num_experts, rank, desc)
+        if received > max_rows:
+            record_argument(status_ptr, ARG_MAX_ROWS, received, max_rows, rank, desc)
+    for r0 in range(received + pid * 1024, max_rows, nprog * 1024):
+        rows = r0 + tl.arange(0, 1024)
+        tl.store(origin_ptr + rows, tl.full([1024], -1, tl.int64), mask=rows < max_rows)
+    slot = tl.arange(0, TT * KP2)
+    j = slot % KP2
+    in_group = tl.arange(0, TT)
+    lane = tl.arange(0, HB)
+    for item in range(pid, tl.cdiv(tokens_n, TT) * parts, nprog):
+        first_token = item // parts * TT
+        part_start = item % parts * part_words
+        part_end = tl.minimum(part_start + part_words, row_words)
+        token_ok = (first_token + in_group < tokens_n)[:, None]
+        # The rows' first HB words are in flight while their slots are placed.
+        rows = tokens_ptr + (first_token + in_group).to(tl.int64)[:, None] * row_words
+        values = tl.load(rows + (part_start + lane)[None, :], mask=token_ok & ((part_start + lane)[None, :] < part_end))
+        at = (first_token + slot // KP2) * K + j
+        valid = (j < K) & (first_token + slot // KP2 < tokens_n)
+        mine = tl.load(ids_ptr + at, mask=valid, other=-1)
+        mine = tl.where((mine < 0) | (mine >= num_experts), -1, mine).to(tl.int32)
+        earlier = tl.sum(((ids[None, :] == mine[:, None]) & (every[None, :] < at[:, None])).to(tl.int32), axis=1)
+        dest = tl.gather(starts, tl.where(mine >= 0, mine, 0), 0) + earlier
+        kept = valid & (mine >= 0) & (dest < max_rows)
+        if part_start == 0:
+            tl.store(origin_ptr + dest, at.to(tl.int64), mask=kept)
+            tl.store(self_ptr + at, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
+        if tl.max(kept.to(tl.int32), axis=0) > 0:
+            to = out_ptr + dest.to(tl.int64)[:, None] * row_words
+            for h0 in range(part_start, part_end, HB):
+                ahead = h0 + HB + lane
+                upcoming = tl.load(rows + ahead[None, :], mask=token_ok & (ahead[None, :] < part_end))
+                h = h0 + lane
+                copies = tl.reshape(tl.broadcast_to(values[:, None, :], (TT, KP2, HB)), (TT * KP2, HB))
+                tl.store(to + h[None, :], copies, mask=kept[:, None] & (h[None, :] < part_end))
+                values = upcoming
 
 
 @triton.jit(do_not_specialize=["tokens_n", "max_rows", "t0", "tq", "parts"])
