@@ -43,6 +43,37 @@ def _sanitised_ids(ids_ptr, slot, b, tokens_n, num_experts, K: tl.constexpr, KP2
     return raw, tl.where((raw < 0) | (raw >= num_experts), -1, raw).to(tl.int32), valid
 
 
+@triton.jit
+def _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, counts, experts, n_experts, received, max_rows,
+                               rank, desc):
+    """Program 0: the expert counts out (int64) and max_rows checked; every program: its share of the
+    rows past the received ones marked unused (origin -1)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    if pid == 0:
+        tl.store(counts_ptr + experts, counts.to(tl.int64), mask=experts < n_experts)
+        if received > max_rows:
+            record_argument(status_ptr, ARG_MAX_ROWS, received, max_rows, rank, desc)
+    for r0 in range(received + pid * 1024, max_rows, nprog * 1024):
+        rows = r0 + tl.arange(0, 1024)
+        tl.store(origin_ptr + rows, tl.full([1024], -1, tl.int64), mask=rows < max_rows)
+
+
+@triton.jit
+def _store_rows(values, rows, to, kept, token_ok, part_start, part_end, lane, TT: tl.constexpr, KP2: tl.constexpr,
+                HB: tl.constexpr):
+    """A part of TT token rows (``values``: their first HB words, loaded) stored into each kept slot's row
+    ``to`` ([TT * KP2] row addresses), one [TT * KP2, HB] store per step; the next HB words are in flight
+    while these are stored."""
+    for h0 in range(part_start, part_end, HB):
+        ahead = h0 + HB + lane
+        upcoming = tl.load(rows + ahead[None, :], mask=token_ok & (ahead[None, :] < part_end))
+        h = h0 + lane
+        copies = tl.reshape(tl.broadcast_to(values[:, None, :], (TT, KP2, HB)), (TT * KP2, HB))
+        tl.store(to + h[None, :], copies, mask=kept[:, None] & (h[None, :] < part_end))
+        values = upcoming
+
+
 @triton.jit(do_not_specialize=["n_words", "tokens_n", "num_experts", "rank_off", "hist_off", "totals_off"])
 def moe_route_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
@@ -136,13 +167,8 @@ def moe_dispatch_kernel(
         starts = tl.cumsum(totals, axis=0) - totals + (tl.cumsum(expert_total, axis=0) - expert_total)[None, :]
         received = tl.sum(expert_total, axis=0)
         if t0 == 0:
-            if pid == 0:
-                tl.store(counts_ptr + local, expert_total.to(tl.int64), mask=local < EL)
-                if received > max_rows:
-                    record_argument(status_ptr, ARG_MAX_ROWS, received, max_rows, rank, desc)
-            for r0 in range(received + pid * 1024, max_rows, nprog * 1024):
-                rows = r0 + tl.arange(0, 1024)
-                tl.store(origin_ptr + rows, tl.full([1024], -1, tl.int64), mask=rows < max_rows)
+            _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, expert_total, local, EL, received, max_rows,
+                                       rank, desc)
         slot = tl.arange(0, TT * KP2)
         j = slot % KP2
         in_group = tl.arange(0, TT)
@@ -188,14 +214,8 @@ def moe_dispatch_kernel(
                     rows = rows + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
                     values = tl.load(rows + (part_start + lane)[None, :],
                                      mask=token_ok & ((part_start + lane)[None, :] < part_end))
-                to = out_ptr + dest.to(tl.int64)[:, None] * row_words
-                for h0 in range(part_start, part_end, HB):
-                    ahead = h0 + HB + lane
-                    upcoming = tl.load(rows + ahead[None, :], mask=token_ok & (ahead[None, :] < part_end))
-                    h = h0 + lane
-                    copies = tl.reshape(tl.broadcast_to(values[:, None, :], (TT, KP2, HB)), (TT * KP2, HB))
-                    tl.store(to + h[None, :], copies, mask=kept[:, None] & (h[None, :] < part_end))
-                    values = upcoming
+                _store_rows(values, rows, out_ptr + dest.to(tl.int64)[:, None] * row_words, kept, token_ok,
+                            part_start, part_end, lane, TT, KP2, HB)
         # Nobody restages its buffer (next round or call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
 
@@ -227,18 +247,12 @@ def moe_dispatch_local_kernel(
     counts = tl.histogram(ids, E_P2, mask=ids >= 0)
     starts = tl.cumsum(counts, axis=0) - counts
     received = tl.sum(counts, axis=0)
-    if pid == 0:
-        experts = tl.arange(0, E_P2)
-        tl.store(counts_ptr + experts, counts.to(tl.int64), mask=experts < num_experts)
-        bad = (every < tokens_n * K) & ((raw < -1) | (raw >= num_experts))
-        if tl.max(bad.to(tl.int32), axis=0) > 0:
-            record_argument(status_ptr, ARG_TOPK_IDS, tl.max(tl.where(bad, raw, -(1 << 30)), axis=0).to(tl.int32),
-                            num_experts, rank, desc)
-        if received > max_rows:
-            record_argument(status_ptr, ARG_MAX_ROWS, received, max_rows, rank, desc)
-    for r0 in range(received + pid * 1024, max_rows, nprog * 1024):
-        rows = r0 + tl.arange(0, 1024)
-        tl.store(origin_ptr + rows, tl.full([1024], -1, tl.int64), mask=rows < max_rows)
+    bad = (every < tokens_n * K) & ((raw < -1) | (raw >= num_experts))
+    if (pid == 0) & (tl.max(bad.to(tl.int32), axis=0) > 0):
+        record_argument(status_ptr, ARG_TOPK_IDS, tl.max(tl.where(bad, raw, -(1 << 30)), axis=0).to(tl.int32),
+                        num_experts, rank, desc)
+    _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, counts, tl.arange(0, E_P2), num_experts, received,
+                               max_rows, rank, desc)
     slot = tl.arange(0, TT * KP2)
     j = slot % KP2
     in_group = tl.arange(0, TT)
@@ -262,14 +276,8 @@ def moe_dispatch_local_kernel(
             tl.store(origin_ptr + dest, at.to(tl.int64), mask=kept)
             tl.store(self_ptr + at, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
         if tl.max(kept.to(tl.int32), axis=0) > 0:
-            to = out_ptr + dest.to(tl.int64)[:, None] * row_words
-            for h0 in range(part_start, part_end, HB):
-                ahead = h0 + HB + lane
-                upcoming = tl.load(rows + ahead[None, :], mask=token_ok & (ahead[None, :] < part_end))
-                h = h0 + lane
-                copies = tl.reshape(tl.broadcast_to(values[:, None, :], (TT, KP2, HB)), (TT * KP2, HB))
-                tl.store(to + h[None, :], copies, mask=kept[:, None] & (h[None, :] < part_end))
-                values = upcoming
+            _store_rows(values, rows, out_ptr + dest.to(tl.int64)[:, None] * row_words, kept, token_ok, part_start,
+                        part_end, lane, TT, KP2, HB)
 
 
 @triton.jit(do_not_specialize=["tokens_n", "max_rows", "t0", "tq", "parts"])
