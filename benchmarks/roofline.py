@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -262,6 +263,8 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
     from symmcoll.bench import roofline
     from symmcoll.fused import moe
     from symmcoll.plan import LaunchConfig
+    # the module's own settings (what the default runs with where its table has no entry), restored after
+    untuned = moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"]
     for case in SIZES.moe_cases:
         tokens_n, hidden, experts, k = case
         if res.late(f"moe {case}"):
@@ -290,7 +293,7 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
         res.add("moe_combine", "torch gather+sum", case,
                 lambda: (expert_out[self_rows].float() * used[..., None]).sum(1).to(expert_out.dtype), check_combine,
                 combine_bytes)
-        configs = [("default", None, 1, 0)]
+        configs = [("default", None, *untuned)]
         if sweep_configs and (tokens_n, experts) in SIZES.moe_sweep:
             configs += [(f"b{b}/p{p}/w{w}/tt{tt}" + (f"/local{ls}" if ls else ""), LaunchConfig(b, p, w), tt, ls)
                         for b, p, w, tt, ls in MOE_CONFIGS]
@@ -319,7 +322,7 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
                         **fields["moe_combine"])
             if cfg is None and "out" in handle:
                 _moe_kernels_alone(res, case, dispatch, dispatch_bytes)
-        moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"] = 1, 0
+        moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"] = untuned
         symmcoll.check()
     res.save()
 
@@ -332,7 +335,8 @@ def _moe_fields(op, case, device, cfg, tt, local_slots) -> dict:
     if cfg is None:
         tokens_n, hidden, _, k = case
         entry = mbc.moe_entry(mbc.device_table(device), op, tokens_n, hidden, k)
-        cfg, tt, local_slots = mbc.moe_config(entry) if entry else (moe.GPU_CONFIG, 1, 0)
+        cfg, tt, local_slots = mbc.moe_config(entry) if entry else \
+            (moe.GPU_CONFIG, moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"])
     fields = dict(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=tt)
     return dict(fields, local_slots=local_slots) if op == "moe_dispatch" else fields
 
@@ -464,8 +468,8 @@ def _filled(row: dict) -> dict:
     row = dict(row)
     label = row.get("config")
     if row["section"] == "rms" and "per_thread" not in row and "block" in row:
-        row.update(rms_fields(type("Config", (), dict(block=row["block"], num_warps=row["warps"],
-                                                       max_programs=row["programs"]))(), row["case"][1]))
+        config = SimpleNamespace(block=row["block"], num_warps=row["warps"], max_programs=row["programs"])
+        row.update(rms_fields(config, row["case"][1]))
     elif row["section"] in ("moe_dispatch", "moe_combine") and "tt" not in row and label == "default":
         cfg = moe.GPU_CONFIG
         row.update(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=1)
