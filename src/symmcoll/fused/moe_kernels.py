@@ -243,14 +243,14 @@ def moe_dispatch_local_kernel(
     nprog = tl.num_programs(0)
     every = tl.arange(0, SLOTS)
     raw = tl.load(ids_ptr + every, mask=every < tokens_n * K, other=-1)
-    ids = tl.where((raw < 0) | (raw >= num_experts), -1, raw).to(tl.int32)
-    counts = tl.histogram(ids, E_P2, mask=ids >= 0)
-    starts = tl.cumsum(counts, axis=0) - counts
-    received = tl.sum(counts, axis=0)
     bad = (every < tokens_n * K) & ((raw < -1) | (raw >= num_experts))
     if (pid == 0) & (tl.max(bad.to(tl.int32), axis=0) > 0):
         record_argument(status_ptr, ARG_TOPK_IDS, tl.max(tl.where(bad, raw, -(1 << 30)), axis=0).to(tl.int32),
                         num_experts, rank, desc)
+    ids = tl.where((raw < 0) | (raw >= num_experts), -1, raw).to(tl.int32)  # (int32 from here: half the registers)
+    counts = tl.histogram(ids, E_P2, mask=ids >= 0)
+    starts = tl.cumsum(counts, axis=0) - counts
+    received = tl.sum(counts, axis=0)
     _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, counts, tl.arange(0, E_P2), num_experts, received,
                                max_rows, rank, desc)
     slot = tl.arange(0, TT * KP2)
