@@ -82,6 +82,11 @@ def test_roofline_sweep_on_a_cpu_rank(tmp_path):
     assert {r["name"] for r in rows if r["section"] == "rms"} >= {"torch eager", "symmcoll:one_shot", "symmcoll:two_shot"}
     assert all(r["us"] > 0 and (r["section"] == "moe_route" or r["bytes"] > 0) for r in rows)
     assert proc.stdout.strip().splitlines()[-1].startswith("codec")
+    table = tmp_path / "table.json"  # the launch table of a result (no candidates in the smoke: no entries)
+    proc = subprocess.run([*cmd[:2], "--out", str(out), "--write-table", str(table)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"rms", "moe_dispatch", "moe_combine", "codec", "provenance"} <= set(json.loads(table.read_text()))
 
 
 def _specs_on_cpu():

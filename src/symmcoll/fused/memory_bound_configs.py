@@ -101,7 +101,7 @@ def rms_entry(table: dict, tokens: int, hidden: int, quant: str | None) -> dict 
 def rms_config(entry: dict, block_h: int) -> RmsConfig:
     """An rms entry as the launch of rows of BLOCK_H values (a chunk of a row or more is whole rows)."""
     block = entry["rows"] * block_h if "rows" in entry else min(entry["chunk"], block_h)
-    warps = max(4, min(32, block // (32 * entry["per_thread"])))
+    warps = max(4, min(32, block // (32 * max(1, entry["per_thread"]))))
     return RmsConfig(block, entry["programs"], warps, bool(entry.get("ahead", False)))
 
 
