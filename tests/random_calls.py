@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import reference
+from symmcoll import plan, reference
 
 REDUCE = ("sum", "avg", "max", "min")
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -134,10 +134,13 @@ def _draw(rng: random.Random, world: int, process_group: bool) -> Call:
         return Call(0, op, algorithm, _name(rng.choice(MOVE_DTYPES)), params)
     if op == "quantized":
         dtype = rng.choice(FLOATS)
+        # min_bytes: SYMMCOLL_QUANTIZE_MIN_BYTES for the call, the same on CPU and GPU: 0 runs the kernel,
+        # 1 MB (the GPU's default) the exact all-reduce, so both machines see both sides of the rule.
         return Call(0, op, "auto", _name(dtype), dict(quantize=rng.choice(["int8", "fp8", "int4"]),
                                                       group_size=rng.choice([32, 64, 128]),
                                                       reduce_op=rng.choice(["sum", "avg"]),
-                                                      shape=(_size(rng, large=False),)),
+                                                      shape=(_size(rng, large=False),),
+                                                      min_bytes=rng.choice([0, 1 << 20])),
                     specials=rng.random() < 0.3)
     if op in ("matmul_reduce_scatter", "matmul_all_reduce"):
         algorithm = rng.choice(_choices(op, process_group))
@@ -266,7 +269,8 @@ def _protocol(call: Call, world: int):
     if _empty(call) or (call.op, call.algorithm) in BARRIER:
         return "barrier"
     if call.op == "quantized":
-        return "quantized"
+        nbytes = call.torch_dtype.itemsize * call.params["shape"][0]
+        return "quantized" if nbytes >= call.params["min_bytes"] else ("exact", call.params["shape"], call.dtype)
     if call.algorithm in ("auto", "unfused") or (call.algorithm == "tree" and world > 2):
         return None
     return call.op, call.algorithm, call.params.get("kind")
@@ -399,7 +403,17 @@ def run(call: Call, args: dict):
             return symmcoll.all_to_all(a["x"], splits=a["splits"], max_rows=p["max_rows"], algorithm=alg)
         return symmcoll.all_to_all(a["x"], splits=a.get("splits"), algorithm=alg)
     if op == "quantized":
-        return symmcoll.all_reduce(a["x"], op=p["reduce_op"], quantize=p["quantize"], group_size=p["group_size"])
+        saved = os.environ.get("SYMMCOLL_QUANTIZE_MIN_BYTES")
+        os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = str(p["min_bytes"])
+        plan.clear_cache()  # plans remember the algorithm the threshold picked
+        try:
+            return symmcoll.all_reduce(a["x"], op=p["reduce_op"], quantize=p["quantize"], group_size=p["group_size"])
+        finally:
+            if saved is None:
+                os.environ.pop("SYMMCOLL_QUANTIZE_MIN_BYTES", None)
+            else:
+                os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = saved
+            plan.clear_cache()
     if op in ("matmul_reduce_scatter", "matmul_all_reduce"):
         return getattr(symmcoll, op)(a["a"], a["b"], algorithm=alg)
     if op == "all_reduce_rms_norm":
@@ -429,7 +443,8 @@ def expected(call: Call, seed: int, rank: int, world: int):
         return _all_to_all_expected(every, p, rank, world)
     if op == "quantized":
         xs = torch.stack([e["x"] for e in every])
-        return reference.quantized_stacked(xs, p["reduce_op"], p["quantize"], p["group_size"]).to(call.torch_dtype)
+        return reference.quantized_stacked(xs, p["reduce_op"], p["quantize"], p["group_size"], _device().type,
+                                           p["min_bytes"]).to(call.torch_dtype)
     if op in ("matmul_reduce_scatter", "matmul_all_reduce"):
         total = reference.reduce_stacked(torch.stack([e["a"].float() @ e["b"].float() for e in every]))
         total = total.to(call.torch_dtype)

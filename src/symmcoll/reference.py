@@ -134,21 +134,31 @@ def _round_trip(values: torch.Tensor, quantize: str, group_size: int) -> torch.T
 def all_reduce_quantized(x: torch.Tensor, group=None, op: str = "sum", quantize: str = "int8",
                          group_size: int = 64) -> torch.Tensor:
     """What ``all_reduce(x, quantize=..., group_size=...)`` returns, bit for bit (``quantized_stacked``
-    of every rank's x). Collective."""
-    return quantized_stacked(stacked(x, group), op, quantize, group_size).to(x.dtype)
+    of every rank's x, with the size rule of x's device). Collective."""
+    return quantized_stacked(stacked(x, group), op, quantize, group_size, x.device.type).to(x.dtype)
 
 
-def quantized_stacked(parts: torch.Tensor, op: str = "sum", quantize: str = "int8",
-                      group_size: int = 64) -> torch.Tensor:
+def quantized_stacked(parts: torch.Tensor, op: str = "sum", quantize: str = "int8", group_size: int = 64,
+                      device_type: str | None = None, min_bytes: int | None = None) -> torch.Tensor:
     """The quantized all-reduce of every rank's input (``parts``: one row per rank, rank order), fp32,
-    shaped like one input: for each shard of each piece (geometry: ``comm.quantized.pieces``), the
-    owner's own values exact plus every other rank's values quantized and decoded, summed in rank order
-    in fp32, then quantized and decoded again (round the result once to the input dtype)."""
-    from .comm.quantized import pieces
+    shaped like one input, as a call on ``device_type`` (default: parts') returns it.
+
+    Where the library runs the exact all-reduce instead (``comm.quantized.exact_instead``: one rank, an
+    empty tensor, fewer input bytes than ``min_bytes``, by default ``SYMMCOLL_QUANTIZE_MIN_BYTES`` or
+    1 MB on GPU and 0 on CPU): the exact sum (``reduce_stacked``; NaN only where an input is NaN).
+    Otherwise, for each shard of each piece (geometry: ``comm.quantized.pieces``), the owner's own
+    values exact plus every other rank's values quantized and decoded, summed in rank order in fp32,
+    then quantized and decoded again (round the result once to the input dtype); a group holding NaN
+    or Inf reads NaN."""
+    from .comm.quantized import exact_instead, pieces
     world = parts.shape[0]
+    device_type = device_type or parts.device.type
+    one = parts[0]
+    if exact_instead(one.numel(), one.numel() * one.element_size(), world, device_type, min_bytes):
+        return reduce_stacked(parts, op)
     flat = parts.reshape(world, -1).float()
     out = torch.empty(flat.shape[1], dtype=torch.float32, device=parts.device)
-    for start, n, shard_len in pieces(flat.shape[1], world, parts.device.type):
+    for start, n, shard_len in pieces(flat.shape[1], world, device_type):
         for owner in range(world):
             lo, hi = start + owner * shard_len, start + min((owner + 1) * shard_len, n)
             if lo >= hi:

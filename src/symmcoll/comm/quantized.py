@@ -257,13 +257,20 @@ def _shape_rule(request, world: int):
     return request.shape, request.nbytes * len(GROUP_SIZES) + GROUP_SIZES.index(group_size)
 
 
-def _worth_quantizing(request, world: int) -> str | None:
-    threshold = min_bytes(request.device.type)
-    if world < 2 or request.numel == 0:
+def exact_instead(numel: int, nbytes: int, world: int, device_type: str, threshold: int | None = None) -> str | None:
+    """Why a quantized call of ``numel`` elements (``nbytes`` bytes) runs the exact all-reduce instead
+    (None: it quantizes): one rank, an empty tensor, or fewer bytes than ``threshold`` (default
+    ``min_bytes(device_type)``). The one rule: the resolver applies it, ``reference`` models it."""
+    threshold = min_bytes(device_type) if threshold is None else threshold
+    if world < 2 or numel == 0:
         return "nothing to send"
-    if request.nbytes < threshold:
-        return f"x holds {request.nbytes} bytes, below {threshold}, where quantizing does not pay"
+    if nbytes < threshold:
+        return f"x holds {nbytes} bytes, below {threshold}, where quantizing does not pay"
     return None
+
+
+def _worth_quantizing(request, world: int) -> str | None:
+    return exact_instead(request.numel, request.nbytes, world, request.device.type)
 
 
 register_op(OP, _shape_rule, reduces=True)

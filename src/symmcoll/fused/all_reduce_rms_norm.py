@@ -39,7 +39,8 @@ per step, programs, warps; on one rank the table measured on this GPU model), ov
 
 nccl / unfused
     The process group's all-reduce / symmcoll.all_reduce ("auto"), then torch: residual + sum (rounded),
-    torch.nn.functional.rms_norm (fp32 when quantizing), and the same quantization in torch.
+    RMSNorm in fp32 as the kernels' formula (not torch.nn.functional.rms_norm, whose CUDA kernel makes a
+    row holding Inf all NaN: ``_rms_norm``), and the same quantization in torch.
 """
 
 from __future__ import annotations
@@ -379,14 +380,23 @@ def _kernel_run(kind: str):
     return run
 
 
+def _rms_norm(rows: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """fp32 RMSNorm over the last dim as the kernels and reference.rms_norm_tail compute it. Not
+    torch.nn.functional.rms_norm: on CUDA (torch 2.11) it returns NaN for a whole row whose sum of
+    squares is Inf (a row holding Inf), where the formula gives 0 at every finite element (as torch's
+    CPU kernel does); found by test_special_values on one H200."""
+    rows = rows.float()
+    return rows * torch.rsqrt(rows.square().mean(-1, keepdim=True) + eps) * weight.float()
+
+
 def _torch_tail(p: plan.Plan, total: torch.Tensor, residual, weight, scale):
     """The baselines' tail in torch: add (rounded to the dtype), RMSNorm, quantize."""
     eps, quant = dict(p.request.options)["eps"], dict(p.request.options)["quant"]
-    new_residual, h = residual + total, total.shape[-1]
+    new_residual = residual + total
     scales = total.new_empty((0,), dtype=torch.float32)
+    normed = _rms_norm(new_residual, weight, eps)
     if quant is None:
-        return torch.nn.functional.rms_norm(new_residual, (h,), weight, eps), new_residual, scales
-    normed = torch.nn.functional.rms_norm(new_residual.float(), (h,), weight.float(), eps)
+        return normed.to(new_residual.dtype), new_residual, scales
     if quant == "fp8_per_token":
         scales = normed.abs().amax(-1, keepdim=True).clamp_min(MIN_AMAX.value) / FP8_MAX.value
     normed = normed / (scale if quant == "fp8_per_tensor" else scales)
