@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
-                        open_slots, pack_words, peer_rows, quantize_groups, take_rows, unpack_words)
+                        open_slots, pack_words, peer_rows, post_call, quantize_groups, take_rows, unpack_words)
 from ..launcher import launch
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, inner,
                     register, register_op)
@@ -157,8 +157,9 @@ def quantized_two_shot_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch, scatter_base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank,
-                                                      WORLD, 2, ROW)
+    epoch, scatter_base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr,
+                                                                          signal_pad_ptrs_dev, desc, rank, WORLD, 2,
+                                                                          ROW)
     gather_base = scatter_base + WORLD * ROW
     blocks = tl.cdiv(shard_len, BLOCK)
     n_words = shard_len // (32 // BITS)
@@ -177,6 +178,7 @@ def quantized_two_shot_kernel(
         codes, scales = quantize_groups(x, PEERS, BLOCK, G, FMT)
         _send(peers + scatter_base + rank * ROW, b, codes, scales, is_peer[:, None], n_words, n_groups, SCALES_AT,
               BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
+    post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
     # Stage 1: my shard = my own values (exact) + every peer's decoded codes, in rank order; the
     # re-quantized sum is my output (decoded from the codes I send) and goes to every peer.

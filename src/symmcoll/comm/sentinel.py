@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ..language import (WORD_FORMAT, combine, declare_slots, end_launch, finalize, open_slots, pack, padded_words,
-                        peer_ptr, peer_rows, reduce_rows, sanitize, take, take_rows, unpack)
+                        peer_ptr, peer_rows, post_call, reduce_rows, sanitize, take, take_rows, unpack)
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
 from .common import chunks, config, launch_once, meta
 
@@ -102,8 +102,8 @@ def one_shot_kernel(
     """One peer at a time (the 2-rank kernel)."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
-    epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, 1,
-                                              ROW)
+    epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc,
+                                                                  rank, WORLD, 1, ROW)
     lane = tl.arange(0, BLOCK)
     for start in range(pid * BLOCK, n_words, step):
         offs = start + lane
@@ -112,6 +112,7 @@ def one_shot_kernel(
         for r in tl.static_range(WORLD):
             if r != rank:
                 tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * ROW + offs, words, mask=mask)
+    post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
     budget = max_spins
     check = 1
@@ -161,8 +162,8 @@ def one_shot_tiles_kernel(
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
-    epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, 1,
-                                              ROW)
+    epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc,
+                                                                  rank, WORLD, 1, ROW)
     lane = tl.arange(0, BLOCK)
     rows = tl.arange(0, PEERS)
     is_peer = (rows < WORLD) & (rows != rank)
@@ -174,6 +175,7 @@ def one_shot_tiles_kernel(
         words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
         tl.store(to_peers + base + rank * ROW + offs[None, :], tl.broadcast_to(words[None, :], (PEERS, BLOCK)),
                  mask=is_peer[:, None] & mask[None, :])
+    post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
     budget = max_spins
     check = 1
@@ -204,8 +206,9 @@ def two_shot_tiles_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch, scatter_base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank,
-                                                      WORLD, 2, ROW)
+    epoch, scatter_base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr,
+                                                                          signal_pad_ptrs_dev, desc, rank, WORLD, 2,
+                                                                          ROW)
     gather_base = scatter_base + WORLD * ROW
     blocks = tl.cdiv(shard_words, BLOCK)
     lane = tl.arange(0, BLOCK)
@@ -220,6 +223,7 @@ def two_shot_tiles_kernel(
         mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
         words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
         tl.store(to_peers + scatter_base + rank * ROW + in_shard[None, :], words, mask=mask)
+    post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
     # Stage 1: reduce my shard; keep it and push it into my row of every peer's gather slots.
     budget = max_spins

@@ -51,8 +51,8 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, peer_rows, sanitize_values,
-                        take_rows, words_of)
+from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, peer_rows, post_call,
+                        sanitize_values, take_rows, words_of)
 from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig, register, register_op
@@ -101,8 +101,8 @@ def rms_norm_one_shot_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if WORLD > 1:  # one rank: nothing goes through the slots, no epoch to keep
-        epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD,
-                                                  1, SLOT_WORDS)
+        epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev,
+                                                                      desc, rank, WORLD, 1, SLOT_WORDS)
     steps = tl.cdiv(rows, ROWS)
     # A step is ROWS consecutive rows: ROWS * ROW_BLOCK consecutive slot words; a chunk of a row is
     # WORDS of them from word CHUNK / VALUES_PER_WORD * (chunk number) of the row.
@@ -123,6 +123,7 @@ def rms_norm_one_shot_kernel(
                 words = row_words(x_ptr, row_ids, row_ids < rows, H, start, FORMAT, WORDS, CHUNK)
                 tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :],
                          tl.broadcast_to(words[None, :], (PEERS, ROWS * WORDS)), mask=is_peer[:, None] & sent[None, :])
+        post_call(pads, peer_headers, epoch, desc, rank, WORLD)
     # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
     budget = max_spins
     check = 1
@@ -190,8 +191,9 @@ def rms_norm_two_shot_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if WORLD > 1:
-        epoch, scatter_base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank,
-                                                          WORLD, 2, SLOT_WORDS)
+        epoch, scatter_base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr,
+                                                                              signal_pad_ptrs_dev, desc, rank, WORLD, 2,
+                                                                              SLOT_WORDS)
         gather_base = scatter_base + WORLD * SLOT_WORDS
     VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
     WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
@@ -216,6 +218,7 @@ def rms_norm_two_shot_kernel(
                     & (lane_rows < rows)
                 tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :],
                          tl.reshape(words, [PEERS, ROWS * WORDS]), mask=sent)
+        post_call(pads, peer_headers, epoch, desc, rank, WORLD)
     # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
     budget = max_spins
     check = 1

@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer_ptr, take, tile_values, tile_words,
-                        values_of)
+from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer_ptr, post_call, take, tile_values,
+                        tile_words, values_of)
 from ..launcher import launch
 from ..plan import Algorithm, register, register_op
 from .gemm import (grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision, programs_for,
@@ -73,8 +73,8 @@ def matmul_all_reduce_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch, base, region, headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, 1,
-                                              SLOT_WORDS)
+    epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc,
+                                                                  rank, WORLD, 1, SLOT_WORDS)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     lane = tl.arange(0, TILE_WORDS)
@@ -95,6 +95,7 @@ def matmul_all_reduce_kernel(
         # My own partial as the peers will see it (rounded and sanitised alike), parked in out.
         store_tile(out_ptr, tile_values(words, FORMAT), pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), M,
                    N, stride_out)
+    post_call(pads, peer_headers, epoch, desc, rank, WORLD)
     tl.debug_barrier()  # stage 2 reads back what other threads of this program parked in out
 
     # Stage 2: each of my tiles summed over ranks in rank order.

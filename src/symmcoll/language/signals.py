@@ -134,15 +134,32 @@ def failed_elsewhere(status_ptr, spins):
 
 
 @triton.jit
+def program0_peer_bases(ptrs_dev, rank, WORLD: tl.constexpr, ELEM_TY: tl.constexpr):
+    """[MAX_WORLD] typed pointers to every peer's region from the address table at ``ptrs_dev``, loaded
+    by program 0 only (the lanes of other programs and of non-peers are masked off, 0): what
+    ``announce_at`` / ``post_header_at`` store through. A load, no branch: a kernel can issue it with
+    its other address loads and store through the result later, so that the stores never hold up a
+    load behind them (a store waits for its address; every instruction after it waits for the store)."""
+    lanes = tl.arange(0, MAX_WORLD)
+    table = ptrs_dev.to(tl.pointer_type(tl.uint64))
+    mine = (lanes < WORLD) & (lanes != rank) & (tl.program_id(0) == 0)
+    return tl.load(table + lanes, mask=mine, other=0).to(tl.pointer_type(ELEM_TY))
+
+
+@triton.jit
+def announce_at(pad_bases, desc, rank, WORLD: tl.constexpr):
+    """Program 0 stores this call's descriptor into ANNOUNCE_SLOT + rank of every peer's pad (``pad_bases``
+    from ``program0_peer_bases``; fire and forget: read only by the host of a rank that timed out, to say
+    what we called)."""
+    lanes = tl.arange(0, MAX_WORLD)
+    mine = (lanes < WORLD) & (lanes != rank) & (tl.program_id(0) == 0)
+    tl.store(pad_bases + ANNOUNCE_SLOT + rank, tl.zeros([MAX_WORLD], tl.int32) + desc, mask=mine)
+
+
+@triton.jit
 def announce(signal_pad_ptrs_dev, desc, rank, WORLD: tl.constexpr):
-    """Program 0 stores this call's descriptor into ANNOUNCE_SLOT + rank of every peer's pad
-    (fire and forget: read only by the host of a rank that timed out, to say what we called)."""
-    if tl.program_id(0) == 0:
-        lanes = tl.arange(0, MAX_WORLD)
-        is_peer = (lanes < WORLD) & (lanes != rank)
-        table = signal_pad_ptrs_dev.to(tl.pointer_type(tl.uint64))
-        bases = tl.load(table + lanes, mask=is_peer, other=0).to(tl.pointer_type(tl.int32))
-        tl.store(bases + ANNOUNCE_SLOT + rank, tl.zeros([MAX_WORLD], tl.int32) + desc, mask=is_peer)
+    """``announce_at`` with the peers' pads loaded here (barrier kernels)."""
+    announce_at(program0_peer_bases(signal_pad_ptrs_dev, rank, WORLD, tl.int32), desc, rank, WORLD)
 
 
 @triton.jit
@@ -247,16 +264,19 @@ def block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD:
 # round trip, and a peer that made another call (whose data may never come) is caught at once.
 
 @triton.jit
+def post_header_at(header_bases, phase, epoch, desc, rank, WORLD: tl.constexpr):
+    """Program 0 stores ``(epoch << 32) | desc`` into header [phase][rank] (int64) of every peer
+    (``header_bases`` from ``program0_peer_bases``). Epoch-tagged, so no one ever resets a header."""
+    lanes = tl.arange(0, MAX_WORLD)
+    mine = (lanes < WORLD) & (lanes != rank) & (tl.program_id(0) == 0)
+    value = (tl.zeros([MAX_WORLD], tl.int64) + epoch) << 32 | (tl.zeros([MAX_WORLD], tl.int64) + desc)
+    tl.store(header_bases + phase * MAX_WORLD + rank, value, mask=mine)
+
+
+@triton.jit
 def post_header(header_ptrs_dev, phase, epoch, desc, rank, WORLD: tl.constexpr):
-    """Program 0 stores ``(epoch << 32) | desc`` into header [phase][rank] (int64) of every peer.
-    Epoch-tagged, so no one ever resets a header."""
-    if tl.program_id(0) == 0:
-        lanes = tl.arange(0, MAX_WORLD)
-        is_peer = (lanes < WORLD) & (lanes != rank)
-        table = header_ptrs_dev.to(tl.pointer_type(tl.uint64))
-        bases = tl.load(table + lanes, mask=is_peer, other=0).to(tl.pointer_type(tl.int64))
-        value = (tl.zeros([MAX_WORLD], tl.int64) + epoch) << 32 | (tl.zeros([MAX_WORLD], tl.int64) + desc)
-        tl.store(bases + phase * MAX_WORLD + rank, value, mask=is_peer)
+    """``post_header_at`` with the peers' regions loaded here."""
+    post_header_at(program0_peer_bases(header_ptrs_dev, rank, WORLD, tl.int64), phase, epoch, desc, rank, WORLD)
 
 
 @triton.jit

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from ..memory.regions import RegionSpec, declare
-from .signals import (EPOCH_SLOTS, MAX_WORLD, announce, launch_epoch, peer_ptr, post_header, wait_filled,
-                      wait_filled_rows)
+from .signals import (EPOCH_SLOTS, MAX_WORLD, announce_at, launch_epoch, peer_ptr, post_header_at,
+                      program0_peer_bases, wait_filled, wait_filled_rows)
 from .words import EMPTY
 
 PHASES: tl.constexpr = tl.constexpr(3)
@@ -55,24 +55,47 @@ def declare_slots(name: str, owner: str, sets: int, row_words):
 @triton.jit
 def open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD: tl.constexpr,
                SETS: tl.constexpr, ROW: tl.constexpr):
-    """Start a launch over a slot region: this launch's epoch, the word offset of its slot set, my own
-    region (int32) and my headers of the set (int64, for the waits' ``check``). Program 0 announces
-    the call and posts its header into every peer's region."""
+    """Start a launch over a slot region, loads only: this launch's epoch, the word offset of its slot
+    set, my own region (int32), my headers of the set (int64, for the waits' ``check``), and (program 0)
+    every peer's pad and region, through which ``post_call`` announces the call and posts its header.
+
+    Call it first, ``post_call`` after the launch's first pushes: the loads go out with the kernel's
+    other first loads, and program 0's stores find their addresses there. Loading and storing here
+    (run 1 of issue 24's GPU stage) put two dependent round trips before everything else program 0
+    did: +0.55 us per launch on one H200."""
     epoch = launch_epoch(epochs_ptr)
     phase = epoch % PHASES
     region = peer_ptr(slot_ptrs_dev, rank, tl.int32)
     headers = region.to(tl.pointer_type(tl.int64)) + phase * MAX_WORLD
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(slot_ptrs_dev, phase, epoch, desc, rank, WORLD)
-    return epoch, HEADER_WORDS + phase * SETS * WORLD * ROW, region, headers
+    pad_bases = program0_peer_bases(signal_pad_ptrs_dev, rank, WORLD, tl.int32)
+    header_bases = program0_peer_bases(slot_ptrs_dev, rank, WORLD, tl.int64)
+    return epoch, HEADER_WORDS + phase * SETS * WORLD * ROW, region, headers, pad_bases, header_bases
+
+
+@triton.jit
+def post_call(pad_bases, header_bases, epoch, desc, rank, WORLD: tl.constexpr):
+    """Program 0 announces the call and posts its epoch-tagged header into every peer's region
+    (``open_slots``' bases). Before the launch's first wait: peers' first waits need the header."""
+    announce_at(pad_bases, desc, rank, WORLD)
+    post_header_at(header_bases, epoch % PHASES, epoch, desc, rank, WORLD)
+
+
+@triton.jit
+def checks_headers(check):
+    """Whether a wait polls the call headers: the first wait (``check``) of program 0. The other
+    programs proceed without: when a peer made another call, program 0 records the mismatch and their
+    waits give up at their next look at the error record (``signals.failed_elsewhere``); what they
+    wrote meanwhile is undefined, as every output of a call that raised. One program's look at the
+    headers (one line every program would read at once) keeps the check's cost per launch flat."""
+    return check * (tl.program_id(0) == 0).to(tl.int32)
 
 
 @triton.jit
 def take(ptrs, mask, src, rank, budget, status_ptr, desc, headers, epoch, check, WORLD: tl.constexpr):
     """``src``'s words from my slots at ``ptrs`` once filled; the slots are emptied for reuse. Returns
-    (words, spins left: 0 if the wait gave up, recorded)."""
-    words, budget = wait_filled(ptrs, mask, EMPTY, budget, status_ptr, rank, src, desc, headers, epoch, check,
-                                WORLD)
+    (words, spins left: 0 if the wait gave up, recorded). ``check``: see ``checks_headers``."""
+    words, budget = wait_filled(ptrs, mask, EMPTY, budget, status_ptr, rank, src, desc, headers, epoch,
+                                checks_headers(check), WORLD)
     tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
     return words, budget
 
@@ -81,6 +104,6 @@ def take(ptrs, mask, src, rank, budget, status_ptr, desc, headers, epoch, check,
 def take_rows(ptrs, mask, rows, rank, budget, status_ptr, desc, headers, epoch, check, WORLD: tl.constexpr):
     """A [PEERS, BLOCK] tile of my slots once filled (row i from peer ``rows[i]``), emptied for reuse."""
     words, budget = wait_filled_rows(ptrs, mask, rows, EMPTY, budget, status_ptr, rank, desc, headers, epoch,
-                                     check, WORLD)
+                                     checks_headers(check), WORLD)
     tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
     return words, budget
