@@ -301,11 +301,12 @@ def _forced_slow(index: int, world: int) -> bool:
     return index % SLOW_EVERY == SLOW_AT and world == 2
 
 
-def draw_calls(seed: int, first: int, count: int, world: int, process_group: bool = True) -> list[Call]:
-    """Calls ``first``, ..., ``first + count - 1`` of the run ``seed`` (the same list on every rank);
-    ``process_group``: whether calls may go to the process group's own collectives."""
+def draw_calls(seed: int, first: int, count: int, world: int, process_group: bool = True,
+               indices: list[int] | None = None) -> list[Call]:
+    """Calls ``first``, ..., ``first + count - 1`` (or ``indices``) of the run ``seed`` (the same list on
+    every rank); ``process_group``: whether calls may go to the process group's own collectives."""
     calls = []
-    for index in range(first, first + count):
+    for index in range(first, first + count) if indices is None else indices:
         rng = random.Random(f"{seed}/{index}/{world}")
         call = _draw(rng, world, process_group)
         call.index = index
@@ -532,15 +533,16 @@ def compare(call: Call, got, want) -> str | None:
 # ---- a batch on every rank, and the verdict --------------------------------------------------------------
 
 def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_bytes: int = 1 << 20,
-          process_group: bool = True) -> list[dict]:
-    """Run calls ``first..first+count-1`` on this rank (all ranks together); one outcome per call."""
+          process_group: bool = True, indices: list[int] | None = None) -> list[dict]:
+    """Run calls ``first..first+count-1`` (or ``indices``) on this rank (all ranks together); one
+    outcome per call."""
     rank, world = dist.get_rank(), dist.get_world_size()
     saved = {k: os.environ.get(k) for k in ("SYMMCOLL_TIMEOUT_S", "SYMMCOLL_WORKSPACE_BYTES")}
     os.environ.update(SYMMCOLL_TIMEOUT_S=str(timeout_s), SYMMCOLL_WORKSPACE_BYTES=str(workspace_bytes))
     symmcoll.reset()
     outcomes = []
     try:
-        for call in draw_calls(seed, first, count, world, process_group):
+        for call in draw_calls(seed, first, count, world, process_group, indices):
             t0 = time.monotonic()
             os.environ["SYMMCOLL_TIMEOUT_S"] = str(SLOW_TIMEOUT_S if _forced_slow(call.index, world) else timeout_s)
             outcome = _outcome(call, seed, rank, world)
@@ -579,9 +581,9 @@ def _outcome(call: Call, seed: int, rank: int, world: int) -> dict:
 
 
 def verdict(seed: int, world: int, first: int, outcomes_by_rank: list[list[dict]],
-            process_group: bool = True) -> list[str]:
+            process_group: bool = True, indices: list[int] | None = None) -> list[str]:
     """Every failure of the batch, each naming its seed and call (how to run it again)."""
-    calls = draw_calls(seed, first, len(outcomes_by_rank[0]), world, process_group)
+    calls = draw_calls(seed, first, len(outcomes_by_rank[0]), world, process_group, indices)
     failures = []
     for i, call in enumerate(calls):
         per_rank = [outcomes[i] for outcomes in outcomes_by_rank]
@@ -609,6 +611,43 @@ def _judge(call: Call, per_rank: list[dict], world: int) -> str | None:
 
 # ---- the GPU stage: python3 tests/random_calls.py --device cuda-shared ... ---------------------------------
 
+def _warm_up(args, process_group: bool) -> tuple[list[str], float]:
+    """Compile what the run needs before it starts: ``args.warm_pools`` pools of ranks (all sharing the
+    GPU) make every call once, each pool the calls of its share of (op, algorithm, dtype) (so that few
+    kernels compile twice), at once; Triton's disk cache hands the kernels to the run's own pool. On
+    the GPU compiling is nearly all of a first call's time (run 1: 116 of 118 s for 350 calls). Their
+    verdicts come back too (calls made with other pools' kernels time-slicing the GPU beside them)."""
+    import random_calls
+    import threading
+    import zlib
+    from symmcoll import launch
+    t0 = time.monotonic()
+    calls = draw_calls(args.seed, 0, args.calls, args.world_size, process_group)
+    shares = [[] for _ in range(args.warm_pools)]
+    for call in calls:
+        shares[zlib.crc32(f"{call.op}/{call.algorithm}/{call.dtype}".encode()) % args.warm_pools].append(call.index)
+    failures, errors = [], []
+
+    def run_share(indices):
+        try:
+            with launch.RankPool(args.world_size, device=args.device) as pool:
+                got = pool.run(random_calls.batch, args.seed, 0, 0, args.timeout_s, 8 << 20, process_group,
+                               indices, timeout=args.warm_timeout_s)
+            failures.extend(verdict(args.seed, args.world_size, 0, got, process_group, indices))
+        except Exception as exc:  # noqa: BLE001 - a warm-up that fails only leaves kernels to compile later
+            errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+
+    threads = [threading.Thread(target=run_share, args=(share,)) for share in shares if share]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.monotonic() - t0
+    print(f"warm-up: {len(calls)} calls in {len(threads)} pools, {seconds:.0f} s, {len(failures)} failures"
+          + (f", errors: {errors}" if errors else ""), flush=True)
+    return failures + [f"warm-up pool error: {e}" for e in errors], seconds
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda-shared")
@@ -619,31 +658,44 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout-s", type=float, default=3.0)
     parser.add_argument("--budget-s", type=float, default=1e9,
                         help="start no batch after this many seconds (the JSON says how many calls ran)")
+    parser.add_argument("--warm-pools", type=int, default=0,
+                        help="compile first in this many pools at once (_warm_up); 0: no warm-up")
+    parser.add_argument("--warm-timeout-s", type=float, default=300.0)
+    parser.add_argument("--only", type=lambda v: [int(i) for i in v.split(",")], default=None,
+                        help="replay these calls (comma-separated indices) instead of 0..calls-1")
+    parser.add_argument("--repeat", type=int, default=1, help="with --only: make the calls this many times")
+    parser.add_argument("--without-process-group", action="store_true",
+                        help="draw no call of the process group's own algorithms (as --device cuda-shared does)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     import random_calls  # the ranks unpickle this module's functions by its name, not as __main__
     from symmcoll import launch
     from symmcoll.bench import provenance
     t0 = time.monotonic()
+    # gloo lacks most collectives on GPU tensors; --without-process-group draws on CPU what cuda-shared draws
+    process_group = args.device != "cuda-shared" and not args.without_process_group
+    warm_failures, warm_seconds = _warm_up(args, process_group) if args.warm_pools and not args.only else ([], 0.0)
+    indices = list(range(args.calls)) if args.only is None else args.only * args.repeat
     failures, outcomes = [], []
-    process_group = args.device != "cuda-shared"  # gloo lacks most collectives on GPU tensors
     with launch.RankPool(args.world_size, device=args.device) as pool:
-        for first in range(0, args.calls, args.batch):
+        for first in range(0, len(indices), args.batch):
             if time.monotonic() - t0 > args.budget_s:
                 print(f"time budget of {args.budget_s:g} s spent after {first} calls", flush=True)
                 break
-            count = min(args.batch, args.calls - first)
-            got = pool.run(random_calls.batch, args.seed, first, count, args.timeout_s, 8 << 20, process_group,
+            part = indices[first:first + args.batch]
+            got = pool.run(random_calls.batch, args.seed, 0, 0, args.timeout_s, 8 << 20, process_group, part,
                            timeout=900)
-            failures += verdict(args.seed, args.world_size, first, got, process_group)
-            outcomes += [[got[r][i] for r in range(args.world_size)] for i in range(count)]
-            print(f"calls {first + count}/{args.calls}: {len(failures)} failures, {time.monotonic() - t0:.0f} s",
+            failures += verdict(args.seed, args.world_size, 0, got, process_group, part)
+            outcomes += [[got[r][i] for r in range(args.world_size)] for i in range(len(part))]
+            print(f"calls {first + len(part)}/{len(indices)}: {len(failures)} failures, {time.monotonic() - t0:.0f} s",
                   flush=True)
-    calls = draw_calls(args.seed, 0, len(outcomes), args.world_size, process_group)
+    calls = draw_calls(args.seed, 0, 0, args.world_size, process_group, indices[:len(outcomes)])
     result = dict(provenance=asdict(provenance.collect("cuda" if args.device.startswith("cuda") else "cpu")),
                   seed=args.seed, world_size=args.world_size, device=args.device, calls=len(outcomes),
-                  calls_asked=args.calls, differing=sum(c.differ is not None for c in calls),
-                  failures=failures, seconds=round(time.monotonic() - t0, 1),
+                  calls_asked=len(indices), differing=sum(c.differ is not None for c in calls),
+                  failures=failures, warm_up=dict(pools=args.warm_pools, seconds=round(warm_seconds, 1),
+                                                  failures=warm_failures),
+                  seconds=round(time.monotonic() - t0, 1),
                   by_op={op: sum(c.op == op for c in calls) for op in sorted({c.op for c in calls})},
                   outcomes=[dict(call=asdict(c), ranks=o) for c, o in zip(calls, outcomes)])
     with open(args.out, "w") as f:
@@ -652,7 +704,11 @@ def main(argv=None) -> int:
           f"{args.out}")
     for failure in failures[:10]:
         print(failure)
-    return 1 if failures or len(outcomes) < args.calls else 0
+    for failure in warm_failures[:10]:
+        print("warm-up:", failure)
+    # A warm-up call that timed out may have starved behind the other pools' kernels; a wrong value is wrong.
+    wrong_in_warm_up = [f for f in warm_failures if ": wrong:" in f]
+    return 1 if failures or wrong_in_warm_up or len(outcomes) < len(indices) else 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import threading
 import time
 import traceback
 import uuid
@@ -27,6 +28,8 @@ from typing import Any, Callable
 
 __all__ = ["RankPool", "RankError", "LaunchTimeout", "run", "default_device_type"]
 
+# Children inherit os.environ at start: pools started from threads take turns setting it.
+_SPAWN_LOCK = threading.Lock()
 # How long the other ranks get to finish after one rank has failed, before they are killed.
 _GRACE_AFTER_ERROR_S = 30.0
 
@@ -142,7 +145,7 @@ class RankPool:
         if self.device_type == "cuda-shared":
             env.update(SYMMCOLL_MEMORY="ipc")  # torch's symmetric memory refuses two ranks on one GPU
         self._procs = []
-        with _environ(env):
+        with _SPAWN_LOCK, _environ(env):  # pools started from several threads each pass their own environment
             for r in range(world_size):
                 p = ctx.Process(target=_worker, daemon=True, name=f"symmcoll-rank{r}",
                                 args=(r, world_size, self.device_type, port, self._tasks[r], self._results))
