@@ -15,8 +15,8 @@ Graph safety: the epoch lives on the device in a per-rank table that every launc
 (``launch_epoch`` / ``end_launch``). Every rank makes the same launches, so the counters agree. Two slot
 sets alternate by epoch parity: a rank can be at most one launch ahead of a peer still reading (it
 cannot finish launch k+1 before every peer has started it), so launch k+1 never overwrites launch k's
-slots. Call descriptors travel in epoch-tagged headers (``post_header``), polled with each program's first
-block: a peer that made another call is reported, and nothing is written to the output.
+slots. Call descriptors travel in epoch-tagged headers (``post_header_at``), polled by program 0 with its
+first block (``language.checks_headers``): a peer that made another call is reported on every rank.
 
 Region ``low_latency.slots`` on every rank: headers [2 phases][MAX_WORLD] int64, then slots
 [2 phases][W sources][LL_MAX_WORDS] int64; the source rank writes its row in every receiver's region.
@@ -28,8 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import (EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce, combine, end_launch, finalize,
-                        launch_epoch, pack, padded_words, peer_ptr, post_header, unpack, wait_flagged)
+from ..language import (EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce_at, checks_headers, combine, end_launch,
+                        finalize, launch_epoch, pack, padded_words, peer_ptr, post_header_at, program0_peer_bases,
+                        unpack, wait_flagged)
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
 from .common import chunks, config, launch_once, meta
@@ -69,8 +70,10 @@ def low_latency_kernel(
     phase = epoch % 2
     flag = epoch.to(tl.int64) << 32
     lane = tl.arange(0, BLOCK)
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    post_header(ll_ptrs_dev, phase, epoch, desc, rank, WORLD)
+    # Every address first, program 0's announce and header after the push (language.open_slots says why).
+    pads = program0_peer_bases(signal_pad_ptrs_dev, rank, WORLD, tl.int32)
+    peer_headers = program0_peer_bases(ll_ptrs_dev, rank, WORLD, tl.int64)
+    region = peer_ptr(ll_ptrs_dev, rank, tl.int64)
     slots_base = 2 * MAX_WORLD  # int64 slots after the headers
 
     # Push: my words, flagged with this epoch, into my row of every rank's region (mine included).
@@ -81,14 +84,15 @@ def low_latency_kernel(
         slots = flag | tl.load(x_ptr + offs, mask=mask).to(tl.uint32).to(tl.int64)
         for r in tl.static_range(WORLD):
             tl.store(peer_ptr(ll_ptrs_dev, r, tl.int64) + my_row + offs, slots, mask=mask)
+    announce_at(pads, desc, rank, WORLD)
+    post_header_at(peer_headers, phase, epoch, desc, rank, WORLD)
 
-    # Receive: poll every source row of my own region (and, with the first block, the headers),
-    # reduce in rank order.
-    region = peer_ptr(ll_ptrs_dev, rank, tl.int64)
+    # Receive: poll every source row of my own region (and, program 0 with its first block, the
+    # headers: language.checks_headers), reduce in rank order.
     headers = region + phase * MAX_WORLD
     mine = region + slots_base + phase * WORLD * SLOTS
     budget = max_spins
-    check = 1
+    check = checks_headers(1)
     for start in range(pid * BLOCK, n_words, nprog * BLOCK):
         offs = start + lane
         mask = offs < n_words

@@ -24,8 +24,8 @@ reduce_scatter.sentinel
 
 Rotating slot sets keep it graph-safe (language/slots.py: the layout, and why a set is EMPTY again
 before anybody writes it again). Call descriptors travel in epoch-tagged headers at the start of each
-region, polled with each program's first block: a peer that made another call is reported and nothing
-is written to the output.
+region, polled by program 0 with its first block (``language.checks_headers``): a peer that made
+another call is reported on every rank (what the other programs wrote meanwhile is undefined).
 
 Peer tiles: the kernels handle all peers of a block as one [PEERS, BLOCK] tile (row i = rank i): one
 store sends a block to every peer, one volatile load of every peer's row is polled with one block-wide

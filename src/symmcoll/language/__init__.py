@@ -7,7 +7,8 @@ acquire / release pair every flag that guards data goes through (flags.py)."""
 
 from .blocks import (INTERPRETED, OP_AVG, OP_MAX, OP_MIN, OP_SUM, REDUCE_OPS, combine, copy_blocks, finalize,
                      move_block, nan_max, nan_maximum, nan_min, nan_minimum, narrow, reduce_rows, tee_blocks)
-from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, EPOCH_SLOTS, MAX_WORLD, announce, block_barrier,
+from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, EPOCH_SLOTS, MAX_WORLD, announce, announce_at,
+                      block_barrier, post_header_at, program0_peer_bases,
                       end_launch, launch_epoch, peer_ptr, peer_rows, post_header, record_argument, record_error,
                       record_timeout, send_signals, wait_filled, wait_filled_rows, wait_flagged, wait_signals)
 from .slots import HEADER_WORDS, PHASES, checks_headers, declare_slots, open_slots, post_call, take, take_rows
@@ -28,4 +29,4 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "padded_words", "sanitize", "sanitize_values", "unpack", "barrier_kernel", "FORMAT_BITS", "FORMATS",
            "dequantize_groups", "pack_words", "quantize_groups", "unpack_words", "send_tile_flag", "tile_values",
            "tile_words", "values_of", "wait_tile_flag", "words_of"]
-__all__ += ["checks_headers", "post_call", "nan_max", "nan_maximum", "nan_min", "nan_minimum", "acquire_flag", "release_flag"]
+__all__ += ["announce_at", "post_header_at", "program0_peer_bases", "checks_headers", "post_call", "nan_max", "nan_maximum", "nan_min", "nan_minimum", "acquire_flag", "release_flag"]

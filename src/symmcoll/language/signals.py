@@ -17,7 +17,7 @@ mismatch naming the peer and both descriptors. Slots are 0 again after every com
 nothing on the host changes between calls, so captured CUDA graphs replay correctly.
 
 Barrier-free kernels (no signals) check descriptors through epoch-tagged headers instead, polled
-together with their first data (``post_header``, the waits' ``check``), and every kernel's program 0 *announces* its descriptor into
+together with their first data (``post_header_at``, the waits' ``check``), and every kernel's program 0 *announces* its descriptor into
 every peer's pad, so that a rank that timed out waiting for a peer busy with another kind of call can
 name what that peer called (``symmcoll.memory`` reads it when it raises).
 
@@ -259,9 +259,11 @@ def block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD:
 # ---- Barrier-free protocols: polls on the data itself, and epoch-tagged descriptor headers --------
 #
 # A barrier-free kernel's program 0 posts ``(epoch << 32) | desc`` into header [phase][rank] of every
-# peer (``post_header``). A receiving program polls the headers of its phase together with the data of
-# its first block (``check`` = 1): both loads are in flight in the same spin, so the check adds no
-# round trip, and a peer that made another call (whose data may never come) is caught at once.
+# peer (``post_header_at``, through bases loaded with the kernel's first loads: ``program0_peer_bases``).
+# The receiving program 0 polls the headers of its phase together with the data of its first block
+# (``check`` = 1; the other programs pass 0: slots.checks_headers): both loads are in flight in the same
+# spin, so the check adds no round trip, and a peer that made another call (whose data may never come)
+# is caught at once.
 
 @triton.jit
 def post_header_at(header_bases, phase, epoch, desc, rank, WORLD: tl.constexpr):
