@@ -3,7 +3,9 @@
 
 Every all_reduce and reduce_scatter algorithm with sum, avg, max and min; the fused ops' reductions
 (matmul_reduce_scatter, matmul_all_reduce, all_reduce_rms_norm with and without fp8); the quantized
-all-reduce against its documented emulation (a group holding NaN or Inf becomes NaN). Inputs cycle
+all-reduce on both sides of its size rule: the kernel (a group holding NaN or Inf becomes NaN) and the
+exact fallback below SYMMCOLL_QUANTIZE_MIN_BYTES (1 MB on GPU: what run 1 on an H200 met, where the
+reference still emulated the kernel). Inputs cycle
 through NaN on the first / last rank, +Inf against -Inf, Inf against NaN and small integers, so every
 finite result is exact. The interpreter runs tl.maximum / tl.minimum as the GPU does (NaN dropped
 unless asked for: language/blocks.py), so these CPU runs see what the GPU computes; the ``gpu`` test
