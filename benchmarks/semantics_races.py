@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import asdict
 
@@ -56,7 +55,8 @@ def _report(failures, what, trial, first, got, want, own, peers_only):
 
 def _trials(deadline_s: float, world_check: int = 2) -> dict:
     import symmcoll
-    from symmcoll import plan, reference
+    from symmcoll import reference
+    from symmcoll.comm.quantized import size_threshold
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == world_check
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -115,14 +115,11 @@ def _trials(deadline_s: float, world_check: int = 2) -> dict:
                 _report(failures, what, trial, what not in seen, got, want, xs[rank * rows:(rank + 1) * rows],
                         (every.sum(0) - xs)[rank * rows:(rank + 1) * rows])
                 seen.add(what)
-        os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = "0"
-        plan.clear_cache()
-        q = torch.randint(-4, 5, (300,), generator=torch.Generator().manual_seed(trial * 7 + rank)).float().to(dev)
-        got = symmcoll.all_reduce(q, quantize="int8", group_size=32)
-        want = reference.all_reduce_quantized(q, None, "sum", "int8", 32)
-        _report(failures, "quantized int8", trial, trial == 0, got, want, q, want - q)
-        os.environ.pop("SYMMCOLL_QUANTIZE_MIN_BYTES")
-        plan.clear_cache()
+        with size_threshold(0):
+            q = torch.randint(-4, 5, (300,), generator=torch.Generator().manual_seed(trial * 7 + rank)).float().to(dev)
+            got = symmcoll.all_reduce(q, quantize="int8", group_size=32)
+            want = reference.all_reduce_quantized(q, None, "sum", "int8", 32)
+            _report(failures, "quantized int8", trial, trial == 0, got, want, q, want - q)
         symmcoll.check()
         trial += 1
     return dict(trials=trial, failures=failures, calls=sum(counts.values()), seconds=round(time.monotonic() - t0, 1))

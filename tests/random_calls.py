@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import plan, reference
+from symmcoll import reference
+from symmcoll.comm.quantized import size_threshold
 
 REDUCE = ("sum", "avg", "max", "min")
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -404,17 +405,8 @@ def run(call: Call, args: dict):
             return symmcoll.all_to_all(a["x"], splits=a["splits"], max_rows=p["max_rows"], algorithm=alg)
         return symmcoll.all_to_all(a["x"], splits=a.get("splits"), algorithm=alg)
     if op == "quantized":
-        saved = os.environ.get("SYMMCOLL_QUANTIZE_MIN_BYTES")
-        os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = str(p["min_bytes"])
-        plan.clear_cache()  # plans remember the algorithm the threshold picked
-        try:
+        with size_threshold(p["min_bytes"]):
             return symmcoll.all_reduce(a["x"], op=p["reduce_op"], quantize=p["quantize"], group_size=p["group_size"])
-        finally:
-            if saved is None:
-                os.environ.pop("SYMMCOLL_QUANTIZE_MIN_BYTES", None)
-            else:
-                os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = saved
-            plan.clear_cache()
     if op in ("matmul_reduce_scatter", "matmul_all_reduce"):
         return getattr(symmcoll, op)(a["a"], a["b"], algorithm=alg)
     if op == "all_reduce_rms_norm":

@@ -15,14 +15,13 @@ semantics).
 Not covered: algorithm="nccl" with max/min. The process group decides there: NCCL's max/min drop NaN
 (fmaxf / __hmax), gloo's depend on the order of the operands (docs/algorithms.md)."""
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import plan, reference
+from symmcoll import reference
+from symmcoll.comm.quantized import size_threshold
 
 from rank_checks import device, special_values, assert_same
 
@@ -137,11 +136,8 @@ def _quantized_failures() -> list[str]:
     x[100] = float("nan") if rank == 0 else 1.0
     x[1000] = float("inf") if rank == world - 1 else 2.0
     failures = []
-    saved = os.environ.get("SYMMCOLL_QUANTIZE_MIN_BYTES")
-    try:
-        for threshold in (0, 1 << 20):
-            os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = str(threshold)
-            plan.clear_cache()
+    for threshold in (0, 1 << 20):
+        with size_threshold(threshold):
             path = "kernel" if threshold == 0 else "exact fallback"
             for quantize in ("int8", "fp8", "int4"):
                 got = symmcoll.all_reduce(x, quantize=quantize, group_size=64)
@@ -158,12 +154,6 @@ def _quantized_failures() -> list[str]:
                     assert bool(got[:64].isfinite().all()), "a finite group became NaN"
                 except AssertionError as exc:
                     failures.append(f"rank {rank}: quantized {quantize} ({path}): {exc}")
-    finally:
-        if saved is None:
-            os.environ.pop("SYMMCOLL_QUANTIZE_MIN_BYTES", None)
-        else:
-            os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = saved
-        plan.clear_cache()
     return failures
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -132,14 +131,12 @@ def measure(numel: int, dtype: torch.dtype, kinds=KINDS, formats=FORMATS, group_
     at every size here (the exact-path fallback is switched off while measuring)."""
     import symmcoll
     from symmcoll import plan
+    from symmcoll.comm.quantized import size_threshold
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
-    saved = os.environ.get("SYMMCOLL_QUANTIZE_MIN_BYTES")
-    os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = "0"
-    plan.clear_cache()
     rows = []
-    try:
+    with size_threshold(0):
         for kind in kinds:
             x = make_input(kind, numel, rank, world, seed).to(dtype)
             exact = _exact_sum(x, device)
@@ -158,12 +155,6 @@ def measure(numel: int, dtype: torch.dtype, kinds=KINDS, formats=FORMATS, group_
                     rows.append({"kind": kind, "path": quantize, "group_size": group_size, "algorithm": name,
                                  **errors(got, exact), "outside_bound": outside,
                                  "bound_max": bound.max().item()})
-    finally:
-        if saved is None:
-            os.environ.pop("SYMMCOLL_QUANTIZE_MIN_BYTES", None)
-        else:
-            os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = saved
-        plan.clear_cache()
     return rows
 
 

@@ -40,6 +40,7 @@ for int8/fp8 at G = 64, 0.28 for int4. Pieces of ``MAX_ELEMENTS`` input elements
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -50,8 +51,8 @@ import triton.language as tl
 from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
                         open_slots, pack_words, peer_rows, post_call, quantize_groups, take_rows, unpack_words)
 from ..launcher import launch
-from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, inner,
-                    register, register_op)
+from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
+                    inner, register, register_op)
 from .common import chunks, config, meta
 
 OP = "all_reduce_quantized"
@@ -74,6 +75,23 @@ def min_bytes(device_type: str) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"SYMMCOLL_QUANTIZE_MIN_BYTES must be a number of bytes, got {value!r}") from None
+
+
+@contextlib.contextmanager
+def size_threshold(nbytes: int):
+    """``SYMMCOLL_QUANTIZE_MIN_BYTES`` = ``nbytes`` inside the block (0: the kernel at every size), the
+    plans resolved again on the way in and out (they keep the algorithm the threshold picked)."""
+    saved = os.environ.get("SYMMCOLL_QUANTIZE_MIN_BYTES")
+    os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = str(nbytes)
+    clear_cache()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("SYMMCOLL_QUANTIZE_MIN_BYTES", None)
+        else:
+            os.environ["SYMMCOLL_QUANTIZE_MIN_BYTES"] = saved
+        clear_cache()
 
 
 def shard_capacity(device_type: str, world: int) -> int:
