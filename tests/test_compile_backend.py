@@ -29,6 +29,7 @@ import symmcoll
 from symmcoll import launch, launcher
 
 import llama_client
+import norm_tail_check
 from conftest import DEVICE
 from rank_checks import assert_clean_finish, device
 
@@ -526,6 +527,28 @@ def test_state_kept_across_calls_is_made_outside_graph_pools(pools):
         assert left.count(("aten.lift_fresh.default", (2,))) > 2, left       # address tables, splits
     left = pools(2).run(first_calls_in_a_pool, True)
     assert left == [[], []], f"alive in the pool after the first calls: {left}"
+
+
+def norm_tail_on_cpu():
+    """What cudagraph trees assume of the inference tail's two ops (norm_tail_check.fresh_memory) and the
+    tail's answers per call, eager, for every algorithm of all_reduce_rms_norm."""
+    variants = [("one_shot", "sentinel_one_shot"), ("two_shot", "sentinel_two_shot"), ("unfused", "auto")]
+    findings = [f"{rms} + {ar}: {f}" for rms, ar in variants for f in norm_tail_check.fresh_memory(rms, ar)]
+    runs = norm_tail_check.norm_tail_run([(rms, ar, "eager") for rms, ar in variants], calls=2, rows=4, hidden=32)
+    assert_clean_finish("norm tail")
+    return findings, runs
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU: the GPU stage runs the same checks under CUDA graphs")
+def test_norm_tail_ops_keep_what_cuda_graphs_assume(pools):
+    """all_reduce_rms_norm and all_reduce as the backend puts them in an inference graph: inputs not
+    written, outputs fresh memory (not the inputs, each other, the last call's outputs or the workspace),
+    the fake implementation's metadata; and every row right in every call."""
+    for findings, runs in pools(2).run(norm_tail_on_cpu):
+        assert findings == []
+        for run in runs:
+            assert run["error"] is None and run["worst"] <= TOLERANCE, run
+            assert all(not c[k]["rows"] for c in run["calls"] for k in c), run
 
 
 # ---- GPU: Inductor, CUDA graphs and autotuning (scripts/gpu_check.sh stage "backend") -----------------
