@@ -5,7 +5,8 @@ call and how (the GPU stage "backend" runs it; tests/test_compile_backend.py).
     normed, h, _ = symmcoll.all_reduce_rms_norm(x, residual, weight)     (x: this rank's partial sum)
     z = symmcoll.all_reduce(normed @ b)                                  (b: this rank's weight shard)
 
-Runs: "eager" (one call after another, host code between them), "cuda_graph" (torch.cuda.graph captured
+Calls are queued back to back (results cloned on the stream, checked once all are in). Runs: "eager"
+(host code between the calls' kernels), "cuda_graph" (torch.cuda.graph captured
 after one eager call, replayed back to back with inputs copied into the captured ones) and
 "reduce-overhead" (torch.compile: cudagraph trees' warm-up, record, replays; fresh input tensors per call,
 as the block test passes them). Every call's inputs differ, so a stale result shows.
@@ -105,10 +106,12 @@ def norm_tail_run(variants, calls: int = 4, rows: int = 16, hidden: int = 64) ->
         if run == "reduce-overhead":
             torch._dynamo.reset()
             tail = torch.compile(tail, mode="reduce-overhead", fullgraph=True)
-        per_call, previous, error = [], None, None
+        per_call, previous, error, results = [], None, None, []
+        inputs = [_inputs(call, rank, world, rows, hidden, dev) for call in range(calls)]
         try:
-            for call in range(calls):
-                xs, residual, weight, bs = _inputs(call, rank, world, rows, hidden, dev)
+            # Calls are queued back to back (no host synchronisation until every call is in): each
+            # result is cloned on the stream before the next call may overwrite it (graph outputs).
+            for call, (xs, residual, weight, bs) in enumerate(inputs):
                 args = (xs[rank], residual, weight, bs[rank])
                 if run == "reduce-overhead":
                     torch.compiler.cudagraph_mark_step_begin()
@@ -126,17 +129,28 @@ def norm_tail_run(variants, calls: int = 4, rows: int = 16, hidden: int = 64) ->
                         graph = torch.cuda.CUDAGraph()
                         with torch.cuda.graph(graph):
                             outputs = tail(*static)
+                results.append([t.clone() for t in got])
+            for (xs, residual, weight, bs), got in zip(inputs, results):
                 answers = _answers(xs, residual, weight, bs, rank)
                 per_call.append({k: classify(v, k, answers, previous) for k, v in zip(("normed", "h", "z"), got)})
                 previous = {k: answers[k] for k in ("h", "normed", "z")}
             symmcoll.check()
         except Exception as exc:  # noqa: BLE001 - recorded per variant, every variant runs
             error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if any(_everyone(error)):  # a failed wait breaks the workspace: start afresh
+            symmcoll.reset()
         worst = max((c[k]["rel"] for c in per_call for k in c), default=None)
         out.append({"rms": rms_algorithm, "all_reduce": ar_algorithm, "run": run, "rank": rank, "worst": worst,
                     "calls": per_call, "error": error})
         del graph
     return out
+
+
+def _everyone(value) -> list:
+    """``value`` of every rank (collective)."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def fresh_memory(rms_algorithm: str, ar_algorithm: str, rows: int = 4, hidden: int = 32) -> list[str]:

@@ -77,7 +77,9 @@ def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compar
     """On each rank: the block parallelised, compiled with symmcoll.backend(**backend_kwargs), run
     ``calls`` times (forward, and backward of a random output gradient when ``train``) beside the
     unsharded block and (``compare_dtensor``) the parallelised block uncompiled. Returns the largest
-    relative error against each, the backend's reports and the symmcoll kernel launches."""
+    relative error against each, the backend's reports, the symmcoll kernel launches and each call's
+    largest error against each (under reduce-overhead: call 0 the warm-up, 1 recorded and replayed, 2
+    replayed)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     torch._dynamo.reset()  # a block compiled before in this process would make Dynamo's shapes dynamic
@@ -93,7 +95,7 @@ def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compar
     backend = symmcoll.backend(**backend_kwargs)
     compiled = torch.compile(blocks["compiled"], backend=backend, fullgraph=True,
                              **({"mode": mode} if mode else {}))
-    errors = {}
+    errors, per_call = {}, []
     launches = sum(launcher.LAUNCH_COUNTS.values())
     for call in range(calls):
         torch.compiler.cudagraph_mark_step_begin()  # a new iteration (CUDA graphs: last call's outputs are dead)
@@ -125,15 +127,16 @@ def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compar
                 block.zero_grad(set_to_none=True)
         for name, values in rel.items():
             errors[name] = max(errors.get(name, 0.0), *values)
+        per_call.append({name: round(max(values), 5) for name, values in rel.items()})
     assert_clean_finish(f"block (sequence_parallel={sequence_parallel})")
-    return errors, backend.reports, sum(launcher.LAUNCH_COUNTS.values()) - launches
+    return errors, backend.reports, sum(launcher.LAUNCH_COUNTS.values()) - launches, per_call
 
 
 def _check_block(results, expected: dict[str, dict[str, int]]):
     """Errors within tolerance on every rank, kernels launched (where any op is expected), and rank 0's
     graphs: no functional collective left, the ops ``expected[kind]`` in the counts given (at least
     one where 0)."""
-    for rank, (errors, _, launches) in enumerate(results):
+    for rank, (errors, _, launches, _) in enumerate(results):
         for against, err in errors.items():
             assert err <= TOLERANCE, f"rank {rank}: relative error {err:.3g} against the {against} block"
         assert launches > 0 or not any(expected.values()), f"rank {rank}: no symmcoll kernel ran"
@@ -629,6 +632,7 @@ def _block_case(pool, label, mode, sequence_parallel, backend_kwargs, train, exp
     results = [result for result, _ in runs]
     _record({"case": label, "mode": mode, "world": len(results), "device": pool.device_type,
              "seconds": round(time.monotonic() - start, 1), "errors": [r[0] for r in results],
+             "per_call": [r[3] for r in results],
              "launches": [r[2] for r in results], "rewritten": [e.result for r in results[0][1] for e in r.entries],
              "cuda_graphs": [graphs for _, graphs in runs]})
     _check_graphs(mode, runs)
@@ -676,3 +680,26 @@ def test_gpu_world_size_one(mode):
         assert err <= TOLERANCE
         assert [e.result for e in reports[0].entries] == ["symmcoll.all_gather_matmul",
                                                           "symmcoll.matmul_reduce_scatter"], str(reports[0])
+
+
+@pytest.mark.gpu
+def test_gpu_norm_tail_ops_eager_graphed_and_reduce_overhead():
+    """The inference block's tail alone (norm_tail_check: all_reduce_rms_norm, a local matmul,
+    all_reduce), two ranks (sharing GPU 0 on a one-GPU machine), every algorithm of all_reduce_rms_norm
+    with the one- and two-shot sentinel all-reduce, run eagerly, as a torch.cuda.graph replayed back to
+    back, and under torch.compile(mode="reduce-overhead"): six calls each, each wrong row named (own lost,
+    peer lost, stale, zero...). Which of them fail says where the block's reduce-overhead failure is: the
+    one-shot protocol whenever calls follow each other closely (eager back to back and cuda_graph too),
+    or only under cudagraph trees."""
+    variants = [(rms, ar, run) for run in norm_tail_check.RUNS for rms in ("one_shot", "two_shot", "unfused")
+                for ar in ("sentinel_one_shot", "sentinel_two_shot")]
+    with launch.RankPool(2, device="cuda" if torch.cuda.device_count() >= 2 else "cuda-shared") as pool:
+        results = pool.run(norm_tail_check.norm_tail_run, variants, 6, timeout=400)
+    failed = []
+    for per_rank in zip(*results):
+        for r in per_rank:
+            _record({"case": "norm tail", **r})
+            if r["error"] or r["worst"] is None or r["worst"] > TOLERANCE:
+                failed.append(f"rank {r['rank']}: {r['rms']} + {r['all_reduce']} {r['run']}: worst {r['worst']} "
+                              f"{r['error'] or ''}")
+    assert not failed, "\n".join(failed)
