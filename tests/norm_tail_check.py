@@ -29,7 +29,7 @@ from symmcoll import memory, ops
 
 EPS = 1e-6
 ROW_TOLERANCE = 5e-2
-RUNS = ("eager", "cuda_graph", "reduce-overhead")
+RUNS = ("reduce-overhead", "cuda_graph", "eager")
 
 
 def _inputs(call: int, rank: int, world: int, rows: int, hidden: int, dev):
@@ -93,14 +93,21 @@ def _tail(rms_algorithm: str, ar_algorithm: str, group_name: str):
     return tail
 
 
-def norm_tail_run(variants, calls: int = 4, rows: int = 16, hidden: int = 64) -> list[dict]:
+def norm_tail_run(variants, calls: int = 4, rows: int = 16, hidden: int = 64, deadline_s: float = 240.0) -> list[dict]:
     """On each rank: ``calls`` calls of the tail per (rms algorithm, all_reduce algorithm, run) in
-    ``variants``; per call, ``classify`` of h, normed and z. Returns one dict per variant."""
+    ``variants``; per call, ``classify`` of h, normed and z. Returns one dict per variant; variants not
+    started within ``deadline_s`` (failed waits cost SYMMCOLL_TIMEOUT_S each) are returned as skipped."""
+    import time
+    start = time.monotonic()
     world, rank = dist.get_world_size(), dist.get_rank()
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     name = ops.group_name(None)
     out = []
     for rms_algorithm, ar_algorithm, run in variants:
+        if any(_everyone(time.monotonic() - start > deadline_s)):
+            out.append({"rms": rms_algorithm, "all_reduce": ar_algorithm, "run": run, "rank": rank, "worst": None,
+                        "calls": [], "error": f"skipped: past the {deadline_s:g} s deadline"})
+            continue
         tail = _tail(rms_algorithm, ar_algorithm, name)
         graph = static = outputs = None
         if run == "reduce-overhead":
