@@ -30,6 +30,7 @@ from symmcoll import memory, ops
 EPS = 1e-6
 ROW_TOLERANCE = 5e-2
 RUNS = ("reduce-overhead", "cuda_graph", "eager")
+OUT_FEATURES = 64  # b: [hidden, 64], so that the all_reduce is the block's size whatever the hidden size
 
 
 def _inputs(call: int, rank: int, world: int, rows: int, hidden: int, dev):
@@ -40,7 +41,7 @@ def _inputs(call: int, rank: int, world: int, rows: int, hidden: int, dev):
     xs = [randn(1000 + 16 * call + r, rows, hidden) for r in range(world)]
     residual = randn(1000 + 16 * call + 15, rows, hidden)
     weight = randn(7, hidden, scale=0.5) + 1
-    bs = [randn(50 + r, hidden, hidden, scale=hidden ** -0.5) for r in range(world)]
+    bs = [randn(50 + r, hidden, OUT_FEATURES, scale=hidden ** -0.5) for r in range(world)]
     return xs, residual, weight, bs
 
 
@@ -93,9 +94,9 @@ def _tail(rms_algorithm: str, ar_algorithm: str, group_name: str):
     return tail
 
 
-def norm_tail_run(variants, calls: int = 4, rows: int = 16, hidden: int = 64, deadline_s: float = 240.0) -> list[dict]:
-    """On each rank: ``calls`` calls of the tail per (rms algorithm, all_reduce algorithm, run) in
-    ``variants``; per call, ``classify`` of h, normed and z. Returns one dict per variant; variants not
+def norm_tail_run(variants, calls: int = 4, rows: int = 16, deadline_s: float = 240.0) -> list[dict]:
+    """On each rank: ``calls`` calls of the tail per (rms algorithm, all_reduce algorithm, run, hidden
+    size) in ``variants``; per call, ``classify`` of h, normed and z. Returns one dict per variant; variants not
     started within ``deadline_s`` (failed waits cost SYMMCOLL_TIMEOUT_S each) are returned as skipped."""
     import time
     start = time.monotonic()
@@ -103,10 +104,10 @@ def norm_tail_run(variants, calls: int = 4, rows: int = 16, hidden: int = 64, de
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     name = ops.group_name(None)
     out = []
-    for rms_algorithm, ar_algorithm, run in variants:
+    for rms_algorithm, ar_algorithm, run, hidden in variants:
         if any(_everyone(time.monotonic() - start > deadline_s)):
-            out.append({"rms": rms_algorithm, "all_reduce": ar_algorithm, "run": run, "rank": rank, "worst": None,
-                        "calls": [], "error": f"skipped: past the {deadline_s:g} s deadline"})
+            out.append({"rms": rms_algorithm, "all_reduce": ar_algorithm, "run": run, "hidden": hidden, "rank": rank,
+                        "worst": None, "calls": [], "error": f"skipped: past the {deadline_s:g} s deadline"})
             continue
         tail = _tail(rms_algorithm, ar_algorithm, name)
         graph = static = outputs = None
@@ -147,7 +148,8 @@ def norm_tail_run(variants, calls: int = 4, rows: int = 16, hidden: int = 64, de
         if any(_everyone(error)):  # a failed wait breaks the workspace: start afresh
             symmcoll.reset()
         worst = max((c[k]["rel"] for c in per_call for k in c), default=None)
-        out.append({"rms": rms_algorithm, "all_reduce": ar_algorithm, "run": run, "rank": rank, "worst": worst,
+        out.append({"rms": rms_algorithm, "all_reduce": ar_algorithm, "run": run, "hidden": hidden, "rank": rank,
+                    "worst": worst,
                     "calls": per_call, "error": error})
         del graph
     return out

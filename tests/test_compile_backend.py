@@ -537,7 +537,7 @@ def norm_tail_on_cpu():
     tail's answers per call, eager, for every algorithm of all_reduce_rms_norm."""
     variants = [("one_shot", "sentinel_one_shot"), ("two_shot", "sentinel_two_shot"), ("unfused", "auto")]
     findings = [f"{rms} + {ar}: {f}" for rms, ar in variants for f in norm_tail_check.fresh_memory(rms, ar)]
-    runs = norm_tail_check.norm_tail_run([(rms, ar, "eager") for rms, ar in variants], calls=2, rows=4, hidden=32)
+    runs = norm_tail_check.norm_tail_run([(rms, ar, "eager", 32) for rms, ar in variants], calls=2, rows=4)
     assert_clean_finish("norm tail")
     return findings, runs
 
@@ -688,11 +688,13 @@ def test_gpu_norm_tail_ops_eager_graphed_and_reduce_overhead():
     all_reduce), two ranks (sharing GPU 0 on a one-GPU machine), every algorithm of all_reduce_rms_norm
     with the one- and two-shot sentinel all-reduce, run eagerly, as a torch.cuda.graph replayed back to
     back, and under torch.compile(mode="reduce-overhead"): six calls each, each wrong row named (own lost,
-    peer lost, stale, zero...). Which of them fail says where the block's reduce-overhead failure is: the
-    one-shot protocol whenever calls follow each other closely (eager back to back and cuda_graph too),
-    or only under cudagraph trees."""
-    variants = [(rms, ar, run) for run in norm_tail_check.RUNS for rms in ("one_shot", "two_shot", "unfused")
+    peer lost, stale, zero...); at the block's hidden size 64 (a row's words are fewer than a program's
+    threads) and at 4096. Which of them fail says where the block's reduce-overhead failure is: a
+    protocol race shows in every run (eager, queued back to back, and cuda_graph too), a cudagraph-trees
+    problem only under reduce-overhead."""
+    variants = [(rms, ar, run, 64) for run in norm_tail_check.RUNS for rms in ("one_shot", "two_shot", "unfused")
                 for ar in ("sentinel_one_shot", "sentinel_two_shot")]
+    variants += [(rms, "sentinel_one_shot", run, 4096) for run in norm_tail_check.RUNS for rms in ("one_shot", "two_shot")]
     with launch.RankPool(2, device="cuda" if torch.cuda.device_count() >= 2 else "cuda-shared") as pool:
         results = pool.run(norm_tail_check.norm_tail_run, variants, 6, timeout=400)
     failed = []
@@ -700,6 +702,6 @@ def test_gpu_norm_tail_ops_eager_graphed_and_reduce_overhead():
         for r in per_rank:
             _record({"case": "norm tail", **r})
             if r["error"] or r["worst"] is None or r["worst"] > TOLERANCE:
-                failed.append(f"rank {r['rank']}: {r['rms']} + {r['all_reduce']} {r['run']}: worst {r['worst']} "
-                              f"{r['error'] or ''}")
+                failed.append(f"rank {r['rank']}: {r['rms']} + {r['all_reduce']} {r['run']} hidden {r['hidden']}: "
+                              f"worst {r['worst']} {r['error'] or ''}")
     assert not failed, "\n".join(failed)
