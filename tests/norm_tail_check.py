@@ -11,6 +11,11 @@ after one eager call, replayed back to back with inputs copied into the captured
 "reduce-overhead" (torch.compile: cudagraph trees' warm-up, record, replays; fresh input tensors per call,
 as the block test passes them). Every call's inputs differ, so a stale result shows.
 
+Hidden sizes: the block's 64, where the one-shot kernels poll a [2 peers, 32 words] tile with 128
+threads (every word loaded by two warps: a replicated layout, whose copies Triton assumes equal; the
+sm_90 code stores both copies to shared memory unpredicated after the volatile polling loads), and
+4096, where nothing is replicated: a failure at 64 only points at the replicated polling.
+
 Each wrong row (relative error above ROW_TOLERANCE) is named by what it equals: "own lost" (the other
 ranks' contributions only), "peer lost" (this rank's only), "stale" (the previous call's answer),
 "zero", "residual only" (h: nothing added), or "other". Besides, ``fresh_memory`` checks what
