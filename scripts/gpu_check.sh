@@ -130,8 +130,11 @@ for stage in $stages; do
       # two ranks (sharing GPU 0 on a one-GPU machine) and world size 1, against the unsharded block.
       # One JSON line per case in backend_gpu.jsonl (errors, rewrites, kernel launches, seconds; under
       # reduce-overhead cuda_graphs: graphs recorded per rank, which must be > 0). A failed cudagraph-trees pool
-      # check is raised again listing each live block's size and allocating frames. BACKEND_FILTER
-      # (pytest -k) splits it, e.g. "reduce" and "autotune" in two calls.
+      # check is raised again listing each live block's size and allocating frames; per_call: each call's
+      # error (0 warm-up, 1 recorded + replayed, 2 replayed). Then the inference tail's two ops alone
+      # (tests/norm_tail_check.py): "case": "norm tail" lines, one per (rms algorithm, all-reduce, run,
+      # rank), runs reduce-overhead / cuda_graph / eager, each call's wrong rows named (own lost, peer lost,
+      # stale, zero, other). BACKEND_FILTER (pytest -k) splits it, e.g. "reduce" and "autotune" in two calls.
       rm -f "$OUT/backend_gpu.jsonl"
       SYMMCOLL_BACKEND_RESULTS="$OUT/backend_gpu.jsonl" timeout ${BACKEND_TIMEOUT:-470} python3 -m pytest -v -rA -s \
         -p no:cacheprovider -m gpu ${BACKEND_FILTER:+-k "$BACKEND_FILTER"} tests/test_compile_backend.py 2>&1 \

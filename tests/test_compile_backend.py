@@ -29,6 +29,7 @@ import symmcoll
 from symmcoll import launch, launcher
 
 import llama_client
+import norm_tail_check
 from conftest import DEVICE
 from rank_checks import assert_clean_finish, device
 
@@ -76,7 +77,9 @@ def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compar
     """On each rank: the block parallelised, compiled with symmcoll.backend(**backend_kwargs), run
     ``calls`` times (forward, and backward of a random output gradient when ``train``) beside the
     unsharded block and (``compare_dtensor``) the parallelised block uncompiled. Returns the largest
-    relative error against each, the backend's reports and the symmcoll kernel launches."""
+    relative error against each, the backend's reports, the symmcoll kernel launches and each call's
+    largest error against each (under reduce-overhead: call 0 the warm-up, 1 recorded and replayed, 2
+    replayed)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     torch._dynamo.reset()  # a block compiled before in this process would make Dynamo's shapes dynamic
@@ -92,7 +95,7 @@ def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compar
     backend = symmcoll.backend(**backend_kwargs)
     compiled = torch.compile(blocks["compiled"], backend=backend, fullgraph=True,
                              **({"mode": mode} if mode else {}))
-    errors = {}
+    errors, per_call = {}, []
     launches = sum(launcher.LAUNCH_COUNTS.values())
     for call in range(calls):
         torch.compiler.cudagraph_mark_step_begin()  # a new iteration (CUDA graphs: last call's outputs are dead)
@@ -124,15 +127,16 @@ def block_run(sequence_parallel: bool, backend_kwargs: dict, train: bool, compar
                 block.zero_grad(set_to_none=True)
         for name, values in rel.items():
             errors[name] = max(errors.get(name, 0.0), *values)
+        per_call.append({name: round(max(values), 5) for name, values in rel.items()})
     assert_clean_finish(f"block (sequence_parallel={sequence_parallel})")
-    return errors, backend.reports, sum(launcher.LAUNCH_COUNTS.values()) - launches
+    return errors, backend.reports, sum(launcher.LAUNCH_COUNTS.values()) - launches, per_call
 
 
 def _check_block(results, expected: dict[str, dict[str, int]]):
     """Errors within tolerance on every rank, kernels launched (where any op is expected), and rank 0's
     graphs: no functional collective left, the ops ``expected[kind]`` in the counts given (at least
     one where 0)."""
-    for rank, (errors, _, launches) in enumerate(results):
+    for rank, (errors, _, launches, _) in enumerate(results):
         for against, err in errors.items():
             assert err <= TOLERANCE, f"rank {rank}: relative error {err:.3g} against the {against} block"
         assert launches > 0 or not any(expected.values()), f"rank {rank}: no symmcoll kernel ran"
@@ -528,6 +532,28 @@ def test_state_kept_across_calls_is_made_outside_graph_pools(pools):
     assert left == [[], []], f"alive in the pool after the first calls: {left}"
 
 
+def norm_tail_on_cpu():
+    """What cudagraph trees assume of the inference tail's two ops (norm_tail_check.fresh_memory) and the
+    tail's answers per call, eager, for every algorithm of all_reduce_rms_norm."""
+    variants = [("one_shot", "sentinel_one_shot"), ("two_shot", "sentinel_two_shot"), ("unfused", "auto")]
+    findings = [f"{rms} + {ar}: {f}" for rms, ar in variants for f in norm_tail_check.fresh_memory(rms, ar)]
+    runs = norm_tail_check.norm_tail_run([(rms, ar, "eager", 32) for rms, ar in variants], calls=2, rows=4)
+    assert_clean_finish("norm tail")
+    return findings, runs
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU: the GPU stage runs the same checks under CUDA graphs")
+def test_norm_tail_ops_keep_what_cuda_graphs_assume(pools):
+    """all_reduce_rms_norm and all_reduce as the backend puts them in an inference graph: inputs not
+    written, outputs fresh memory (not the inputs, each other, the last call's outputs or the workspace),
+    the fake implementation's metadata; and every row right in every call."""
+    for findings, runs in pools(2).run(norm_tail_on_cpu):
+        assert findings == []
+        for run in runs:
+            assert run["error"] is None and run["worst"] <= TOLERANCE, run
+            assert all(not c[k]["rows"] for c in run["calls"] for k in c), run
+
+
 # ---- GPU: Inductor, CUDA graphs and autotuning (scripts/gpu_check.sh stage "backend") -----------------
 
 GPU_MODES = ["reduce-overhead", "max-autotune-no-cudagraphs"]
@@ -606,6 +632,7 @@ def _block_case(pool, label, mode, sequence_parallel, backend_kwargs, train, exp
     results = [result for result, _ in runs]
     _record({"case": label, "mode": mode, "world": len(results), "device": pool.device_type,
              "seconds": round(time.monotonic() - start, 1), "errors": [r[0] for r in results],
+             "per_call": [r[3] for r in results],
              "launches": [r[2] for r in results], "rewritten": [e.result for r in results[0][1] for e in r.entries],
              "cuda_graphs": [graphs for _, graphs in runs]})
     _check_graphs(mode, runs)
@@ -653,3 +680,28 @@ def test_gpu_world_size_one(mode):
         assert err <= TOLERANCE
         assert [e.result for e in reports[0].entries] == ["symmcoll.all_gather_matmul",
                                                           "symmcoll.matmul_reduce_scatter"], str(reports[0])
+
+
+@pytest.mark.gpu
+def test_gpu_norm_tail_ops_eager_graphed_and_reduce_overhead():
+    """The inference block's tail alone (norm_tail_check: all_reduce_rms_norm, a local matmul,
+    all_reduce), two ranks (sharing GPU 0 on a one-GPU machine), every algorithm of all_reduce_rms_norm
+    with the one- and two-shot sentinel all-reduce, run eagerly, as a torch.cuda.graph replayed back to
+    back, and under torch.compile(mode="reduce-overhead"): six calls each, each wrong row named (own lost,
+    peer lost, stale, zero...); at the block's hidden size 64 (a row's words are fewer than a program's
+    threads) and at 4096. Which of them fail says where the block's reduce-overhead failure is: a
+    protocol race shows in every run (eager, queued back to back, and cuda_graph too), a cudagraph-trees
+    problem only under reduce-overhead."""
+    variants = [(rms, ar, run, 64) for run in norm_tail_check.RUNS for rms in ("one_shot", "two_shot", "unfused")
+                for ar in ("sentinel_one_shot", "sentinel_two_shot")]
+    variants += [(rms, "sentinel_one_shot", run, 4096) for run in norm_tail_check.RUNS for rms in ("one_shot", "two_shot")]
+    with launch.RankPool(2, device="cuda" if torch.cuda.device_count() >= 2 else "cuda-shared") as pool:
+        results = pool.run(norm_tail_check.norm_tail_run, variants, 6, timeout=400)
+    failed = []
+    for per_rank in zip(*results):
+        for r in per_rank:
+            _record({"case": "norm tail", **r})
+            if r["error"] or r["worst"] is None or r["worst"] > TOLERANCE:
+                failed.append(f"rank {r['rank']}: {r['rms']} + {r['all_reduce']} {r['run']} hidden {r['hidden']}: "
+                              f"worst {r['worst']} {r['error'] or ''}")
+    assert not failed, "\n".join(failed)
