@@ -337,7 +337,24 @@ def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, desc, o
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
+    # A tile smaller than the program's threads is held twice (two warps a word): the block-wide
+    # reduction above decides on one copy, the values used later may come from the other. A copy still
+    # behind reads once more (the reduction saw its word arrive, so one read finds it); whole tiles
+    # predicate this load off.
+    stale = mask & ((slots >> 32).to(tl.int32) != epoch)
+    slots = tl.where(stale, tl.load(ptrs, mask=stale, other=ready, volatile=True), slots)
     return slots, end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
+
+
+@triton.jit
+def reread_stale_copies(ptrs, mask, words, EMPTY: tl.constexpr):
+    """After a sentinel wait: a tile smaller than the program's threads is held twice (two warps a
+    word), the wait's block-wide reduction decides on one copy and the values used later may come from
+    the other, still EMPTY (seen on an H200 at hidden 64: a peer's part summed as -0). Such a copy reads
+    its words once more: the reduction saw them arrive, so one read finds them. Whole tiles predicate
+    this load off."""
+    stale = mask & (words == EMPTY)
+    return tl.where(stale, tl.load(ptrs, mask=stale, other=0, volatile=True), words)
 
 
 @triton.jit
@@ -361,6 +378,7 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
+    words = reread_stale_copies(ptrs, mask, words, EMPTY)
     return words, end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
 
 
@@ -384,6 +402,7 @@ def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
+    words = reread_stale_copies(ptrs, mask, words, EMPTY)
     first = tl.min(tl.where(pending > 0, rows, MAX_WORLD), axis=0)
     return words, end_wait(tl.max(pending, axis=0) > 0, wrong, theirs, late, budget, status_ptr, rank, first,
                             desc)
