@@ -352,9 +352,12 @@ def reread_stale_copies(ptrs, mask, words, EMPTY: tl.constexpr):
     word), the wait's block-wide reduction decides on one copy and the values used later may come from
     the other, still EMPTY (seen on an H200 at hidden 64: a peer's part summed as -0). Such a copy reads
     its words once more: the reduction saw them arrive, so one read finds them. Whole tiles predicate
-    this load off."""
+    this load off. The barrier after it: the caller empties the slots next, and a warp that empties
+    them before the other copy's read would hand that copy EMPTY again."""
     stale = mask & (words == EMPTY)
-    return tl.where(stale, tl.load(ptrs, mask=stale, other=0, volatile=True), words)
+    words = tl.where(stale, tl.load(ptrs, mask=stale, other=0, volatile=True), words)
+    tl.debug_barrier()
+    return words
 
 
 @triton.jit

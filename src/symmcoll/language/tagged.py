@@ -91,6 +91,12 @@ def wait_escaped(data_ptrs, mask_ptrs, valid, rows, EMPTY: tl.constexpr, spin_bu
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
+    # As signals.reread_stale_copies: a copy of the tile still behind reads once more, and nobody empties
+    # the slots (the caller, next) before every copy has read.
+    stale = valid & ((words == EMPTY) | (masks == EMPTY))
+    words = tl.where(stale, tl.load(data_ptrs, mask=stale, other=0, volatile=True), words)
+    masks = tl.where(stale, tl.load(mask_ptrs, mask=stale, other=0, volatile=True), masks)
+    tl.debug_barrier()
     first = tl.min(tl.where(pending > 0, rows, 1 << 20), axis=0)
     no_headers = tl.arange(0, MAX_WORLD) < 0  # headers were checked with the counts
     budget = end_wait(tl.max(pending, axis=0) > 0, no_headers, tl.zeros([MAX_WORLD], tl.int32), no_headers, budget,
