@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..launcher import launch
-from .symm_buffers import symmetric_view
+from ..memory.torch_buffers import symmetric_view
 
 REPEATS = 5
 PULL_BLOCK = 8192
