@@ -346,15 +346,12 @@ def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, re
         plan = _PLANS.get(key)
     except (TypeError, AttributeError):  # not a tensor, or an unhashable argument: validated below
         plan, key = None, None
-    if plan is not None:
-        if not x.is_contiguous():
-            _check_inputs(op, x, (), x_name, other_names)  # raises, naming the argument
-        for t in others:
+    if plan is not None:  # only the layout can differ from the call that made the plan
+        for i, t in enumerate((x, *others)):
             if not t.is_contiguous():
-                _check_inputs(op, x, others, x_name, other_names)
-                break
+                _check_input(op, i, t, x_name, other_names)  # raises, naming the argument, unless allowed
         return plan
-    names = _check_inputs(op, x, others, x_name, other_names)
+    names = tuple(_check_input(op, i, t, x_name, other_names) for i, t in enumerate((x, *others)))
     other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others)
     plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options, names)
     if key is not None:
@@ -364,15 +361,15 @@ def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, re
     return plan
 
 
-def _check_inputs(op: str, x, others: tuple, x_name: str | None, other_names: tuple | None) -> tuple:
-    """check_tensor of every input under its public name; returns the names (main input first)."""
-    registered = _INPUT_NAMES.get(op, ("x",))
-    names = (x_name or registered[0], *(registered[1:] if other_names is None else other_names))
-    transposed = _TRANSPOSED.get(op, ())
-    for i, t in enumerate((x, *others)):
-        name = names[i] if i < len(names) else f"input {i}"
-        check_tensor(t, name, name.split("[")[0] in transposed)  # "b[1]": the second of a list named b
-    return names
+def _check_input(op: str, i: int, t, x_name: str | None, other_names: tuple | None) -> str:
+    """check_tensor of input ``i`` (0: the main one) under its public name, which it returns."""
+    if i == 0:
+        name = x_name or _INPUT_NAMES.get(op, ("x",))[0]
+    else:
+        names = _INPUT_NAMES.get(op, ("x",))[1:] if other_names is None else other_names
+        name = names[i - 1] if i - 1 < len(names) else f"input {i}"
+    check_tensor(t, name, name.split("[")[0] in _TRANSPOSED.get(op, ()))  # "b[1]": the second of a list b
+    return name
 
 
 def _group_and_world(group):
