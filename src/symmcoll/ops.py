@@ -148,9 +148,4 @@ def world_size(group_name: str) -> int:
     return dist.get_world_size(resolve_group(group_name))
 
 
-def is_plain(x) -> bool:
-    """A real tensor outside any tracing (what ``OpSpec.__call__`` checks of every tensor argument)."""
-    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
-
-
-__all__ = ["OpSpec", "declare", "specs", "group_name", "resolve_group", "forget_groups", "world_size", "is_plain"]
+__all__ = ["OpSpec", "declare", "specs", "group_name", "resolve_group", "forget_groups", "world_size"]
