@@ -202,6 +202,19 @@ def scratch_counts(plan: Plan, device: torch.device) -> torch.Tensor:
     return cached
 
 
+def exchange_outputs(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, matrix, splits_dev: torch.Tensor | None):
+    """(out, received counts, max_rows, this rank's splits on the device) of an all-to-all call. Device
+    splits (``matrix`` None): the caller's out of max_rows rows and splits, and a counts tensor of its
+    own (returned to the caller); host splits: out sized exactly (allocated if None), the plan's splits
+    tensor and scratch counts."""
+    if matrix is None:
+        return out, torch.empty(plan.world, dtype=torch.int64, device=x.device), out.shape[0], splits_dev
+    max_rows = sum(matrix[s][plan.rank] for s in range(plan.world))
+    if out is None:
+        out = torch.empty((max_rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out, scratch_counts(plan, x.device), max_rows, splits_tensor(plan, matrix, x.device)
+
+
 def plan_rounds(words: list[list[int]], capacity: int, align: int = 1) -> tuple[int, int]:
     """(piece_len, rounds) for chunk sizes ``words[s][j]`` (words rank s sends to rank j).
 
