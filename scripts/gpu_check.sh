@@ -39,7 +39,9 @@ for stage in $stages; do
   case $stage in
     tests)
       sizes=2; [ "$ngpu" -ge 3 ] && sizes=2,3; [ "$ngpu" -ge 4 ] && sizes=2,3,4
-      SYMMCOLL_TEST_WORLD_SIZES=${TEST_WORLD_SIZES:-$sizes} timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -v -rA -p no:cacheprovider \
+      # One GPU: the ranks of a multi-rank test share it (launch device "cuda-shared").
+      dev=cuda; [ "$ngpu" -ge 2 ] || dev=cuda-shared
+      SYMMCOLL_TEST_DEVICE=${TEST_DEVICE:-$dev} SYMMCOLL_TEST_WORLD_SIZES=${TEST_WORLD_SIZES:-$sizes} timeout ${TESTS_TIMEOUT:-540} python3 -m pytest -v -rA -p no:cacheprovider \
         ${TEST_FILTER:+-k "$TEST_FILTER"} ${TEST_PATHS:-tests/} --ignore=tests/test_compile.py --ignore=tests/test_bench.py 2>&1 \
         | tee "$OUT/gpu_tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -127,7 +129,9 @@ for stage in $stages; do
       # symmcoll.backend (issue 26): the Llama block of tests/llama_client.py compiled with inner="inductor"
       # under mode="reduce-overhead" (CUDA graphs: warm-up, capture, replay) and "max-autotune-no-cudagraphs",
       # two ranks (sharing GPU 0 on a one-GPU machine) and world size 1, against the unsharded block.
-      # One JSON line per case in backend_gpu.jsonl (errors, rewrites, kernel launches, seconds). BACKEND_FILTER
+      # One JSON line per case in backend_gpu.jsonl (errors, rewrites, kernel launches, seconds; under
+      # reduce-overhead cuda_graphs: graphs recorded per rank, which must be > 0). A failed cudagraph-trees pool
+      # check is raised again listing each live block's size and allocating frames. BACKEND_FILTER
       # (pytest -k) splits it, e.g. "reduce" and "autotune" in two calls.
       rm -f "$OUT/backend_gpu.jsonl"
       SYMMCOLL_BACKEND_RESULTS="$OUT/backend_gpu.jsonl" timeout ${BACKEND_TIMEOUT:-470} python3 -m pytest -v -rA -s \

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import symmcoll
 from symmcoll import launch, launcher
@@ -445,6 +446,84 @@ def test_backend_arguments():
                                       mode="reduce-overhead")
 
 
+# ---- state kept across calls, made outside CUDA-graph pools (memory/persistent_state.py) ---------------
+
+class PoolStandIn(TorchDispatchMode):
+    """On CPU, what cudagraph trees' warm-up does to this thread's CUDA allocations: every storage an op
+    of this thread creates is noted (dispatch modes, like the pool's filter, are per thread; symmcoll
+    ops are run with the mode on inside them, as the pool sees their allocations too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._pytree import tree_leaves
+        kwargs = kwargs or {}
+        if func.namespace == "symmcoll":
+            with self:
+                return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **kwargs)
+        out = func(*args, **kwargs)
+        given = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            # lift_fresh hands on what torch.tensor(data) made outside the dispatcher
+            if isinstance(t, torch.Tensor) and (t.untyped_storage()._cdata not in given
+                                                or func is torch.ops.aten.lift_fresh.default):
+                self.made.append((str(func), tuple(t.shape), StorageWeakRef(t.untyped_storage())))
+        return out
+
+
+def first_calls_in_a_pool(threaded: bool):
+    """From scratch (no workspace, plan or split-K counters): the first calls of the ops that keep
+    device state (the workspace, all_gather_matmul's flags, all_to_all's splits, a split-K GEMM's
+    counters) under the stand-in pool, with memory.persistent_state's thread (``threaded``) or inline.
+    Returns what the stand-in saw made and still alive once the outputs are dropped: what cudagraph
+    trees' check_memory_pool would report."""
+    import gc
+    from symmcoll.fused import gemm
+    from symmcoll.fused.gemm_configs import GemmConfig
+    from symmcoll.memory import persistent_state
+
+    world, rank, dev = dist.get_world_size(), dist.get_rank(), device()
+    symmcoll.reset()  # (every rank runs this: the next call makes the workspace again, collectively)
+    gemm._COUNTERS.clear()  # made once per process otherwise
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(4 * world, 8, generator=g).to(dev)
+    a, b = (torch.randn(*shape, generator=g).to(dev, torch.bfloat16) for shape in ((16, 32), (32, 16)))
+    ga, gb = (torch.randn(*shape, generator=g).to(dev, torch.bfloat16) for shape in ((9, 256), (256, 64)))
+    sends = [1] + [2] * (world - 1)
+    pool = PoolStandIn()
+    if threaded:
+        persistent_state.THREADED_DEVICE_TYPES.add("cpu")
+    try:
+        with pool:
+            outs = [symmcoll.all_reduce(x), symmcoll.all_gather_matmul(a, b, algorithm="fused"),
+                    symmcoll.all_to_all(x[:sum(sends)], splits=sends),
+                    gemm.matmul(ga, gb, config=GemmConfig(16, 32, 32, 1, 4, True, 4, 1))]  # split-K
+    finally:
+        persistent_state.THREADED_DEVICE_TYPES.discard("cpu")
+    assert all(o.isfinite().all() for o in outs[:2] + outs[3:])
+    del outs
+    gc.collect()
+    assert_clean_finish("first calls in a pool")
+    return [(op, shape) for op, shape, ref in pool.made if not ref.expired()]
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the stand-in pool is a CPU test")
+def test_state_kept_across_calls_is_made_outside_graph_pools(pools):
+    """Everything symmcoll keeps after a first call (the reduce-overhead GPU failure: "Detected 31
+    tensor(s) in the cudagraph pool not tracked as outputs") is made by memory.persistent, on a thread
+    the pool does not see. Inline (as before the fix), the stand-in finds the workspace's tables."""
+    from symmcoll.fused.gemm_configs import MAX_SPLIT_TILES
+    for left in pools(2).run(first_calls_in_a_pool, False):
+        assert ("aten.zeros.default", (MAX_SPLIT_TILES,)) in left, left    # the split-K counters
+        assert ("aten.empty.memory_format", (2,)) in left, left              # all_to_all's received counts
+        assert left.count(("aten.lift_fresh.default", (2,))) > 2, left       # address tables, splits
+    left = pools(2).run(first_calls_in_a_pool, True)
+    assert left == [[], []], f"alive in the pool after the first calls: {left}"
+
+
 # ---- GPU: Inductor, CUDA graphs and autotuning (scripts/gpu_check.sh stage "backend") -----------------
 
 GPU_MODES = ["reduce-overhead", "max-autotune-no-cudagraphs"]
@@ -462,14 +541,77 @@ def _record(case: dict) -> None:
             f.write(line + "\n")
 
 
+def gpu_case(mode: str, fn, *args):
+    """``fn(*args)`` on this rank, and what CUDA graphs did: {"graphs": graphs cudagraph trees recorded
+    (0 under reduce-overhead: it ran eagerly), "cudagraph_skips": partitions Inductor left eager}.
+    Under reduce-overhead the CUDA allocator records where each block was allocated (Python stacks),
+    so that a failure of cudagraph trees' pool check ("Detected N tensor(s) in the cudagraph pool not
+    tracked as outputs", which lists bare addresses) is raised again, last in the traceback, with each
+    live block's size and the frames of symmcoll and of the tests that allocated it."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+    if mode != "reduce-overhead":
+        return fn(*args), {}
+    skips = counters["inductor"]["cudagraph_skips"]
+    record, recorded = CUDAGraphTreeManager.record_function, []
+
+    def counted(manager, *a, **kw):  # (the manager and its graphs are gone once fn's model is)
+        recorded.append(1)
+        return record(manager, *a, **kw)
+
+    CUDAGraphTreeManager.record_function = counted
+    torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=1 << 20)
+    try:
+        result = fn(*args)
+    except RuntimeError as exc:
+        if "cudagraph pool" not in str(exc):
+            raise
+        raise RuntimeError(_pool_leak_sites(str(exc))) from exc
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+        CUDAGraphTreeManager.record_function = record
+    return result, {"graphs": len(recorded), "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips}
+
+
+def _pool_leak_sites(message: str) -> str:
+    """The blocks a pool-check message names: size, stream, and the innermost frames of symmcoll or the
+    tests (any frames where none), identical sites counted once."""
+    import collections
+    import re
+    wanted = {int(a) for a in re.findall(r"Data Pointer: (\d+)", message)}
+    sites = collections.Counter()
+    for segment in torch.cuda.memory._snapshot()["segments"]:
+        address = segment["address"]
+        for block in segment["blocks"]:
+            if address in wanted:
+                frames = block.get("frames", [])
+                ours = [f for f in frames if "symmcoll" in f["filename"] or "/tests/" in f["filename"]] or frames
+                where = " < ".join(f"{'/'.join(f['filename'].split('/')[-2:])}:{f['line']} {f['name']}"
+                                   for f in ours[:4])
+                sites[(block["size"], segment["stream"], where or "(no history)")] += 1
+            address += block["size"]
+    lines = [f"{n} x {size} B (stream {stream:#x}): {where}" for (size, stream, where), n in sites.most_common(40)]
+    return (f"{len(wanted)} blocks alive in the cudagraph pool after warm-up, not outputs; allocated at "
+            f"(innermost first):\n" + "\n".join(lines))
+
+
 def _block_case(pool, label, mode, sequence_parallel, backend_kwargs, train, expected):
     import time
     start = time.monotonic()
-    results = pool.run(block_run, sequence_parallel, backend_kwargs, train, False, mode, 3, timeout=400)
+    runs = pool.run(gpu_case, mode, block_run, sequence_parallel, backend_kwargs, train, False, mode, 3, timeout=400)
+    results = [result for result, _ in runs]
     _record({"case": label, "mode": mode, "world": len(results), "device": pool.device_type,
              "seconds": round(time.monotonic() - start, 1), "errors": [r[0] for r in results],
-             "launches": [r[2] for r in results], "rewritten": [e.result for r in results[0][1] for e in r.entries]})
+             "launches": [r[2] for r in results], "rewritten": [e.result for r in results[0][1] for e in r.entries],
+             "cuda_graphs": [graphs for _, graphs in runs]})
+    _check_graphs(mode, runs)
     _check_block(results, expected)
+
+
+def _check_graphs(mode: str, runs) -> None:
+    """Under reduce-overhead the calls ran as CUDA graphs (forward, and backward when training)."""
+    for rank, (_, graphs) in enumerate(runs):
+        assert mode != "reduce-overhead" or graphs["graphs"] > 0, f"rank {rank}: no CUDA graph recorded: {graphs}"
 
 
 @pytest.mark.gpu
@@ -498,10 +640,12 @@ def test_gpu_world_size_one(mode):
     with launch.RankPool(1, device="cuda") as pool:
         _block_case(pool, "tp_sp train", mode, True, FUSED, True, {"forward": {}, "backward": {}})
         start = time.monotonic()
-        err, reports = pool.run(functional_run, True, False, False, FUSED, 64, mode, 3, timeout=400)[0]
+        runs = pool.run(gpu_case, mode, functional_run, True, False, False, FUSED, 64, mode, 3, timeout=400)
+        (err, reports), graphs = runs[0]
         _record({"case": "functional sp inference", "mode": mode, "world": 1, "device": "cuda",
                  "seconds": round(time.monotonic() - start, 1), "errors": [err],
-                 "rewritten": [e.result for e in reports[0].entries]})
+                 "rewritten": [e.result for e in reports[0].entries], "cuda_graphs": [graphs]})
+        _check_graphs(mode, runs)
         assert err <= TOLERANCE
         assert [e.result for e in reports[0].entries] == ["symmcoll.all_gather_matmul",
                                                           "symmcoll.matmul_reduce_scatter"], str(reports[0])

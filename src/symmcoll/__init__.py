@@ -217,10 +217,10 @@ def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = 
 
 def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
     """This rank's row shard of sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own;
-    contiguous, or the transpose of a contiguous [N, K] such as ``linear.weight.t()``: no copy), output [M / W, N] (rows [r * M/W, (r+1) * M/W) on rank r; M % W == 0). bf16/fp16/fp32, fp32
-    accumulation. algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "unfused"
-    (torch.matmul + symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's). Not
-    differentiable."""
+    contiguous, or the transpose of a contiguous [N, K] such as ``linear.weight.t()``: no copy), output
+    [M / W, N] (rows [r * M/W, (r+1) * M/W) on rank r; M % W == 0). bf16/fp16/fp32, fp32 accumulation.
+    algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "unfused" (torch.matmul +
+    symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's). Not differentiable."""
     name = _ops.group_name(group)
     return _matmul_reduce_scatter.SPEC(_tensor(a, "a"), _tensor(b, "b"), name, algorithm)
 

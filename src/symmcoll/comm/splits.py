@@ -26,6 +26,7 @@ import triton
 
 from ..language import MAX_WORLD, announce, block_barrier, copy_blocks, peer_ptr, tee_blocks
 from ..launcher import launch
+from ..memory.persistent_state import persistent
 from ..ops import OpSpec, declare, resolve_group, world_size
 from ..plan import DEVICE_SPLITS, Plan, Request, algorithms, resolve
 
@@ -190,7 +191,8 @@ def splits_tensor(plan: Plan, matrix: list[list[int]], device: torch.device) -> 
     """This rank's splits as a device tensor, made once per plan (host-side splits are part of the plan)."""
     cached = plan.cache.get("splits_dev")
     if cached is None:
-        cached = plan.cache["splits_dev"] = torch.tensor(matrix[plan.rank], dtype=torch.int64, device=device)
+        cached = plan.cache["splits_dev"] = persistent(
+            device, lambda: torch.tensor(matrix[plan.rank], dtype=torch.int64, device=device))
     return cached
 
 
@@ -198,7 +200,8 @@ def scratch_counts(plan: Plan, device: torch.device) -> torch.Tensor:
     """Where kernels write the received counts when the caller did not ask for them."""
     cached = plan.cache.get("recv_dev")
     if cached is None:
-        cached = plan.cache["recv_dev"] = torch.empty(plan.world, dtype=torch.int64, device=device)
+        cached = plan.cache["recv_dev"] = persistent(
+            device, lambda: torch.empty(plan.world, dtype=torch.int64, device=device))
     return cached
 
 

@@ -24,9 +24,12 @@ Numbered variants of one op, from the unfused reference to one kernel (all corre
                         flag. Consumers wait only on producers, which have lower program ids: they are
                         scheduled first on the GPU and run first under the interpreter.
 
-Flags are int32 per chunk of BM rows, tagged with the call's epoch (a per-plan device counter), so
+Flags are int64 per chunk of BM rows, tagged with the call's epoch (a per-plan device counter), so
 nothing is ever reset and graph replays need no host work. Chunks never straddle two ranks' rows.
 Shards larger than the workspace buffer go in pieces of rows (every shard's rows [j*P, (j+1)*P)).
+A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel alone (no producers,
+barriers or copies; host tensor descriptors), and its tiles write the gathered A as they go (tile
+(m, n) copies its 1/num_n slice of row block m's columns).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from .. import plan as planner
 from ..language import (EPOCH_SLOTS, announce, barrier_kernel, block_barrier, end_launch, launch_epoch, peer_ptr,
                         send_tile_flag, wait_tile_flag)
 from ..launcher import launch
+from ..memory.persistent_state import persistent
 from ..plan import Algorithm, Plan
 from . import gemm
 from .gemm_configs import gemm_config
@@ -78,11 +82,13 @@ def ag_matmul_kernel(
     # A shard [rows, K] (my input), B [K, N] (or W = B^T [N, K] if B_T), C and gathered A (rows of owner s
     # start at s * shard_stride)
     a_ptr, b_ptr, c_ptr, g_ptr, rows, N, K, shard_stride, stride_a, stride_b, stride_c, stride_g,
+    # HOST_DESC (a group of one, TMA): the host's tensor descriptors of A and B (no device work per tile)
+    a_desc, b_desc,
     # SOURCE: PEER_BUFFERS, COPY_ENGINE or PRODUCERS; the first N_PRODUCERS programs pull (PRODUCERS only)
     WORLD: tl.constexpr, SOURCE: tl.constexpr, N_PRODUCERS: tl.constexpr, CONSUMERS: tl.constexpr,
     # the GEMM core's tile config (gemm_configs.GemmConfig.meta, split_k = 1)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
-    B_T: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
+    B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -118,7 +124,9 @@ def ag_matmul_kernel(
         num_n = tl.cdiv(N, BN)
         b_src = b_ptr
         if TMA:
-            if B_T:
+            if HOST_DESC:
+                b_src = b_desc
+            elif B_T:
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
             else:
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
@@ -150,7 +158,11 @@ def ag_matmul_kernel(
                 stride = stride_g
                 row = owner * shard_stride + local_first
             if TMA:
-                a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1], block_shape=[BM, BK])
+                if HOST_DESC:  # WORLD == 1: every row is mine
+                    a_src = a_desc
+                else:
+                    a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1],
+                                                      block_shape=[BM, BK])
                 acc = gemm.k_loop(a_src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK,
                                   TMA, SWAP_AB, B_T, PRECISION)
             else:
@@ -159,6 +171,15 @@ def ag_matmul_kernel(
             if budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
                                 tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
+            if WORLD == 1:
+                # The gathered A is a copy of A: each tile (m, n) copies its 1/num_n slice of the columns of
+                # row block m (just read, so from L2), spreading the copy evenly over the GEMM's programs.
+                width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS
+                c_lo = pid_n * width
+                if c_lo < K:
+                    _copy_rows(a_ptr + tl.cast(local_first, tl.int64) * stride_a + c_lo,
+                               g_ptr + tl.cast(local_first, tl.int64) * stride_g + c_lo, g_ptr, count,
+                               tl.minimum(width, K - c_lo), stride_a, stride_g, stride_g, BM, COPY_COLS, False)
     if SOURCE == PRODUCERS:
         end_launch(epoch_ptr, epoch)
 
@@ -257,9 +278,10 @@ def _state(plan: Plan, chunks: int, device: torch.device):
     reset)."""
     if plan.cache.get("chunks", -1) < chunks:
         plan.cache["chunks"] = chunks
-        plan.cache["flags"] = torch.zeros(chunks, dtype=torch.int64, device=device)
-        plan.cache["epoch"] = torch.zeros(EPOCH_SLOTS.value, dtype=torch.int32, device=device)
-        plan.cache["ready"] = torch.zeros(chunks, dtype=torch.int64, device=device)
+        plan.cache["flags"], plan.cache["epoch"], plan.cache["ready"] = persistent(device, lambda: (
+            torch.zeros(chunks, dtype=torch.int64, device=device),
+            torch.zeros(EPOCH_SLOTS.value, dtype=torch.int32, device=device),
+            torch.zeros(chunks, dtype=torch.int64, device=device)))
     return plan.cache["flags"], plan.cache["epoch"], plan.cache["ready"]
 
 
@@ -276,7 +298,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     config = _config(plan, a, bs[0])
     alone = world == 1
     producers = 0 if alone else producers
-    piece = _piece_rows(plan, a, config.block_m)
+    piece = rows_total if alone else _piece_rows(plan, a, config.block_m)  # alone: no buffer is used
     flags, epoch, ready = _state(plan, world * triton.cdiv(piece, config.block_m), a.device)
     on_gpu = ws.device.type == "cuda"  # (meta tensors when the compile checks record the launches)
     tma = source != PEER_BUFFERS.value and gemm.use_tma(ws.device.type, a, g, b)
@@ -292,11 +314,15 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
         if source == COPY_ENGINE.value and not alone:
             launch(bump_kernel, (1,), (epoch, ready, plan.desc, ready.numel()), dict(BLOCK=256, num_warps=1))
             _copy_engine_gather(plan, a, g, flags, ready, start, rows, config.block_m)
+        host_desc = alone and tma
+        a_desc, b_desc = gemm.host_descriptors(config, a_piece, b, b_t) if host_desc else (a_piece, b)
         launch(ag_matmul_kernel, (producers + consumers,),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, outs[0][start:], g[start:],
-                rows, bs[0].shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0)),
+                rows, bs[0].shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
+                b_desc),
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
-                    PRECISION=gemm.precision(a.dtype), COPY_COLS=128 if on_gpu else 32, **config.meta()))
+                    HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
+                    COPY_COLS=(64 if alone else 128) if on_gpu else 32, **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
         if source == PEER_BUFFERS.value:  # the gathered A was not needed by the GEMM: pull it now
@@ -306,11 +332,20 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                 g[owner * rows_total + start:][:rows].copy_(src)
         if copies:
             barrier()
-    if source != PRODUCERS.value or alone:
+    # Alone, the kernel's tiles copy A into the gathered A as they go (a copy by the copy engine on a
+    # side stream during the GEMM slowed it by 6-13% at M = 16384 on an H200, run of 2026-11-24 06:54).
+    if source != PRODUCERS.value and not alone:
         g[rank * rows_total:(rank + 1) * rows_total].copy_(a)
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
     return outs, g
+
+
+def _side_stream(plan: Plan, device: torch.device) -> torch.cuda.Stream:
+    """This plan's side stream for copy-engine copies (made once)."""
+    if "side_stream" not in plan.cache:
+        plan.cache["side_stream"] = torch.cuda.Stream(device)
+    return plan.cache["side_stream"]
 
 
 def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, block_m: int) -> None:
@@ -322,7 +357,7 @@ def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, b
     K = a.shape[1]
     nbytes = rows * K * a.element_size()
     if a.is_cuda:
-        side = plan.cache.setdefault("side_stream", torch.cuda.Stream(a.device))
+        side = _side_stream(plan, a.device)
         side.wait_stream(torch.cuda.current_stream(a.device))
         context = torch.cuda.stream(side)
     else:
@@ -395,5 +430,6 @@ def compile_cases(make_workspace):
               for name in ("naive_remote", "copy_engine_producer", "fused")
               for w, r, dtype, rows, k, n in ((2, 1, torch.bfloat16, 8192, 8192, 8192),
                                               (4, 0, torch.float16, 1000, 4096, 3584),
-                                              (8, 3, torch.bfloat16, 100, 96, 200))),
+                                              (8, 3, torch.bfloat16, 100, 96, 200),
+                                              (1, 0, torch.bfloat16, 4096, 8192, 8192))),
             case(2, 0, "fused", torch.bfloat16, 1024, 8192, 1280, b_t=True)]

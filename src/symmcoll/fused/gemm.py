@@ -28,6 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..language import INTERPRETED, narrow
 from ..launcher import launch
+from ..memory.persistent_state import persistent
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config, wave_split
 
 # tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
@@ -266,7 +267,7 @@ def split_counters(device: torch.device) -> torch.Tensor:
     key = (device.type, device.index, torch.cuda.current_stream(device).cuda_stream if on_gpu else None)
     counters = _COUNTERS.get(key)
     if counters is None:
-        counters = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+        counters = persistent(device, lambda: torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device))
         if not (on_gpu and torch.cuda.is_current_stream_capturing()):
             _COUNTERS[key] = counters
     return counters

@@ -42,8 +42,8 @@ from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer
                         values_of)
 from ..launcher import launch
 from ..plan import Algorithm
-from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision, programs_for,
-                   store_tile, use_tma)
+from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision,
+                   programs_for, store_tile, use_tma)
 from .gemm_configs import gemm_config
 from .matmul_reduce_scatter import check_operands, run_tiles, size_key
 
@@ -134,8 +134,8 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
     region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
     tma = use_tma(device_type, a, b)
     a_arg, b_arg = host_descriptors(cfg, a, b, b_t) if tma else (a, b)
-    meta = dict(WORLD=world, B_T=b_t, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype), FORMAT=WORD_FORMAT[out.dtype],
-                TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta())
+    meta = dict(WORLD=world, B_T=b_t, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype),
+                FORMAT=WORD_FORMAT[out.dtype], TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta())
     for first in range(0, tiles, per_piece):
         n = min(per_piece, tiles - first)
         launch(matmul_all_reduce_kernel, (max(1, min(programs_for(cfg, a.device), n)),),

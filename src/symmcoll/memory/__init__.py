@@ -30,11 +30,12 @@ from .. import topology
 from ..errors import (SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, argument_error_from_record,
                       error_from_record, not_initialized)
 from .layout import ANNOUNCE_SLOT, MAX_PROGRAMS, MAX_WORLD, SIGNAL_PAD_INTS
+from .persistent_state import persistent
 from .regions import BUFFER, Geometry, RegionSpec, declare, declared
 
 __all__ = ["Workspace", "SymmetricRegion", "get_workspace", "reset", "workspaces", "timeout_seconds",
            "MAX_PROGRAMS", "MAX_WORLD", "SIGNAL_PAD_INTS", "RegionSpec", "declare", "STATUS_INTS", "on_reset",
-           "default_group", "bounded_rendezvous"]
+           "default_group", "bounded_rendezvous", "persistent"]
 
 DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
 # Rough cost of one spin iteration, to turn a timeout in seconds into a spin budget: a system-scope
@@ -212,7 +213,8 @@ def get_workspace(group=None, device: torch.device | None = None, op: str = "") 
     ws = _WORKSPACES.get(key)
     if ws is None:
         try:
-            ws = _create(group, torch.device(device))
+            # kept until reset(): made outside any CUDA-graph pool (persistent_state.py)
+            ws = persistent(device, lambda: _create(group, torch.device(device)))
         except SymmcollTimeoutError as exc:
             if not op:
                 raise
