@@ -432,4 +432,5 @@ def compile_cases(make_workspace):
                                               (4, 0, torch.float16, 1000, 4096, 3584),
                                               (8, 3, torch.bfloat16, 100, 96, 200),
                                               (1, 0, torch.bfloat16, 4096, 8192, 8192))),
-            case(2, 0, "fused", torch.bfloat16, 1024, 8192, 1280, b_t=True)]
+            case(2, 0, "fused", torch.bfloat16, 1024, 8192, 1280, b_t=True),
+            case(1, 0, "fused", torch.bfloat16, 2048, 8192, 1280, b_t=True)]  # host descriptors of A and W
