@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from symmcoll.bench.timing import event_times_us
 from symmcoll.language import (EMPTY, HEADER_WORDS, MAX_WORLD, PHASES, announce, checks_headers, launch_epoch,
                                open_slots, peer_ptr, post_call, post_header, wait_filled)
 from symmcoll.memory.layout import SIGNAL_PAD_INTS
@@ -113,14 +114,7 @@ def _time(programs: int, variant: int, launches: int, replays: int) -> dict:
                 probe_kernel[(programs,)](*args, **meta)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / launches)
+    times = event_times_us(graph.replay, replays, per=launches)
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import symmcoll
 from symmcoll import launch, plan
 from symmcoll.bench.checks import rank_coded
+from symmcoll.bench.timing import host_time_us
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -451,7 +452,6 @@ def _host_overhead(rank, world, rows, rounds=30, calls=20):
     """CPU time per eager call: rounds of ``calls`` calls queued on an idle GPU (few enough that the
     launch queue never fills, so the host never waits for the GPU), median over rounds. Also the same
     with kernel launches replaced by a no-op (the Python path alone) and Triton's own launch path."""
-    import statistics
     from symmcoll import launcher
     dev = torch.device("cuda", 0)
     x = rank_coded(2048, torch.bfloat16, rank, 0, dev)  # 4 KB
@@ -467,16 +467,7 @@ def _host_overhead(rank, world, rows, rounds=30, calls=20):
     }
 
     def measure(fn):
-        per_round = []
-        for _ in range(rounds):
-            torch.cuda.synchronize()
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per_round.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-        return statistics.median(per_round)
+        return host_time_us(fn, dist.group.WORLD, rounds, calls)
 
     for case, fn in cases.items():
         for _ in range(5):

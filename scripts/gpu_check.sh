@@ -6,6 +6,7 @@
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
+#                                                            [restructure]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -201,6 +202,17 @@ for stage in $stages; do
         --calls ${SEMANTICS_CALLS:-1000} --warm-pools ${SEMANTICS_WARM_POOLS:-6} --warm-timeout-s 120 \
         --budget-s ${SEMANTICS_CALLS_BUDGET:-170} --batch 100 \
         --out "$OUT/random_calls_cuda_shared.json" 2>&1 | tee "$OUT/random_calls.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    restructure)
+      # Issue 25 point 6, one GPU, <= 8 minutes: the same ops before and after, side by side
+      # (benchmarks/restructure_check.py): collectives (and two fused ops at decode size) at world size 2
+      # with both ranks on GPU 0 -- host us per eager call, eager and graph us per call -- and the fused
+      # ops at world size 1 (graph us, host us; B contiguous and given as W.t()), every case checked first.
+      # The tree before: git archive --prefix=old_main/ <main sha> src | tar x, carried as old_main.
+      old=""; [ -d old_main/src ] && old="--old-src old_main/src"
+      timeout ${RESTRUCTURE_TIMEOUT:-470} python3 benchmarks/restructure_check.py --out "$OUT/restructure.json" \
+        --deadline ${RESTRUCTURE_DEADLINE:-420} $old 2>&1 | tee "$OUT/restructure.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     quantized-tests)

@@ -3,7 +3,7 @@
 CPU by default (gloo + emulated symmetric memory + interpreter). ``SYMMCOLL_TEST_DEVICE=cuda`` runs the
 same tests with CUDA tensors on the GPU machine (scripts/gpu_check.sh; ``cuda-shared``: every rank on
 GPU 0, for a one-GPU machine); tests marked ``gpu`` run only there and are reported as skipped -- not
-passed -- elsewhere.
+passed -- elsewhere. Test modules may import ``DEVICE`` from here; shared helpers live in rank_checks.py.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Pools:
 
     def __call__(self, world_size: int) -> RankPool:
         pool = self._pools.get(world_size)
-        if pool is None or pool._closed:
+        if pool is None or pool.closed:
             pool = RankPool(world_size, device=DEVICE)
             self._pools[world_size] = pool
         return pool

@@ -1,6 +1,11 @@
-"""Helpers that run inside rank processes: rank-coded inputs and checks that name rank and index."""
+"""Helpers that run inside rank processes: rank-coded inputs and checks that name rank and index.
+
+Test modules share code only through this module (and conftest.py's ``DEVICE``): no test module
+imports another test module."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -109,3 +114,101 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, what: str, rtol: float = 
         idx = int(bad.nonzero()[0])
         raise AssertionError(f"rank {rank}: {what}: {int(bad.sum())} of {g.numel()} wrong, first at index {idx}: "
                              f"got {g[idx].item()}, want {w[idx].item()}")
+
+
+# ---- data movement: every dtype, bit for bit ------------------------------------------------------------
+
+def dtype_coded(shape, dtype, rank, call):
+    """Values that depend on (rank, index, call) in as many bits as the dtype has."""
+    i = torch.arange(math.prod(shape), dtype=torch.int64)
+    h = (i * 2654435761 + rank * 40503 + call * 977 + 12345) % (1 << 31)
+    if dtype == torch.bool:
+        t = (h >> 7) % 2 == 1
+    elif dtype in (torch.int8, torch.uint8):
+        t = ((h >> 5) % 256).to(torch.uint8).view(dtype)
+    elif dtype == torch.int64:
+        t = h * (1 << 20) + rank
+    elif dtype == torch.complex64:
+        t = torch.complex(h.float(), torch.full_like(h, rank).float() - call)
+    elif dtype == torch.complex128:
+        t = torch.complex(h.double(), (h % 7).double() + rank)
+    elif dtype.is_floating_point:
+        t = ((h >> 8) % 61 - 30).to(torch.float32)
+    else:
+        t = h
+    return t.to(dtype).reshape(shape).to(device())
+
+
+def assert_bits_equal(got, want, what):
+    """Bit-exact comparison; a failure names the rank and the first wrong index."""
+    rank = dist.get_rank()
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise AssertionError(f"rank {rank}: {what}: got {got.dtype}{tuple(got.shape)}, "
+                             f"want {want.dtype}{tuple(want.shape)}")
+    size = got.element_size()
+    g = got.contiguous().reshape(-1).view(torch.uint8).reshape(-1, size).cpu()
+    w = want.contiguous().reshape(-1).view(torch.uint8).reshape(-1, size).cpu()
+    bad = (g != w).any(dim=1)
+    if bool(bad.any()):
+        idx = int(bad.nonzero()[0])
+        raise AssertionError(f"rank {rank}: {what}: {int(bad.sum())} of {bad.numel()} wrong, first at "
+                             f"index {idx}: got {got.reshape(-1)[idx].cpu()}, "
+                             f"want {want.reshape(-1)[idx].cpu()}")
+
+
+# ---- the row-parallel fused ops (test_rowpar.py, test_gpu_rowpar.py) ----------------------------------
+
+# max |got - want| / max |want| against the fp32 reference. bf16 and fp16 results are rounded once
+# (2^-9 / 2^-11 relative); partial products travel rounded to the dtype as well (one rounding per
+# rank, as torch.matmul's output is), so a few roundings of terms as large as the sum add up.
+REL_TOL = {torch.bfloat16: 1e-2, torch.float16: 2.5e-3, torch.float32: 1e-5}
+# fp8 e4m3 keeps 3 mantissa bits: half a step is 1/16 of the value.
+FP8_TOL = 0.07
+
+
+def assert_rel_close(got, want, what, tol=None):
+    rank = dist.get_rank()
+    if got.shape != want.shape:
+        raise AssertionError(f"rank {rank}: {what}: got shape {tuple(got.shape)}, want {tuple(want.shape)}")
+    tol = tol or REL_TOL[got.dtype]
+    g, w = got.float().cpu(), want.float().cpu()
+    assert not g.isnan().any(), f"rank {rank}: {what}: NaN in the result"
+    err = float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30) if w.numel() else 0.0
+    assert err <= tol, f"rank {rank}: {what}: relative error {err:.3g} > {tol:g}"
+    return err
+
+
+def assert_same_on_every_rank(t, what):
+    """An all-reduce's result: the same bits on every rank."""
+    mine = t.reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()]).to(torch.int64)
+    first = mine.clone()
+    dist.broadcast(first, 0)
+    assert torch.equal(mine, first), f"rank {dist.get_rank()}: {what}: differs from rank 0's"
+
+
+def assert_slots_empty():
+    """Every sentinel slot of every region (beyond its headers) is EMPTY again after the calls."""
+    from symmcoll.language import EMPTY
+    from symmcoll.memory.regions import declared
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    dist.barrier()
+    ws = symmcoll.get_workspace()
+    for spec in declared():
+        if spec.symmetric and spec.fill_int32 == EMPTY.value:
+            local = ws.region(spec.name).local
+            words = local[: local.numel() // 4 * 4].view(torch.int32)[spec.header_words:]
+            left = (words != EMPTY.value).nonzero().reshape(-1)
+            assert left.numel() == 0, f"rank {ws.rank}: {spec.name}: slots not EMPTY at {left[:8].tolist()}"
+    dist.barrier()
+
+
+# ---- the TP block (test_tp_block.py, test_gpu_tp_block.py) ---------------------------------------------
+
+TP_BLOCK_TOLERANCE = 2e-2
+
+
+def relative_update_error(got, want, base):
+    """Relative error of the update got - base against want - base (fp32)."""
+    g, w = got.float() - base.float(), want.float() - base.float()
+    return float((g - w).norm() / w.norm())

@@ -16,8 +16,7 @@ import symmcoll
 from symmcoll import plan, reference
 from symmcoll.launcher import LAUNCH_COUNTS
 
-from rank_checks import assert_clean_finish, assert_pads_zero, device
-from test_data_movement import assert_same, coded
+from rank_checks import assert_bits_equal, assert_clean_finish, assert_pads_zero, device, dtype_coded
 
 EMPTY_WORD = -2147450880  # the sentinel's reserved word: data equal to it must still arrive
 
@@ -47,12 +46,12 @@ def _algorithm_cases(algorithm):
     for call, (dtype, row, case) in enumerate(CASES):
         splits = None if case is None else _listed(rank, world, case)
         rows = world * 5 if splits is None else sum(splits)
-        x = _with_sentinel_words(coded((rows, *row), dtype, rank, call))
+        x = _with_sentinel_words(dtype_coded((rows, *row), dtype, rank, call))
         snapshot = x.clone()
         before = LAUNCH_COUNTS["sentinel_all_to_all_kernel"]
         got = symmcoll.all_to_all(x, splits=splits, algorithm=algorithm)
-        assert_same(got, reference.all_to_all(x, splits=splits), f"{algorithm} {dtype} rows {row} splits {splits}")
-        assert_same(x, snapshot, f"{algorithm}: input must not change")
+        assert_bits_equal(got, reference.all_to_all(x, splits=splits), f"{algorithm} {dtype} rows {row} splits {splits}")
+        assert_bits_equal(x, snapshot, f"{algorithm}: input must not change")
         if algorithm == "sentinel" and case == 0:  # 90 rows of 16 words: two pieces of 1024 words
             assert LAUNCH_COUNTS["sentinel_all_to_all_kernel"] - before == 2
     assert_pads_zero(f"after {algorithm}")
@@ -92,29 +91,29 @@ def _device_splits(algorithm):
                                          (torch.int64, (2, 3))]):
         all_splits, max_rows, pad = _device_case(rng, world, call)
         mine = all_splits[rank]
-        x = _with_sentinel_words(coded((sum(mine) + pad, *row), dtype, rank, call))
+        x = _with_sentinel_words(dtype_coded((sum(mine) + pad, *row), dtype, rank, call))
         counts = torch.tensor(mine, dtype=(torch.int32, torch.int64)[call % 2], device=device())
         out, received = symmcoll.all_to_all(x, splits=counts, max_rows=max_rows, algorithm=algorithm)
         what = f"{algorithm} device splits {all_splits} max_rows {max_rows} {dtype}"
         assert out.shape == (max_rows, *row) and received.dtype == torch.int64, what
         assert received.tolist() == [all_splits[s][rank] for s in range(world)], (what, received)
         want = reference.all_to_all(x[:sum(mine)].contiguous(), splits=mine)
-        assert_same(out[:want.shape[0]], want, what)
+        assert_bits_equal(out[:want.shape[0]], want, what)
     assert_pads_zero(f"after {algorithm} device splits")
 
     # Rank 0 is sent 3 rows by everyone, more than max_rows: it alone raises, naming max_rows; the
     # workspace stays usable. (Expected results are computed locally: the ranks' paths differ here.)
     splits = [3 if j == 0 else 1 for j in range(world)]
-    inputs = [coded((sum(splits), 4), torch.int32, r, 7) for r in range(world)]
+    inputs = [dtype_coded((sum(splits), 4), torch.int32, r, 7) for r in range(world)]
     if rank == 0:
         with pytest.raises(symmcoll.SymmcollArgumentError, match=rf"max_rows = {world + 1} is too small: {3 * world}"):
             _call_and_check(inputs[rank], torch.tensor(splits, device=device()), world + 1, algorithm)
     else:
         out, received = symmcoll.all_to_all(inputs[rank], splits=torch.tensor(splits, device=device()),
                                             max_rows=world + 1, algorithm=algorithm)
-        assert_same(out[:world], _expected(inputs, [splits] * world, rank), f"{algorithm} beside an overflow")
+        assert_bits_equal(out[:world], _expected(inputs, [splits] * world, rank), f"{algorithm} beside an overflow")
     # Rank 1 asks for more rows than it has: it alone raises, naming splits; the others get what it has.
-    inputs = [coded((2 * world - (r == 1), 4), torch.int32, r, 8) for r in range(world)]
+    inputs = [dtype_coded((2 * world - (r == 1), 4), torch.int32, r, 8) for r in range(world)]
     sent = [[min(2, max(0, x.shape[0] - 2 * j)) for j in range(world)] for x in inputs]
     splits = torch.tensor([2] * world, device=device())
     if rank == 1:
@@ -123,11 +122,11 @@ def _device_splits(algorithm):
     else:
         out, received = symmcoll.all_to_all(inputs[rank], splits=splits, max_rows=2 * world, algorithm=algorithm)
         assert received.tolist() == [sent[s][rank] for s in range(world)], received
-        assert_same(out[:int(received.sum())], _expected(inputs, sent, rank), f"{algorithm} clamped")
-    x = coded((world, 2), torch.int32, rank, 9)
+        assert_bits_equal(out[:int(received.sum())], _expected(inputs, sent, rank), f"{algorithm} clamped")
+    x = dtype_coded((world, 2), torch.int32, rank, 9)
     out, received = symmcoll.all_to_all(x, splits=torch.ones(world, dtype=torch.int64, device=device()),
                                         max_rows=world, algorithm=algorithm)
-    assert_same(out, reference.all_to_all(x), f"{algorithm} after the reports")
+    assert_bits_equal(out, reference.all_to_all(x), f"{algorithm} after the reports")
     assert_clean_finish(f"after {algorithm} reports")
     return True
 
@@ -175,20 +174,20 @@ def test_auto_without_a_table_rule(monkeypatch):
                             others=others, options=options)
 
     monkeypatch.setattr(dispatch, "choose", lambda *args: None)
-    assert plan._choose(request(64), 4, "auto") == "sentinel"             # 128 KB
-    assert plan._choose(request(4096), 4, "auto") == "pull"               # 8 MB
-    assert plan._choose(request(65536), 4, "auto") == "copy_engine"       # 128 MB
-    assert plan._choose(request(8, plan.DEVICE_SPLITS, 65536), 4, "auto") == "pull"
-    assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "auto") == "sentinel"
+    assert plan.choose(request(64), 4, "auto") == "sentinel"             # 128 KB
+    assert plan.choose(request(4096), 4, "auto") == "pull"               # 8 MB
+    assert plan.choose(request(65536), 4, "auto") == "copy_engine"       # 128 MB
+    assert plan.choose(request(8, plan.DEVICE_SPLITS, 65536), 4, "auto") == "pull"
+    assert plan.choose(request(8, plan.DEVICE_SPLITS, 16), 4, "auto") == "sentinel"
     monkeypatch.setattr(dispatch, "choose", lambda *args: "nccl")
-    assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "auto") == "sentinel"
-    assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "nccl") == "nccl"  # asked for: it syncs
-    assert plan._choose(request(8), 4, "auto") == "nccl"
+    assert plan.choose(request(8, plan.DEVICE_SPLITS, 16), 4, "auto") == "sentinel"
+    assert plan.choose(request(8, plan.DEVICE_SPLITS, 16), 4, "nccl") == "nccl"  # asked for: it syncs
+    assert plan.choose(request(8), 4, "auto") == "nccl"
     # an explicit algorithm that cannot take device splits runs its substitute; so does the sentinel
     # when max_rows would make it launch more than 16 pieces
-    assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "copy_engine") == "pull"
-    assert plan._choose(request(8, plan.DEVICE_SPLITS, 16), 4, "sentinel") == "sentinel"
-    assert plan._choose(request(8, plan.DEVICE_SPLITS, 65536), 4, "sentinel") == "pull"
+    assert plan.choose(request(8, plan.DEVICE_SPLITS, 16), 4, "copy_engine") == "pull"
+    assert plan.choose(request(8, plan.DEVICE_SPLITS, 16), 4, "sentinel") == "sentinel"
+    assert plan.choose(request(8, plan.DEVICE_SPLITS, 65536), 4, "sentinel") == "pull"
 
 
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------
@@ -208,7 +207,7 @@ def _device_splits_stress(calls, seed):
         scale = rng.choice([1, 16, 256])
         all_splits = [[rng.randrange(scale) if rng.random() < 0.8 else 0 for _ in range(world)] for _ in range(world)]
         max_rows = max(sum(column) for column in zip(*all_splits)) + rng.randrange(4)
-        inputs = [coded((sum(s) + 1, row), torch.bfloat16, r, call) for r, s in enumerate(all_splits)]
+        inputs = [dtype_coded((sum(s) + 1, row), torch.bfloat16, r, call) for r, s in enumerate(all_splits)]
         counts = torch.tensor(all_splits[rank], dtype=torch.int32, device="cuda")
         out, received = symmcoll.all_to_all(inputs[rank], splits=counts, max_rows=max_rows, algorithm=algorithm)
         want = _expected(inputs, all_splits, rank)
@@ -240,13 +239,13 @@ def _graph_replays(algorithm, row, replays):
         out, received = symmcoll.all_to_all(x, splits=counts, max_rows=max_rows, algorithm=algorithm)
     for replay in range(replays):
         all_splits = [[rng.randrange(65) for _ in range(world)] for _ in range(world)]  # sums within both bounds
-        inputs = [coded((64 * world, row), torch.bfloat16, r, replay) for r in range(world)]
+        inputs = [dtype_coded((64 * world, row), torch.bfloat16, r, replay) for r in range(world)]
         x.copy_(inputs[rank])
         counts.copy_(torch.tensor(all_splits[rank]))
         graph.replay()
         want = _expected(inputs, all_splits, rank)
         assert received.tolist() == [all_splits[s][rank] for s in range(world)], (replay, received)
-        assert_same(out[:want.shape[0]], want, f"{algorithm} graph replay {replay}")
+        assert_bits_equal(out[:want.shape[0]], want, f"{algorithm} graph replay {replay}")
     assert_clean_finish("after graph replays")
     return replays
 

@@ -155,9 +155,9 @@ def test_fallback_is_labelled_and_counted_as_the_backend():
     # a wrong fallback still fails the run: it is symmcoll's code path
     rows = [dataclasses.replace(m, wrong=3) if m.implementation == "symmcoll:nccl" else m
             for m in result.measurements if m.implementation != "symmcoll:bad"]
-    assert driver._failed(dataclasses.replace(result, measurements=tuple(rows)))
+    assert driver.failed(dataclasses.replace(result, measurements=tuple(rows)))
     clean = [m for m in rows if m.implementation != "symmcoll:nccl"]
-    assert not driver._failed(dataclasses.replace(result, measurements=tuple(clean)))
+    assert not driver.failed(dataclasses.replace(result, measurements=tuple(clean)))
 
 
 def _everything_today(op: str, world: int):

@@ -4,7 +4,6 @@ to zero after each call, variable splits (zero rows included), shape rules, the 
 for itemsizes with no kernel, and tensors larger than the workspace."""
 
 import logging
-import math
 import os
 import random
 
@@ -16,7 +15,7 @@ import symmcoll
 from symmcoll import launch, reference
 from symmcoll.plan import CPU_CONFIG
 
-from rank_checks import assert_clean_finish, assert_pads_zero, device
+from rank_checks import assert_bits_equal, assert_clean_finish, assert_pads_zero, device, dtype_coded
 
 DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 
@@ -27,47 +26,9 @@ DTYPES = [torch.bfloat16, torch.float32, torch.int32, torch.int8, torch.uint8, t
 SHAPES = [(), (1,), (7, 3), (BLOCK + 3,), (5, 2001), (3, 5, 7)]
 
 
-def coded(shape, dtype, rank, call):
-    """Values that depend on (rank, index, call) in as many bits as the dtype has."""
-    i = torch.arange(math.prod(shape), dtype=torch.int64)
-    h = (i * 2654435761 + rank * 40503 + call * 977 + 12345) % (1 << 31)
-    if dtype == torch.bool:
-        t = (h >> 7) % 2 == 1
-    elif dtype in (torch.int8, torch.uint8):
-        t = ((h >> 5) % 256).to(torch.uint8).view(dtype)
-    elif dtype == torch.int64:
-        t = h * (1 << 20) + rank
-    elif dtype == torch.complex64:
-        t = torch.complex(h.float(), torch.full_like(h, rank).float() - call)
-    elif dtype == torch.complex128:
-        t = torch.complex(h.double(), (h % 7).double() + rank)
-    elif dtype.is_floating_point:
-        t = ((h >> 8) % 61 - 30).to(torch.float32)
-    else:
-        t = h
-    return t.to(dtype).reshape(shape).to(device())
-
-
-def assert_same(got, want, what):
-    """Bit-exact comparison; a failure names the rank and the first wrong index."""
-    rank = dist.get_rank()
-    if got.shape != want.shape or got.dtype != want.dtype:
-        raise AssertionError(f"rank {rank}: {what}: got {got.dtype}{tuple(got.shape)}, "
-                             f"want {want.dtype}{tuple(want.shape)}")
-    size = got.element_size()
-    g = got.contiguous().reshape(-1).view(torch.uint8).reshape(-1, size).cpu()
-    w = want.contiguous().reshape(-1).view(torch.uint8).reshape(-1, size).cpu()
-    bad = (g != w).any(dim=1)
-    if bool(bad.any()):
-        idx = int(bad.nonzero()[0])
-        raise AssertionError(f"rank {rank}: {what}: {int(bad.sum())} of {bad.numel()} wrong, first at "
-                             f"index {idx}: got {got.reshape(-1)[idx].cpu()}, "
-                             f"want {want.reshape(-1)[idx].cpu()}")
-
-
 def _check(what, got, want, x, snapshot):
-    assert_same(got, want, what)
-    assert_same(x, snapshot, f"{what}: input must not change")
+    assert_bits_equal(got, want, what)
+    assert_bits_equal(x, snapshot, f"{what}: input must not change")
     assert_pads_zero(f"after {what}")
 
 
@@ -76,7 +37,7 @@ def _all_gather(dtypes, algorithm="auto"):
     for d, dtype in enumerate(dtypes):
         for call in range(3):
             shape = SHAPES[(d + call) % len(SHAPES)]
-            x = coded(shape, dtype, rank, call)
+            x = dtype_coded(shape, dtype, rank, call)
             snapshot = x.clone()
             _check(f"all_gather {algorithm} {dtype} {shape} call {call}",
                    symmcoll.all_gather(x, algorithm=algorithm), reference.all_gather(x), x, snapshot)
@@ -88,7 +49,7 @@ def _broadcast(dtypes):
         for call in range(3):
             shape = SHAPES[(d + call + 2) % len(SHAPES)]
             src = (d + call) % world
-            x = coded(shape, dtype, rank, call)
+            x = dtype_coded(shape, dtype, rank, call)
             snapshot = x.clone()
             _check(f"broadcast {dtype} {shape} src {src} call {call}", symmcoll.broadcast(x, src),
                    reference.broadcast(x, src), x, snapshot)
@@ -100,7 +61,7 @@ def _all_to_all_equal(dtypes):
         for call in range(3):
             shape = SHAPES[1 + (d + call + 4) % (len(SHAPES) - 1)]  # no 0-dim
             shape = (world * shape[0], *shape[1:])
-            x = coded(shape, dtype, rank, call)
+            x = dtype_coded(shape, dtype, rank, call)
             snapshot = x.clone()
             _check(f"all_to_all {dtype} {shape} call {call}", symmcoll.all_to_all(x, algorithm="pull"),
                    reference.all_to_all(x), x, snapshot)
@@ -123,7 +84,7 @@ def _all_to_all_splits(dtypes):
     for case in range(4):
         dtype = dtypes[case % len(dtypes)]
         splits = _variable_splits(rank, world, case)
-        x = coded((sum(splits), *row_shapes[case]), dtype, rank, case)
+        x = dtype_coded((sum(splits), *row_shapes[case]), dtype, rank, case)
         snapshot = x.clone()
         got = symmcoll.all_to_all(x, splits=splits, algorithm="pull")
         _check(f"all_to_all {dtype} splits {splits} rows {row_shapes[case]} case {case}", got,
@@ -165,14 +126,14 @@ def _fallback_and_rejections():
     logger.addHandler(records)
     logger.setLevel(logging.DEBUG)
     try:
-        x = coded((world * 2, 3), torch.complex128, rank, 0)
-        assert_same(symmcoll.all_gather(x), reference.all_gather(x), "all_gather complex128")
-        assert_same(symmcoll.broadcast(x, world - 1), reference.broadcast(x, world - 1),
+        x = dtype_coded((world * 2, 3), torch.complex128, rank, 0)
+        assert_bits_equal(symmcoll.all_gather(x), reference.all_gather(x), "all_gather complex128")
+        assert_bits_equal(symmcoll.broadcast(x, world - 1), reference.broadcast(x, world - 1),
                     "broadcast complex128")
-        assert_same(symmcoll.all_to_all(x), reference.all_to_all(x), "all_to_all complex128")
+        assert_bits_equal(symmcoll.all_to_all(x), reference.all_to_all(x), "all_to_all complex128")
         splits = _variable_splits(rank, world, 0)
-        x = coded((sum(splits), 2), torch.complex128, rank, 1)
-        assert_same(symmcoll.all_to_all(x, splits=splits), reference.all_to_all(x, splits=splits),
+        x = dtype_coded((sum(splits), 2), torch.complex128, rank, 1)
+        assert_bits_equal(symmcoll.all_to_all(x, splits=splits), reference.all_to_all(x, splits=splits),
                     "all_to_all complex128 splits")
     finally:
         logger.removeHandler(records)
@@ -226,17 +187,17 @@ def _larger_than_workspace():
     assert symmcoll.get_workspace().buffer_bytes == ws_bytes
     before = dict(LAUNCH_COUNTS)
     for call in range(2):  # every call cut into several pieces (all_to_all: several rounds)
-        x = coded((700, 2), torch.float32, rank, call)
+        x = dtype_coded((700, 2), torch.float32, rank, call)
         snapshot = x.clone()
         _check(f"chunked all_gather call {call}", symmcoll.all_gather(x), reference.all_gather(x),
                x, snapshot)
         _check(f"chunked all_gather copy_engine call {call}",
                symmcoll.all_gather(x, algorithm="copy_engine"), reference.all_gather(x), x, snapshot)
-        x = coded((3 * ws_bytes + 5,), torch.uint8, rank, call)
+        x = dtype_coded((3 * ws_bytes + 5,), torch.uint8, rank, call)
         snapshot = x.clone()
         _check(f"chunked broadcast call {call}", symmcoll.broadcast(x, call % world),
                reference.broadcast(x, call % world), x, snapshot)
-        x = coded((world * 400, 3), torch.int32, rank, call)
+        x = dtype_coded((world * 400, 3), torch.int32, rank, call)
         snapshot = x.clone()
         _check(f"chunked all_to_all call {call}", symmcoll.all_to_all(x, algorithm="pull"),
                reference.all_to_all(x), x, snapshot)
@@ -245,7 +206,7 @@ def _larger_than_workspace():
         splits = [100 if j == (rank + 1 + call) % world else (j * rank) % 3 * 10 for j in range(world)]
         if call == 1:
             splits = [16 * n for n in splits]
-        x = coded((sum(splits), 16) if call == 0 else (sum(splits),), torch.int64, rank, call)
+        x = dtype_coded((sum(splits), 16) if call == 0 else (sum(splits),), torch.int64, rank, call)
         snapshot = x.clone()
         want = reference.all_to_all(x, splits=splits)
         _check(f"chunked all_to_all splits {splits} call {call}",
@@ -255,7 +216,7 @@ def _larger_than_workspace():
             # per stage (W-1 steps, cut in 2 on 2 ranks) and an exit barrier; device-side splits in
             # rounds sized by the bound max_rows
             splits = [40 if j == (rank + 1) % world else 0 for j in range(world)]
-            x = coded((40, 16), torch.int64, rank, 5)
+            x = dtype_coded((40, 16), torch.int64, rank, 5)
             snapshot, want = x.clone(), reference.all_to_all(x, splits=splits)
             barriers = LAUNCH_COUNTS["barrier_kernel"]
             _check("chunked all_to_all copy_engine", symmcoll.all_to_all(x, splits=splits, algorithm="copy_engine"),
@@ -302,12 +263,12 @@ STRESS_DTYPES = [torch.uint8, torch.bfloat16, torch.float32, torch.int64, torch.
 def _expected(op, shape, dtype, world, rank, call, src, all_splits):
     """What ``op`` returns on ``rank``, from every rank's (deterministic) input: no communication."""
     if op == "all_gather":
-        return torch.cat([coded(shape, dtype, r, call).reshape(-1, *shape[1:]) for r in range(world)])
+        return torch.cat([dtype_coded(shape, dtype, r, call).reshape(-1, *shape[1:]) for r in range(world)])
     if op == "broadcast":
-        return coded(shape, dtype, src, call)
+        return dtype_coded(shape, dtype, src, call)
     parts = []
     for s, splits in enumerate(all_splits):
-        x = coded((sum(splits), *shape[1:]), dtype, s, call)
+        x = dtype_coded((sum(splits), *shape[1:]), dtype, s, call)
         start = sum(splits[:rank])
         parts.append(x[start:start + splits[rank]])
     return torch.cat(parts)
@@ -327,7 +288,7 @@ def _stress(calls, seed):
                       for _ in range(world)]
         shape = (sum(all_splits[rank]) if op.startswith("all_to_all") else rows, row)
         algorithm = rng.choice(["auto", "pull", "sentinel", "copy_engine"])  # all_to_all only
-        x = coded(shape, dtype, rank, call)
+        x = dtype_coded(shape, dtype, rank, call)
         if op == "all_gather":
             got = symmcoll.all_gather(x)
         elif op == "broadcast":
@@ -352,8 +313,8 @@ def test_data_movement_gpu_stress(pools, ws):
 
 def _graph_replay(numel, replays):
     rank, world = dist.get_rank(), dist.get_world_size()
-    x = coded((world * numel,), torch.bfloat16, rank, 0)
-    y = coded((2 * world, 2 * numel), torch.bfloat16, rank, 0)  # rows of whole words: the sentinel's own path
+    x = dtype_coded((world * numel,), torch.bfloat16, rank, 0)
+    y = dtype_coded((2 * world, 2 * numel), torch.bfloat16, rank, 0)  # rows of whole words: the sentinel's own path
     calls = [lambda: symmcoll.all_gather(x), lambda: symmcoll.broadcast(x, world - 1),
              lambda: symmcoll.all_to_all(x), lambda: symmcoll.all_gather(x, algorithm="copy_engine"),
              lambda: symmcoll.all_to_all(y, algorithm="sentinel"),
@@ -365,15 +326,15 @@ def _graph_replay(numel, replays):
     with torch.cuda.graph(graph):
         outs = [fn() for fn in calls]
     for replay in range(1, replays + 1):
-        x.copy_(coded((world * numel,), torch.bfloat16, rank, replay))
-        y.copy_(coded((2 * world, 2 * numel), torch.bfloat16, rank, replay))
+        x.copy_(dtype_coded((world * numel,), torch.bfloat16, rank, replay))
+        y.copy_(dtype_coded((2 * world, 2 * numel), torch.bfloat16, rank, replay))
         graph.replay()
         words = reference.all_to_all(y)
         for name, out, want in zip(("all_gather", "broadcast", "all_to_all", "all_gather copy_engine",
                                     "all_to_all sentinel", "all_to_all copy_engine"),
                                    outs, (reference.all_gather(x), reference.broadcast(x, world - 1),
                                           reference.all_to_all(x), reference.all_gather(x), words, words)):
-            assert_same(out, want, f"{name} graph replay {replay}")
+            assert_bits_equal(out, want, f"{name} graph replay {replay}")
     assert_pads_zero("after graph replays")
     return replays
 
@@ -403,8 +364,8 @@ def _launch_sizes_agree():
     a2a.move_config = recording
     try:
         splits = _variable_splits(rank, world, 3)  # ranks send different amounts
-        x = coded((sum(splits), 3), torch.bfloat16, rank, 0)
-        assert_same(symmcoll.all_to_all(x, splits=splits, algorithm="pull"), reference.all_to_all(x, splits=splits),
+        x = dtype_coded((sum(splits), 3), torch.bfloat16, rank, 0)
+        assert_bits_equal(symmcoll.all_to_all(x, splits=splits, algorithm="pull"), reference.all_to_all(x, splits=splits),
                     "all_to_all variable splits")
     finally:
         a2a.move_config = original

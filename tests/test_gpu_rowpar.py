@@ -9,7 +9,7 @@ import torch.distributed as dist
 import symmcoll
 from symmcoll import reference
 
-from test_rowpar import FP8_TOL, REL_TOL, assert_rel_close, assert_same_on_every_rank, assert_slots_empty
+from rank_checks import FP8_TOL, REL_TOL, assert_rel_close, assert_same_on_every_rank, assert_slots_empty
 
 pytestmark = pytest.mark.gpu
 WORLDS = [2, 4]

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from symmcoll.models import MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 
-from test_tp_block import TOLERANCE, _rel
+from rank_checks import TP_BLOCK_TOLERANCE as TOLERANCE, relative_update_error
 
 pytestmark = pytest.mark.gpu
 
@@ -55,7 +55,7 @@ def _decode_graphs(replays):
             positions.copy_(where)
             graph.replay()
             want = block.decode(token, where, eager_cache)
-            err = _rel(out, want, token)
+            err = relative_update_error(out, want, token)
             assert err < 1e-3, f"rank {rank} {mode}: replay {step} differs from eager decode: {err:.2e}"
             outputs.setdefault(mode, []).append(out.clone())
         for name in ("k", "v"):
@@ -64,7 +64,7 @@ def _decode_graphs(replays):
             assert err < 1e-3, f"rank {rank} {mode}: graph and eager {name} caches differ: {err:.2e}"
     for mode in MODES[1:]:
         for step, (got, want) in enumerate(zip(outputs[mode], outputs["nccl"])):
-            err = _rel(got, want, _token(step + 1))
+            err = relative_update_error(got, want, _token(step + 1))
             assert err < TOLERANCE, f"rank {rank} {mode} vs nccl, replay {step + 1}: {err:.2e}"
     return True
 
@@ -90,7 +90,7 @@ def _compiled_prefill():
         compiled = torch.compile(block.prefill, fullgraph=True, dynamic=False)
         cache = KVCache.empty(SMALL, world, batch, seq, device="cuda")
         got = compiled(x, cache)
-        err = _rel(got, eager, x)
+        err = relative_update_error(got, eager, x)
         assert err < TOLERANCE, f"rank {rank} {mode}: compiled prefill vs eager {err:.2e}"
         assert cache.k.abs().sum() > 0, f"rank {rank} {mode}: compiled prefill left the cache empty"
     return True

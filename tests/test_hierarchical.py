@@ -228,14 +228,14 @@ def test_routing_across_nodes():
     req = lambda op, dtype=torch.float32, splits=None: plan.Request(op, (8,), dtype, torch.device("cpu"),
                                                                     "sum" if op in plan.REDUCTIONS else None,
                                                                     None, splits)
-    assert plan._choose(req("all_reduce"), 4, "auto", two_by_two) == "hierarchical"
-    assert plan._choose(req("all_reduce"), 4, "one_shot", two_by_two) == "hierarchical"
-    assert plan._choose(req("all_reduce", torch.int32), 4, "auto", two_by_two) == "nccl"
-    assert plan._choose(req("all_to_all", splits=(2, 2, 2, 2)), 4, "auto", two_by_two) == "nccl"
-    assert plan._choose(req("broadcast"), 4, "auto", two_by_two) == "nccl"
-    assert plan._choose(req("all_reduce"), 4, "auto", topology.Topology(4, 1, 3, regular=False)) == "nccl"
+    assert plan.choose(req("all_reduce"), 4, "auto", two_by_two) == "hierarchical"
+    assert plan.choose(req("all_reduce"), 4, "one_shot", two_by_two) == "hierarchical"
+    assert plan.choose(req("all_reduce", torch.int32), 4, "auto", two_by_two) == "nccl"
+    assert plan.choose(req("all_to_all", splits=(2, 2, 2, 2)), 4, "auto", two_by_two) == "nccl"
+    assert plan.choose(req("broadcast"), 4, "auto", two_by_two) == "nccl"
+    assert plan.choose(req("all_reduce"), 4, "auto", topology.Topology(4, 1, 3, regular=False)) == "nccl"
     with pytest.raises(ValueError, match="span nodes"):
-        plan._choose(req("all_reduce"), 4, "hierarchical", topology.Topology(4, 4, 1))
+        plan.choose(req("all_reduce"), 4, "hierarchical", topology.Topology(4, 4, 1))
     assert "hierarchical" not in symmcoll.ALGORITHMS["all_reduce"]
     assert set(plan.algorithms("all_gather", across_nodes=True)) == {"hierarchical", "hierarchical_get"}
 

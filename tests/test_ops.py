@@ -248,3 +248,54 @@ def _subgroups():
 
 def test_subgroups_each_with_own_workspace(pools):
     assert pools(4).run(_subgroups) == [True] * 4
+
+
+# ---- one declaration per op (no ranks) ------------------------------------------------------------------
+
+def test_every_op_is_declared_once_in_its_module():
+    """Every resolver op and every torch.ops.symmcoll op comes from one ops.OpSpec; no module but ops.py
+    defines a torch op or calls plan.register_op itself."""
+    import pathlib
+    import re
+    from symmcoll import ops, plan
+    specs = ops.specs()
+    assert set(plan.registered_ops()) <= set(specs), set(plan.registered_ops()) - set(specs)
+    assert {"all_reduce_", "all_to_all_splits"} <= set(specs)
+    for name, spec in specs.items():
+        assert hasattr(torch.ops.symmcoll, name), name
+        assert spec.tensor_args and spec.tensor_args[0] == 0, name
+    src = pathlib.Path(symmcoll.__file__).parent
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        if path.name not in ("ops.py", "plan.py"):
+            assert not re.search(r"\bregister_op\(|_LIB\.|torch\.library\.Library\(", text), path
+
+
+def test_internals_example_is_the_code():
+    """docs/internals.md's worked example of a fused op is the code of fused/matmul_reduce_scatter.py and
+    of symmcoll/__init__.py (docstrings aside)."""
+    import ast
+    import pathlib
+    import re
+    from symmcoll.fused import matmul_reduce_scatter
+    root = pathlib.Path(__file__).resolve().parent.parent
+    section = (root / "docs" / "internals.md").read_text().split("## A fused op")[1].split("\n## ")[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+
+    def statements(text):
+        found = {}
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef):
+                first = node.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    node.body = node.body[1:]  # the docstring
+                found[node.name] = ast.dump(node)
+            elif isinstance(node, ast.Assign):
+                found[ast.unparse(node.targets[0])] = ast.dump(node)
+        return found
+    code = {**statements(pathlib.Path(matmul_reduce_scatter.__file__).read_text()),
+            **statements(pathlib.Path(symmcoll.__file__).read_text())}
+    assert len(blocks) == 2
+    for block in blocks:
+        for name, dumped in statements(block).items():
+            assert code.get(name) == dumped, f"docs/internals.md: {name} differs from the code"

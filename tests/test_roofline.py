@@ -101,15 +101,15 @@ def _specs_on_cpu():
         spec = fused.SPECS[op]
         for shape in shapes:
             tolerance = (spec.tolerance and spec.tolerance(shape, "bf16")) or fused.TOLERANCE["bf16"]
-            impls = [(n, lambda i, n=n: fused._call(spec, spec.run, n, i, None, shape=shape))
+            impls = [(n, lambda i, n=n: spec.call(spec.run, n, i, None, shape=shape))
                      for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
-            impls += [(n, lambda i, make=make: fused._call(spec, make, i, None, shape=shape)())
+            impls += [(n, lambda i, make=make: spec.call(make, i, None, shape=shape)())
                       for n, make in spec.baselines.items() if "compile" not in n]
             for name, run in impls:
                 inputs = spec.inputs(shape, torch.bfloat16, 0, 1, 0, device)
                 reference = spec.baseline_references.get(name, spec.reference)
-                want = fused._call(spec, reference, inputs, None, shape=shape)
-                err = fused._checked_error(spec, run(inputs), want, inputs, None, shape)
+                want = spec.call(reference, inputs, None, shape=shape)
+                err = spec.checked_error(run(inputs), want, inputs, None, shape)
                 assert err <= tolerance, f"{op} {shape} {name}: relative error {err:.2e}"
                 nbytes = spec.bytes(shape, torch.bfloat16, 1, name, inputs, 0)
                 assert nbytes is None or nbytes > 0, (op, name, nbytes)

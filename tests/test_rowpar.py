@@ -10,30 +10,14 @@ import torch.distributed as dist
 import symmcoll
 from symmcoll import launcher, reference
 
-from rank_checks import device
+from rank_checks import FP8_TOL, REL_TOL, assert_rel_close, assert_same_on_every_rank, assert_slots_empty, device
 
 DTYPES = [torch.bfloat16, torch.float16]
-# max |got - want| / max |want| against the fp32 reference. bf16 and fp16 results are rounded once
-# (2^-9 / 2^-11 relative); partial products travel rounded to the dtype as well (one rounding per
-# rank, as torch.matmul's output is), so a few roundings of terms as large as the sum add up.
-REL_TOL = {torch.bfloat16: 1e-2, torch.float16: 2.5e-3, torch.float32: 1e-5}
 
 
 def operand(shape, dtype, rank, call, salt=0):
     g = torch.Generator().manual_seed(7919 * call + 104729 * salt + rank)
     return torch.randn(shape, generator=g).to(dtype).to(device())
-
-
-def assert_rel_close(got, want, what, tol=None):
-    rank = dist.get_rank()
-    if got.shape != want.shape:
-        raise AssertionError(f"rank {rank}: {what}: got shape {tuple(got.shape)}, want {tuple(want.shape)}")
-    tol = tol or REL_TOL[got.dtype]
-    g, w = got.float().cpu(), want.float().cpu()
-    assert not g.isnan().any(), f"rank {rank}: {what}: NaN in the result"
-    err = float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30) if w.numel() else 0.0
-    assert err <= tol, f"rank {rank}: {what}: relative error {err:.3g} > {tol:g}"
-    return err
 
 
 # The piece counts below follow from the CPU slot sizes (GPU slots hold these shapes in one launch).
@@ -42,31 +26,6 @@ ON_CPU = device().type == "cpu"
 
 def launches(name):
     return launcher.LAUNCH_COUNTS[name]
-
-
-def assert_same_on_every_rank(t, what):
-    """An all-reduce's result: the same bits on every rank."""
-    mine = t.reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()]).to(torch.int64)
-    first = mine.clone()
-    dist.broadcast(first, 0)
-    assert torch.equal(mine, first), f"rank {dist.get_rank()}: {what}: differs from rank 0's"
-
-
-def assert_slots_empty():
-    """Every sentinel slot of every region (beyond its headers) is EMPTY again after the calls."""
-    from symmcoll.language import EMPTY
-    from symmcoll.memory.regions import declared
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    dist.barrier()
-    ws = symmcoll.get_workspace()
-    for spec in declared():
-        if spec.symmetric and spec.fill_int32 == EMPTY.value:
-            local = ws.region(spec.name).local
-            words = local[: local.numel() // 4 * 4].view(torch.int32)[spec.header_words:]
-            left = (words != EMPTY.value).nonzero().reshape(-1)
-            assert left.numel() == 0, f"rank {ws.rank}: {spec.name}: slots not EMPTY at {left[:8].tolist()}"
-    dist.barrier()
 
 
 # ---- matmul_reduce_scatter ---------------------------------------------------------------------------
@@ -142,8 +101,6 @@ def test_matmul_all_reduce(pools, world_size, dtype, algorithm):
 
 ARN_ALGORITHMS = ["one_shot", "two_shot", "unfused", "nccl"]
 EPS = 1e-5
-# fp8 e4m3 keeps 3 mantissa bits: half a step is 1/16 of the value.
-FP8_TOL = 0.07
 
 
 def _arn_cases():
@@ -273,7 +230,7 @@ def _choices_and_errors():
         with pytest.raises(ValueError, match="a.dtype must be"):
             fn(a.int(), b.int())
         with pytest.raises(ValueError, match="b must be contiguous"):
-            fn(a, torch.ones(5, 8, **bf).t())
+            fn(a, torch.ones(8, 10, **bf)[:, ::2])  # neither contiguous nor the transpose of a contiguous W
         with pytest.raises(ValueError, match="a must be a torch.Tensor"):
             fn([[1.0]], b)
         with pytest.raises(ValueError, match="algorithm"):
@@ -294,6 +251,29 @@ def _choices_and_errors():
     with pytest.raises(ValueError, match="residual must be a torch.Tensor"):
         symmcoll.all_reduce_rms_norm(x, None, w, 1e-5)
     return True
+
+
+def _transposed_weights():
+    """B given as nn.Linear's ``weight.t()`` (a transposed view of W [N, K]): every kernel variant reads
+    it as it is and gives the bits it gives for the same B made contiguous."""
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
+    a = operand((35 * world, 40), torch.bfloat16, rank, 0)
+    w = operand((50, 40), torch.bfloat16, rank, 0, salt=1)  # [N, K]
+    shard = operand((13, 40), torch.bfloat16, rank, 0)
+    w_shared = operand((24, 40), torch.bfloat16, 0, 0, salt=2)
+    for fn, x, weight, algorithm in ((symmcoll.matmul_reduce_scatter, a, w, "fused"),
+                                     (symmcoll.matmul_all_reduce, a, w, "one_shot"),
+                                     (symmcoll.matmul_all_reduce, a, w, "two_shot"),
+                                     (symmcoll.all_gather_matmul, shard, w_shared, "fused"),
+                                     (symmcoll.all_gather_matmul, shard, w_shared, "naive_remote")):
+        got = fn(x, weight.t(), algorithm=algorithm)
+        want = fn(x, weight.t().contiguous(), algorithm=algorithm)
+        assert torch.equal(got, want), f"rank {rank}: {fn.__name__} {algorithm}: B^T view differs from contiguous B"
+    return True
+
+
+def test_weight_given_transposed(pools):
+    assert pools(2).run(_transposed_weights) == [True] * 2
 
 
 def test_choices_and_input_errors(pools):

@@ -15,13 +15,15 @@ from typing import NamedTuple
 
 import torch
 
-from . import comm as _comm  # noqa: F401  (registers every algorithm and region)
-from .fused import all_gather_matmul as _all_gather_matmul  # noqa: F401  (registers the fused op)
-from .fused import matmul_reduce_scatter as _matmul_reduce_scatter  # (registers the fused op)
-from .fused import matmul_all_reduce as _matmul_all_reduce  # (registers the fused op)
-from .fused import all_reduce_rms_norm as _all_reduce_rms_norm  # (registers the fused op)
-from .fused import moe as _moe  # noqa: F401  (registers moe_dispatch / moe_combine)
-from .fused import moe_hierarchical as _moe_hierarchical  # noqa: F401  (their algorithms across nodes)
+# Importing an op's module declares it (ops.OpSpec: its torch op, resolver hooks and algorithms) and
+# its regions; every public function below forwards to its op's spec.
+from .comm import collectives as _collectives, quantized as _quantized, splits as _splits
+from .fused import all_gather_matmul as _all_gather_matmul
+from .fused import matmul_reduce_scatter as _matmul_reduce_scatter
+from .fused import matmul_all_reduce as _matmul_all_reduce
+from .fused import all_reduce_rms_norm as _all_reduce_rms_norm
+from .fused import moe as _moe
+from .fused import moe_hierarchical as _moe_hierarchical  # noqa: F401  (moe's algorithms across nodes)
 from . import memory, plan
 from . import ops as _ops
 from . import autograd as _autograd
@@ -106,35 +108,27 @@ def all_reduce(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str =
         raise ValueError(f"group_size applies only with quantize= (got group_size={group_size!r}, quantize=None)")
     if _wants_grad(_tensor(x)):
         return _autograd.AllReduce.apply(x, name, op, algorithm)
-    if _ops.is_plain(x):
-        return _ops.all_reduce_impl(x, name, op, algorithm)
-    return torch.ops.symmcoll.all_reduce(x, name, op, algorithm)
+    return _collectives.ALL_REDUCE(x, name, op, algorithm)
 
 
 def _all_reduce_quantized(x, name: str, op: str, algorithm: str, quantize, group_size) -> torch.Tensor:
-    from .comm.quantized import DEFAULT_GROUP_SIZE
     if algorithm != "auto":
         raise ValueError(f"algorithm={algorithm!r} names an exact algorithm; with quantize= leave algorithm='auto'")
-    if quantize not in _ops.QUANTIZE_FORMATS:
-        raise ValueError(f"quantize must be None or one of {_ops.QUANTIZE_FORMATS}, got {quantize!r}")
-    group_size = DEFAULT_GROUP_SIZE if group_size is None else group_size
+    if quantize not in _quantized.QUANTIZE_FORMATS:
+        raise ValueError(f"quantize must be None or one of {_quantized.QUANTIZE_FORMATS}, got {quantize!r}")
+    group_size = _quantized.DEFAULT_GROUP_SIZE if group_size is None else group_size
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise ValueError(f"group_size must be an int (32, 64 or 128), got {group_size!r}")
     if _wants_grad(_tensor(x)):
         return _autograd.AllReduceQuantized.apply(x, name, op, quantize, group_size)
-    if _ops.is_plain(x):
-        return _ops.all_reduce_quantized_impl(x, name, op, quantize, group_size)
-    return torch.ops.symmcoll.all_reduce_quantized(x, name, op, quantize, group_size)
+    return _quantized.SPEC(x, name, op, quantize, group_size)
 
 
 def all_reduce_(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
     """In-place all-reduce: the result overwrites ``x`` (returned). For users who hold the buffer;
     not differentiable (like torch's in-place collectives)."""
     name = _ops.group_name(group)
-    if _ops.is_plain(_tensor(x)):
-        _ops.all_reduce_inplace_impl(x, name, op, algorithm)
-    else:
-        torch.ops.symmcoll.all_reduce_(x, name, op, algorithm)
+    _collectives.ALL_REDUCE_INPLACE(_tensor(x), name, op, algorithm)
     return x
 
 
@@ -144,9 +138,7 @@ def reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: s
     name = _ops.group_name(group)
     if _wants_grad(_tensor(x)):
         return _autograd.ReduceScatter.apply(x, name, op, algorithm)
-    if _ops.is_plain(x):
-        return _ops.reduce_scatter_impl(x, name, op, algorithm)
-    return torch.ops.symmcoll.reduce_scatter(x, name, op, algorithm)
+    return _collectives.REDUCE_SCATTER(x, name, op, algorithm)
 
 
 def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
@@ -155,9 +147,7 @@ def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch
     name = _ops.group_name(group)
     if _wants_grad(_tensor(x)):
         return _autograd.AllGather.apply(x, name, algorithm)
-    if _ops.is_plain(x):
-        return _ops.all_gather_impl(x, name, algorithm)
-    return torch.ops.symmcoll.all_gather(x, name, algorithm)
+    return _collectives.ALL_GATHER(x, name, algorithm)
 
 
 def all_to_all(x: torch.Tensor, group=None, *, splits=None, max_rows: int | None = None, algorithm: str = "auto"):
@@ -184,17 +174,13 @@ def all_to_all(x: torch.Tensor, group=None, *, splits=None, max_rows: int | None
         if max_rows is None:
             raise ValueError("max_rows is required when splits is a tensor: the output is allocated with max_rows "
                              "rows (the most this rank can receive), since the host does not read the counts")
-        if _ops.is_plain(x):
-            return _ops.all_to_all_splits_impl(x, splits, max_rows, name, algorithm)
-        return torch.ops.symmcoll.all_to_all_splits(x, splits, max_rows, name, algorithm)
+        return _splits.ALL_TO_ALL_SPLITS(x, splits, max_rows, name, algorithm)
     if max_rows is not None:
         raise ValueError("max_rows is only for splits given as a device tensor (with equal or listed splits the "
                          "output is sized exactly)")
     if splits is not None and not isinstance(splits, (list, tuple)):
         raise ValueError(f"splits must be a list of ints or an int tensor (rows sent to each rank), got {splits!r}")
-    if _ops.is_plain(x):
-        return _ops.all_to_all_impl(x, name, splits, algorithm)
-    return torch.ops.symmcoll.all_to_all(x, name, None if splits is None else list(splits), algorithm)
+    return _splits.ALL_TO_ALL(x, name, None if splits is None else list(splits), algorithm)
 
 
 def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto") -> torch.Tensor:
@@ -207,9 +193,7 @@ def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto")
         raise ValueError(f"src must be an int (a rank of the group), got {type(src).__name__}") from None
     if _wants_grad(_tensor(x)):
         return _autograd.Broadcast.apply(x, src, name, algorithm)
-    if _ops.is_plain(x):
-        return _ops.broadcast_impl(x, src, name, algorithm)
-    return torch.ops.symmcoll.broadcast(x, src, name, algorithm)
+    return _collectives.BROADCAST(x, src, name, algorithm)
 
 
 def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = "auto",
@@ -217,7 +201,8 @@ def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = 
     """``all_gather(a_shard) @ b`` with the communication inside the GEMM (fused/all_gather_matmul.py).
 
     a_shard: this rank's rows [M/W, K] of A; b: [K, N] (replicated), or a list of them sharing one
-    gather. Returns C [M, N] (a list for a list of Bs), and the gathered A [M, K] too if
+    gather; each b contiguous or the transpose of a contiguous [N, K] (``linear.weight.t()``, read as
+    it is: no copy). Returns C [M, N] (a list for a list of Bs), and the gathered A [M, K] too if
     ``return_gathered``. bf16/fp16, fp32 accumulation. algorithm: "auto" or one of
     ``ALGORITHMS["all_gather_matmul"]`` (nccl, naive_remote, gather_then_gemm, copy_engine_producer, fused).
     """
@@ -225,36 +210,30 @@ def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = 
     bs = [b] if isinstance(b, torch.Tensor) else list(b)
     if not bs or not all(isinstance(t, torch.Tensor) for t in bs):
         raise ValueError(f"b must be a tensor or a non-empty list of tensors, got {type(b).__name__}")
-    if _ops.is_plain(_tensor(a_shard)):
-        outs, gathered = _ops.all_gather_matmul_impl(a_shard, bs, name, algorithm)
-    else:
-        outs, gathered = torch.ops.symmcoll.all_gather_matmul(a_shard, bs, name, algorithm)
+    outs, gathered = _all_gather_matmul.SPEC(_tensor(a_shard), bs, name, algorithm)
     result = outs[0] if isinstance(b, torch.Tensor) else list(outs)
     return (result, gathered) if return_gathered else result
 
 
 def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
-    """This rank's row shard of sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own),
-    output [M / W, N] (rows [r * M/W, (r+1) * M/W) on rank r; M % W == 0). bf16/fp16/fp32, fp32
-    accumulation. algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "unfused"
-    (torch.matmul + symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's). Not
-    differentiable."""
+    """This rank's row shard of sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own;
+    contiguous, or the transpose of a contiguous [N, K] such as ``linear.weight.t()``: no copy), output
+    [M / W, N] (rows [r * M/W, (r+1) * M/W) on rank r; M % W == 0). bf16/fp16/fp32, fp32 accumulation.
+    algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "unfused" (torch.matmul +
+    symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's). Not differentiable."""
     name = _ops.group_name(group)
-    if _ops.is_plain(_tensor(a, "a")) and _ops.is_plain(_tensor(b, "b")):
-        return _matmul_reduce_scatter.matmul_reduce_scatter_impl(a, b, name, algorithm)
-    return torch.ops.symmcoll.matmul_reduce_scatter(a, b, name, algorithm)
+    return _matmul_reduce_scatter.SPEC(_tensor(a, "a"), _tensor(b, "b"), name, algorithm)
 
 
 def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
-    """sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own), output [M, N], the same bits
+    """sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own; contiguous, or the transpose of a
+    contiguous [N, K] such as ``linear.weight.t()``: no copy), output [M, N], the same bits
     on every rank. bf16/fp16/fp32, fp32 accumulation. algorithm: "auto" (one_shot up to 256 rows,
     two_shot above), "one_shot" (one kernel pushing finished tiles to every peer), "two_shot" (the
     fused matmul + reduce-scatter, then an all-gather), "unfused" (torch.matmul + symmcoll.all_reduce)
     or "nccl" (torch.matmul + the process group's). Not differentiable."""
     name = _ops.group_name(group)
-    if _ops.is_plain(_tensor(a, "a")) and _ops.is_plain(_tensor(b, "b")):
-        return _matmul_all_reduce.matmul_all_reduce_impl(a, b, name, algorithm)
-    return torch.ops.symmcoll.matmul_all_reduce(a, b, name, algorithm)
+    return _matmul_all_reduce.SPEC(_tensor(a, "a"), _tensor(b, "b"), name, algorithm)
 
 
 def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group=None, *,
@@ -268,15 +247,11 @@ def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     scales)`` with scales [..., 1] fp32). algorithm: "auto", "one_shot", "two_shot" (sentinel
     all-reduces over whole rows), "unfused" (symmcoll.all_reduce + torch) or "nccl". Not differentiable."""
     name = _ops.group_name(group)
-    tensors = [_tensor(x), _tensor(residual, "residual"), _tensor(weight, "weight")]
+    _tensor(x), _tensor(residual, "residual"), _tensor(weight, "weight")
     if scale is not None:
-        tensors.append(_tensor(scale, "scale"))
-    if all(_ops.is_plain(t) for t in tensors):
-        normed, new_residual, scales = _all_reduce_rms_norm.all_reduce_rms_norm_impl(
-            x, residual, weight, eps, name, algorithm, quant or "", scale)
-    else:
-        normed, new_residual, scales = torch.ops.symmcoll.all_reduce_rms_norm(x, residual, weight, float(eps), name,
-                                                                             algorithm, quant or "", scale)
+        _tensor(scale, "scale")
+    normed, new_residual, scales = _all_reduce_rms_norm.SPEC(x, residual, weight, float(eps), name, algorithm,
+                                                             quant or "", scale)
     return (normed, new_residual, scales) if quant == "fp8_per_token" else (normed, new_residual)
 
 
@@ -313,12 +288,8 @@ def moe_dispatch(tokens: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         local = num_experts // world if isinstance(num_experts, int) and num_experts >= world else 1
         k = topk_ids.shape[1] if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 else 1
         max_recv_rows = world * _tensor(tokens).shape[0] * min(k, local)
-    if _ops.is_plain(_tensor(tokens)):
-        recv, counts, origin, self_rows = _ops.moe_dispatch_impl(tokens, topk_ids, num_experts, max_recv_rows, name,
-                                                                 algorithm)
-    else:
-        recv, counts, origin, self_rows = torch.ops.symmcoll.moe_dispatch(tokens, topk_ids, num_experts,
-                                                                          max_recv_rows, name, algorithm)
+    recv, counts, origin, self_rows = _moe.DISPATCH(_tensor(tokens), topk_ids, num_experts, max_recv_rows, name,
+                                                    algorithm)
     return recv, counts, MoEHandle(name, num_experts, topk_ids, counts, origin, self_rows)
 
 
@@ -329,11 +300,8 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, handle: Mo
     expert_out is laid out like the dispatch output (max_recv_rows rows by local expert)."""
     if not isinstance(handle, MoEHandle):
         raise ValueError(f"handle must be the MoEHandle moe_dispatch returned, got {type(handle).__name__}")
-    args = (expert_out, topk_weights, handle.topk_ids, handle.expert_counts, handle.row_origin, handle.self_rows,
-            handle.num_experts, handle.group_name, algorithm)
-    if _ops.is_plain(_tensor(expert_out)):
-        return _ops.moe_combine_impl(*args)
-    return torch.ops.symmcoll.moe_combine(*args)
+    return _moe.COMBINE(_tensor(expert_out), topk_weights, handle.topk_ids, handle.expert_counts, handle.row_origin,
+                        handle.self_rows, handle.num_experts, handle.group_name, algorithm)
 
 
 def _group_size(group) -> int:
@@ -353,4 +321,4 @@ def check(group=None) -> None:
 def reset(group=None) -> None:
     """Drop the symmetric workspaces (after a failure); every rank must call it together."""
     memory.reset(group)
-    _ops._forget_groups()
+    _ops.forget_groups()

@@ -154,6 +154,11 @@ class RankPool:
         self._closed = False
         self._collect("ready", start_timeout)
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` ran (or a failed run closed the pool): make a new pool to go on."""
+        return self._closed
+
     def run(self, fn: Callable, *args: Any, timeout: float = 300.0, **kwargs: Any) -> list[Any]:
         """Call ``fn(*args, **kwargs)`` on every rank; return the per-rank results, rank order."""
         if self._closed:

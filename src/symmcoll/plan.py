@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -147,27 +146,36 @@ class Algorithm:
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {op: {} for op in OPS}
-# Shape rules of ops registered by other modules (fused ops): rule(request, world) -> (out shape or
-# None, what the ranks must agree on); may raise ValueError naming the argument. What they agree on:
-# a dict of named fields (e.g. all_to_all's, whose row counts differ between ranks), or anything else
-# for "every input's shape and dtype, the splits and the options" (``agreed_fields``).
+# Shape rules (rule(request, world) -> (out shape or None, what the ranks must agree on); may raise
+# ValueError naming the argument). What they agree on: a dict of named fields (e.g. all_to_all's, whose
+# row counts differ between ranks), or anything else for "every input's shape and dtype, the splits and
+# the options" (``agreed_fields``).
 _OP_RULES: dict[str, Callable] = {}
-_REDUCING_OPS: set[str] = set(("all_reduce", "reduce_scatter"))
+_REDUCING_OPS: set[str] = set()
 # Ops whose kernels run (and meet the peers) even when this rank's input is empty, where they do:
 # op -> runs(request) -> bool.
 _RUNS_WHEN_EMPTY: dict[str, Callable] = {}
+_DEFAULTS: dict[str, str | Callable] = {}
+_DISPATCH_SIZE: dict[str, Callable] = {}
+# Public names of each op's tensor inputs (main input first), and those that may come as the
+# transpose of a contiguous matrix (nn.Linear's ``W.t()``).
+_INPUT_NAMES: dict[str, tuple[str, ...]] = {}
+_TRANSPOSED: dict[str, frozenset] = {}
 
 
 def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default: str | Callable | None = None,
-                dispatch_size: Callable | None = None, runs_when_empty: Callable | None = None) -> None:
-    """Make ``op`` known to the resolver: its shape rule, whether it takes a reduce op, what "auto" runs
-    where the tuned table has no rule (an algorithm name, or ``default(request, world) -> name`` where the
-    choice depends on the shape, e.g. decode-sized M), and the size the table is keyed by
-    (``dispatch_size(request, world)``; default: input bytes per rank, output bytes per rank for
-    reduce_scatter); ``runs_when_empty(request) -> bool``: where its algorithms meet the peers whatever
-    this rank's input (an empty one needs no handshake, and may be empty on this rank alone). The
-    collectives register in comm/shapes.py and comm/splits.py; fused
-    ops in their modules."""
+                dispatch_size: Callable | None = None, runs_when_empty: Callable | None = None,
+                inputs: tuple[str, ...] = ("x",), transposed: tuple[str, ...] = ()) -> None:
+    """Make ``op`` known to the resolver (``ops.declare`` calls it with an op's ``OpSpec``):
+
+    shape_rule(request, world) -> (output shape or None, agreed fields): validates the call (ValueError
+    naming the argument by its public name); reduces: the op takes a reduce op; default: what "auto"
+    runs where the tuned table has no rule (an algorithm name, or ``default(request, world) -> name``
+    where the choice depends on the shape, e.g. decode-sized M); dispatch_size(request, world): the
+    size the table is keyed by (default: input bytes per rank); runs_when_empty(request) -> bool: where
+    its algorithms meet the peers whatever this rank's input (an empty one needs no handshake, and may
+    be empty on this rank alone); inputs: the public names of its tensor inputs; transposed: those
+    that may be given as the transpose of a contiguous matrix (the algorithms read them by strides)."""
     _REGISTRY.setdefault(op, {})
     _OP_RULES[op] = shape_rule
     if dispatch_size is not None:
@@ -178,10 +186,8 @@ def register_op(op: str, shape_rule: Callable, *, reduces: bool = False, default
         _DEFAULTS[op] = default
     if runs_when_empty is not None:
         _RUNS_WHEN_EMPTY[op] = runs_when_empty
-
-
-_DEFAULTS: dict[str, str | Callable] = {"all_reduce": "two_shot"}
-_DISPATCH_SIZE: dict[str, Callable] = {}
+    _INPUT_NAMES[op] = tuple(inputs)
+    _TRANSPOSED[op] = frozenset(transposed)
 
 
 def registered_ops() -> list[str]:
@@ -309,46 +315,61 @@ def check_device(x: torch.Tensor, name: str = "x") -> None:
                          f"under TRITON_INTERPRET=1 with a gloo group)")
 
 
-def check_tensor(x, name: str = "x") -> None:
+def is_transposed_contiguous(x: torch.Tensor) -> bool:
+    """A 2-D view whose transpose is contiguous (``W.t()`` of a contiguous ``W``)."""
+    return x.dim() == 2 and x.stride(0) == 1 and x.stride(1) == max(1, x.shape[0])
+
+
+def check_tensor(x, name: str = "x", transposed: bool = False) -> None:
+    """ValueError naming the argument unless ``x`` is a contiguous tensor on a device symmcoll runs on
+    (``transposed``: or the transpose of a contiguous matrix)."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     check_device(x, name)
-    if not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (got shape {tuple(x.shape)}, strides {tuple(x.stride())}): "
-                         f"call .contiguous() on it")
+    if not x.is_contiguous() and not (transposed and is_transposed_contiguous(x)):
+        also = " (or the transpose of a contiguous matrix, such as nn.Linear's weight.t())" if transposed else ""
+        raise ValueError(f"{name} must be contiguous{also} (got shape {tuple(x.shape)}, strides "
+                         f"{tuple(x.stride())}): call .contiguous() on it")
 
 
 def resolve(op: str, x: torch.Tensor, group=None, algorithm: str = "auto", *, reduce_op: str | None = None,
             src: int | None = None, splits=None, config: LaunchConfig | None = None, others: tuple = (),
-            options: tuple = (), other_names: tuple = (), x_name: str = "x") -> Plan:
+            options: tuple = (), other_names: tuple | None = None, x_name: str | None = None) -> Plan:
     """The plan for this call (cached). Raises ValueError naming the argument for bad input.
-    ``others``: the other input tensors of a fused op (``x_name``, ``other_names``: argument names for
-    errors); ``options``: its hashable options."""
+    ``others``: the other input tensors of a fused op; ``x_name``, ``other_names``: their public names
+    where they differ from the op's registered ``inputs``; ``options``: its hashable options."""
     if isinstance(splits, list):
         splits = tuple(splits)
-    other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others) if others else ()
     try:
+        other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others) if others else ()
         key = (op, algorithm, group, x.dtype, x.shape, x.device, reduce_op, src, splits, config, other_meta, options)
         plan = _PLANS.get(key)
     except (TypeError, AttributeError):  # not a tensor, or an unhashable argument: validated below
         plan, key = None, None
-    if plan is not None:
-        if not x.is_contiguous():
-            check_tensor(x, x_name)  # raises, naming the argument
-        for i, t in enumerate(others):
+    if plan is not None:  # only the layout can differ from the call that made the plan
+        for i, t in enumerate((x, *others)):
             if not t.is_contiguous():
-                check_tensor(t, other_names[i] if i < len(other_names) else f"input {i + 1}")
+                _check_input(op, i, t, x_name, other_names)  # raises, naming the argument, unless allowed
         return plan
-    check_tensor(x, x_name)
-    for i, t in enumerate(others):
-        check_tensor(t, other_names[i] if i < len(other_names) else f"input {i + 1}")
-    plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options,
-                    (x_name, *other_names))
+    names = tuple(_check_input(op, i, t, x_name, other_names) for i, t in enumerate((x, *others)))
+    other_meta = tuple((tuple(t.shape), t.dtype, t.device) for t in others)
+    plan = _resolve(op, x, group, algorithm, reduce_op, src, splits, config, other_meta, options, names)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
+
+
+def _check_input(op: str, i: int, t, x_name: str | None, other_names: tuple | None) -> str:
+    """check_tensor of input ``i`` (0: the main one) under its public name, which it returns."""
+    if i == 0:
+        name = x_name or _INPUT_NAMES.get(op, ("x",))[0]
+    else:
+        names = _INPUT_NAMES.get(op, ("x",))[1:] if other_names is None else other_names
+        name = names[i - 1] if i - 1 < len(names) else f"input {i}"
+    check_tensor(t, name, name.split("[")[0] in _TRANSPOSED.get(op, ()))  # "b[1]": the second of a list b
+    return name
 
 
 def _group_and_world(group):
@@ -371,19 +392,12 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
         if reduce_op not in REDUCE_OPS:
             raise ValueError(f"op must be one of {sorted(REDUCE_OPS)}, got {reduce_op!r}")
     group, world, rank = _group_and_world(group)
-    if op == "broadcast":
-        try:
-            src = operator.index(src)
-        except TypeError:
-            raise ValueError(f"src must be an int (a rank of the group), got {type(src).__name__}") from None
-        if not 0 <= src < world:
-            raise ValueError(f"src must be a group rank in [0, {world}), got {src}")
     request = Request(op, tuple(x.shape), x.dtype, x.device, reduce_op, src, splits, others, options, names)
     out_shape, agreed = _OP_RULES[op](request, world)
     # Device-side splits always run a kernel: the received counts and the bound check live on the device.
     if world == 1 and op in OPS and splits != DEVICE_SPLITS:
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
-    name = _choose(request, world, algorithm, topology.of_group(group))
+    name = choose(request, world, algorithm, topology.of_group(group))
     chosen = table[name]
     runs_anyway = _RUNS_WHEN_EMPTY.get(op)
     empty = not (runs_anyway and runs_anyway(request)) and _no_work(request, out_shape)
@@ -438,7 +452,7 @@ def call_fields(request: Request, algorithm: str, agreed=None) -> dict:
     fields = {"op": request.op, "algorithm": algorithm, "dtype": str(request.dtype)}
     if request.op in _REDUCING_OPS:
         fields["reduce_op"] = request.reduce_op or "sum"
-    if request.op == "broadcast":
+    if request.src is not None:
         fields["src"] = request.src
     fields.update(agreed if isinstance(agreed, dict) else agreed_fields(request))
     return fields
@@ -459,8 +473,11 @@ def inner(outer: Plan, op: str, x: torch.Tensor, algorithm: str = "auto", **kwar
     return plan
 
 
-def _choose(request: Request, world: int, algorithm: str, topo: topology.Topology | None = None) -> str:
-    """The one place that decides what runs."""
+def choose(request: Request, world: int, algorithm: str = "auto", topo: topology.Topology | None = None) -> str:
+    """The one place that decides what runs: the name of the algorithm (or "nccl") that ``resolve``
+    runs for ``request`` on ``world`` ranks of a group laid out as ``topo`` (None: one node), after the
+    tuned table, the op's default and every ``accepts``/``instead`` substitution. Needs no group or
+    workspace (tests and tools ask it directly); raises ValueError where ``resolve`` would."""
     table = _REGISTRY[request.op]
     if algorithm == BACKEND:
         return BACKEND
@@ -525,10 +542,9 @@ def _choose_across_nodes(request: Request, world: int, algorithm: str, topo: top
 
 
 def _dispatch_bytes(request: Request, world: int) -> int:
-    # Tables are keyed as `symmcoll bench` reports sizes: output bytes per rank for reduce_scatter.
-    if request.op in _DISPATCH_SIZE:
-        return _DISPATCH_SIZE[request.op](request, world)
-    return request.nbytes // world if request.op == "reduce_scatter" else request.nbytes
+    """The size the tuned table keys this call by: the op's ``dispatch_size`` hook, else input bytes."""
+    size = _DISPATCH_SIZE.get(request.op)
+    return size(request, world) if size is not None else request.nbytes
 
 
 def default_algorithm(op: str, request: Request | None = None, world: int | None = None) -> str:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..comm.backend import all_gather_single, reduce_scatter_single
 from .impls import Bound, Implementation
-from .symm_buffers import symmetric_view
+from ..memory.torch_buffers import symmetric_view
 
 
 def backend_implementation(op: str, group) -> Implementation:

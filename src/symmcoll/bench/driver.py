@@ -258,10 +258,12 @@ def _finish(done: list[BenchResult], options: BenchOptions, console: Console, is
         from .plot import plot_files
         for png in plot_files(written, options.out_dir):
             console.print(f"plot written: {png}", highlight=False)
-    return 1 if any(_failed(r) for r in done) else 0
+    return 1 if any(failed(r) for r in done) else 0
 
 
-def _failed(result: BenchResult) -> bool:
+def failed(result: BenchResult) -> bool:
+    """A run that ``symmcoll bench`` reports as failed (exit status 1): aborted, or a symmcoll row with an
+    error or wrong elements."""
     aborted = any(n.startswith("run aborted") for n in result.notes)
     # symmcoll's own rows (quantized ones and the fallback "symmcoll:nccl", labelled as the backend in the
     # tables, included)

@@ -32,6 +32,7 @@ import symmcoll.reference
 from symmcoll import plan
 
 from . import memory_bound, provenance, roofline
+from .timing import event_times_us
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
@@ -60,6 +61,17 @@ class FusedSpec:
     tolerance: Callable | None = None
     # run, reference, baselines and baseline_references take the shape as their last argument
     shape_args: bool = False
+
+    def call(self, fn: Callable, *args, shape):
+        """``fn(*args)``, with the shape appended where this op's callables take it (``shape_args``)."""
+        return fn(*args, shape) if self.shape_args else fn(*args)
+
+    def checked_error(self, got: torch.Tensor, want: torch.Tensor, inputs, group, shape) -> float:
+        """Relative error of ``got`` against the fp32 ``want``, over the rows ``compare_rows`` defines."""
+        if self.compare_rows is not None:
+            got = self.compare_rows(got, inputs, group, shape)
+            want = want[:got.shape[0]]
+        return _rel_err(got, want)
 
 
 # ---- all_gather_matmul -----------------------------------------------------------------------------
@@ -193,21 +205,7 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
     if any(f != "graph" for f in flags):
         step, per, mode = thunk, 1, next(f for f in flags if f != "graph")
     step()
-    times = []
-    for _ in range(replays):
-        dist.barrier(group)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / per)
-    return times, mode
-
-
-def _call(spec: FusedSpec, fn: Callable, *args, shape):
-    return fn(*args, shape) if spec.shape_args else fn(*args)
+    return event_times_us(step, replays, group=group, per=per), mode
 
 
 def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, replays: int,
@@ -236,11 +234,11 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
         error, us, err, mode, nbytes = None, None, None, None, None
         try:
             inputs = spec.inputs(shape, dtype, rank, world, 0, device)
-            thunk = (lambda i=inputs, w=what: _call(spec, spec.run, w, i, group, shape=shape)) \
-                if family == "symmcoll" else _call(spec, what, inputs, group, shape=shape)
+            thunk = (lambda i=inputs, w=what: spec.call(spec.run, w, i, group, shape=shape)) \
+                if family == "symmcoll" else spec.call(what, inputs, group, shape=shape)
             reference = spec.baseline_references.get(name, spec.reference)
-            want = _call(spec, reference, inputs, group, shape=shape)
-            err = _checked_error(spec, thunk(), want, inputs, group, shape)
+            want = spec.call(reference, inputs, group, shape=shape)
+            err = spec.checked_error(thunk(), want, inputs, group, shape)
             if err > tolerance:
                 raise AssertionError(f"relative error {err:.2e} before timing")
             times, mode = _time(thunk, replays, calls_per_graph, group)
@@ -249,7 +247,7 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
             for dst, src in zip(inputs, fresh):
                 if isinstance(dst, torch.Tensor):
                     dst.copy_(src)
-            err = max(err, _checked_error(spec, thunk(), _call(spec, reference, inputs, group, shape=shape), inputs,
+            err = max(err, spec.checked_error(thunk(), spec.call(reference, inputs, group, shape=shape), inputs,
                                           group, shape))
             nbytes = moved(what if family == "symmcoll" else name, inputs)
             symmcoll.check()
@@ -264,13 +262,6 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
                          nbytes, copy_gbps))
         torch.cuda.empty_cache()
     return rows
-
-
-def _checked_error(spec: FusedSpec, got: torch.Tensor, want: torch.Tensor, inputs, group, shape) -> float:
-    if spec.compare_rows is not None:
-        got = spec.compare_rows(got, inputs, group, shape)
-        want = want[:got.shape[0]]
-    return _rel_err(got, want)
 
 
 def _slowest(us: float | None, group) -> float | None:

@@ -90,8 +90,7 @@ def quantized_implementations(op: str) -> list[Implementation]:
     wrong where it leaves the documented error bound (bench/accuracy.py) of the exact sum."""
     if op != "all_reduce":
         return []
-    from ..comm.quantized import DEFAULT_GROUP_SIZE, GROUP_SIZES
-    from ..ops import QUANTIZE_FORMATS
+    from ..comm.quantized import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANTIZE_FORMATS
     found = []
     for quantize in QUANTIZE_FORMATS:
         for group_size in GROUP_SIZES:

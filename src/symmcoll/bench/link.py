@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from ..launcher import launch
-from .symm_buffers import symmetric_view
+from ..memory.torch_buffers import symmetric_view
+from .timing import event_times_us
 
 REPEATS = 5
 PULL_BLOCK = 8192
@@ -63,14 +64,4 @@ def peer_pull_gbps(group, nbytes: int) -> tuple[float | None, float | None, str 
 
 def _gbps(copy, nbytes: int, group) -> float:
     copy()  # warm-up (and the Triton compile)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        dist.barrier(group)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        copy()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return nbytes / statistics.median(times) / 1e9
+    return nbytes / (statistics.median(event_times_us(copy, REPEATS, group=group)) * 1e-6) / 1e9

@@ -8,6 +8,9 @@
 
 The number of timed samples is the same on every rank (agreed with an all-reduce): a rank that
 replayed a graph of collectives more often than its peers would wait forever.
+
+``event_times_us`` is the package's one CUDA-event timing loop: every event-timed figure (this module,
+bench/fused.py, bench/tp_block.py, bench/link.py, the scripts under benchmarks/) comes from it.
 """
 
 from __future__ import annotations
@@ -50,18 +53,19 @@ class CapturedCalls:
 def time_graph(captured: CapturedCalls, plan: TimingPlan, group) -> Timing:
     for _ in range(plan.warmup):
         captured.replay()
-    probe = _events_elapsed_us([captured.replay] * 2)
+    probe = event_times_us(captured.replay, 2, isolated=False)
     iters = agreed_iters(max(probe) * 1e-6, plan, group)
-    samples = _events_elapsed_us([captured.replay] * iters, group)
+    samples = event_times_us(captured.replay, iters, group=group, isolated=False)
     return Timing(tuple(s / captured.calls for s in samples), "graph", captured.calls)
 
 
 def time_eager(call: Callable[[], object], plan: TimingPlan, group) -> Timing:
     for _ in range(plan.warmup):
         call()
-    probe = _events_elapsed_us([call] * 2)
+    probe = event_times_us(call, 2, isolated=False)
     iters = agreed_iters(max(probe) * 1e-6, plan, group)
-    return Timing(tuple(_events_elapsed_us([call] * iters, group)), "eager", 1, host_time_us(call, group))
+    return Timing(tuple(event_times_us(call, iters, group=group, isolated=False)), "eager", 1,
+                  host_time_us(call, group))
 
 
 def host_time_us(call: Callable[[], object], group, rounds: int = 15, calls: int = 20) -> float:
@@ -101,19 +105,31 @@ def agreed_iters(seconds_per_sample: float, plan: TimingPlan, group) -> int:
     return max(plan.min_iters, min(plan.iters, affordable))
 
 
-def _events_elapsed_us(steps: list[Callable[[], object]], group=None) -> list[float]:
-    """Run ``steps`` back to back, each between two CUDA events; their GPU times in microseconds.
-    With ``group``, ranks start together (barrier) so no rank's first sample includes a late peer."""
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in steps]
-    if group is not None:
-        dist.barrier(group)
-    torch.cuda.synchronize()
-    for step, (start, end) in zip(steps, pairs):
+def event_times_us(step: Callable[[], object], samples: int, *, group=None, per: int = 1,
+                   isolated: bool = True) -> list[float]:
+    """``samples`` runs of ``step``, each between two CUDA events: microseconds per call (a run's GPU
+    time / ``per``, the calls one run makes: a graph's captured calls).
+
+    isolated: each run starts on an idle GPU, and with ``group`` the ranks meet at a barrier before
+    each (no sample includes a late peer); else the runs go back to back after one barrier, with one
+    synchronisation at the end (the GPU never idles between them)."""
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(samples)]
+    if not isolated:
+        if group is not None:
+            dist.barrier(group)
+        torch.cuda.synchronize()
+    for start, end in pairs:
+        if isolated:
+            if group is not None:
+                dist.barrier(group)
+            torch.cuda.synchronize()
         start.record()
         step()
         end.record()
+        if isolated:
+            end.synchronize()
     torch.cuda.synchronize()
-    return [start.elapsed_time(end) * 1e3 for start, end in pairs]
+    return [start.elapsed_time(end) * 1e3 / per for start, end in pairs]
 
 
 MIN_CALLS_PER_GRAPH = 20
@@ -125,7 +141,7 @@ def graph_us(calls: list[Callable[[], object]], replays: int, warmup: int = 2, m
     ``replays`` timed replays, in microseconds."""
     for call in calls:  # compile and warm up outside the capture
         call()
-    probe = _events_elapsed_us([lambda: [c() for c in calls]] * 2)
+    probe = event_times_us(lambda: [c() for c in calls], 2, isolated=False)
     # The probe times eager calls, whose GPU time includes launch gaps: at least MIN_CALLS_PER_GRAPH calls
     # per graph, so a replay's start-up is spread over many.
     repeats = max(1, int(min_graph_us / max(min(probe), 1e-3) + 0.999), -(-MIN_CALLS_PER_GRAPH // len(calls)))
@@ -133,4 +149,4 @@ def graph_us(calls: list[Callable[[], object]], replays: int, warmup: int = 2, m
     captured = CapturedCalls(lambda: calls[next(order) % len(calls)](), repeats * len(calls))
     for _ in range(warmup):
         captured.replay()
-    return [s / captured.calls for s in _events_elapsed_us([captured.replay] * replays)]
+    return event_times_us(captured.replay, replays, per=captured.calls, isolated=False)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from ..models import LLAMA_70B, MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 from . import kernel_share, provenance
+from .timing import event_times_us
 
 DECODE_BATCHES = (1, 8, 64)
 CACHE_TOKENS = 2048
@@ -136,17 +137,7 @@ def _prepare(step, timing: str):
 
 def _time_ms(run, per: int, replays: int, group) -> float:
     run()
-    times = []
-    for _ in range(replays):
-        dist.barrier(group)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / per)
-    return statistics.median(times)
+    return statistics.median(event_times_us(run, replays, group=group, per=per)) / 1e3
 
 
 def _rel_diff(update: torch.Tensor, reference: torch.Tensor | None) -> float | None:

@@ -14,12 +14,12 @@ exchange.py     the cross-node exchange through the transport (groups that span 
 hierarchical.py node phases + exchange: all_reduce / reduce_scatter / all_gather / all_to_all hierarchical
 quantized.py    quantized two-shot (int8 / fp8 / int4 on the wire): op all_reduce_quantized
 backend.py      the process group's own collectives ("nccl")
-shapes.py       what each collective returns and refuses (shape rules)
+collectives.py  the collectives' op declarations (ops.OpSpec: schema, implementation, fake, shape rule)
 
 Importing this package registers every algorithm (symmcoll.plan) and declares every region
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 
 from . import (all_to_all, all_to_all_copy_engine, all_to_all_sentinel, backend, gather, low_latency,  # noqa: F401
-               pull, push, quantized, sentinel, shapes, splits, tree)
+               pull, push, quantized, sentinel, collectives, splits, tree)
 from . import exchange, hierarchical  # noqa: F401  (groups that span nodes)

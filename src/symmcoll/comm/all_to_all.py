@@ -58,7 +58,7 @@ from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, Plan, register, word_dtype_reason
 from .common import as_words, config, move_config
-from .splits import bounded_rounds, plan_rounds, scratch_counts, split_matrix, splits_tensor
+from .splits import bounded_rounds, exchange_outputs, plan_rounds, split_matrix
 
 SPLITS = declare(RegionSpec(
     "all_to_all.splits", "all_to_all", lambda g: 8 * MAX_WORLD.value,
@@ -157,24 +157,18 @@ def all_to_all_kernel(
 
 
 def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_dev: torch.Tensor | None = None):
-    ws, world, rank = plan.ws, plan.world, plan.rank
+    ws, world = plan.ws, plan.world
     row_numel = math.prod(x.shape[1:])
     matrix = split_matrix(plan, x)
     words = as_words(x)
     align = math.gcd(row_numel, 16)
     capacity = ws.capacity(words.dtype)
+    out, recv, max_rows, splits_dev = exchange_outputs(plan, x, out, matrix, splits_dev)
     if matrix is None:  # device splits: sizes only the device knows, bounded by max_rows
-        max_rows = out.shape[0]
-        recv = torch.empty(world, dtype=torch.int64, device=x.device)
         piece, rounds = bounded_rounds(max_rows * row_numel, capacity, world, align)
         exchange_bytes = max_rows * row_numel * x.element_size()
         longest_self = piece
     else:
-        splits_dev = splits_tensor(plan, matrix, x.device)
-        max_rows = sum(matrix[s][rank] for s in range(world))
-        if out is None:
-            out = torch.empty((max_rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        recv = scratch_counts(plan, x.device)
         elems = [[n * row_numel for n in line] for line in matrix]
         if not any(map(any, elems)):
             return out  # nothing moves anywhere: every rank knows it, none launches

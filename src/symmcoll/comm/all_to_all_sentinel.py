@@ -42,7 +42,7 @@ from ..language import (ARG_MAX_ROWS, EMPTY, EPOCH_SLOTS, ESCAPE_GROUP, MAX_WORL
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import CPU_CONFIG, DEVICE_SPLITS, Algorithm, LaunchConfig, Plan, register, word_dtype_reason
-from .splits import option, row_bytes, scratch_counts, split_matrix, splits_tensor
+from .splits import exchange_outputs, option, row_bytes, split_matrix
 
 # int64 call headers [PHASES][MAX_WORLD], then int64 counts [PHASES][MAX_WORLD], then the slots (the
 # PHASES slot sets rotate as language/slots.py says)
@@ -176,19 +176,13 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def _sentinel(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_dev: torch.Tensor | None = None):
-    ws, world, rank = plan.ws, plan.world, plan.rank
+    ws, world = plan.ws, plan.world
     row_words = math.prod(x.shape[1:]) * x.element_size() // 4
     matrix = split_matrix(plan, x)
+    out, recv, max_rows, splits_dev = exchange_outputs(plan, x, out, matrix, splits_dev)
     if matrix is None:  # device splits: every chunk holds at most max_rows rows
-        max_rows = out.shape[0]
-        recv = torch.empty(world, dtype=torch.int64, device=x.device)
         longest = max_rows * row_words
     else:
-        splits_dev = splits_tensor(plan, matrix, x.device)
-        max_rows = sum(matrix[s][rank] for s in range(world))
-        if out is None:
-            out = torch.empty((max_rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        recv = scratch_counts(plan, x.device)
         longest = max(map(max, matrix)) * row_words
         if longest == 0:
             return out  # nothing moves anywhere: every rank knows it, none launches

@@ -51,8 +51,9 @@ import triton.language as tl
 from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
                         open_slots, pack_words, peer_rows, post_call, quantize_groups, take_rows, unpack_words)
 from ..launcher import launch
+from ..ops import OpSpec, declare, resolve_group
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
-                    inner, register, register_op)
+                    inner, resolve)
 from .common import chunks, config, meta
 
 OP = "all_reduce_quantized"
@@ -293,13 +294,26 @@ def _worth_quantizing(request, world: int) -> str | None:
     return exact_instead(request.numel, request.nbytes, world, request.device.type)
 
 
-register_op(OP, _shape_rule, reduces=True)
-for _code, _fmt in ((80, "int8"), (81, "fp8"), (82, "int4")):
-    register(Algorithm(OP, f"quantized_{_fmt}", _code, "quantized", functools.partial(_run, _fmt),
-                       f"barrier-free two-shot carrying {_fmt} codes with a scale per group on both hops",
-                       GPU_CONFIGS, accepts=_worth_quantizing, instead="exact"))
-register(Algorithm(OP, "exact", 83, "quantized", _exact, "the exact all-reduce (algorithm='auto')"))
+# What quantize= accepts (the formats of language/codecs.py).
+QUANTIZE_FORMATS = tuple(FORMATS)
 
+
+def all_reduce_quantized_impl(x, group_name: str, reduce_op: str, quantize: str, group_size: int):
+    if quantize not in QUANTIZE_FORMATS:
+        raise ValueError(f"quantize must be None or one of {QUANTIZE_FORMATS}, got {quantize!r}")
+    return resolve(OP, x, resolve_group(group_name), f"quantized_{quantize}", reduce_op=reduce_op,
+                   options=(("quantize", quantize), ("group_size", group_size))).execute(x)
+
+
+SPEC = declare(OpSpec(
+    OP, "(Tensor x, str group_name, str reduce_op, str quantize, int group_size) -> Tensor",
+    all_reduce_quantized_impl, lambda x, *args: torch.empty_like(x, memory_format=torch.contiguous_format),
+    shape_rule=_shape_rule, reduces=True,
+    algorithms=(*(Algorithm(OP, f"quantized_{fmt}", code, "quantized", functools.partial(_run, fmt),
+                            f"barrier-free two-shot carrying {fmt} codes with a scale per group on both hops",
+                            GPU_CONFIGS, accepts=_worth_quantizing, instead="exact")
+                  for code, fmt in ((80, "int8"), (81, "fp8"), (82, "int4"))),
+                Algorithm(OP, "exact", 83, "quantized", _exact, "the exact all-reduce (algorithm='auto')"))))
 
 def compile_cases(make_workspace):
     """Launches to compile for sm_90 (tests/test_compile.py): every format, group size, dtype and GPU

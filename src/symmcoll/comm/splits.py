@@ -27,7 +27,8 @@ import triton
 from ..language import MAX_WORLD, announce, block_barrier, copy_blocks, peer_ptr, tee_blocks
 from ..launcher import launch
 from ..memory.persistent_state import persistent
-from ..plan import DEVICE_SPLITS, Plan, Request, algorithms, register_op
+from ..ops import OpSpec, declare, resolve_group, world_size
+from ..plan import DEVICE_SPLITS, Plan, Request, algorithms, resolve
 
 # "auto" where the tuned table has no rule: the barrier-free kernel for small exchanges, the copy
 # engines for the largest, the pull kernel between (bytes per rank; to be replaced by a GPU tune).
@@ -109,10 +110,37 @@ def default_all_to_all(request: Request, world: int) -> str:
     return "pull"
 
 
+def all_to_all_impl(x, group_name: str, splits, algorithm: str):
+    return resolve("all_to_all", x, resolve_group(group_name), algorithm,
+                   splits=None if splits is None else tuple(splits)).execute(x)
+
+
+def all_to_all_splits_impl(x, splits, max_rows: int, group_name: str, algorithm: str):
+    """Device-side splits: (out [max_rows, ...], rows received from each rank [W] int64)."""
+    return resolve("all_to_all", x, resolve_group(group_name), algorithm, splits=DEVICE_SPLITS, others=(splits,),
+                   options=(("max_rows", max_rows),)).execute(x, others=(splits,))
+
+
+def _all_to_all_fake(x, group_name, splits, algorithm):
+    if splits is None:
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    rows = torch.library.get_ctx().new_dynamic_size()  # what the peers send: known only at run time
+    return x.new_empty((rows, *x.shape[1:]))
+
+
+def _all_to_all_splits_fake(x, splits, max_rows, group_name, algorithm):
+    return x.new_empty((max_rows, *x.shape[1:])), splits.new_empty((world_size(group_name),), dtype=torch.int64)
+
+
 # With splits, a rank may send or receive nothing while its peers do: the kernels run (and exchange
 # counts) whatever this rank's input. Equal splits of an empty x are empty on every rank.
-register_op("all_to_all", all_to_all_shape, default=default_all_to_all,
-            runs_when_empty=lambda request: request.splits is not None)
+ALL_TO_ALL = declare(OpSpec(
+    "all_to_all", "(Tensor x, str group_name, int[]? splits, str algorithm) -> Tensor", all_to_all_impl,
+    _all_to_all_fake, inputs=("x", "splits"), shape_rule=all_to_all_shape, default=default_all_to_all,
+    runs_when_empty=lambda request: request.splits is not None))
+ALL_TO_ALL_SPLITS = declare(OpSpec(  # runs all_to_all's plans
+    "all_to_all_splits", "(Tensor x, Tensor splits, int max_rows, str group_name, str algorithm) -> (Tensor, Tensor)",
+    all_to_all_splits_impl, _all_to_all_splits_fake))
 
 
 @triton.jit
@@ -175,6 +203,19 @@ def scratch_counts(plan: Plan, device: torch.device) -> torch.Tensor:
         cached = plan.cache["recv_dev"] = persistent(
             device, lambda: torch.empty(plan.world, dtype=torch.int64, device=device))
     return cached
+
+
+def exchange_outputs(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, matrix, splits_dev: torch.Tensor | None):
+    """(out, received counts, max_rows, this rank's splits on the device) of an all-to-all call. Device
+    splits (``matrix`` None): the caller's out of max_rows rows and splits, and a counts tensor of its
+    own (returned to the caller); host splits: out sized exactly (allocated if None), the plan's splits
+    tensor and scratch counts."""
+    if matrix is None:
+        return out, torch.empty(plan.world, dtype=torch.int64, device=x.device), out.shape[0], splits_dev
+    max_rows = sum(matrix[s][plan.rank] for s in range(plan.world))
+    if out is None:
+        out = torch.empty((max_rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out, scratch_counts(plan, x.device), max_rows, splits_tensor(plan, matrix, x.device)
 
 
 def plan_rounds(words: list[list[int]], capacity: int, align: int = 1) -> tuple[int, int]:

@@ -33,10 +33,9 @@ def backend(inner="inductor", *, report=False, copy_weights: str = "auto") -> Sy
     report: True prints what each graph's rewrite did (and why a collective was left); a
       ``logging.Logger`` gets it at INFO instead. ``backend(...).reports`` keeps it either way. (Inductor
       caches compiled graphs: with a report asked for, the rewrite is not cached, so it always reports.)
-    copy_weights: ``nn.Linear`` multiplies by a transposed weight, and the fused ops take B row-major:
-      "auto" fuses such a matmul, with a row-major copy of the weight, only where the copy takes less
-      time than the communication the fusion hides (large M: prefill, training; not decode);
-      "always"; "never".
+    copy_weights: ``nn.Linear`` multiplies by a transposed weight: "auto" fuses such a matmul and the
+      fused op reads the weight as it is (no copy); "always" copies it row-major first; "never" leaves
+      such a matmul unfused.
     """
     return SymmcollBackend(inner, report=report, copy_weights=copy_weights)
 

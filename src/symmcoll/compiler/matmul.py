@@ -12,12 +12,12 @@ activations: DTensor writes them as chunks + cat) are row permutations of the di
 matmul acts on rows: the gather's products are permuted back (a copy of C; none when the dims before
 d are all 1), the scatter's A is permuted first (a copy of A, where the graph copied the product).
 
-B must be row-major [K, N] (what the fused ops take). ``nn.Linear`` multiplies by ``W.T``, a
-transposed view: with ``copy_weights="auto"`` that B is copied row-major only where the copy takes
-less time than the communication the fusion can hide (``copy_reason``: from a few hundred to a few
-thousand rows of A for Llama-70B shapes; never at decode sizes). Backward graphs multiply by ``W``
-itself, which needs no copy. Everything between the matmul and the collective must have no other
-user; the gathered rows may (the op returns them too).
+B is row-major [K, N] or, as ``nn.Linear`` multiplies, ``W.T``: the transposed view of a row-major W
+[N, K], which the fused ops read as it is (their K-loop loads W's tiles and transposes them in
+registers). ``copy_weights="always"`` copies such a B row-major first (the layout older releases
+needed); "never" leaves such a matmul unfused. Backward graphs multiply by ``W`` itself. Everything
+between the matmul and the collective must have no other user; the gathered rows may (the op
+returns them too).
 """
 
 from __future__ import annotations
@@ -76,11 +76,6 @@ def product_of(node: Node):
     return (node, links) if is_call(node, MM) and len(node.users) == 1 else None
 
 
-# NVLink's bandwidth per direction over HBM's (H100: 450 / 3350 GB/s, H200: 450 / 4800): a byte copied
-# within a GPU takes about a tenth of the time of a byte sent to a peer.
-LINK_OVER_HBM = 0.1
-
-
 def weight_reason(b: Node, k: int, dtype: torch.dtype) -> str | None:
     """Why ``b`` cannot be a fused op's B [K, N], even copied row-major (None: it can)."""
     v = tensor_val(b)
@@ -93,29 +88,29 @@ def weight_reason(b: Node, k: int, dtype: torch.dtype) -> str | None:
     return None
 
 
-def copy_reason(ctx: Context, bs, rows: int, world: int, sent_per_row: int) -> str | None:
-    """Why the transposed weights among ``bs`` are not copied row-major for a fusion that sends
-    ``sent_per_row`` elements per row of A (times (W-1)/W) to peers (None: they are, or none is).
-    "auto": the copy (read and write, 2 K N elements) must take less time than that communication,
-    which the fused op hides under its GEMM."""
-    copied = [tensor_val(b).numel() for b in bs if not tensor_val(b).is_contiguous()]
-    mode = ctx.options.copy_weights
-    if not copied or mode == "always":
-        return None
-    if mode == "never":
+def copy_reason(ctx: Context, bs) -> str | None:
+    """Why a fusion with the transposed weights among ``bs`` is declined (None: it is not):
+    copy_weights="never" only ("auto" reads them as they are, "always" copies them row-major)."""
+    if ctx.options.copy_weights == "never" and any(not tensor_val(b).is_contiguous() for b in bs):
         return "B is a transposed weight (x @ W.T) and copy_weights='never'"
-    needed = 2 * sum(copied) * LINK_OVER_HBM * world / (sent_per_row * (world - 1)) if world > 1 else math.inf
-    if rows >= needed:
-        return None
-    pays = f"from {math.ceil(needed)} rows" if needed < math.inf else "never at one rank"
-    return (f"B is a transposed weight (x @ W.T) and A has {rows} rows: a row-major copy takes longer than the "
-            f"communication the fusion hides (copy_weights='auto' copies {pays})")
+    return None
 
 
-def _copy_note(bs) -> str:
-    """What a fusion's report says about the Bs it copies row-major."""
-    copied = [b.name for b in bs if not tensor_val(b).is_contiguous()]
-    return f"; {', '.join(copied)} copied row-major" if copied else ""
+def weight_operand(ctx: Context, b: Node, before: Node) -> Node:
+    """B as the fused op takes it: as it is (row-major, or a transposed weight read in place), or
+    copied row-major where copy_weights="always"."""
+    if ctx.options.copy_weights == "always":
+        return ctx.editor.contiguous(b, before=before)
+    return b
+
+
+def _copy_note(ctx: Context, bs) -> str:
+    """What a fusion's report says about its transposed Bs."""
+    transposed = [b.name for b in bs if not tensor_val(b).is_contiguous()]
+    if not transposed:
+        return ""
+    how = "copied row-major" if ctx.options.copy_weights == "always" else "read transposed (no copy)"
+    return f"; {', '.join(transposed)} {how}"
 
 
 # ---- all_gather -> matmul(s) ------------------------------------------------------------------------
@@ -169,7 +164,7 @@ def match_all_gather_matmul(ag: Node, ctx: Context):
                 declined.setdefault(reason, []).append(mm.name)
             else:
                 fused.append((mm, d))
-    reason = copy_reason(ctx, [mm.args[1] for mm, _ in fused], rows, world, k)
+    reason = copy_reason(ctx, [mm.args[1] for mm, _ in fused])
     if reason:  # keep the matmuls whose B needs no copy
         declined.setdefault(reason, []).extend(mm.name for mm, _ in fused if not tensor_val(mm.args[1]).is_contiguous())
         fused = [(mm, d) for mm, d in fused if tensor_val(mm.args[1]).is_contiguous()]
@@ -182,7 +177,7 @@ def match_all_gather_matmul(ag: Node, ctx: Context):
         bs = []
         for mm, _ in fused:
             editor.hoist(mm.args[1], ag)
-            bs.append(editor.contiguous(mm.args[1], before=ag))
+            bs.append(weight_operand(ctx, mm.args[1], before=ag))
         a_shard = editor.reshape(editor.contiguous(x, before=ag), (rows // world, k), before=ag)
         op = editor.call(symmcoll.all_gather_matmul.default, (a_shard, bs, ctx.group(ag), "auto"), before=ag)
         outs = editor.call(operator.getitem, (op, 0), before=ag)
@@ -203,16 +198,15 @@ def match_all_gather_matmul(ag: Node, ctx: Context):
     names = ", ".join(mm.name for mm, _ in fused)
     dims = sorted({d for _, d in fused if d})
     moved = f" (gathered along dim {dims[0]}: products permuted back)" if dims else ""
-    copies = _copy_note([mm.args[1] for mm, _ in fused])
+    copies = _copy_note(ctx, [mm.args[1] for mm, _ in fused])
     left = f"; not fused: {reasons}" if reasons else ""
     return Fusion(apply, f"{ag.name} + {names} ({len(fused)} B){moved}{copies}{left}")
 
 
 # ---- matmul -> reduce_scatter / all_reduce -----------------------------------------------------------
 
-def _operands(mm: Node, ctx: Context, world: int, sent_per_n: int, rows_multiple: int):
-    """Why ``mm`` cannot be a fused row-parallel product (None: it can). ``sent_per_n``: elements sent
-    to peers per element of a row of the product, times (W-1)/W."""
+def _operands(mm: Node, ctx: Context, rows_multiple: int):
+    """Why ``mm`` cannot be a fused row-parallel product (None: it can)."""
     a, b = mm.args
     av = tensor_val(a)
     if av is None or av.dim() != 2:
@@ -224,8 +218,7 @@ def _operands(mm: Node, ctx: Context, world: int, sent_per_n: int, rows_multiple
         return DYNAMIC
     if shape[0] % rows_multiple:
         return f"A's {shape[0]} rows are not a multiple of {rows_multiple}"
-    return (weight_reason(b, shape[1], av.dtype) or
-            copy_reason(ctx, [b], shape[0], world, sent_per_n * tensor_val(mm).shape[1]))
+    return weight_reason(b, shape[1], av.dtype) or copy_reason(ctx, [b])
 
 
 def match_matmul_reduce_scatter(rs: Node, ctx: Context):
@@ -251,7 +244,7 @@ def match_matmul_reduce_scatter(rs: Node, ctx: Context):
     mm, reshapes = found
     if rows_dim is not None and tensor_val(y).shape[-1] != tensor_val(mm).shape[1]:
         return "the product is reshaped across its columns"
-    reason = _operands(mm, ctx, world, 1, world)  # a reduce-scatter sends each partial row once
+    reason = _operands(mm, ctx, world)
     if reason:
         return reason
 
@@ -264,12 +257,12 @@ def match_matmul_reduce_scatter(rs: Node, ctx: Context):
             view = (*lead[:rows_dim], world, lead[rows_dim] // world, *lead[rows_dim + 1:], tensor_val(a).shape[1])
             a = editor.move_axis(a, view, rows_dim, 0, before=mm)
         out = editor.call(symmcoll.matmul_reduce_scatter.default,
-                          (a, editor.contiguous(b, before=mm), ctx.group(rs), "auto"), before=mm)
+                          (a, weight_operand(ctx, b, before=mm), ctx.group(rs), "auto"), before=mm)
         ctx.retire(rs, editor.reshape(out, tuple(tensor_val(wait).shape), before=mm))
         editor.erase_dead([*links, *reshapes, mm])
 
     moved = f" (scattered along dim {rows_dim}: A's rows permuted)" if rows_dim else ""
-    return Fusion(apply, f"{mm.name} + {rs.name}{moved}{_copy_note([mm.args[1]])}")
+    return Fusion(apply, f"{mm.name} + {rs.name}{moved}{_copy_note(ctx, [mm.args[1]])}")
 
 
 def match_matmul_all_reduce(ar: Node, ctx: Context):
@@ -282,19 +275,18 @@ def match_matmul_all_reduce(ar: Node, ctx: Context):
     if found is None:
         return "the all-reduce's input is not a matmul's product used only there"
     mm, reshapes = found
-    # two-shot: a reduce-scatter and an all-gather of the product (one-shot sends more, W - 1 times)
-    reason = _operands(mm, ctx, ctx.world(ctx.group(ar)), 2, 1)
+    reason = _operands(mm, ctx, 1)
     if reason:
         return reason
 
     def apply():
         editor = ctx.editor
-        a, b = (editor.contiguous(t, before=mm) for t in mm.args)
+        a, b = editor.contiguous(mm.args[0], before=mm), weight_operand(ctx, mm.args[1], before=mm)
         out = editor.call(symmcoll.matmul_all_reduce.default, (a, b, ctx.group(ar), "auto"), before=mm)
         ctx.retire(ar, editor.reshape(out, tuple(tensor_val(wait).shape), before=mm))
         editor.erase_dead([*reshapes, mm])
 
-    return Fusion(apply, f"{mm.name} + {ar.name}{_copy_note([mm.args[1]])}")
+    return Fusion(apply, f"{mm.name} + {ar.name}{_copy_note(ctx, [mm.args[1]])}")
 
 
 register(Pattern("all_gather_matmul", (functional.all_gather_into_tensor.default,), match_all_gather_matmul, 10))

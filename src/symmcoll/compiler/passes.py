@@ -35,9 +35,8 @@ COPY_WEIGHTS = ("auto", "always", "never")
 @dataclass(frozen=True)
 class Options:
     """copy_weights: what a fused matmul does with a B that is a transposed weight (``x @ W.T``, as
-    ``nn.Linear`` computes; the fused ops take B row-major [K, N]): "auto" copies it row-major where
-    the copy takes less time than the communication the fusion hides (matmul.copy_reason), "always",
-    or "never" (such a matmul is not fused)."""
+    ``nn.Linear`` computes): "auto" passes it as it is (the fused ops read W [N, K] in place),
+    "always" copies it row-major [K, N] first, "never" leaves such a matmul unfused."""
 
     copy_weights: str = "auto"
 

@@ -6,6 +6,8 @@ matmul_reduce_scatter.py   A @ B summed over ranks, row shards scattered (row-pa
 matmul_all_reduce.py       A @ B summed over ranks (row-parallel linear)
 all_reduce_rms_norm.py     all-reduce + residual add + RMSNorm (+ fp8) in one kernel
 
-``symmcoll/__init__.py`` imports each op's module, which registers the op and its algorithms
-(symmcoll.plan) and declares its regions (symmcoll.memory.regions) before any workspace is laid out.
+Each op's module declares the op once (``ops.declare(ops.OpSpec(...))``: its torch op, schema, fake,
+input names, shape rule, "auto" default and algorithms; docs/internals.md, "A fused op") and its
+regions (symmcoll.memory.regions); ``symmcoll/__init__.py`` imports the modules before any workspace is
+laid out and forwards each public function to its op's spec.
 """

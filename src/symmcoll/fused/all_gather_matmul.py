@@ -39,12 +39,13 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from .. import ops
 from .. import plan as planner
 from ..language import (EPOCH_SLOTS, announce, barrier_kernel, block_barrier, end_launch, launch_epoch, peer_ptr,
                         send_tile_flag, wait_tile_flag)
 from ..launcher import launch
 from ..memory.persistent_state import persistent
-from ..plan import Algorithm, Plan, register, register_op
+from ..plan import Algorithm, Plan
 from . import gemm
 from .gemm_configs import gemm_config
 
@@ -78,7 +79,8 @@ def ag_matmul_kernel(
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
     # this call: descriptor; buffer address table; int64 chunk flags and the int32 epoch table of this plan
     desc, buffer_ptrs_dev, flags_ptr, epoch_ptr,
-    # A shard [rows, K] (my input), B [K, N], C and gathered A (rows of owner s start at s * shard_stride)
+    # A shard [rows, K] (my input), B [K, N] (or W = B^T [N, K] if B_T), C and gathered A (rows of owner s
+    # start at s * shard_stride)
     a_ptr, b_ptr, c_ptr, g_ptr, rows, N, K, shard_stride, stride_a, stride_b, stride_c, stride_g,
     # HOST_DESC (a group of one, TMA): the host's tensor descriptors of A and B (no device work per tile)
     a_desc, b_desc,
@@ -86,7 +88,7 @@ def ag_matmul_kernel(
     WORLD: tl.constexpr, SOURCE: tl.constexpr, N_PRODUCERS: tl.constexpr, CONSUMERS: tl.constexpr,
     # the GEMM core's tile config (gemm_configs.GemmConfig.meta, split_k = 1)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
-    TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
+    B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -124,6 +126,8 @@ def ag_matmul_kernel(
         if TMA:
             if HOST_DESC:
                 b_src = b_desc
+            elif B_T:
+                b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
             else:
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
         for tile in range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
@@ -160,10 +164,10 @@ def ag_matmul_kernel(
                     a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1],
                                                       block_shape=[BM, BK])
                 acc = gemm.k_loop(a_src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK,
-                                  TMA, SWAP_AB, False, PRECISION)
+                                  TMA, SWAP_AB, B_T, PRECISION)
             else:
                 acc = gemm.k_loop(base, b_src, row, pid_n * BN, 0, K, row + count, N, K, stride, stride_b, BM, BN, BK,
-                                  TMA, SWAP_AB, False, PRECISION)
+                                  TMA, SWAP_AB, B_T, PRECISION)
             if budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
                                 tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
@@ -215,15 +219,12 @@ def _shape_rule(request: planner.Request, world: int):
     return None, key  # outputs (C per B, and the gathered A) are allocated by the variant
 
 
-# Until `symmcoll tune` has measured this machine: our all-gather and cuBLAS (never slower than that
-# pair, by construction; the single-kernel variants need multi-GPU measurements to be chosen).
 def dispatch_size(request: planner.Request, world: int) -> int:
     """What the tuned table keys this op by: M * N * K (N summed over the Bs)."""
     rows, k = request.shape
     return world * rows * k * sum(shape[1] for shape, _, _ in request.others)
 
 
-register_op(OP, _shape_rule, default="gather_then_cublas", dispatch_size=dispatch_size)
 
 
 def _outputs(plan: Plan, a: torch.Tensor, bs, gathered: bool):
@@ -293,8 +294,8 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     outs, g = _outputs(plan, a, bs, True)
     if rows_total == 0 or K == 0:  # nothing to gather or multiply (the plan's handshake met the peers)
         return [out.zero_() for out in outs], g
-    b = bs[0]
-    config = _config(plan, a, b)
+    b, b_t = gemm.b_layout(bs[0], K)  # a transposed view of a row-major W [N, K] is read as it is
+    config = _config(plan, a, bs[0])
     alone = world == 1
     producers = 0 if alone else producers
     piece = rows_total if alone else _piece_rows(plan, a, config.block_m)  # alone: no buffer is used
@@ -314,14 +315,14 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
             launch(bump_kernel, (1,), (epoch, ready, plan.desc, ready.numel()), dict(BLOCK=256, num_warps=1))
             _copy_engine_gather(plan, a, g, flags, ready, start, rows, config.block_m)
         host_desc = alone and tma
-        a_desc, b_desc = gemm.host_descriptors(config, a_piece, b, False) if host_desc else (a_piece, b)
+        a_desc, b_desc = gemm.host_descriptors(config, a_piece, b, b_t) if host_desc else (a_piece, b)
         launch(ag_matmul_kernel, (producers + consumers,),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, outs[0][start:], g[start:],
-                rows, b.shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
+                rows, bs[0].shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
                 b_desc),
-               dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, TMA=tma, HOST_DESC=host_desc,
-                    PRECISION=gemm.precision(a.dtype), COPY_COLS=(64 if alone else 128) if on_gpu else 32,
-                    **config.meta()))
+               dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
+                    HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
+                    COPY_COLS=(64 if alone else 128) if on_gpu else 32, **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
         if source == PEER_BUFFERS.value:  # the gathered A was not needed by the GEMM: pull it now
@@ -385,28 +386,51 @@ def _fused(plan, a, _out, *bs):
     return _run_kernel(plan, a, bs, PRODUCERS.value, producers=FUSED_PRODUCERS[plan.ws.device.type])
 
 
-for _name, _fn, _code, _summary in (
+def all_gather_matmul_impl(a_shard, bs, group_name: str, algorithm: str):
+    bs = tuple(bs)
+    names = ("b",) if len(bs) == 1 else tuple(f"b[{i}]" for i in range(len(bs)))
+    outs, gathered = planner.resolve(OP, a_shard, ops.resolve_group(group_name), algorithm, others=bs,
+                                     other_names=names).execute(a_shard, others=bs)
+    return list(outs), gathered
+
+
+def _fake(a_shard, bs, group_name, algorithm):
+    rows = ops.world_size(group_name) * a_shard.shape[0]
+    return [a_shard.new_empty((rows, b.shape[1])) for b in bs], a_shard.new_empty((rows, a_shard.shape[1]))
+
+
+# "auto" until `symmcoll tune` has measured this machine: our all-gather and cuBLAS (never slower than
+# that pair, by construction; the single-kernel variants need multi-GPU measurements to be chosen).
+SPEC = ops.declare(ops.OpSpec(
+    OP, "(Tensor a_shard, Tensor[] bs, str group_name, str algorithm) -> (Tensor[], Tensor)", all_gather_matmul_impl,
+    _fake, inputs=("a_shard", "b"), shape_rule=_shape_rule, default="gather_then_cublas", dispatch_size=dispatch_size,
+    transposed=("b",),
+    algorithms=tuple(Algorithm(OP, name, code, "all_gather_matmul", run, summary) for name, run, code, summary in (
         ("nccl", _nccl, 60, "NCCL all-gather, then torch.matmul"),
         ("naive_remote", _naive_remote, 61, "one GEMM kernel reading A tiles from the owners' buffers"),
         ("gather_then_gemm", _gather_then_gemm, 62, "symmcoll all-gather, then the persistent GEMM"),
         ("gather_then_cublas", _gather_then_cublas, 65, "symmcoll all-gather, then torch.matmul (cuBLAS)"),
         ("copy_engine_producer", _copy_engine_producer, 63, "copy-engine gather with chunk flags + persistent GEMM"),
-        ("fused", _fused, 64, "one kernel: producer programs pull chunks, consumer programs compute")):
-    register(Algorithm(OP, _name, _code, "all_gather_matmul", _fn, _summary))
-
+        ("fused", _fused, 64, "one kernel: producer programs pull chunks, consumer programs compute")))))
 
 
 def compile_cases(make_workspace):
     """The kernels' launches on meta tensors (tests/test_compile.py compiles them for sm_90)."""
-    def case(world, rank, name, dtype, rows, k, n):
+    def case(world, rank, name, dtype, rows, k, n, b_t=False):
         def thunk():
             ws = make_workspace(world, rank)
             request = planner.Request(OP, (rows, k), dtype, torch.device("cuda"), others=(((k, n), dtype, None),))
             p = Plan(request, "kernel", planner.algorithms(OP)[name], None, world, rank, ws, None, 3, None)
             a = torch.empty((rows, k), dtype=dtype, device="meta")
-            planner.algorithms(OP)[name].run(p, a, None, torch.empty((k, n), dtype=dtype, device="meta"))
-        return f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}", thunk
-    return [case(w, r, name, dtype, rows, k, n)
-            for name in ("naive_remote", "copy_engine_producer", "fused")
-            for w, r, dtype, rows, k, n in ((2, 1, torch.bfloat16, 8192, 8192, 8192), (4, 0, torch.float16, 1000, 4096, 3584),
-                                            (8, 3, torch.bfloat16, 100, 96, 200), (1, 0, torch.bfloat16, 4096, 8192, 8192))]
+            b = (torch.empty((n, k), dtype=dtype, device="meta").t() if b_t
+                 else torch.empty((k, n), dtype=dtype, device="meta"))
+            planner.algorithms(OP)[name].run(p, a, None, b)
+        return f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}{' B^T' if b_t else ''}", thunk
+    return [*(case(w, r, name, dtype, rows, k, n)
+              for name in ("naive_remote", "copy_engine_producer", "fused")
+              for w, r, dtype, rows, k, n in ((2, 1, torch.bfloat16, 8192, 8192, 8192),
+                                              (4, 0, torch.float16, 1000, 4096, 3584),
+                                              (8, 3, torch.bfloat16, 100, 96, 200),
+                                              (1, 0, torch.bfloat16, 4096, 8192, 8192))),
+            case(2, 0, "fused", torch.bfloat16, 1024, 8192, 1280, b_t=True),
+            case(1, 0, "fused", torch.bfloat16, 2048, 8192, 1280, b_t=True)]  # host descriptors of A and W

@@ -55,7 +55,7 @@ from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slo
                         sanitize_values, take_rows, words_of)
 from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
-from ..plan import Algorithm, LaunchConfig, register, register_op
+from ..plan import Algorithm, LaunchConfig
 from . import memory_bound_configs
 from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, rank_sum,
                        row_words, word_values)
@@ -456,39 +456,31 @@ def _default(request: plan.Request, world: int) -> str:
     return "one_shot" if request.nbytes <= ONE_SHOT_MAX_BYTES * (2 if world <= 2 else 1) else "two_shot"
 
 
-register_op(OP, _shape_rule, default=_default)
-register(Algorithm(OP, plan.BACKEND, 90, "backend", _nccl, "process group all-reduce, then torch add + RMSNorm"))
-register(Algorithm(OP, "unfused", 91, "fused", _unfused, "symmcoll.all_reduce, then torch add + RMSNorm"))
-register(Algorithm(OP, "one_shot", 92, "fused", _kernel_run("one_shot"),
-                   "sentinel one-shot over whole rows with the residual add and RMSNorm (+ fp8) inside",
-                   gpu_config, accepts=_kernel_reason, instead="unfused"))
-register(Algorithm(OP, "two_shot", 93, "fused", _kernel_run("two_shot"),
-                   "sentinel two-shot over shards of whole rows: norm at the owner and where gathered rows land",
-                   gpu_config, accepts=_kernel_reason, instead="unfused"))
-
-
 def all_reduce_rms_norm_impl(x, residual, weight, eps: float, group_name: str, algorithm: str, quant: str,
                              scale=None):
     """(normed, new_residual, scales); ``quant`` "" for none; scales empty unless fp8_per_token."""
     others = (residual, weight) if scale is None else (residual, weight, scale)
-    for name, t in zip(("x", "residual", "weight", "scale"), (x, *others)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())}): "
-                             f"call .contiguous() on it")
     options = (("eps", float(eps)), ("quant", quant or None))
-    return plan.resolve(OP, x, ops.resolve_group(group_name), algorithm, others=others, options=options,
-                        other_names=("residual", "weight", "scale")[:len(others)]).execute(x, others=others)
+    return plan.resolve(OP, x, ops.resolve_group(group_name), algorithm, others=others,
+                        options=options).execute(x, others=others)
 
 
 def _fake(x, residual, weight, eps, group_name, algorithm, quant, scale=None):
     return _outputs(x, quant or None)[:3]
 
 
-ops.define(OP, "(Tensor x, Tensor residual, Tensor weight, float eps, str group_name, str algorithm, str quant, "
-               "Tensor? scale=None) -> (Tensor, Tensor, Tensor)", all_reduce_rms_norm_impl, _fake)
-
+SPEC = ops.declare(ops.OpSpec(
+    OP, "(Tensor x, Tensor residual, Tensor weight, float eps, str group_name, str algorithm, str quant, "
+        "Tensor? scale=None) -> (Tensor, Tensor, Tensor)", all_reduce_rms_norm_impl, _fake,
+    inputs=("x", "residual", "weight", "scale"), shape_rule=_shape_rule, default=_default,
+    algorithms=(Algorithm(OP, plan.BACKEND, 90, "backend", _nccl, "process group all-reduce, then torch add + RMSNorm"),
+                Algorithm(OP, "unfused", 91, "fused", _unfused, "symmcoll.all_reduce, then torch add + RMSNorm"),
+                Algorithm(OP, "one_shot", 92, "fused", _kernel_run("one_shot"),
+                          "sentinel one-shot over whole rows with the residual add and RMSNorm (+ fp8) inside",
+                          gpu_config, accepts=_kernel_reason, instead="unfused"),
+                Algorithm(OP, "two_shot", 93, "fused", _kernel_run("two_shot"),
+                          "sentinel two-shot over shards of whole rows: norm at the owner and where gathered rows land",
+                          gpu_config, accepts=_kernel_reason, instead="unfused"))))
 
 def compile_cases(make_workspace):
     """Both kernels' launches on meta tensors: hidden 16384, 8192, 6144 and 4096, an odd hidden size,

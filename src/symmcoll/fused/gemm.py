@@ -273,8 +273,9 @@ def split_counters(device: torch.device) -> torch.Tensor:
     return counters
 
 
-def _b_layout(b: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
-    """(matrix to load from, B_T): B row-major [K, N], or a transposed view of a row-major W [N, K]."""
+def b_layout(b: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
+    """(matrix to load from, B_T): B row-major [K, N], or W [N, K] where B is a transposed view of a
+    row-major W (nn.Linear's ``weight.t()``: no copy); anything else is copied row-major."""
     if b.stride(1) == 1 and (b.stride(0) >= b.shape[1] or b.shape[0] == 1):
         return b, False
     if b.stride(0) == 1 and b.stride(1) >= k:
@@ -310,7 +311,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     if K == 0:
         return out.zero_()
     a = a if a.stride(1) == 1 else a.contiguous()
-    src, b_t = _b_layout(b, K)
+    src, b_t = b_layout(b, K)
     device_type = "meta" if a.device.type == "meta" else a.device.type
     config = (config or gemm_config(M, N, K, a.dtype, a.device)).fitted(a.element_size())
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)

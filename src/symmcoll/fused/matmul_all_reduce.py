@@ -41,9 +41,9 @@ from .. import ops, plan
 from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer_ptr, post_call, take, tile_values,
                         tile_words, values_of)
 from ..launcher import launch
-from ..plan import Algorithm, register, register_op
-from .gemm import (grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision, programs_for,
-                   store_tile, use_tma)
+from ..plan import Algorithm
+from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision,
+                   programs_for, store_tile, use_tma)
 from .gemm_configs import gemm_config
 from .matmul_reduce_scatter import check_operands, run_tiles, size_key
 
@@ -62,14 +62,14 @@ def matmul_all_reduce_kernel(
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
     # this call: descriptor; the slot region's address table; this rank's launch-epoch table
     desc, slot_ptrs_dev, epochs_ptr,
-    # A [M, K], B [K, N], out [M, N] (row strides given)
+    # A [M, K], B [K, N] (or W = B^T [N, K] if B_T), out [M, N] (row strides given)
     a_ptr, b_ptr, out_ptr, M, N, K, stride_a, stride_b, stride_out,
     # this piece: tiles [first_tile, first_tile + piece_tiles) of the grouped tile order
     first_tile, piece_tiles,
     # FORMAT: words.py's; TILE_WORDS = BM * BN / values per word; SLOT_WORDS: words per source row
     WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, FORMAT: tl.constexpr,
-    TILE_WORDS: tl.constexpr, SLOT_WORDS: tl.constexpr,
+    SWAP_AB: tl.constexpr, B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr,
+    FORMAT: tl.constexpr, TILE_WORDS: tl.constexpr, SLOT_WORDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -80,13 +80,13 @@ def matmul_all_reduce_kernel(
     lane = tl.arange(0, TILE_WORDS)
     WORDS_PER_ROW: tl.constexpr = TILE_WORDS // BM
     in_tile = tl.arange(0, BM)[:, None] * WORDS_PER_ROW + tl.arange(0, WORDS_PER_ROW)[None, :]
-    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False, HOST_DESC)
+    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
 
     # Stage 1: my partial tiles, each sent to every peer as soon as it is done.
     for j in range(pid, piece_tiles, nprog):
         pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
         acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
-                     SWAP_AB, False, PRECISION)
+                     SWAP_AB, B_T, PRECISION)
         words = tile_words(acc, FORMAT)  # [BM, TILE_WORDS // BM], row-major: the flat words' order
         for r in tl.static_range(WORLD):
             if r != rank:
@@ -124,6 +124,7 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
     ws, world = p.ws, p.world
     M, K = a.shape
     N = b.shape[1]
+    b, b_t = b_layout(b, K)
     device_type = ws.device.type
     cfg = gemm_config(M, N, K, a.dtype, ws.device, split=False)
     tile_words = cfg.block_m * cfg.block_n * out.element_size() // 4
@@ -133,9 +134,9 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
     per_piece = SLOT_WORDS[device_type] // tile_words if world > 1 else tiles
     region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
     tma = use_tma(device_type, a, b)
-    a_arg, b_arg = host_descriptors(cfg, a, b, False) if tma else (a, b)
-    meta = dict(WORLD=world, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype), FORMAT=WORD_FORMAT[out.dtype],
-                TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta())
+    a_arg, b_arg = host_descriptors(cfg, a, b, b_t) if tma else (a, b)
+    meta = dict(WORLD=world, B_T=b_t, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype),
+                FORMAT=WORD_FORMAT[out.dtype], TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta())
     for first in range(0, tiles, per_piece):
         n = min(per_piece, tiles - first)
         launch(matmul_all_reduce_kernel, (max(1, min(programs_for(cfg, a.device), n)),),
@@ -182,46 +183,42 @@ def _default(request: plan.Request, world: int) -> str:
     return "one_shot" if request.shape[0] <= ONE_SHOT_MAX_ROWS else "two_shot"
 
 
-register_op(OP, _shape_rule, default=_default)
-register(Algorithm(OP, plan.BACKEND, 74, "backend", _nccl, "torch.matmul + the process group's all-reduce"))
-register(Algorithm(OP, "unfused", 75, "fused", _unfused, "torch.matmul + symmcoll.all_reduce"))
-register(Algorithm(OP, "one_shot", 76, "fused", _fused_or_empty(_one_shot),
-                   "persistent GEMM pushing each finished tile to every peer (sentinel words, no barrier); "
-                   "every rank sums all tiles"))
-register(Algorithm(OP, "two_shot", 77, "fused", _fused_or_empty(_two_shot),
-                   "matmul_reduce_scatter's fused kernel, then symmcoll.all_gather"))
-
-
 def matmul_all_reduce_impl(a: torch.Tensor, b: torch.Tensor, group_name: str, algorithm: str) -> torch.Tensor:
-    for name, t in (("a", a), ("b", b)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())}): "
-                             f"call .contiguous() on it")
-    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,), x_name="a",
-                        other_names=("b",)).execute(a, others=(b,))
+    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,)).execute(a, others=(b,))
 
 
 def _fake(a, b, group_name, algorithm):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
-ops.define(OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_all_reduce_impl, _fake)
-
+SPEC = ops.declare(ops.OpSpec(
+    OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_all_reduce_impl, _fake,
+    inputs=("a", "b"), transposed=("b",), shape_rule=_shape_rule, default=_default,
+    algorithms=(Algorithm(OP, plan.BACKEND, 74, "backend", _nccl, "torch.matmul + the process group's all-reduce"),
+                Algorithm(OP, "unfused", 75, "fused", _unfused, "torch.matmul + symmcoll.all_reduce"),
+                Algorithm(OP, "one_shot", 76, "fused", _fused_or_empty(_one_shot),
+                          "persistent GEMM pushing each finished tile to every peer (sentinel words, no barrier); "
+                          "every rank sums all tiles"),
+                Algorithm(OP, "two_shot", 77, "fused", _fused_or_empty(_two_shot),
+                          "matmul_reduce_scatter's fused kernel, then symmcoll.all_gather"))))
 
 def compile_cases(make_workspace):
     """The one-shot kernel's launches on meta tensors (the two-shot launches matmul_reduce_scatter's
-    kernel, checked there): decode-sized M, TMA and pointer loads, bf16/fp16/fp32, every world size."""
+    kernel, checked there): decode-sized M, TMA and pointer loads, bf16/fp16/fp32, every world size, B
+    given as nn.Linear's W.t()."""
     cases = []
-    for world, rank, dtype, (m, n, k) in ((2, 1, torch.bfloat16, (1, 8192, 14336)),
-                                         (4, 0, torch.bfloat16, (128, 8192, 7168)),
-                                         (3, 1, torch.float16, (256, 8190, 1000)),
-                                         (8, 1, torch.float32, (7, 96, 64))):
-        def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k):
+    for world, rank, dtype, (m, n, k), b_t in ((2, 1, torch.bfloat16, (1, 8192, 14336), False),
+                                               (4, 0, torch.bfloat16, (128, 8192, 7168), False),
+                                               (3, 1, torch.float16, (256, 8190, 1000), False),
+                                               (8, 1, torch.float32, (7, 96, 64), False),
+                                               (2, 0, torch.bfloat16, (16, 8192, 3584), True)):
+        def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k, b_t=b_t):
             a = torch.empty((m, k), dtype=dtype, device="meta")
-            b = torch.empty((k, n), dtype=dtype, device="meta")
+            b = (torch.empty((n, k), dtype=dtype, device="meta").t() if b_t
+                 else torch.empty((k, n), dtype=dtype, device="meta"))
             request = plan.Request(OP, (m, k), dtype, torch.device("cuda"), others=(((k, n), dtype, a.device),))
             p = plan.Plan(request, "kernel", plan.algorithms(OP)["one_shot"], None, world, rank,
                           make_workspace(world, rank), None, 3, (m, n))
             _one_shot(p, a, torch.empty((m, n), dtype=dtype, device="meta"), b)
-        cases.append((f"{OP}.one_shot ws{world} {m}x{n}x{k}", thunk))
+        cases.append((f"{OP}.one_shot ws{world} {m}x{n}x{k}{' B^T' if b_t else ''}", thunk))
     return cases

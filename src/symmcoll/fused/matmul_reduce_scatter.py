@@ -48,8 +48,9 @@ from ..language import (EPOCH_SLOTS, MAX_WORLD, announce, end_launch, launch_epo
                         wait_tile_flag)
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
-from ..plan import Algorithm, register, register_op
-from .gemm import grouped_tile, host_descriptors, k_loop, operand_sources, precision, programs_for, store_tile, use_tma
+from ..plan import Algorithm
+from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, operand_sources, precision, programs_for,
+                   store_tile, use_tma)
 from .gemm_configs import gemm_config
 
 OP = "matmul_reduce_scatter"
@@ -98,15 +99,15 @@ def matmul_reduce_scatter_kernel(
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
     # this call: descriptor; the stage region's address table; this rank's launch-epoch table
     desc, stage_ptrs_dev, epochs_ptr,
-    # A [M, K], B [K, N] (row strides given); out: my shard [rows_per_shard, N]
+    # A [M, K], B [K, N] (or W = B^T [N, K] if B_T; row strides given); out: my shard [rows_per_shard, N]
     a_ptr, b_ptr, out_ptr, M, N, K, stride_a, stride_b, stride_out,
     # shard s = rows [s * rows_per_shard, min(M, (s + 1) * rows_per_shard)); this piece = tiles
     # [first_tile, first_tile + piece_tiles) of every shard's grouped tile order
     rows_per_shard, first_tile, piece_tiles,
     # SLOT_ELEMS: elements per (phase, source) slot; DATA_OFFSET: bytes of the flag table
     WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, SLOT_ELEMS: tl.constexpr,
-    MAX_TILES: tl.constexpr, DATA_OFFSET: tl.constexpr,
+    SWAP_AB: tl.constexpr, B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr,
+    SLOT_ELEMS: tl.constexpr, MAX_TILES: tl.constexpr, DATA_OFFSET: tl.constexpr,
 ):
     ELEM: tl.constexpr = out_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -117,7 +118,7 @@ def matmul_reduce_scatter_kernel(
     num_m = tl.cdiv(rows_per_shard, BM)
     num_n = tl.cdiv(N, BN)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, False, HOST_DESC)
+    a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
     in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     my_flags = _region_at(stage_ptrs_dev, rank, 0, tl.int64) + phase * (MAX_WORLD * MAX_TILES)
     my_slots = _region_at(stage_ptrs_dev, rank, DATA_OFFSET, ELEM) + phase * (WORLD - 1) * SLOT_ELEMS
@@ -130,7 +131,7 @@ def matmul_reduce_scatter_kernel(
         for j in range((pid + nprog - (owner * piece_tiles) % nprog) % nprog, piece_tiles, nprog):
             pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
             acc = k_loop(a_src, b_src, first_row + pid_m * BM, pid_n * BN, 0, K, first_row + shard_rows, N, K,
-                         stride_a, stride_b, BM, BN, BK, TMA, SWAP_AB, False, PRECISION)
+                         stride_a, stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION)
             if owner != rank:
                 slot = rank - tl.cast(rank > owner, tl.int32)
                 peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
@@ -153,10 +154,12 @@ def matmul_reduce_scatter_kernel(
 
 def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows_per_shard: int) -> torch.Tensor:
     """The fused kernel, piece by piece: ``out`` [rows_per_shard, N] gets this rank's shard of the sum
-    (shards past M are empty; matmul_all_reduce uses a last shard cut short by M)."""
+    (shards past M are empty; matmul_all_reduce uses a last shard cut short by M). ``b`` [K, N] row-major
+    or a transposed view of a row-major W [N, K] (read as it is)."""
     ws, world = p.ws, p.world
     M, K = a.shape
     N = b.shape[1]
+    b, b_t = b_layout(b, K)
     device_type = ws.device.type
     # The tile grid is that of a plain GEMM [rows_per_shard, world * N]: the table's config for it.
     cfg = gemm_config(rows_per_shard, world * N, K, a.dtype, ws.device, split=False)
@@ -165,8 +168,8 @@ def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     tiles = triton.cdiv(rows_per_shard, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     region, epochs = ws.region(STAGE.name), ws.local_state(EPOCHS.name)
     tma = use_tma(device_type, a, b)
-    a_arg, b_arg = host_descriptors(cfg, a, b, False) if tma else (a, b)
-    meta = dict(WORLD=world, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype),
+    a_arg, b_arg = host_descriptors(cfg, a, b, b_t) if tma else (a, b)
+    meta = dict(WORLD=world, B_T=b_t, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype),
                 SLOT_ELEMS=slot // out.element_size(), MAX_TILES=MAX_TILES[device_type],
                 DATA_OFFSET=flag_bytes(device_type), **cfg.meta())
     for first in range(0, tiles, per_piece):
@@ -227,27 +230,8 @@ def _shape_rule(request: plan.Request, world: int):
     return (m // world, n), size_key(m, n, k)
 
 
-register_op(OP, _shape_rule, default="fused")
-register(Algorithm(OP, plan.BACKEND, 70, "backend", _nccl, "torch.matmul + the process group's reduce-scatter"))
-register(Algorithm(OP, "unfused", 71, "fused", _unfused, "torch.matmul + symmcoll.reduce_scatter"))
-register(Algorithm(OP, "fused", 72, "fused", _fused,
-                   "persistent GEMM, peers' row shards first; finished tiles stored into the owner's slots "
-                   "with a flag each; the owner adds them to its own tiles"))
-
-
-def _check(a, b) -> None:
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got shape {tuple(t.shape)}, strides {tuple(t.stride())}): "
-                             f"call .contiguous() on it")
-
-
 def matmul_reduce_scatter_impl(a: torch.Tensor, b: torch.Tensor, group_name: str, algorithm: str) -> torch.Tensor:
-    _check(a, b)
-    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,), x_name="a",
-                        other_names=("b",)).execute(a, others=(b,))
+    return plan.resolve(OP, a, ops.resolve_group(group_name), algorithm, others=(b,)).execute(a, others=(b,))
 
 
 def _fake(a, b, group_name, algorithm):
@@ -256,25 +240,34 @@ def _fake(a, b, group_name, algorithm):
     return a.new_empty((a.shape[0] // world, b.shape[1]))
 
 
-ops.define(OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_reduce_scatter_impl, _fake)
-
+SPEC = ops.declare(ops.OpSpec(
+    OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_reduce_scatter_impl, _fake,
+    inputs=("a", "b"), transposed=("b",), shape_rule=_shape_rule, default="fused",
+    algorithms=(Algorithm(OP, plan.BACKEND, 70, "backend", _nccl, "torch.matmul + the process group's reduce-scatter"),
+                Algorithm(OP, "unfused", 71, "fused", _unfused, "torch.matmul + symmcoll.reduce_scatter"),
+                Algorithm(OP, "fused", 72, "fused", _fused,
+                          "persistent GEMM, peers' row shards first; finished tiles stored into the owner's slots "
+                          "with a flag each; the owner adds them to its own tiles"))))
 
 def compile_cases(make_workspace):
     """The fused kernel's launches on meta tensors: TMA (aligned) and pointer (odd N) loads, decode-sized
-    and large M, every world size, rank 1 somewhere."""
+    and large M, every world size, rank 1 somewhere, B given as nn.Linear's W.t() (TMA and pointers)."""
     cases = []
-    for world, rank, dtype, (m, n, k) in ((2, 0, torch.bfloat16, (8192, 8192, 14336)),
-                                         (2, 1, torch.bfloat16, (16, 8192, 14336)),
-                                         (4, 1, torch.float16, (512, 8190, 7168)),
-                                         (3, 2, torch.float32, (96, 200, 64)),
-                                         (2, 1, torch.float32, (4096, 4096, 1024)),
-                                         (8, 1, torch.bfloat16, (2048, 8192, 3584))):
-        def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k):
+    for world, rank, dtype, (m, n, k), b_t in ((2, 0, torch.bfloat16, (8192, 8192, 14336), False),
+                                               (2, 1, torch.bfloat16, (16, 8192, 14336), False),
+                                               (4, 1, torch.float16, (512, 8190, 7168), False),
+                                               (3, 2, torch.float32, (96, 200, 64), False),
+                                               (2, 1, torch.float32, (4096, 4096, 1024), False),
+                                               (8, 1, torch.bfloat16, (2048, 8192, 3584), False),
+                                               (2, 1, torch.bfloat16, (4096, 8192, 3584), True),
+                                               (4, 0, torch.float16, (64, 1000, 1001), True)):
+        def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k, b_t=b_t):
             a = torch.empty((m, k), dtype=dtype, device="meta")
-            b = torch.empty((k, n), dtype=dtype, device="meta")
+            b = (torch.empty((n, k), dtype=dtype, device="meta").t() if b_t
+                 else torch.empty((k, n), dtype=dtype, device="meta"))
             request = plan.Request(OP, (m, k), dtype, torch.device("cuda"), others=(((k, n), dtype, a.device),))
             p = plan.Plan(request, "kernel", plan.algorithms(OP)["fused"], None, world, rank,
                           make_workspace(world, rank), None, 3, (m // world, n))
             _fused(p, a, torch.empty((m // world, n), dtype=dtype, device="meta"), b)
-        cases.append((f"{OP}.fused ws{world} {m}x{n}x{k}", thunk))
+        cases.append((f"{OP}.fused ws{world} {m}x{n}x{k}{' B^T' if b_t else ''}", thunk))
     return cases

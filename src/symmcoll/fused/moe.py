@@ -53,7 +53,9 @@ import triton
 from .. import reference
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
-from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, Request, register, register_op
+from ..ops import OpSpec, resolve_group, world_size
+from ..ops import declare as declare_op
+from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, Request, resolve
 from . import memory_bound_configs
 from .moe_kernels import (moe_combine_kernel, moe_dispatch_kernel, moe_dispatch_local_kernel, moe_push_kernel,
                           moe_route_kernel)
@@ -137,10 +139,6 @@ def combine_shape(request: Request, world: int) -> tuple[tuple, int]:
         raise ValueError(f"expert_out must have the handle's max_recv_rows = {request.others[3][0][0]} rows, got "
                          f"{shape[0]}")
     return (tokens_n, shape[1]), hash((shape, topk[0], experts, 7)) & ((1 << 62) - 1)
-
-
-register_op("moe_dispatch", dispatch_shape, default="pull")
-register_op("moe_combine", combine_shape, default="push")
 
 
 def _tiles(k: int, local_experts: int) -> dict:
@@ -293,15 +291,50 @@ def _combine_reference(plan: Plan, expert_out, out, topk_weights, topk_ids, coun
                                  plan.group)
 
 
-register(Algorithm("moe_dispatch", "pull", 100, "moe", _dispatch,
-                   "route locally, barrier, pull each token once per rank into its experts' rows", None))
-register(Algorithm("moe_dispatch", "nccl", 101, "backend", _dispatch_reference,
-                   "torch all_to_all_single with host-side counts (.tolist()), gather/scatter around it", None))
-register(Algorithm("moe_combine", "push", 102, "moe", _combine,
-                   "push expert rows to their tokens' ranks, barrier, weighted fp32 sum per token", None))
-register(Algorithm("moe_combine", "nccl", 103, "backend", _combine_reference,
-                   "torch all_to_all_single with host-side counts, weighted sum per token", None))
+def moe_dispatch_impl(tokens, topk_ids, num_experts: int, max_recv_rows: int, group_name: str, algorithm: str):
+    return resolve("moe_dispatch", tokens, resolve_group(group_name), algorithm, others=(topk_ids,),
+                   options=(("num_experts", num_experts), ("max_rows", max_recv_rows))).execute(tokens,
+                                                                                               others=(topk_ids,))
 
+
+def moe_combine_impl(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows, num_experts: int,
+                     group_name: str, algorithm: str):
+    others = (topk_weights, topk_ids, expert_counts, row_origin, self_rows)
+    return resolve("moe_combine", expert_out, resolve_group(group_name), algorithm, others=others,
+                   options=(("num_experts", num_experts),)).execute(expert_out, others=others)
+
+
+def _dispatch_fake(tokens, topk_ids, num_experts, max_recv_rows, group_name, algorithm):
+    local_experts = num_experts // world_size(group_name)
+    return (tokens.new_empty((max_recv_rows, tokens.shape[1])), topk_ids.new_empty((local_experts,), dtype=torch.int64),
+            topk_ids.new_empty((max_recv_rows,), dtype=torch.int64),
+            topk_ids.new_empty(topk_ids.shape, dtype=torch.int64))
+
+
+def _combine_fake(expert_out, topk_weights, topk_ids, expert_counts, row_origin, self_rows, num_experts, group_name,
+                  algorithm):
+    return expert_out.new_empty((topk_ids.shape[0], expert_out.shape[1]))
+
+
+DISPATCH = declare_op(OpSpec(
+    "moe_dispatch", "(Tensor tokens, Tensor topk_ids, int num_experts, int max_recv_rows, str group_name, "
+                    "str algorithm) -> (Tensor, Tensor, Tensor, Tensor)", moe_dispatch_impl, _dispatch_fake,
+    inputs=("tokens", "topk_ids"), shape_rule=dispatch_shape, default="pull",
+    algorithms=(Algorithm("moe_dispatch", "pull", 100, "moe", _dispatch,
+                          "route locally, barrier, pull each token once per rank into its experts' rows", None),
+                Algorithm("moe_dispatch", "nccl", 101, "backend", _dispatch_reference,
+                          "torch all_to_all_single with host-side counts (.tolist()), gather/scatter around it",
+                          None))))
+COMBINE = declare_op(OpSpec(
+    "moe_combine", "(Tensor expert_out, Tensor topk_weights, Tensor topk_ids, Tensor expert_counts, "
+                   "Tensor row_origin, Tensor self_rows, int num_experts, str group_name, str algorithm) -> Tensor",
+    moe_combine_impl, _combine_fake,
+    inputs=("expert_out", "topk_weights", "topk_ids", "handle.expert_counts", "handle.row_origin", "handle.self_rows"),
+    shape_rule=combine_shape, default="push",
+    algorithms=(Algorithm("moe_combine", "push", 102, "moe", _combine,
+                          "push expert rows to their tokens' ranks, barrier, weighted fp32 sum per token", None),
+                Algorithm("moe_combine", "nccl", 103, "backend", _combine_reference,
+                          "torch all_to_all_single with host-side counts, weighted sum per token", None))))
 
 def compile_cases(make_workspace):
     """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push; dispatch

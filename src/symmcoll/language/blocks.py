@@ -190,36 +190,37 @@ def move_block(src, dst, offs, mask):
 
 
 @triton.jit
-def copy_blocks(src, dst, n, BLOCK: tl.constexpr):
-    """Copy ``n`` elements src -> dst; this program takes blocks pid, pid + P, ... (P programs).
-    Whole blocks go unmasked (16-byte vector accesses where aligned); only the tail is masked."""
+def _move(src, dst_a, dst_b, offs, mask, TEE: tl.constexpr):
+    v = tl.load(src + offs, mask=mask)
+    tl.store(dst_a + offs, v, mask=mask)
+    if TEE:
+        tl.store(dst_b + offs, v, mask=mask)
+
+
+@triton.jit
+def _move_blocks(src, dst_a, dst_b, n, BLOCK: tl.constexpr, TEE: tl.constexpr):
+    """src -> dst_a (and dst_b if TEE) over ``n`` elements; this program takes blocks pid, pid + P, ...
+    Whole blocks go with a constant all-true mask (unmasked 16-byte vector accesses where aligned: the
+    mask must be a constant where the access is, not a value merged from both branches); only the tail
+    is masked."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     lane = tl.arange(0, BLOCK)
     for start in range(pid * BLOCK, n, step):
         offs = start + lane
         if start + BLOCK <= n:
-            move_block(src, dst, offs, tl.full([BLOCK], 1, tl.int1))
+            _move(src, dst_a, dst_b, offs, tl.full([BLOCK], 1, tl.int1), TEE)
         else:
-            move_block(src, dst, offs, offs < n)
+            _move(src, dst_a, dst_b, offs, offs < n, TEE)
 
 
 @triton.jit
-def _tee(src, dst_a, dst_b, offs, mask):
-    v = tl.load(src + offs, mask=mask)
-    tl.store(dst_a + offs, v, mask=mask)
-    tl.store(dst_b + offs, v, mask=mask)
+def copy_blocks(src, dst, n, BLOCK: tl.constexpr):
+    """Copy ``n`` elements src -> dst; this program takes blocks pid, pid + P, ... (P programs)."""
+    _move_blocks(src, dst, dst, n, BLOCK, False)
 
 
 @triton.jit
 def tee_blocks(src, dst_a, dst_b, n, BLOCK: tl.constexpr):
     """Copy ``n`` elements src -> dst_a and src -> dst_b in one pass; blocks split as copy_blocks."""
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
-    lane = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, n, step):
-        offs = start + lane
-        if start + BLOCK <= n:
-            _tee(src, dst_a, dst_b, offs, tl.full([BLOCK], 1, tl.int1))
-        else:
-            _tee(src, dst_a, dst_b, offs, offs < n)
+    _move_blocks(src, dst_a, dst_b, n, BLOCK, True)

@@ -13,6 +13,8 @@ during CUDA-graph capture: make one call of any symmcoll op before capturing.
 
 ``cuda.py`` allocates through ``torch.distributed._symmetric_memory``; ``emulated.py`` builds the same
 thing for CPU runs (files in /dev/shm mapped into every rank process). Kernels cannot tell them apart.
+``torch_buffers.py`` keeps the symmetric allocations torch's own symm_mem ops need (the benchmark's
+baselines, the link measurement, the models' torch comparison); symmcoll's kernels never use them.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class TorchAsyncTPComm(_AllReduceThenNorm):
         self.group_name = group.group_name
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        from ..bench.symm_buffers import symmetric_view
+        from ..memory.torch_buffers import symmetric_view
         buffer, _ = symmetric_view(self.group, t.device, t.numel(), t.dtype)
         return torch.ops.symm_mem.one_shot_all_reduce_copy(buffer.view(t.shape), t, "sum", self.group_name)
 

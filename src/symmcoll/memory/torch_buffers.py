@@ -1,4 +1,5 @@
-"""Symmetric allocations for torch's symm_mem ops and the link measurement (CUDA only).
+"""Symmetric allocations for torch's own symm_mem ops (CUDA only): the benchmark's baselines and link
+measurement, and models.tp_comm's torch comparison. symmcoll's kernels use workspaces instead.
 
 torch's ops find the symmetric allocation by the tensor's address, so every view handed out starts at
 offset 0 of an allocation. Allocations only grow (doubling) and are never freed during a run: peers
