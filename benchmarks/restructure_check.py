@@ -249,8 +249,8 @@ def _median(rows, key):
     return statistics.median(values) if values else None
 
 
-def table(rows) -> tuple[list[str], list[str], bool]:
-    """(lines, slower cases, any check failed)."""
+def table(rows) -> tuple[list[str], list[str], bool, int]:
+    """(lines, slower cases, any check failed, cases timed on one tree only)."""
     keys = []
     for r in rows:
         key = (r["part"], r["op"], r["algorithm"], r["case"])
@@ -258,7 +258,7 @@ def table(rows) -> tuple[list[str], list[str], bool]:
             keys.append(key)
     lines = [f"{'part':<12}{'op':<23}{'algorithm':<18}{'case':<22}{'host new':>9}{'old':>8}{'x':>6}"
              f"{'graph new':>10}{'old':>8}{'x':>6}{'eager new':>10}{'old':>8}  check"]
-    slower, failed = [], False
+    slower, failed, one_sided = [], False, 0
     for key in keys:
         mine = {t: [r for r in rows if (r["part"], r["op"], r["algorithm"], r["case"]) == key and r["tree"] == t]
                 for t in ("new", "old")}
@@ -270,6 +270,8 @@ def table(rows) -> tuple[list[str], list[str], bool]:
                 slower.append(f"{' '.join(key)}: {metric} {new:.2f} vs {old:.2f} (x{ratio:.2f})")
             fmt = lambda v: f"{v:.2f}" if v is not None else "-"
             cells.append((fmt(new), fmt(old), f"{ratio:.2f}" if ratio else "-"))
+        one_sided += int(not any(_median(mine[t], m) for t in ("new",) for m in ("host_us", "graph_us"))
+                         or not any(_median(mine[t], m) for t in ("old",) for m in ("host_us", "graph_us")))
         errors = [r.get("error") for r in mine["new"] + mine["old"] if r.get("error")]
         wrong = sum(r.get("wrong", 0) for r in mine["new"] + mine["old"])
         new_error = any(r.get("error") for r in mine["new"])
@@ -279,7 +281,7 @@ def table(rows) -> tuple[list[str], list[str], bool]:
         (h, g, e) = cells
         lines.append(f"{key[0]:<12}{key[1]:<23}{key[2]:<18}{key[3]:<22}{h[0]:>9}{h[1]:>8}{h[2]:>6}"
                      f"{g[0]:>10}{g[1]:>8}{g[2]:>6}{e[0]:>10}{e[1]:>8}  {check}")
-    return lines, slower, failed
+    return lines, slower, failed, one_sided
 
 
 def main():
@@ -314,10 +316,13 @@ def main():
         remaining = args.deadline - (time.monotonic() - start)
         if remaining < 1.3 * longest * len(args.parts) * len(trees) or round_ >= 4:
             break
-    lines, slower, failed = table(rows)
+    lines, slower, failed, one_sided = table(rows)
     print("\n".join(lines))
     print(f"rounds: {round_}; {time.monotonic() - start:.0f} s")
-    print("new > 5% slower than old:" if slower else "new within 5% of old (host us, graph us) in every case")
+    if one_sided:
+        print(f"NOT COMPARED: {one_sided} of {len(lines) - 1} cases were timed on one tree only")
+    print("new > 5% slower than old:" if slower else "new within 5% of old (host us, graph us) in every case "
+          "timed on both trees")
     for line in slower:
         print("  " + line)
     for note in notes:
