@@ -28,6 +28,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -529,8 +530,9 @@ def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_b
     """Run calls ``first..first+count-1`` (or ``indices``) on this rank (all ranks together); one
     outcome per call."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    saved = {k: os.environ.get(k) for k in ("SYMMCOLL_TIMEOUT_S", "SYMMCOLL_WORKSPACE_BYTES")}
-    os.environ.update(SYMMCOLL_TIMEOUT_S=str(timeout_s), SYMMCOLL_WORKSPACE_BYTES=str(workspace_bytes))
+    environ = mock.patch.dict(os.environ, SYMMCOLL_TIMEOUT_S=str(timeout_s),
+                              SYMMCOLL_WORKSPACE_BYTES=str(workspace_bytes))
+    environ.start()
     symmcoll.reset()
     outcomes = []
     try:
@@ -546,11 +548,7 @@ def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_b
             if failed.item():
                 symmcoll.reset()
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        environ.stop()
         symmcoll.reset()
     return outcomes
 
