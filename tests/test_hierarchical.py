@@ -108,23 +108,79 @@ def _every_op(group, per_node, more):
         assert_close(symmcoll.all_to_all(x, group), reference.all_to_all(x, group), f"all_to_all {dtype} {what}",
                      exact=True)
     for call in range(2 if more else 1):
-        _moe_round_trip(group, rank, world, call, what)
+        _moe_round_trip(group, rank, world, per_node, call, what)
     _assert_pads_zero(group, f"after the hierarchical ops {what}")
     symmcoll.check()
     return True
 
 
-def _moe_round_trip(group, rank, world, call, what, tokens_n=12, hidden=8, k=3):
-    """moe_dispatch then moe_combine against the reference: rows, counts and handle exact (rank- and
-    token-coded rows), the combine exact on integer rows and weights of a few bits; random routing with a
-    token routed nowhere and dropped slots."""
-    experts = 2 * world
+def _routing(rank, call, tokens_n, k, experts, nodes, per_node):
+    """Rank ``rank``'s top-k ids (any rank can compute any other's): random on call 0, node-local on later
+    calls (every token's experts on its own node, every third token one more on the next node: most
+    tokens need one node); token 0 routed nowhere, a dropped slot in token 3."""
     rng = random.Random(100 * call + rank)
-    ids = torch.tensor([rng.sample(range(experts), k) for _ in range(tokens_n)], dtype=torch.int64)
+    if call == 0:
+        ids = [rng.sample(range(experts), k) for _ in range(tokens_n)]
+    else:
+        per = experts // nodes
+        home, next_ = rank // per_node, (rank // per_node + 1) % nodes
+        ids = [rng.sample(range(home * per, home * per + per), k - (t % 3 == 0)) +
+               ([next_ * per + rng.randrange(per)] if t % 3 == 0 else []) for t in range(tokens_n)]
+    ids = torch.tensor(ids, dtype=torch.int64)
     ids[0], ids[3, -1] = -1, -1
+    return ids
+
+
+def _needing(ids, node, experts, nodes):
+    """The tokens of ``ids`` with a slot naming one of node ``node``'s experts, in order."""
+    return [t for t, row in enumerate(ids.tolist()) if any(0 <= e < experts and e // (experts // nodes) == node
+                                                           for e in row)]
+
+
+def _moe_round_trip(group, rank, world, per_node, call, what, tokens_n=12, hidden=8, k=3):
+    """moe_dispatch then moe_combine against the reference: rows, counts and handle exact (rank- and
+    token-coded rows), the combine exact on integer rows and weights of a few bits; random then node-local
+    routing with a token routed nowhere and dropped slots. What crossed the node boundary, read from the
+    dispatch's exchanges: from each other node's counterpart exactly its tokens that name one of my node's
+    experts (DeepEP's normal mode), pads zero, and no more rows per piece than the largest such count
+    between two nodes (my own node's tokens never cross)."""
+    from symmcoll.fused import moe_hierarchical
+    experts = 2 * world
+    nodes, node, local = world // per_node, rank // per_node, rank % per_node
+    ids = _routing(rank, call, tokens_n, k, experts, nodes, per_node)
     tokens = rank_coded(tokens_n * hidden, torch.bfloat16, rank, call).reshape(tokens_n, hidden)
     tokens[:, 0], tokens[:, 1] = rank, torch.arange(tokens_n)
-    recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, experts, group)
+    crossed = []  # the token rows' exchange: what each counterpart sent me
+    exchange_rows = moe_hierarchical.counterpart_all_to_all
+
+    def spy(plan, pieces):
+        got = exchange_rows(plan, pieces)
+        if pieces.dtype == torch.int16:  # bf16 token rows as words (routing goes as int64)
+            crossed.append(got.view(torch.bfloat16).view(nodes, -1, hidden))
+        return got
+
+    moe_hierarchical.counterpart_all_to_all = spy
+    try:
+        recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, experts, group)
+    finally:
+        moe_hierarchical.counterpart_all_to_all = exchange_rows
+    (rows_in,) = crossed
+    needs = {(m, r): _needing(_routing(r, call, tokens_n, k, experts, nodes, per_node), m, experts, nodes)
+             for m in range(nodes) for r in range(local, world, per_node)}  # my counterparts' routing
+    width = max(1, max(len(v) for (m, r), v in needs.items() if m != r // per_node))  # tokens to another node
+    assert rows_in.shape[1] == width, f"{what}: pieces of {rows_in.shape[1]} rows, {width} needed"
+    for source in range(nodes):
+        if source == node:
+            continue  # my own tokens for my node never cross
+        sender = source * per_node + local
+        want_tokens = needs[(node, sender)]
+        got = rows_in[source]
+        assert got[:len(want_tokens), 0].eq(sender).all() and got[:len(want_tokens), 1].tolist() == want_tokens, (
+            f"{what} call {call}: rank {rank} got tokens {got[:, :2].tolist()} of rank {sender}, "
+            f"wants exactly {want_tokens} (those naming node {node}'s experts)")
+        assert not got[len(want_tokens):].any(), f"{what} call {call}: rank {rank}: pad rows from {sender} not zero"
+    if call > 0:  # node-local routing: most tokens need one node
+        assert rows_in.shape[1] < tokens_n // 2, f"{what}: {rows_in.shape[1]} of {tokens_n} rows per piece"
     want, want_counts, want_origin, want_self = reference.moe_dispatch(tokens, ids, experts, group, recv.shape[0])
     rows = int(want_counts.sum())
     assert_close(counts, want_counts, f"moe_dispatch counts {what}", exact=True)
@@ -132,6 +188,7 @@ def _moe_round_trip(group, rank, world, call, what, tokens_n=12, hidden=8, k=3):
     assert_close(handle.row_origin, want_origin, f"moe_dispatch row_origin {what}", exact=True)
     assert_close(handle.self_rows, want_self, f"moe_dispatch self_rows {what}", exact=True)
     expert_out = (recv.float() * 2 + rank).to(torch.bfloat16)
+    rng = random.Random(7 * call + rank)
     weights = torch.tensor([[rng.choice([0.25, 0.5, 1.0]) for _ in range(k)] for _ in range(tokens_n)])
     assert_close(symmcoll.moe_combine(expert_out, weights, handle),
                  reference.moe_combine(expert_out, weights, ids, want_origin, experts, group),

@@ -33,6 +33,8 @@ max_recv_rows are dropped as the flat kernels drop them; each node pass reports 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..comm.common import as_words
@@ -54,16 +56,60 @@ def _node_plan(plan: Plan, op: str, experts: int, max_rows: int, tokens_n: int, 
     return node_plan
 
 
-def _slots_by_node(plan: Plan, topk_ids: torch.Tensor, experts: int) -> torch.Tensor:
-    """[N, T, k]: row n' the slots of my counterpart on node n' that name my node's experts, in my node's
-    numbering (-1 elsewhere); it sent them to me, I sent it mine the same way."""
-    nodes = plan.ws.topology.nodes
+class Route(NamedTuple):
+    """Which of my tokens cross to which node, and which of my counterparts' tokens came to me."""
+    sent: torch.Tensor  # [N, width]: the tokens (indices) I send node m's counterpart, in order; -1 pads
+    #                     (row n, my node: all -1, my own tokens never enter the exchange)
+    received: torch.Tensor  # [N, width]: the tokens of my counterpart on node n' that it sent me; -1 pads
+    slots: torch.Tensor  # [N, T, k]: their slots naming my node's experts, in my node's numbering, at their
+    #                      own token index; -1 for tokens that did not come; row n: my own tokens'
+
+
+def route(plan: Plan, topk_ids: torch.Tensor, experts: int) -> Route:
+    """Send node m only my tokens with a slot naming one of its experts (DeepEP's normal mode): one
+    exchange of counts (read back to the host, as DeepEP does: the pieces of an exchange have one size
+    among the counterparts, the largest count between two of their nodes), one of token indices and slots."""
+    nodes, node_of_mine = plan.ws.topology.nodes, plan.ws.topology.node_of(plan.rank)
     per_node = experts // nodes
+    tokens_n, k = topk_ids.shape
     ids = topk_ids.long()
     ids = torch.where((ids >= 0) & (ids < experts), ids, -1)
     node = torch.arange(nodes, device=ids.device)[:, None, None]
     mine = torch.where(ids[None] // per_node == node, ids[None] - node * per_node, -1)  # -1 // E/N is -1: never a node
-    return counterpart_all_to_all(plan, mine.reshape(nodes, -1)).view(nodes, *topk_ids.shape)
+    needed = (mine >= 0).any(-1)  # [N, T]
+    needed[node_of_mine] = False  # my own node's tokens stay here
+    counts = counterpart_gather(plan, needed.sum(1))  # [source node, destination node]: all my counterparts'
+    width = max(1, int(counts.max()))
+    position = torch.where(needed, torch.cumsum(needed, 1) - 1, width)  # compacted, order kept; width: unused
+    token = torch.arange(tokens_n, device=ids.device).expand(nodes, tokens_n)
+    sent = torch.full((nodes, width + 1), -1, dtype=torch.int64, device=ids.device).scatter_(1, position, token)
+    sent = sent[:, :width].contiguous()
+    picked = torch.where((sent >= 0)[..., None], mine.gather(1, sent.clamp(min=0)[..., None].expand(-1, -1, k)), -1)
+    got = counterpart_all_to_all(plan, torch.cat([sent[..., None], picked], -1).view(nodes, -1))
+    got = got.view(nodes, width, k + 1)
+    received = got[..., 0]
+    slots = torch.full((nodes, tokens_n + 1, k), -1, dtype=torch.int64, device=ids.device)
+    slots.scatter_(1, torch.where(received >= 0, received, tokens_n)[..., None].expand(-1, -1, k), got[..., 1:])
+    slots[node_of_mine, :tokens_n] = mine[node_of_mine]
+    return Route(sent, received, slots[:, :tokens_n])
+
+
+def _to_nodes(plan: Plan, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows [N, T, H] -> [N, width, H]: row ``index[m, j]`` of rows[m] (zeros for -1) to my counterpart on
+    node m; what each counterpart sent me in return, in its order. Pads go as zero words: no token's data
+    crosses to a node that did not ask for it, whatever the dtype."""
+    picked = rows.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, rows.shape[2])).contiguous()
+    words = as_words(picked).view(*index.shape, -1).masked_fill_((index < 0)[..., None], 0)
+    back = counterpart_all_to_all(plan, words.view(index.shape[0], -1))
+    return back.view(rows.dtype).view(picked.shape)
+
+
+def _at_tokens(rows: torch.Tensor, index: torch.Tensor, tokens_n: int) -> torch.Tensor:
+    """[N, width, H] rows of tokens ``index`` -> [N, T, H], zeros where no row came."""
+    nodes, width, hidden = rows.shape
+    full = rows.new_zeros((nodes, tokens_n + 1, hidden))
+    full.scatter_(1, torch.where(index >= 0, index, tokens_n)[..., None].expand(-1, -1, hidden), rows)
+    return full[:, :tokens_n]
 
 
 def _expert_of_rows(counts: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,12 +126,14 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     tokens_n, k = topk_ids.shape
     experts = dict(plan.request.options)["num_experts"]
     max_rows = out.shape[0]
-    arrived = counterpart_gather(plan, as_words(tokens)).view(nodes, tokens_n, -1)  # the same rows to every node
-    slots = _slots_by_node(plan, topk_ids, experts)
+    routes = route(plan, topk_ids, experts)
+    arrived = _at_tokens(_to_nodes(plan, tokens.expand(nodes, -1, -1), routes.sent), routes.received, tokens_n)
+    arrived[topo.node_of(plan.rank)] = tokens
+    slots = routes.slots
     node_plan = _node_plan(plan, "moe_dispatch", experts // nodes, max_rows, tokens_n, k)
     passes = []
     for source_node in range(nodes):  # NVLink: the tokens of node n' as forwarded by their counterparts here
-        rows = arrived[source_node].view(tokens.dtype).view(tokens_n, -1)
+        rows = arrived[source_node]
         passes.append(node_plan.algorithm.run(node_plan, rows, torch.empty_like(out), slots[source_node]))
     counts = torch.stack([p[1] for p in passes])  # [pass, local expert]
     total = counts.sum(0)
@@ -118,8 +166,11 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
     tokens_n, k = topk_ids.shape
     experts = dict(plan.request.options)["num_experts"]
     max_rows, hidden = expert_out.shape
-    slots = _slots_by_node(plan, topk_ids, experts)
-    weights = counterpart_gather(plan, topk_weights.float().reshape(-1)).view(nodes, tokens_n, k)
+    routes = route(plan, topk_ids, experts)
+    slots = routes.slots
+    weights = _at_tokens(_to_nodes(plan, topk_weights.float().expand(nodes, -1, -1), routes.sent), routes.received,
+                         tokens_n)
+    weights[topo.node_of(plan.rank)] = topk_weights.float()
     node_plan = _node_plan(plan, "moe_combine", experts // nodes, max_rows, tokens_n, k)
     expert, _ = _expert_of_rows(counts, max_rows)
     valid = origin >= 0
@@ -139,9 +190,12 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
             0, forwarded_by_me, position)[:tokens_n * k].view(tokens_n, k)
         node_plan.algorithm.run(node_plan, rows, partials[source_node], weights[source_node], slots[source_node],
                                 node_counts, node_origin, node_self)
-    # Partial n' belongs to my counterpart on node n'; I get one partial of my tokens from every node.
-    back = counterpart_all_to_all(plan, as_words(partials).view(nodes, -1))
-    summed = back.view(partials.dtype).view(nodes, tokens_n, hidden).float().sum(0)
+    # Partial n' belongs to my counterpart on node n', for the tokens it sent here; I get one partial of each
+    # of my tokens from every node I sent it to (zeros from the others: nothing crossed).
+    back = _to_nodes(plan, partials, routes.received)  # [m, j]: node m's partial of my token sent[m, j]
+    by_node = _at_tokens(back.float(), routes.sent, tokens_n)
+    by_node[topo.node_of(plan.rank)] = partials[topo.node_of(plan.rank)].float()  # my node's, computed here
+    summed = by_node.sum(0)  # fp32, node order
     out.copy_(summed.to(out.dtype))
     return out
 
