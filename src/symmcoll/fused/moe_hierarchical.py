@@ -1,34 +1,46 @@
 """MoE dispatch and combine across nodes, in DeepEP's normal mode: a token crosses the node boundary once
-(to its counterpart on each other node), then NVLink forwards it to the ranks there that own its experts;
-the combine reduces inside the node first, so one row per token and node crosses back.
+to each node hosting at least one of its experts (to my counterpart there), and to no other node; NVLink
+then forwards it to the ranks there that own its experts. The combine reduces inside the node first, so
+one row per token and node it went to crosses back.
 
 Group of N nodes x R ranks (symmcoll.topology), E experts: expert e on group rank e // (E / W), node
 e // (E / N). Rank (n, l)'s counterparts are (m, l). Same API, output layout and handle as fused/moe.py
 (rows by local expert, then source rank, token, slot; ``row_origin``, ``self_rows``), so the combine, the
 reference and the callers cannot tell the difference.
 
-dispatch.hierarchical, on rank (n, l)::
+route (both ops), on rank (n, l)::
 
-    exchange (comm/exchange.py, network)   my T tokens to every counterpart; to (m, l) my slots that
-                                           name node m's experts, in node m's numbering (-1 elsewhere)
-    for each source node n' (NVLink)       moe_dispatch.pull over my node: the tokens of (n', l') as
-                                           forwarded by (m, l'), each once to every rank of my node
-                                           owning one of its experts
-    merge (local)                          per local expert, pass n' rows before pass n' + 1: the
-                                           global order (source rank n' R + l', token, slot)
+    exchange (network, tiny)      my count of tokens needing node m, for every m, to every counterpart;
+                                  read back to the host (as DeepEP does): width = the largest count
+                                  between two different nodes of my counterparts (one piece size for all)
+    exchange (network)            to (m, l): the indices of my tokens naming node m's experts (in order,
+                                  padded with -1 to width) and their slots in node m's numbering
+
+dispatch.hierarchical::
+
+    exchange (network)            to (m, l) the rows of those tokens, width per piece (pads zero words);
+                                  my own node's tokens stay here
+    for each source node n' (NVLink)   moe_dispatch.pull over my node: the tokens of (n', l') that came to
+                                  (n, l'), put back at their own token index, each once to every rank of
+                                  my node owning one of its experts
+    merge (local)                 per local expert, pass n' rows before pass n' + 1: the global order
+                                  (source rank n' R + l', token, slot)
 
 combine.hierarchical::
 
-    exchange      my weights to every counterpart, and my slots per node as in dispatch
-    for each n'   the rows of pass n' (from row_origin: source node n'), moe_combine.push over my node:
-                  (m, l) gets, for every token of (n', l), the weighted sum over node m's experts
-    exchange      that partial to (n', l); the source sums the N partials (fp32, node order), rounded
+    route again; exchange         the weights of the tokens sent, as the rows were
+    for each n'                   the rows of pass n' (from row_origin: source node n'), moe_combine.push over
+                                  my node: (m, l) gets, for every token (n', l) sent it, the weighted sum over
+                                  node m's experts
+    exchange                      that partial, for those tokens only, back to (n', l); the source sums in
+                                  node order (fp32) the partials of the nodes it sent the token to, rounded
 
-Every token goes to every other node whether or not one of its experts lives there (the pieces of an
-exchange have a fixed size; DeepEP sends only the needed ones, after a host-side count: a compacted
-exchange is the next step). The combine rounds each node's partial to expert_out's dtype before the
-final sum: within one rounding per node of the flat reference, exact on integer-valued data. Rows past
-max_recv_rows are dropped as the flat kernels drop them; each node pass reports its own overflow only.
+Per rank and direction, the network carries (N-1) x width rows: the tokens that need the node, and pads up
+to the largest such count among the counterparts (the exchange's pieces have one size; per-destination
+lengths in the exchange kernel would drop the pads). The combine rounds each node's partial to
+expert_out's dtype before the final sum: within one rounding per node of the flat reference, exact on
+integer-valued data. Rows past max_recv_rows are dropped as the flat kernels drop them; each node pass
+reports its own overflow only.
 """
 
 from __future__ import annotations
@@ -37,9 +49,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..comm.common import as_words
 from ..comm.hierarchical import FAMILY, counterpart_all_to_all, counterpart_gather, node_view_of
-from ..plan import Algorithm, Plan, Request, algorithms, register
+from ..plan import WORD_DTYPES, Algorithm, Plan, Request, algorithms, register
 
 NODE_ALGORITHMS = {"moe_dispatch": "pull", "moe_combine": "push"}
 
@@ -96,20 +107,22 @@ def route(plan: Plan, topk_ids: torch.Tensor, experts: int) -> Route:
 
 def _to_nodes(plan: Plan, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """rows [N, T, H] -> [N, width, H]: row ``index[m, j]`` of rows[m] (zeros for -1) to my counterpart on
-    node m; what each counterpart sent me in return, in its order. Pads go as zero words: no token's data
-    crosses to a node that did not ask for it, whatever the dtype."""
-    picked = rows.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, rows.shape[2])).contiguous()
-    words = as_words(picked).view(*index.shape, -1).masked_fill_((index < 0)[..., None], 0)
-    back = counterpart_all_to_all(plan, words.view(index.shape[0], -1))
-    return back.view(rows.dtype).view(picked.shape)
+    node m; what each counterpart sent me in return, in its order. Moved as words (any dtype, bit-exact);
+    pads go as zero words: no token's data crosses to a node that did not ask for it."""
+    words = rows.view(WORD_DTYPES[rows.element_size()])
+    picked = words.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, rows.shape[2]))
+    picked.masked_fill_((index < 0)[..., None], 0)
+    back = counterpart_all_to_all(plan, picked.view(index.shape[0], -1))
+    return back.view(picked.shape).view(rows.dtype)
 
 
 def _at_tokens(rows: torch.Tensor, index: torch.Tensor, tokens_n: int) -> torch.Tensor:
-    """[N, width, H] rows of tokens ``index`` -> [N, T, H], zeros where no row came."""
+    """[N, width, H] rows of tokens ``index`` -> [N, T, H], zeros where no row came (as words: any dtype)."""
     nodes, width, hidden = rows.shape
-    full = rows.new_zeros((nodes, tokens_n + 1, hidden))
-    full.scatter_(1, torch.where(index >= 0, index, tokens_n)[..., None].expand(-1, -1, hidden), rows)
-    return full[:, :tokens_n]
+    words = rows.view(WORD_DTYPES[rows.element_size()])
+    full = words.new_zeros((nodes, tokens_n + 1, hidden))
+    full.scatter_(1, torch.where(index >= 0, index, tokens_n)[..., None].expand(-1, -1, hidden), words)
+    return full[:, :tokens_n].view(rows.dtype)
 
 
 def _expert_of_rows(counts: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,6 +214,6 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
 
 
 register(Algorithm("moe_dispatch", "hierarchical", 125, FAMILY, _dispatch,
-                   "tokens to the counterpart on every node, then forwarded over NVLink to their experts' ranks", None))
+                   "tokens to the counterpart on each node hosting one of their experts, then over NVLink", None))
 register(Algorithm("moe_combine", "hierarchical", 126, FAMILY, _combine,
-                   "weighted sums inside each node, one partial per token and node back over the network", None))
+                   "weighted sums inside each node, one partial per token back from each node it went to", None))
