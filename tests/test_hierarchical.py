@@ -141,30 +141,35 @@ def _moe_round_trip(group, rank, world, per_node, call, what, tokens_n=12, hidde
     """moe_dispatch then moe_combine against the reference: rows, counts and handle exact (rank- and
     token-coded rows), the combine exact on integer rows and weights of a few bits; random then node-local
     routing with a token routed nowhere and dropped slots. What crossed the node boundary, read from the
-    dispatch's exchanges: from each other node's counterpart exactly its tokens that name one of my node's
-    experts (DeepEP's normal mode), pads zero, and no more rows per piece than the largest such count
-    between two nodes (my own node's tokens never cross)."""
+    exchanges of token rows and partials: from each other node's counterpart exactly its tokens that name
+    one of my node's experts (DeepEP's normal mode), back from each node partials only for my tokens sent
+    there, pads zero, and no more rows per piece than the largest such count between two nodes (my own
+    node's tokens never cross)."""
     from symmcoll.fused import moe_hierarchical
     experts = 2 * world
     nodes, node, local = world // per_node, rank // per_node, rank % per_node
     ids = _routing(rank, call, tokens_n, k, experts, nodes, per_node)
     tokens = rank_coded(tokens_n * hidden, torch.bfloat16, rank, call).reshape(tokens_n, hidden)
     tokens[:, 0], tokens[:, 1] = rank, torch.arange(tokens_n)
-    crossed = []  # the token rows' exchange: what each counterpart sent me
+    crossed = []  # the exchanges of bf16 rows: what each counterpart sent me
     exchange_rows = moe_hierarchical.counterpart_all_to_all
 
     def spy(plan, pieces):
         got = exchange_rows(plan, pieces)
-        if pieces.dtype == torch.int16:  # bf16 token rows as words (routing goes as int64)
+        if pieces.dtype == torch.int16:  # bf16 rows as words (routing goes as int64, weights as int32)
             crossed.append(got.view(torch.bfloat16).view(nodes, -1, hidden))
         return got
 
     moe_hierarchical.counterpart_all_to_all = spy
     try:
         recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, experts, group)
+        expert_out = (recv.float() * 2 + rank).to(torch.bfloat16)
+        rng = random.Random(7 * call + rank)
+        weights = torch.tensor([[rng.choice([0.25, 0.5, 1.0]) for _ in range(k)] for _ in range(tokens_n)])
+        combined = symmcoll.moe_combine(expert_out, weights, handle)
     finally:
         moe_hierarchical.counterpart_all_to_all = exchange_rows
-    (rows_in,) = crossed
+    rows_in, partials_back = crossed  # dispatch's token rows, combine's partials
     needs = {(m, r): _needing(_routing(r, call, tokens_n, k, experts, nodes, per_node), m, experts, nodes)
              for m in range(nodes) for r in range(local, world, per_node)}  # my counterparts' routing
     width = max(1, max(len(v) for (m, r), v in needs.items() if m != r // per_node))  # tokens to another node
@@ -179,6 +184,9 @@ def _moe_round_trip(group, rank, world, per_node, call, what, tokens_n=12, hidde
             f"{what} call {call}: rank {rank} got tokens {got[:, :2].tolist()} of rank {sender}, "
             f"wants exactly {want_tokens} (those naming node {node}'s experts)")
         assert not got[len(want_tokens):].any(), f"{what} call {call}: rank {rank}: pad rows from {sender} not zero"
+        # Back from node `source`: one partial per token of mine I sent there, nothing for the others.
+        assert partials_back.shape[1] == width and not partials_back[source, len(needs[(source, rank)]):].any(), (
+            f"{what} call {call}: rank {rank}: partials from node {source} for tokens not sent there")
     if call > 0:  # node-local routing: most tokens need one node
         assert rows_in.shape[1] < tokens_n // 2, f"{what}: {rows_in.shape[1]} of {tokens_n} rows per piece"
     want, want_counts, want_origin, want_self = reference.moe_dispatch(tokens, ids, experts, group, recv.shape[0])
@@ -187,11 +195,7 @@ def _moe_round_trip(group, rank, world, per_node, call, what, tokens_n=12, hidde
     assert_close(recv[:rows], want[:rows], f"moe_dispatch rows {what} call {call}", exact=True)
     assert_close(handle.row_origin, want_origin, f"moe_dispatch row_origin {what}", exact=True)
     assert_close(handle.self_rows, want_self, f"moe_dispatch self_rows {what}", exact=True)
-    expert_out = (recv.float() * 2 + rank).to(torch.bfloat16)
-    rng = random.Random(7 * call + rank)
-    weights = torch.tensor([[rng.choice([0.25, 0.5, 1.0]) for _ in range(k)] for _ in range(tokens_n)])
-    assert_close(symmcoll.moe_combine(expert_out, weights, handle),
-                 reference.moe_combine(expert_out, weights, ids, want_origin, experts, group),
+    assert_close(combined, reference.moe_combine(expert_out, weights, ids, want_origin, experts, group),
                  f"moe_combine {what} call {call}", exact=True)
 
 
