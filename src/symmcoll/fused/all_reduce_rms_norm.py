@@ -160,15 +160,12 @@ def rms_norm_one_shot_kernel(
                 check = 0
                 total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, WORDS, CHUNK)
             new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
-            if WORLD == 1:  # no wait that can fail: no branch between this chunk and the next one's loads
+            # WORLD == 1 is a constexpr that decides the `or`: no wait that can fail, so no branch between this
+            # chunk and the next one's loads; otherwise the branch is on the budget.
+            if WORLD == 1 or budget > 0:
                 squares, peaks = end_step(new_residual, weight, squares, peaks, row_ids, row_ok, start, weight_ptr,
                                           scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK,
                                           BLOCK_H)
-            else:
-                if budget > 0:
-                    squares, peaks = end_step(new_residual, weight, squares, peaks, row_ids, row_ok, start,
-                                              weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps,
-                                              QUANT, CHUNK, BLOCK_H)
         if budget > 0:
             end_rows(squares, peaks, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
                      H, eps, QUANT, CHUNK, BLOCK_H)
@@ -248,15 +245,11 @@ def rms_norm_two_shot_kernel(
             # The new residual as the peers will see it (rounded and sanitised alike).
             new_residual = sanitize_values(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
                                            FORMAT)
-            if WORLD == 1:
+            if WORLD == 1 or budget > 0:  # (constexpr `or`: no branch at WORLD == 1)
                 squares, peaks = end_step(new_residual, weight, squares, peaks, my_rows, mine_ok, start, weight_ptr,
                                           scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK,
                                           BLOCK_H)
-            else:
-                if budget > 0:
-                    squares, peaks = end_step(new_residual, weight, squares, peaks, my_rows, mine_ok, start,
-                                              weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps,
-                                              QUANT, CHUNK, BLOCK_H)
+                if WORLD > 1:
                     words = words_of(tl.reshape(new_residual, [ROWS * CHUNK]), FORMAT, ROWS * WORDS)
                     tl.store(to_peers + gather_base + rank * SLOT_WORDS + at,
                              tl.broadcast_to(words[None, :], (PEERS, ROWS * WORDS)), mask=received)
