@@ -58,7 +58,7 @@ from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig
 from . import memory_bound_configs
 from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, rank_sum,
-                       row_words, word_values)
+                       row_words, step_lanes, word_values)
 
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
@@ -108,10 +108,7 @@ def rms_norm_one_shot_kernel(
     # WORDS of them from word CHUNK / VALUES_PER_WORD * (chunk number) of the row.
     VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
     WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
-    lanes = tl.arange(0, ROWS * WORDS)
-    in_step = tl.arange(0, ROWS)
-    peers = tl.arange(0, PEERS)
-    is_peer = (peers < WORLD) & (peers != rank)
+    lanes, in_step, peers, is_peer = step_lanes(rank, WORLD, ROWS, WORDS, PEERS)
     if WORLD > 1:
         # Stage 1: my rows into my row of every peer's slots (one tile store reaches every peer).
         to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
@@ -194,10 +191,7 @@ def rms_norm_two_shot_kernel(
         gather_base = scatter_base + WORLD * SLOT_WORDS
     VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
     WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
-    lanes = tl.arange(0, ROWS * WORDS)
-    in_step = tl.arange(0, ROWS)
-    peers = tl.arange(0, PEERS)
-    is_peer = (peers < WORLD) & (peers != rank)
+    lanes, in_step, peers, is_peer = step_lanes(rank, WORLD, ROWS, WORDS, PEERS)
     steps = tl.cdiv(shard_rows, ROWS)
     if WORLD > 1:
         to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
