@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, peer_rows, post_call,
+from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, own_shard, peer_rows, post_call,
                         sanitize_values, take_rows, words_of)
 from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
@@ -214,9 +214,7 @@ def rms_norm_two_shot_kernel(
     budget = max_spins
     check = 1
     for step in range(pid, steps, nprog):
-        in_shard = step * ROWS + in_step
-        my_rows = rank * shard_rows + in_shard
-        mine_ok = (in_shard < shard_rows) & (my_rows < rows)
+        _, my_rows, mine_ok = own_shard(step, ROWS, in_step, rank, shard_rows, rows)
         squares = tl.zeros([ROWS, CHUNK], tl.float32)
         peaks = tl.zeros([ROWS, CHUNK], tl.float32)
         x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H, 0, QUANT,
