@@ -42,6 +42,16 @@ def _console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=120)
 
 
+def _without_gpu(console: Console, message: str) -> bool:
+    """True, after saying ``message`` (in yellow), where no GPU is visible: the GPU-only commands stop."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    console.print(f"[bold yellow]{message}[/]")
+    return True
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench.driver import BenchOptions, run_bench
 
@@ -84,9 +94,8 @@ def _bench_fused(args: argparse.Namespace, ops: list[str]) -> int:
     from .bench import fused
 
     console = _console()
-    if not torch.cuda.is_available():
-        console.print(f"[bold yellow]{', '.join(ops)}: fused-op benchmarks need GPUs; skipped on this machine "
-                      f"(the CPU tests check their results)[/]")
+    if _without_gpu(console, f"{', '.join(ops)}: fused-op benchmarks need GPUs; skipped on this machine "
+                             f"(the CPU tests check their results)"):
         return 0
     worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
     status = 0
@@ -105,12 +114,9 @@ def _gemm_ms(args) -> tuple[int, ...]:
 
 def _bench_gemm(args: argparse.Namespace) -> int:
     """The GEMM core against cuBLAS over the serving grid (--shapes: shape-name prefixes, --m: M values)."""
-    import torch
-
     console = _console()
-    if not torch.cuda.is_available():
-        console.print(f"[bold yellow]{GEMM}: the GEMM benchmark needs a GPU; skipped on this machine "
-                      f"(tests/test_gemm.py checks the kernels on CPU)[/]")
+    if _without_gpu(console, f"{GEMM}: the GEMM benchmark needs a GPU; skipped on this machine "
+                             f"(tests/test_gemm.py checks the kernels on CPU)"):
         return 0
     from .bench import gemm
 
@@ -128,9 +134,8 @@ def _bench_tp_block(args: argparse.Namespace) -> int:
     import torch
 
     console = _console()
-    if not torch.cuda.is_available():
-        console.print(f"[bold yellow]{TP_BLOCK}: the decoder-block benchmark needs GPUs; skipped on this machine "
-                      f"(tests/test_tp_block.py checks the block on CPU)[/]")
+    if _without_gpu(console, f"{TP_BLOCK}: the decoder-block benchmark needs GPUs; skipped on this machine "
+                             f"(tests/test_tp_block.py checks the block on CPU)"):
         return 0
     from .bench import tp_block
     from .models import MODES
@@ -255,10 +260,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _tune_gemm(args, console) -> int:
     """The GEMM core's tile table for this GPU model (written to --out if it names a .json file, else
     to the package's data/gemm_<gpu>.json)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        console.print(f"[bold yellow]tune: {GEMM} needs a GPU; not tuned here[/]")
+    if _without_gpu(console, f"tune: {GEMM} needs a GPU; not tuned here"):
         return 0
     from .bench import gemm
 
@@ -290,8 +292,7 @@ def _tune_fused(args, ops, console):
     import torch
 
     from .bench import fused
-    if not torch.cuda.is_available():
-        console.print(f"[bold yellow]tune: {', '.join(ops)} need GPUs; not tuned here[/]")
+    if _without_gpu(console, f"tune: {', '.join(ops)} need GPUs; not tuned here"):
         return (), 0
     worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
     rows, status = [], 0

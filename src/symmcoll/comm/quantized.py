@@ -49,7 +49,8 @@ import triton
 import triton.language as tl
 
 from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
-                        open_slots, pack_words, peer_rows, post_call, quantize_groups, take_rows, unpack_words)
+                        open_slots, own_shard, pack_words, peer_rows, post_call, quantize_groups, take_rows,
+                        unpack_words)
 from ..launcher import launch
 from ..ops import OpSpec, declare, resolve_group
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
@@ -204,9 +205,7 @@ def quantized_two_shot_kernel(
     budget = max_spins
     check = 1
     for b in range(pid, blocks, nprog):
-        in_shard = b * BLOCK + lane
-        offs = rank * shard_len + in_shard
-        mask = (in_shard < shard_len) & (offs < numel)
+        _, offs, mask = own_shard(b, BLOCK, lane, rank, shard_len, numel)
         codes, scales, budget = _receive(region + scatter_base + rows[:, None] * ROW, rows, is_peer, b, n_words,
                                          n_groups, budget, status_ptr, rank, desc, headers, epoch, check, WORLD,
                                          SCALES_AT, BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)

@@ -51,14 +51,14 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, peer_rows, post_call,
+from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, own_shard, peer_rows, post_call,
                         sanitize_values, take_rows, words_of)
 from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig
 from . import memory_bound_configs
 from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, rank_sum,
-                       row_words, word_values)
+                       row_words, step_lanes, word_values)
 
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
@@ -108,10 +108,7 @@ def rms_norm_one_shot_kernel(
     # WORDS of them from word CHUNK / VALUES_PER_WORD * (chunk number) of the row.
     VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
     WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
-    lanes = tl.arange(0, ROWS * WORDS)
-    in_step = tl.arange(0, ROWS)
-    peers = tl.arange(0, PEERS)
-    is_peer = (peers < WORLD) & (peers != rank)
+    lanes, in_step, peers, is_peer = step_lanes(rank, WORLD, ROWS, WORDS, PEERS)
     if WORLD > 1:
         # Stage 1: my rows into my row of every peer's slots (one tile store reaches every peer).
         to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
@@ -160,15 +157,12 @@ def rms_norm_one_shot_kernel(
                 check = 0
                 total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, WORDS, CHUNK)
             new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
-            if WORLD == 1:  # no wait that can fail: no branch between this chunk and the next one's loads
+            # WORLD == 1 is a constexpr that decides the `or`: no wait that can fail, so no branch between this
+            # chunk and the next one's loads; otherwise the branch is on the budget.
+            if WORLD == 1 or budget > 0:
                 squares, peaks = end_step(new_residual, weight, squares, peaks, row_ids, row_ok, start, weight_ptr,
                                           scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK,
                                           BLOCK_H)
-            else:
-                if budget > 0:
-                    squares, peaks = end_step(new_residual, weight, squares, peaks, row_ids, row_ok, start,
-                                              weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps,
-                                              QUANT, CHUNK, BLOCK_H)
         if budget > 0:
             end_rows(squares, peaks, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
                      H, eps, QUANT, CHUNK, BLOCK_H)
@@ -197,10 +191,7 @@ def rms_norm_two_shot_kernel(
         gather_base = scatter_base + WORLD * SLOT_WORDS
     VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
     WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
-    lanes = tl.arange(0, ROWS * WORDS)
-    in_step = tl.arange(0, ROWS)
-    peers = tl.arange(0, PEERS)
-    is_peer = (peers < WORLD) & (peers != rank)
+    lanes, in_step, peers, is_peer = step_lanes(rank, WORLD, ROWS, WORDS, PEERS)
     steps = tl.cdiv(shard_rows, ROWS)
     if WORLD > 1:
         to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
@@ -223,9 +214,7 @@ def rms_norm_two_shot_kernel(
     budget = max_spins
     check = 1
     for step in range(pid, steps, nprog):
-        in_shard = step * ROWS + in_step
-        my_rows = rank * shard_rows + in_shard
-        mine_ok = (in_shard < shard_rows) & (my_rows < rows)
+        _, my_rows, mine_ok = own_shard(step, ROWS, in_step, rank, shard_rows, rows)
         squares = tl.zeros([ROWS, CHUNK], tl.float32)
         peaks = tl.zeros([ROWS, CHUNK], tl.float32)
         x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H, 0, QUANT,
@@ -248,15 +237,11 @@ def rms_norm_two_shot_kernel(
             # The new residual as the peers will see it (rounded and sanitised alike).
             new_residual = sanitize_values(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
                                            FORMAT)
-            if WORLD == 1:
+            if WORLD == 1 or budget > 0:  # (constexpr `or`: no branch at WORLD == 1)
                 squares, peaks = end_step(new_residual, weight, squares, peaks, my_rows, mine_ok, start, weight_ptr,
                                           scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK,
                                           BLOCK_H)
-            else:
-                if budget > 0:
-                    squares, peaks = end_step(new_residual, weight, squares, peaks, my_rows, mine_ok, start,
-                                              weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps,
-                                              QUANT, CHUNK, BLOCK_H)
+                if WORLD > 1:
                     words = words_of(tl.reshape(new_residual, [ROWS * CHUNK]), FORMAT, ROWS * WORDS)
                     tl.store(to_peers + gather_base + rank * SLOT_WORDS + at,
                              tl.broadcast_to(words[None, :], (PEERS, ROWS * WORDS)), mask=received)

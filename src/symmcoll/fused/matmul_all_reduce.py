@@ -45,7 +45,7 @@ from ..plan import Algorithm
 from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision,
                    programs_for, store_tile, use_tma)
 from .gemm_configs import gemm_config
-from .matmul_reduce_scatter import check_operands, run_tiles, size_key
+from .matmul_reduce_scatter import check_operands, meta_launch_cases, run_tiles, size_key
 
 OP = "matmul_all_reduce"
 # int32 words per (phase, source) slot row; CPU rows are small, so the CPU tests run the multi-piece path.
@@ -206,19 +206,10 @@ def compile_cases(make_workspace):
     """The one-shot kernel's launches on meta tensors (the two-shot launches matmul_reduce_scatter's
     kernel, checked there): decode-sized M, TMA and pointer loads, bf16/fp16/fp32, every world size, B
     given as nn.Linear's W.t()."""
-    cases = []
-    for world, rank, dtype, (m, n, k), b_t in ((2, 1, torch.bfloat16, (1, 8192, 14336), False),
-                                               (4, 0, torch.bfloat16, (128, 8192, 7168), False),
-                                               (3, 1, torch.float16, (256, 8190, 1000), False),
-                                               (8, 1, torch.float32, (7, 96, 64), False),
-                                               (2, 0, torch.bfloat16, (16, 8192, 3584), True)):
-        def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k, b_t=b_t):
-            a = torch.empty((m, k), dtype=dtype, device="meta")
-            b = (torch.empty((n, k), dtype=dtype, device="meta").t() if b_t
-                 else torch.empty((k, n), dtype=dtype, device="meta"))
-            request = plan.Request(OP, (m, k), dtype, torch.device("cuda"), others=(((k, n), dtype, a.device),))
-            p = plan.Plan(request, "kernel", plan.algorithms(OP)["one_shot"], None, world, rank,
-                          make_workspace(world, rank), None, 3, (m, n))
-            _one_shot(p, a, torch.empty((m, n), dtype=dtype, device="meta"), b)
-        cases.append((f"{OP}.one_shot ws{world} {m}x{n}x{k}{' B^T' if b_t else ''}", thunk))
-    return cases
+    return meta_launch_cases(make_workspace, OP, "one_shot", _one_shot,
+                             ((2, 1, torch.bfloat16, (1, 8192, 14336), False),
+                              (4, 0, torch.bfloat16, (128, 8192, 7168), False),
+                              (3, 1, torch.float16, (256, 8190, 1000), False),
+                              (8, 1, torch.float32, (7, 96, 64), False),
+                              (2, 0, torch.bfloat16, (16, 8192, 3584), True)),
+                             out_rows=lambda m, world: m)

@@ -249,25 +249,35 @@ SPEC = ops.declare(ops.OpSpec(
                           "persistent GEMM, peers' row shards first; finished tiles stored into the owner's slots "
                           "with a flag each; the owner adds them to its own tiles"))))
 
-def compile_cases(make_workspace):
-    """The fused kernel's launches on meta tensors: TMA (aligned) and pointer (odd N) loads, decode-sized
-    and large M, every world size, rank 1 somewhere, B given as nn.Linear's W.t() (TMA and pointers)."""
+def meta_launch_cases(make_workspace, op, algorithm, launch_fn, shapes, out_rows):
+    """Compile cases of a fused GEMM launch on meta tensors, shared by the matmul + collective ops: for
+    each (world, rank, dtype, (m, n, k), b_t) of ``shapes``, ``launch_fn(plan, a, out, b)`` with A [m, k],
+    B [k, n] (or nn.Linear's W.t() when ``b_t``) and out [out_rows(m, world), n]."""
     cases = []
-    for world, rank, dtype, (m, n, k), b_t in ((2, 0, torch.bfloat16, (8192, 8192, 14336), False),
-                                               (2, 1, torch.bfloat16, (16, 8192, 14336), False),
-                                               (4, 1, torch.float16, (512, 8190, 7168), False),
-                                               (3, 2, torch.float32, (96, 200, 64), False),
-                                               (2, 1, torch.float32, (4096, 4096, 1024), False),
-                                               (8, 1, torch.bfloat16, (2048, 8192, 3584), False),
-                                               (2, 1, torch.bfloat16, (4096, 8192, 3584), True),
-                                               (4, 0, torch.float16, (64, 1000, 1001), True)):
+    for world, rank, dtype, (m, n, k), b_t in shapes:
         def thunk(world=world, rank=rank, dtype=dtype, m=m, n=n, k=k, b_t=b_t):
             a = torch.empty((m, k), dtype=dtype, device="meta")
             b = (torch.empty((n, k), dtype=dtype, device="meta").t() if b_t
                  else torch.empty((k, n), dtype=dtype, device="meta"))
-            request = plan.Request(OP, (m, k), dtype, torch.device("cuda"), others=(((k, n), dtype, a.device),))
-            p = plan.Plan(request, "kernel", plan.algorithms(OP)["fused"], None, world, rank,
-                          make_workspace(world, rank), None, 3, (m // world, n))
-            _fused(p, a, torch.empty((m // world, n), dtype=dtype, device="meta"), b)
-        cases.append((f"{OP}.fused ws{world} {m}x{n}x{k}{' B^T' if b_t else ''}", thunk))
+            rows = out_rows(m, world)
+            request = plan.Request(op, (m, k), dtype, torch.device("cuda"), others=(((k, n), dtype, a.device),))
+            p = plan.Plan(request, "kernel", plan.algorithms(op)[algorithm], None, world, rank,
+                          make_workspace(world, rank), None, 3, (rows, n))
+            launch_fn(p, a, torch.empty((rows, n), dtype=dtype, device="meta"), b)
+        cases.append((f"{op}.{algorithm} ws{world} {m}x{n}x{k}{' B^T' if b_t else ''}", thunk))
     return cases
+
+
+def compile_cases(make_workspace):
+    """The fused kernel's launches on meta tensors: TMA (aligned) and pointer (odd N) loads, decode-sized
+    and large M, every world size, rank 1 somewhere, B given as nn.Linear's W.t() (TMA and pointers)."""
+    return meta_launch_cases(make_workspace, OP, "fused", _fused,
+                             ((2, 0, torch.bfloat16, (8192, 8192, 14336), False),
+                              (2, 1, torch.bfloat16, (16, 8192, 14336), False),
+                              (4, 1, torch.float16, (512, 8190, 7168), False),
+                              (3, 2, torch.float32, (96, 200, 64), False),
+                              (2, 1, torch.float32, (4096, 4096, 1024), False),
+                              (8, 1, torch.bfloat16, (2048, 8192, 3584), False),
+                              (2, 1, torch.bfloat16, (4096, 8192, 3584), True),
+                              (4, 0, torch.float16, (64, 1000, 1001), True)),
+                             out_rows=lambda m, world: m // world)

@@ -57,6 +57,16 @@ def load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, start, QUANT
 
 
 @triton.jit
+def step_lanes(rank, WORLD: tl.constexpr, ROWS: tl.constexpr, WORDS: tl.constexpr, PEERS: tl.constexpr):
+    """A step's index vectors: ``lanes`` over its ROWS * WORDS words of a chunk, ``in_step`` over its rows,
+    ``peers`` over the PEERS ranks and ``is_peer`` (a rank other than me, below WORLD)."""
+    lanes = tl.arange(0, ROWS * WORDS)
+    in_step = tl.arange(0, ROWS)
+    peers = tl.arange(0, PEERS)
+    return lanes, in_step, peers, (peers < WORLD) & (peers != rank)
+
+
+@triton.jit
 def chunk_words(start, lanes, H, VALUES_PER_WORD: tl.constexpr, WORDS: tl.constexpr):
     """(the first word in its row of the chunk of values [start, start + WORDS * VALUES_PER_WORD), which
     of a step's ``lanes`` (WORDS per row) hold values of the row rather than padding to BLOCK_H)."""

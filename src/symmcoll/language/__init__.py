@@ -6,7 +6,8 @@ quantization codecs (codecs.py), the sentinel slot layout and its take helpers (
 acquire / release pair every flag that guards data goes through (flags.py)."""
 
 from .blocks import (INTERPRETED, OP_AVG, OP_MAX, OP_MIN, OP_SUM, REDUCE_OPS, combine, copy_blocks, finalize,
-                     move_block, nan_max, nan_maximum, nan_min, nan_minimum, narrow, reduce_rows, tee_blocks)
+                     move_block, nan_max, nan_maximum, nan_min, nan_minimum, narrow, own_shard, reduce_rows,
+                     tee_blocks)
 from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, EPOCH_SLOTS, MAX_WORLD, announce, announce_at,
                       block_barrier, post_header_at, program0_peer_bases,
                       end_launch, launch_epoch, peer_ptr, peer_rows, post_header, record_argument, record_error,
@@ -20,7 +21,7 @@ from .barrier import barrier_kernel
 from .codecs import FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, unpack_words
 
 __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", "combine", "copy_blocks",
-           "finalize", "move_block", "narrow", "reduce_rows", "tee_blocks", "ARG_MAX_ROWS", "ARG_SPLITS",
+           "finalize", "move_block", "narrow", "own_shard", "reduce_rows", "tee_blocks", "ARG_MAX_ROWS", "ARG_SPLITS",
            "ARG_TOPK_IDS", "EPOCH_SLOTS", "MAX_WORLD", "announce", "block_barrier", "end_launch", "launch_epoch",
            "peer_ptr", "peer_rows", "post_header", "record_argument", "record_error", "record_timeout",
            "send_signals", "wait_filled", "HEADER_WORDS", "PHASES", "declare_slots", "open_slots", "take",

@@ -185,6 +185,16 @@ def reduce_rows(values, valid, OP: tl.constexpr, WORLD: tl.constexpr):
 
 
 @triton.jit
+def own_shard(step, STEP: tl.constexpr, in_step, rank, shard_len, total):
+    """Step ``step`` (STEP positions, ``in_step`` = arange(0, STEP)) of my shard, rank's ``shard_len``
+    positions of a ``total``-long range split rank by rank: the positions in the shard, in the whole
+    range, and which of them exist (the last shard may be short)."""
+    in_shard = step * STEP + in_step
+    mine = rank * shard_len + in_shard
+    return in_shard, mine, (in_shard < shard_len) & (mine < total)
+
+
+@triton.jit
 def move_block(src, dst, offs, mask):
     tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 

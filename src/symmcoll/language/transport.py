@@ -44,31 +44,30 @@ _SIGNAL_SET: tl.constexpr = tl.constexpr(0)  # NVSHMEM_SIGNAL_SET
 
 # ---- NVSHMEM's device functions (resolved from libnvshmem_device.bc at link time) ----------------
 
+def _nvshmem_call(name, args, arg_types, _semantic):
+    """A call of NVSHMEM's device function ``name`` on ``args`` of ``arg_types`` (dtype names); every
+    one returns int32 and is not pure (it moves data or raises a signal)."""
+    return core.extern_elementwise("", "", list(args),
+                                   {tuple(core.dtype(t) for t in arg_types): (name, core.dtype("int32"))},
+                                   is_pure=False, _semantic=_semantic)
+
+
 @core.extern
 def _nvshmem_putmem_signal_block(dst, src, nbytes, signal, value, sig_op, pe, _semantic=None):
-    return core.extern_elementwise(
-        "", "", [dst, src, nbytes, signal, value, sig_op, pe],
-        {(core.dtype("int64"), core.dtype("int64"), core.dtype("int64"), core.dtype("int64"), core.dtype("uint64"),
-          core.dtype("int32"), core.dtype("int32")): ("nvshmemx_putmem_signal_block", core.dtype("int32"))},
-        is_pure=False, _semantic=_semantic)
+    return _nvshmem_call("nvshmemx_putmem_signal_block", (dst, src, nbytes, signal, value, sig_op, pe),
+                         ("int64", "int64", "int64", "int64", "uint64", "int32", "int32"), _semantic)
 
 
 @core.extern
 def _nvshmem_getmem_block(dst, src, nbytes, pe, _semantic=None):
-    return core.extern_elementwise(
-        "", "", [dst, src, nbytes, pe],
-        {(core.dtype("int64"), core.dtype("int64"), core.dtype("int64"), core.dtype("int32")):
-         ("nvshmemx_getmem_block", core.dtype("int32"))},
-        is_pure=False, _semantic=_semantic)
+    return _nvshmem_call("nvshmemx_getmem_block", (dst, src, nbytes, pe), ("int64", "int64", "int64", "int32"),
+                         _semantic)
 
 
 @core.extern
 def _nvshmem_signal_op(signal, value, sig_op, pe, _semantic=None):
-    return core.extern_elementwise(
-        "", "", [signal, value, sig_op, pe],
-        {(core.dtype("int64"), core.dtype("uint64"), core.dtype("int32"), core.dtype("int32")):
-         ("nvshmemx_signal_op", core.dtype("int32"))},
-        is_pure=False, _semantic=_semantic)
+    return _nvshmem_call("nvshmemx_signal_op", (signal, value, sig_op, pe), ("int64", "uint64", "int32", "int32"),
+                         _semantic)
 
 
 # ---- the interface -----------------------------------------------------------------------------------
