@@ -337,25 +337,26 @@ def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, desc, o
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
-    # A tile smaller than the program's threads is held twice (two warps a word): the block-wide
-    # reduction above decides on one copy, the values used later may come from the other. A copy still
-    # behind reads once more (the reduction saw its word arrive, so one read finds it); whole tiles
-    # predicate this load off.
-    stale = mask & ((slots >> 32).to(tl.int32) != epoch)
-    slots = tl.where(stale, tl.load(ptrs, mask=stale, other=ready, volatile=True), slots)
+    # Slots are never emptied (epoch-tagged): no barrier is needed after the re-read.
+    slots = reread_stale(ptrs, mask & ((slots >> 32).to(tl.int32) != epoch), slots, ready)
     return slots, end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
 
 
 @triton.jit
+def reread_stale(ptrs, stale, values, other):
+    """After a wait: a tile smaller than the program's threads is held twice (two warps a word), the
+    wait's block-wide reduction decides on one copy and the values used later may come from the other,
+    still behind. Where ``stale``, a copy reads once more: the reduction saw the word arrive, so one
+    read finds it. Whole tiles predicate this load off."""
+    return tl.where(stale, tl.load(ptrs, mask=stale, other=other, volatile=True), values)
+
+
+@triton.jit
 def reread_stale_copies(ptrs, mask, words, EMPTY: tl.constexpr):
-    """After a sentinel wait: a tile smaller than the program's threads is held twice (two warps a
-    word), the wait's block-wide reduction decides on one copy and the values used later may come from
-    the other, still EMPTY (seen on an H200 at hidden 64: a peer's part summed as -0). Such a copy reads
-    its words once more: the reduction saw them arrive, so one read finds them. Whole tiles predicate
-    this load off. The barrier after it: the caller empties the slots next, and a warp that empties
+    """``reread_stale`` for sentinel words (stale: still EMPTY; seen on an H200 at hidden 64, a peer's
+    part summed as -0). The barrier after it: the caller empties the slots next, and a warp that empties
     them before the other copy's read would hand that copy EMPTY again."""
-    stale = mask & (words == EMPTY)
-    words = tl.where(stale, tl.load(ptrs, mask=stale, other=0, volatile=True), words)
+    words = reread_stale(ptrs, mask & (words == EMPTY), words, 0)
     tl.debug_barrier()
     return words
 

@@ -20,7 +20,8 @@ none is EMPTY, then puts the EMPTY words back. Cost: one word in 16 (6.25%) more
 import triton
 import triton.language as tl
 
-from .signals import ARG_SPLITS, MAX_WORLD, end_wait, failed_elsewhere, header_status, record_argument
+from .signals import (ARG_SPLITS, MAX_WORLD, end_wait, failed_elsewhere, header_status, record_argument,
+                      reread_stale)
 
 # Data words per mask word (a power of two: blocks of data words hold whole groups).
 ESCAPE_GROUP: tl.constexpr = tl.constexpr(16)
@@ -91,11 +92,11 @@ def wait_escaped(data_ptrs, mask_ptrs, valid, rows, EMPTY: tl.constexpr, spin_bu
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
-    # As signals.reread_stale_copies: a copy of the tile still behind reads once more, and nobody empties
-    # the slots (the caller, next) before every copy has read.
+    # A copy of the tile still behind reads once more (signals.reread_stale), and nobody empties the
+    # slots (the caller, next) before every copy has read.
     stale = valid & ((words == EMPTY) | (masks == EMPTY))
-    words = tl.where(stale, tl.load(data_ptrs, mask=stale, other=0, volatile=True), words)
-    masks = tl.where(stale, tl.load(mask_ptrs, mask=stale, other=0, volatile=True), masks)
+    words = reread_stale(data_ptrs, stale, words, 0)
+    masks = reread_stale(mask_ptrs, stale, masks, 0)
     tl.debug_barrier()
     first = tl.min(tl.where(pending > 0, rows, 1 << 20), axis=0)
     no_headers = tl.arange(0, MAX_WORLD) < 0  # headers were checked with the counts
