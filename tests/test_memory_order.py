@@ -20,6 +20,7 @@ import triton.language as tl
 
 import kernel_specs
 from symmcoll.language import acquire_flag, release_flag
+from symmcoll.language.signals import block_max
 from symmcoll.language.flags import SPIN_LOOPS
 
 # Waits that are known not to order what they guard, each with who fixes it. The test fails when one
@@ -196,3 +197,42 @@ def test_the_pair_compiles_to_acquire_and_release_atomics():
         assert any(".acquire" in a and f".{scope}" in a and ".cas" in a for a in atoms), atoms
         assert any(".release" in a and f".{scope}" in a and ".exch" in a for a in atoms), atoms
         assert kernel_specs.spin_loop_problems(ptx) == []
+
+
+# ---- one decision per program ---------------------------------------------------------------------------
+
+def test_every_data_poll_decides_through_wait_state():
+    """A data poll's loop runs while ``state == WAIT_PENDING`` and recomputes ``state`` with
+    ``wait_state`` (block-wide) each spin: a condition built from a tensor smaller than the program's
+    threads is decided per copy, and warps that leave the loop at different spins run the barriers
+    after it out of step (issue 24's zeros)."""
+    source = Source()
+    loops = {name: loop for name, loop, _, _ in source.spin_loops() if SPIN_LOOPS.get(name) == "data"}
+    assert sorted(loops) == sorted(n for n, kind in SPIN_LOOPS.items() if kind == "data")
+    for name, loop in loops.items():
+        tested = {n.id for n in ast.walk(loop.test) if isinstance(n, ast.Name)}
+        assert tested == {"state", "WAIT_PENDING", "budget"}, f"{name}: loop condition reads {sorted(tested)}"
+        called = {c.func.id for c in ast.walk(loop) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+        assert "wait_state" in called, f"{name}: does not recompute state with wait_state each spin"
+
+
+@triton.jit
+def _block_max_kernel(flags_ptr, out_ptr):
+    """Each copy of an [8] vector (held by every lane group of every warp) loads for itself."""
+    local = tl.max(tl.load(flags_ptr + tl.arange(0, 8), volatile=True), axis=0)
+    tl.store(out_ptr + tl.program_id(0), block_max(local))
+
+
+def test_block_max_goes_through_every_warp():
+    """sm_90: block_max reduces inside each warp (redux) and then across warps through shared memory
+    behind a barrier, and every thread reads the result back (a compiler that folded the reduction of a
+    splat away would fail here)."""
+    sig = (("flags_ptr", "*i32"), ("out_ptr", "*i32"))
+    for warps in (4, 8):
+        ptx = kernel_specs.compile_ptx(kernel_specs.CompileSpec(_block_max_kernel, sig, (), warps))
+        lines = [line.strip() for line in ptx.splitlines()]
+        first_bar = next(i for i, line in enumerate(lines) if line.startswith("bar.sync"))
+        assert any(line.startswith("redux.sync.max") or line.startswith("shfl.sync") for line in lines[:first_bar])
+        assert any("st.shared" in line for line in lines[:first_bar])
+        assert any(line.startswith("ld.shared") and "@" not in line for line in lines[first_bar:]), \
+            "the result is not read back by every thread"

@@ -126,7 +126,9 @@ def failed_elsewhere(status_ptr, spins):
     status = status_ptr.to(tl.pointer_type(tl.int32))
     flag = 0
     if spins % ABORT_CHECK_SPINS == ABORT_CHECK_SPINS - 1:
-        flag = tl.load(status + STATUS_FLAG, volatile=True)
+        # Each thread reads the record itself: one answer for all (block_max), or the budgets of one
+        # wait would differ between warps.
+        flag = block_max(tl.load(status + STATUS_FLAG, volatile=True))
     if INTERPRETED:
         tl.atomic_add(status + STATUS_SPINS, 1)
         flag = flag | tl.load(status + STATUS_DEADLINE, volatile=True)
@@ -165,6 +167,43 @@ def announce(signal_pad_ptrs_dev, desc, rank, WORLD: tl.constexpr):
 @triton.jit
 def _first_lane(flags, lanes):
     return tl.min(tl.where(flags, lanes, MAX_WORLD), axis=0)
+
+
+# A tensor this long covers every thread of a program (up to 32 warps): a reduction over it goes
+# through every warp, and every thread reads the one result back.
+BLOCK_LANES: tl.constexpr = tl.constexpr(1024)
+
+
+@triton.jit
+def block_max(x):
+    """The max of int32 scalar ``x`` over every thread of the program, the same in all of them.
+
+    Why: a tensor smaller than the program's threads is held several times (lane groups and warps
+    each hold a copy, and each copy loads for itself), and a reduction over such a tensor stays inside
+    each copy. A poll of it with volatile loads can therefore end in one warp and go on in another.
+    The warps of a wait that disagree run the barriers of the reductions inside the loop out of step
+    with each other, and shared memory (layout conversions, reductions) is then read while another
+    warp writes it: on an H100 the [8] header poll of the two-shot's [2, 512] tile let rank 1's own
+    words at shard positions 1-2 come back as 0 (issue 24). Every wait decides through this: its loop
+    condition (``wait_state``), its outcome (``end_wait``) and its look at the error record
+    (``failed_elsewhere``)."""
+    return tl.max(tl.zeros([BLOCK_LANES], tl.int32) + x, axis=0)
+
+
+# A wait after a poll, as every thread of the program sees it (``wait_state``).
+WAIT_DONE: tl.constexpr = tl.constexpr(0)
+WAIT_PENDING: tl.constexpr = tl.constexpr(1)
+WAIT_MISMATCH: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def wait_state(data_pending, late, wrong):
+    """WAIT_MISMATCH if any thread saw a peer's header name another call, else WAIT_PENDING if any
+    thread still waits for data (``data_pending``: this thread's view) or a header (``late``), else
+    WAIT_DONE: one value for the whole program (``block_max``)."""
+    mismatch = tl.max(wrong.to(tl.int32), axis=0) > 0
+    waiting = data_pending | (tl.max(late.to(tl.int32), axis=0) > 0)
+    return block_max(tl.where(mismatch, WAIT_MISMATCH, waiting.to(tl.int32)))
 
 
 @triton.jit
@@ -294,21 +333,26 @@ def header_status(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def end_wait(data_pending, wrong, theirs, header_pending, budget, status_ptr, rank, peer, desc):
-    """After a wait loop: record a mismatch (preferred: it names the cause) or a timeout; returns the
-    spins left (0 after any failure)."""
+def end_wait(state, data_pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc):
+    """After a wait loop, from its last ``wait_state`` (the same in every thread): record a mismatch
+    (preferred: it names the cause) or a timeout (naming ``peer`` if data was missing, else the first
+    late header); returns the spins left, the same in every thread: 0 after any failure, at least 1
+    when the wait ended (its last spin may have found the data). The names recorded are agreed on
+    through ``block_max`` too (a thread that saw nothing holds no name)."""
     lanes = tl.arange(0, MAX_WORLD)
-    if tl.max(wrong.to(tl.int32), axis=0) > 0:
-        other = _first_lane(wrong, lanes)
+    if state == WAIT_MISMATCH:
+        other = -block_max(-_first_lane(wrong, lanes))
+        seen = wrong & (lanes == other)
         record_error(status_ptr, KIND_MISMATCH, rank, other, desc,
-                     tl.sum(tl.where(lanes == other, theirs, 0), axis=0))
+                     block_max(tl.max(tl.where(seen, theirs, -2147483647), axis=0)))
         budget = budget * 0
-    elif data_pending:
-        record_timeout(status_ptr, rank, peer, desc)
+    elif state == WAIT_PENDING:
+        data_late = block_max(data_pending.to(tl.int32)) > 0
+        named = tl.where(data_late, -block_max(-peer), -block_max(-_first_lane(late, lanes)))
+        record_timeout(status_ptr, rank, named, desc)
         budget = budget * 0
-    elif tl.max(header_pending.to(tl.int32), axis=0) > 0:
-        record_timeout(status_ptr, rank, _first_lane(header_pending, lanes), desc)
-        budget = budget * 0
+    else:
+        budget = tl.maximum(budget, 1)
     return budget
 
 
@@ -326,20 +370,21 @@ def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, desc, o
     slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
     late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
+    state = wait_state(pending, late, wrong)
     budget = spin_budget
     spins = 0
-    while (pending | (tl.max(late.to(tl.int32), axis=0) > 0)) & (tl.max(wrong.to(tl.int32), axis=0) == 0) \
-            & (budget > 0):
+    while (state == WAIT_PENDING) & (budget > 0):
         slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
         late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
+        state = wait_state(pending, late, wrong)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     # Slots are never emptied (epoch-tagged): no barrier is needed after the re-read.
     slots = reread_stale(ptrs, mask & ((slots >> 32).to(tl.int32) != epoch), slots, ready)
-    return slots, end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
+    return slots, end_wait(state, pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
 
 
 @triton.jit
@@ -371,19 +416,20 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
     late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
+    state = wait_state(pending, late, wrong)
     budget = spin_budget
     spins = 0
-    while (pending | (tl.max(late.to(tl.int32), axis=0) > 0)) & (tl.max(wrong.to(tl.int32), axis=0) == 0) \
-            & (budget > 0):
+    while (state == WAIT_PENDING) & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
         late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
+        state = wait_state(pending, late, wrong)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     words = reread_stale_copies(ptrs, mask, words, EMPTY)
-    return words, end_wait(pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
+    return words, end_wait(state, pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
 
 
 @triton.jit
@@ -395,21 +441,22 @@ def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
     late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
+    state = wait_state(tl.max(pending, axis=0) > 0, late, wrong)
     budget = spin_budget
     spins = 0
-    while ((tl.max(pending, axis=0) > 0) | (tl.max(late.to(tl.int32), axis=0) > 0)) \
-            & (tl.max(wrong.to(tl.int32), axis=0) == 0) & (budget > 0):
+    while (state == WAIT_PENDING) & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
         late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
+        state = wait_state(tl.max(pending, axis=0) > 0, late, wrong)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     words = reread_stale_copies(ptrs, mask, words, EMPTY)
     first = tl.min(tl.where(pending > 0, rows, MAX_WORLD), axis=0)
-    return words, end_wait(tl.max(pending, axis=0) > 0, wrong, theirs, late, budget, status_ptr, rank, first,
-                            desc)
+    return words, end_wait(state, tl.max(pending, axis=0) > 0, wrong, theirs, late, budget, status_ptr, rank,
+                            first, desc)
 
 
 # ---- Launch epochs: a per-rank device counter that every launch of a family advances once ----------
