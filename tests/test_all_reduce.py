@@ -192,9 +192,11 @@ def _larger_than_workspace(workspace_bytes):
     from symmcoll.launcher import LAUNCH_COUNTS
     rank = dist.get_rank()
     assert symmcoll.get_workspace().buffer_bytes == workspace_bytes
-    # 9005 fp32 words: more than the CPU slot rows of low_latency (4096 words) and the sentinel one-shot
-    # (4096) and two-shot (8192), and than the 4096-byte workspace of the barrier-based algorithms.
-    for call, (numel, dtype, op) in enumerate([(9000 + 5, torch.float32, "sum"), (5001, torch.bfloat16, "max")]):
+    # CPU: 9005 fp32 words, more than the CPU slot rows of low_latency (4096 words) and the sentinel
+    # one-shot (4096) and two-shot (8192), and than the 4096-byte workspace of the barrier-based
+    # algorithms. GPU: 18 MB, more than the largest GPU piece (the two-shot's 16 MB).
+    first = 9000 + 5 if device().type == "cpu" else 4_500_005
+    for call, (numel, dtype, op) in enumerate([(first, torch.float32, "sum"), (5001, torch.bfloat16, "max")]):
         x = rank_coded(numel, dtype, rank, call)
         for algorithm in ALGORITHMS:
             before = sum(LAUNCH_COUNTS.values())

@@ -261,6 +261,10 @@ def _create(group, device: torch.device) -> Workspace:
     if device.type == "cpu" and "gloo" not in backend:
         raise ValueError(f"symmcoll: got a CPU tensor but the process group's backend is {backend!r}; "
                          f"pass a tensor on this rank's GPU")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        # Ranks sharing a GPU run gloo groups: without this, a CPU tensor would reach a GPU compile.
+        raise ValueError("symmcoll: got a CPU tensor, and symmcoll's kernels run on the CPU only under "
+                         "TRITON_INTERPRET=1 (set before symmcoll is imported); pass a tensor on this rank's GPU")
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise SymmcollError(f"symmcoll: the workspace of group {group.group_name!r} on {device} does not exist "
                             f"yet and cannot be created during CUDA-graph capture (it is a rendezvous and an "
