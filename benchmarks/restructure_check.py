@@ -2,6 +2,7 @@
 
     git archive --prefix=old_main/ <commit before> src | tar x      # on this machine, then carry old_main
     PYTHONPATH=src python3 benchmarks/restructure_check.py --old-src old_main/src --out $OUT/restructure.json
+    (--new-src new_main/src: the tree after, if not this one: a change measured without the ones after it)
 
 Each part runs once per tree in a process of its own (this tree, then the one at ``--old-src`` with its
 src first on PYTHONPATH), and again, alternating, while the deadline allows (drift between rounds shows
@@ -288,6 +289,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="restructure.json")
     parser.add_argument("--old-src", default=None, help="src/ of the tree before the change")
+    parser.add_argument("--new-src", default=None, help="src/ of the tree after the change (default: this tree's)")
     parser.add_argument("--parts", nargs="+", default=["collectives", "fused"])
     parser.add_argument("--deadline", type=float, default=440.0, help="seconds for the whole run")
     parser.add_argument("--worker", default=None)
@@ -297,7 +299,7 @@ def main():
     if args.worker:
         return worker_main(args.worker, args.tree, args.round, args.out)
     start = time.monotonic()
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+    here = args.new_src or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     trees = [("new", here)] + ([("old", args.old_src)] if args.old_src else [])
     rows, notes, round_ = [], [], 0
     while True:
