@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 import symmcoll
 from symmcoll import launch, reference
+from symmcoll.comm import low_latency, sentinel
 from symmcoll.plan import CPU_CONFIG
 
 from rank_checks import assert_close, assert_pads_zero, device, random_input, rank_coded
@@ -13,6 +14,10 @@ from rank_checks import assert_close, assert_pads_zero, device, random_input, ra
 BLOCK = CPU_CONFIG.block
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 ALGORITHMS = sorted(symmcoll.ALGORITHMS["all_reduce"])
+# int32 words per launch of the algorithms with their own slot rows, on a GPU (the others: the workspace)
+GPU_ROW_WORDS = {"low_latency": low_latency.LL_MAX_WORDS["cuda"],
+                 "sentinel_one_shot": sentinel.MAX_BYTES["one_shot"]["cuda"] // 4,
+                 "sentinel_two_shot": sentinel.MAX_BYTES["two_shot"]["cuda"] // 4}
 
 
 def _back_to_back(numel, dtype, algorithm, op, calls=3):
@@ -192,13 +197,14 @@ def _larger_than_workspace(workspace_bytes):
     from symmcoll.launcher import LAUNCH_COUNTS
     rank = dist.get_rank()
     assert symmcoll.get_workspace().buffer_bytes == workspace_bytes
-    # CPU: 9005 fp32 words, more than the CPU slot rows of low_latency (4096 words) and the sentinel
-    # one-shot (4096) and two-shot (8192), and than the 4096-byte workspace of the barrier-based
-    # algorithms. GPU: 18 MB, more than the largest GPU piece (the two-shot's 16 MB).
-    first = 9000 + 5 if device().type == "cpu" else 4_500_005
-    for call, (numel, dtype, op) in enumerate([(first, torch.float32, "sum"), (5001, torch.bfloat16, "max")]):
-        x = rank_coded(numel, dtype, rank, call)
+    # 9005 fp32 words: more than the CPU slot rows of low_latency (4096 words) and the sentinel one-shot
+    # (4096) and two-shot (8192), and than the 4096-byte workspace of the barrier-based algorithms. On
+    # a GPU the slot rows are larger: those algorithms get a first message just past their GPU rows.
+    for call, (numel, dtype, op) in enumerate([(9000 + 5, torch.float32, "sum"), (5001, torch.bfloat16, "max")]):
         for algorithm in ALGORITHMS:
+            if call == 0 and device().type == "cuda":
+                numel = GPU_ROW_WORDS.get(algorithm, 9000) + 5
+            x = rank_coded(numel, dtype, rank, call)
             before = sum(LAUNCH_COUNTS.values())
             got = symmcoll.all_reduce(x, op=op, algorithm=algorithm)
             assert_close(got, reference.all_reduce(x, op=op), f"chunked {algorithm} {op} {dtype} call {call}",

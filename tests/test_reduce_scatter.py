@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import symmcoll
 from symmcoll import launch, reference
+from symmcoll.comm import sentinel
 from symmcoll.plan import CPU_CONFIG
 
 from rank_checks import assert_clean_finish, assert_close, assert_pads_zero, device, random_input, rank_coded
@@ -94,13 +95,16 @@ def _larger_than_workspace():
     from symmcoll.launcher import LAUNCH_COUNTS
     rank, world = dist.get_rank(), dist.get_world_size()
     assert symmcoll.get_workspace().buffer_bytes == 4096
-    # Segments of 36000 bytes on CPU; on a GPU 9.2 MB, more than the sentinel's GPU rows (8 MB at 2 ranks).
-    first = (9000,) if device().type == "cpu" else (2_300_000,)
-    for call, (dtype, op, shape) in enumerate([(torch.float32, "sum", first),
+    # Segments of 36000 bytes; on a GPU the sentinel's segments go just past its GPU slot rows.
+    for call, (dtype, op, shape) in enumerate([(torch.float32, "sum", (9000,)),
                                                (torch.bfloat16, "max", (700, 3)),
                                                (torch.float16, "avg", (2049,))]):
-        x = _input(shape, dtype, rank, call, world)
         for algorithm in ALGORITHMS:
+            if call == 0 and algorithm == "sentinel" and device().type == "cuda":
+                shape = (sentinel.row_words("two_shot", "cuda", world) + 5,)
+            elif call == 0:
+                shape = (9000,)
+            x = _input(shape, dtype, rank, call, world)
             before = sum(LAUNCH_COUNTS.values())
             _check(x, op, algorithm, f"chunked {algorithm} {op} {dtype} out{shape} call {call}")
             launches = sum(LAUNCH_COUNTS.values()) - before
