@@ -635,6 +635,8 @@ def _warm_up(args, process_group: bool) -> tuple[list[str], float]:
     seconds = time.monotonic() - t0
     print(f"warm-up: {len(calls)} calls in {len(threads)} pools, {seconds:.0f} s, {len(failures)} failures"
           + (f", errors: {errors}" if errors else ""), flush=True)
+    for failure in failures:
+        print("warm-up:", failure, flush=True)
     return failures + [f"warm-up pool error: {e}" for e in errors], seconds
 
 
@@ -667,35 +669,45 @@ def main(argv=None) -> int:
     warm_failures, warm_seconds = _warm_up(args, process_group) if args.warm_pools and not args.only else ([], 0.0)
     indices = list(range(args.calls)) if args.only is None else args.only * args.repeat
     failures, outcomes = [], []
+
+    def write_result():
+        """The JSON as it stands (after every batch: a run cut off by its timeout keeps what it found)."""
+        calls = draw_calls(args.seed, 0, 0, args.world_size, process_group, indices[:len(outcomes)])
+        result = dict(provenance=asdict(provenance.collect("cuda" if args.device.startswith("cuda") else "cpu")),
+                      seed=args.seed, world_size=args.world_size, device=args.device, calls=len(outcomes),
+                      calls_asked=len(indices), differing=sum(c.differ is not None for c in calls),
+                      failures=failures, warm_up=dict(pools=args.warm_pools, seconds=round(warm_seconds, 1),
+                                                      failures=warm_failures),
+                      seconds=round(time.monotonic() - t0, 1),
+                      by_op={op: sum(c.op == op for c in calls) for op in sorted({c.op for c in calls})},
+                      outcomes=[dict(call=asdict(c), ranks=o) for c, o in zip(calls, outcomes)])
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        return result
+
     with launch.RankPool(args.world_size, device=args.device) as pool:
+        slowest_batch = 0.0
         for first in range(0, len(indices), args.batch):
-            if time.monotonic() - t0 > args.budget_s:
+            # No batch starts that would end past the budget at the pace of the slowest one so far.
+            if time.monotonic() - t0 + slowest_batch > args.budget_s:
                 print(f"time budget of {args.budget_s:g} s spent after {first} calls", flush=True)
                 break
+            started = time.monotonic()
             part = indices[first:first + args.batch]
             got = pool.run(random_calls.batch, args.seed, 0, 0, args.timeout_s, 8 << 20, process_group, part,
                            timeout=900)
-            failures += verdict(args.seed, args.world_size, 0, got, process_group, part)
+            new = verdict(args.seed, args.world_size, 0, got, process_group, part)
+            for failure in new:
+                print(failure, flush=True)
+            failures += new
             outcomes += [[got[r][i] for r in range(args.world_size)] for i in range(len(part))]
+            slowest_batch = max(slowest_batch, time.monotonic() - started)
+            write_result()
             print(f"calls {first + len(part)}/{len(indices)}: {len(failures)} failures, {time.monotonic() - t0:.0f} s",
                   flush=True)
-    calls = draw_calls(args.seed, 0, 0, args.world_size, process_group, indices[:len(outcomes)])
-    result = dict(provenance=asdict(provenance.collect("cuda" if args.device.startswith("cuda") else "cpu")),
-                  seed=args.seed, world_size=args.world_size, device=args.device, calls=len(outcomes),
-                  calls_asked=len(indices), differing=sum(c.differ is not None for c in calls),
-                  failures=failures, warm_up=dict(pools=args.warm_pools, seconds=round(warm_seconds, 1),
-                                                  failures=warm_failures),
-                  seconds=round(time.monotonic() - t0, 1),
-                  by_op={op: sum(c.op == op for c in calls) for op in sorted({c.op for c in calls})},
-                  outcomes=[dict(call=asdict(c), ranks=o) for c, o in zip(calls, outcomes)])
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+    result = write_result()
     print(f"{len(outcomes)} calls ({result['differing']} differing between ranks), {len(failures)} failures; "
           f"{args.out}")
-    for failure in failures[:10]:
-        print(failure)
-    for failure in warm_failures[:10]:
-        print("warm-up:", failure)
     # A warm-up call that timed out may have starved behind the other pools' kernels; a wrong value is wrong.
     wrong_in_warm_up = [f for f in warm_failures if ": wrong:" in f]
     return 1 if failures or wrong_in_warm_up or len(outcomes) < len(indices) else 0

@@ -61,27 +61,27 @@ def test_reduce_scatter(pools, world_size, dtype, algorithm):
 
 
 def _rejects_bad_input():
-    world = dist.get_world_size()
+    world, dev = dist.get_world_size(), device()
     with pytest.raises(ValueError, match=rf"shape \({world + 1}, 2\)"):
-        symmcoll.reduce_scatter(torch.ones(world + 1, 2))
+        symmcoll.reduce_scatter(torch.ones(world + 1, 2, device=dev))
     with pytest.raises(ValueError, match="dimension"):
-        symmcoll.reduce_scatter(torch.tensor(1.0))
+        symmcoll.reduce_scatter(torch.tensor(1.0, device=dev))
     with pytest.raises(ValueError, match="dtype"):
-        symmcoll.reduce_scatter(torch.ones(world, dtype=torch.int32), algorithm="pull")
+        symmcoll.reduce_scatter(torch.ones(world, dtype=torch.int32, device=dev), algorithm="pull")
     # "auto" sends what no kernel supports to the process group's collective: same answer.
-    ints = torch.full((2 * world,), dist.get_rank() + 1, dtype=torch.int32, device=device())
+    ints = torch.full((2 * world,), dist.get_rank() + 1, dtype=torch.int32, device=dev)
     assert symmcoll.reduce_scatter(ints).tolist() == [world * (world + 1) // 2] * 2
     with pytest.raises(ValueError, match="contiguous"):
-        symmcoll.reduce_scatter(torch.ones(4, 2 * world).t())
+        symmcoll.reduce_scatter(torch.ones(4, 2 * world, device=dev).t())
     with pytest.raises(ValueError, match="op"):
-        symmcoll.reduce_scatter(torch.ones(world), op="prod")
+        symmcoll.reduce_scatter(torch.ones(world, device=dev), op="prod")
     with pytest.raises(ValueError, match="algorithm"):
-        symmcoll.reduce_scatter(torch.ones(world), algorithm="nope")
+        symmcoll.reduce_scatter(torch.ones(world, device=dev), algorithm="nope")
     with pytest.raises(ValueError, match="x is on meta"):
         symmcoll.reduce_scatter(torch.ones(world, device="meta"))
     # empty: the right shape, nothing launched
-    assert symmcoll.reduce_scatter(torch.ones(0, 3)).shape == (0, 3)
-    assert symmcoll.reduce_scatter(torch.ones(2 * world, 0)).shape == (2, 0)
+    assert symmcoll.reduce_scatter(torch.ones(0, 3, device=dev)).shape == (0, 3)
+    assert symmcoll.reduce_scatter(torch.ones(2 * world, 0, device=dev)).shape == (2, 0)
     assert_pads_zero("after rejections")
 
 
