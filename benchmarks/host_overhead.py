@@ -204,6 +204,15 @@ def _profile(call, label, calls: int = 2000) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
+def _merge(runs: list[list[dict]]) -> list[dict]:
+    """One row per case over repeated processes: the median host us, and each process's."""
+    merged = []
+    for rows in zip(*runs):
+        times = [r["host_us"] for r in rows if r.get("host_us") is not None]
+        merged.append(dict(rows[0], host_us=statistics.median(times) if times else None, runs_us=times))
+    return merged
+
+
 def _run_tree(src: str, device: str, path: str) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
     env.pop("TRITON_INTERPRET", None)
@@ -227,6 +236,7 @@ def main():
                              "the GPU path without a GPU (meta tensors, a fake workspace, no-op launches)")
     parser.add_argument("--profile", default=None, help="cProfile the cases whose label contains this")
     parser.add_argument("--out", default=None, help="JSON of the rows")
+    parser.add_argument("--repeats", type=int, default=1, help="processes per tree, alternating")
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     if args.worker or args.profile:
@@ -237,11 +247,15 @@ def main():
             print(json.dumps(rows))
         return 0
     here = args.new_src or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-    trees = {"new": _run_tree(here, args.device, args.path)}
-    if args.old_src:
-        trees["old"] = _run_tree(args.old_src, args.device, args.path)
-    print(f"host us per call, {args.device}, path {args.path}, median of {ROUNDS} rounds of {CALLS} calls")
-    print(f"{'case':<50}{'new':>9}{'old':>9}{'x':>7}  launches")
+    sources = [("new", here)] + ([("old", args.old_src)] if args.old_src else [])
+    runs = {tree: [] for tree, _ in sources}
+    for _ in range(args.repeats):  # the trees alternate: drift between processes shows as spread
+        for tree, src in sources:
+            runs[tree].append(_run_tree(src, args.device, args.path))
+    trees = {tree: _merge(got) for tree, got in runs.items()}
+    print(f"host us per call, {args.device}, path {args.path}, median of {ROUNDS} rounds of {CALLS} calls"
+          f"{f', median of {args.repeats} processes per tree (alternating)' if args.repeats > 1 else ''}")
+    print(f"{'case':<50}{'new':>9}{'old':>9}{'x':>7}  launches  (new runs / old runs)")
     for i, row in enumerate(trees["new"]):
         old = trees["old"][i] if "old" in trees else {}
         new_us, old_us = row.get("host_us"), old.get("host_us")
@@ -249,6 +263,9 @@ def main():
         ratio = f"{new_us / old_us:.2f}" if new_us and old_us else "-"
         note = "; ".join(f"{t}: {r['error']}" for t, r in (("new", row), ("old", old)) if r.get("error"))
         note = note or row.get("note", "")
+        if len(row.get("runs_us", ())) > 1:
+            note += " (" + " ".join(f"{v:.0f}" for v in row["runs_us"]) + " / " + \
+                " ".join(f"{v:.0f}" for v in old.get("runs_us", ())) + ")"
         print(f"{row['case']:<50}{fmt(new_us):>9}{fmt(old_us):>9}{ratio:>7}  {row.get('launches')} {note}")
     if args.out:
         with open(args.out, "w") as f:
