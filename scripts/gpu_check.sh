@@ -6,7 +6,7 @@
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
-#                                                            [restructure] [random-calls]
+#                                                            [restructure] [random-calls] [host]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -227,6 +227,16 @@ for stage in $stages; do
       timeout ${RESTRUCTURE_TIMEOUT:-470} python3 benchmarks/restructure_check.py --out "$OUT/${RESTRUCTURE_NAME:-restructure}.json" \
         --deadline ${RESTRUCTURE_DEADLINE:-420} ${RESTRUCTURE_PARTS:+--parts $RESTRUCTURE_PARTS} $old $new 2>&1 \
         | tee "$OUT/${RESTRUCTURE_NAME:-restructure}.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    host)
+      # Issue 25 point 6, one GPU, about 3 minutes: host us per eager call of the fused ops at world size 1
+      # (benchmarks/host_overhead.py --device cuda: rounds of 20 calls queued on an idle GPU, as
+      # bench.timing.host_time_us), this tree and old_main/src (carried, as for restructure) in alternating
+      # processes, 3 per tree: the spread between processes of one tree is the noise to judge x by.
+      old=""; [ -d old_main/src ] && old="--old-src old_main/src"
+      timeout ${HOST_TIMEOUT:-420} python3 benchmarks/host_overhead.py --device cuda --repeats ${HOST_REPEATS:-3} $old \
+        --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     quantized-tests)
