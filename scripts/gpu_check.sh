@@ -40,7 +40,8 @@ PY
 random_calls() {
   timeout ${SEMANTICS_CALLS_TIMEOUT:-200} python3 tests/random_calls.py --device cuda-shared --world-size 2 \
     --calls ${SEMANTICS_CALLS:-1000} --warm-pools ${SEMANTICS_WARM_POOLS:-6} --warm-timeout-s ${SEMANTICS_WARM_TIMEOUT:-120} \
-    --budget-s ${SEMANTICS_CALLS_BUDGET:-170} --batch 100 \
+    --budget-s ${SEMANTICS_CALLS_BUDGET:-170} --batch 100 --timeout-s ${SEMANTICS_CALL_TIMEOUT_S:-3} \
+    ${SEMANTICS_ONLY:+--only $SEMANTICS_ONLY --repeat ${SEMANTICS_REPEAT:-1}} \
     --out "$OUT/random_calls_cuda_shared.json" 2>&1 | tee "$OUT/random_calls.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
@@ -212,7 +213,8 @@ for stage in $stages; do
       ;;
     random-calls)
       # The semantics stage's 1000 random calls alone, with a whole call's time (e.g.
-      # SEMANTICS_CALLS_TIMEOUT=540 SEMANTICS_CALLS_BUDGET=500 SEMANTICS_WARM_TIMEOUT=200).
+      # SEMANTICS_CALLS_TIMEOUT=540 SEMANTICS_CALLS_BUDGET=500 SEMANTICS_WARM_TIMEOUT=200); SEMANTICS_ONLY=i,j
+      # (and SEMANTICS_REPEAT) replays calls, SEMANTICS_CALL_TIMEOUT_S sets each call's wait budget.
       random_calls
       ;;
     restructure)
