@@ -38,9 +38,13 @@ __all__ = ["Workspace", "SymmetricRegion", "get_workspace", "reset", "workspaces
            "default_group", "bounded_rendezvous", "persistent"]
 
 DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
-# Rough cost of one spin iteration, to turn a timeout in seconds into a spin budget: a system-scope
-# CAS on H200 takes about a microsecond; one interpreted iteration about 2 ms (measured on 2 cores).
-SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 500}
+# Spins per second of the fastest wait, to turn a timeout in seconds into a spin budget that gives up no
+# sooner than SYMMCOLL_TIMEOUT_S. GPU: a sentinel poll of local slots spins in about 0.45 us (H100, two
+# ranks sharing it: a budget of 3e6 spins ran out after 1.3 s, benchmarks/results/2026-11-24-random-calls-
+# h100), so a peer still compiling for 1.4 s was reported as lost; slower spins (a system-scope CAS, a
+# poll over NVLink, ~1 us) wait up to ~2.5x longer than asked. CPU: one interpreted iteration about 2 ms
+# (measured on 2 cores).
+SPINS_PER_SECOND = {"cuda": 2_500_000, "cpu": 500}
 DEFAULT_TIMEOUT_S = 20.0
 # Error record (language/signals.py): words 0..5 a failure that breaks the workspace, 6..7 the
 # interpreter's wait clock (launcher), 8..13 argument reports.
