@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from symmcoll import launcher, plan
-from symmcoll.fused import gemm_configs
+from symmcoll.fused import all_reduce_rms_norm, gemm_configs
 
 from conftest import DEVICE
 from kernel_specs import FakeWorkspace, spec_of
@@ -90,10 +90,13 @@ def test_repeated_call_does_launch_work_only(op, algorithm, shape, world):
     for transposed in (False, True) if op != "all_reduce_rms_norm" else (False,):
         call = _gpu_path_call(op, algorithm, shape, world, transposed)
         first = call()
-        with mock.patch.object(gemm_configs, "lookup", wraps=gemm_configs.lookup) as lookup:
+        with mock.patch.object(gemm_configs, "lookup", wraps=gemm_configs.lookup) as lookup, \
+                mock.patch.object(all_reduce_rms_norm, "_launch_config", wraps=all_reduce_rms_norm._launch_config) \
+                as launch_config:
             calls = _python_calls(call)
             second = call()
         assert lookup.call_count == 0, f"{op}.{algorithm}: the GEMM config was looked up again on a repeated call"
+        assert launch_config.call_count == 0, f"{op}.{algorithm}: the launch setup was worked out again"
         assert calls <= MAX_PYTHON_CALLS, f"{op}.{algorithm}: {calls} Python calls per repeated call"
         assert first and _same_launches(first, second)
 
@@ -137,3 +140,45 @@ def test_repeated_public_call_resolves_nothing(pools):
     for case, (resolves, checks) in counts.items():
         assert resolves == 0, f"{case}: resolved again"
         assert checks == (1 if case.endswith("W.t") and not case.startswith("all_reduce_rms_norm") else 0), case
+
+
+# Python-level calls of a repeated public call on a rank of one (CPU, launches recorded), before the
+# one-declaration restructure (e1ec816, torch 2.13 / triton 3.6): this tree makes fewer for every op --
+# its forwarding (ops.OpSpec.call, one closure), one lookup of the default group, b's layout read once,
+# all_reduce_rms_norm's launch setup kept in the plan.
+BEFORE_RESTRUCTURE = {"matmul_reduce_scatter fused": 54, "matmul_all_reduce one_shot": 50,
+                      "all_gather_matmul fused": 45, "all_gather_matmul auto": 31, "all_reduce_rms_norm one_shot": 71,
+                      "all_reduce_rms_norm two_shot": 76, "all_reduce auto": 19}
+
+
+def _public_python_calls():
+    import symmcoll
+    z = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)
+    a, b, v = z(16, 64), z(64, 32), z(2048)
+    x, residual, x2, residual2, weight = z(16, 128), z(16, 128), z(64, 128), z(64, 128), z(128)
+    calls = {"matmul_reduce_scatter fused": lambda: symmcoll.matmul_reduce_scatter(a, b, algorithm="fused"),
+             "matmul_all_reduce one_shot": lambda: symmcoll.matmul_all_reduce(a, b, algorithm="one_shot"),
+             "all_gather_matmul fused": lambda: symmcoll.all_gather_matmul(a, b, algorithm="fused"),
+             "all_gather_matmul auto": lambda: symmcoll.all_gather_matmul(a, b),
+             "all_reduce_rms_norm one_shot": lambda: symmcoll.all_reduce_rms_norm(x, residual, weight, 1e-5,
+                                                                                  algorithm="one_shot"),
+             "all_reduce_rms_norm two_shot": lambda: symmcoll.all_reduce_rms_norm(x2, residual2, weight, 1e-5,
+                                                                                  algorithm="two_shot"),
+             "all_reduce auto": lambda: symmcoll.all_reduce(v)}
+    counts = {}
+    with launcher.recording() as launches:
+        for name, call in calls.items():
+            call()
+            before = len(launches)
+            counts[name] = (_python_calls(call), len(launches) - before)
+    return counts
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU tensors: the public path with launches recorded")
+def test_public_call_does_less_than_before_the_restructure(pools):
+    """Public path on a rank of one, the second identical call of each op: fewer Python-level calls than
+    the tree before the restructure made, and the launches of a kernel algorithm (none for auto: local)."""
+    counts = pools(1).run(_public_python_calls)[0]
+    for case, (calls, launches) in counts.items():
+        assert calls < BEFORE_RESTRUCTURE[case], f"{case}: {calls} Python calls (before: {BEFORE_RESTRUCTURE[case]})"
+        assert launches == (0 if case.endswith("auto") else 1), case

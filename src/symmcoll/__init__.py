@@ -108,7 +108,7 @@ def all_reduce(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str =
         raise ValueError(f"group_size applies only with quantize= (got group_size={group_size!r}, quantize=None)")
     if _wants_grad(_tensor(x)):
         return _autograd.AllReduce.apply(x, name, op, algorithm)
-    return _collectives.ALL_REDUCE(x, name, op, algorithm)
+    return _collectives.ALL_REDUCE.call(x, name, op, algorithm)
 
 
 def _all_reduce_quantized(x, name: str, op: str, algorithm: str, quantize, group_size) -> torch.Tensor:
@@ -121,14 +121,14 @@ def _all_reduce_quantized(x, name: str, op: str, algorithm: str, quantize, group
         raise ValueError(f"group_size must be an int (32, 64 or 128), got {group_size!r}")
     if _wants_grad(_tensor(x)):
         return _autograd.AllReduceQuantized.apply(x, name, op, quantize, group_size)
-    return _quantized.SPEC(x, name, op, quantize, group_size)
+    return _quantized.SPEC.call(x, name, op, quantize, group_size)
 
 
 def all_reduce_(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
     """In-place all-reduce: the result overwrites ``x`` (returned). For users who hold the buffer;
     not differentiable (like torch's in-place collectives)."""
     name = _ops.group_name(group)
-    _collectives.ALL_REDUCE_INPLACE(_tensor(x), name, op, algorithm)
+    _collectives.ALL_REDUCE_INPLACE.call(_tensor(x), name, op, algorithm)
     return x
 
 
@@ -138,7 +138,7 @@ def reduce_scatter(x: torch.Tensor, group=None, *, op: str = "sum", algorithm: s
     name = _ops.group_name(group)
     if _wants_grad(_tensor(x)):
         return _autograd.ReduceScatter.apply(x, name, op, algorithm)
-    return _collectives.REDUCE_SCATTER(x, name, op, algorithm)
+    return _collectives.REDUCE_SCATTER.call(x, name, op, algorithm)
 
 
 def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
@@ -147,7 +147,7 @@ def all_gather(x: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch
     name = _ops.group_name(group)
     if _wants_grad(_tensor(x)):
         return _autograd.AllGather.apply(x, name, algorithm)
-    return _collectives.ALL_GATHER(x, name, algorithm)
+    return _collectives.ALL_GATHER.call(x, name, algorithm)
 
 
 def all_to_all(x: torch.Tensor, group=None, *, splits=None, max_rows: int | None = None, algorithm: str = "auto"):
@@ -174,13 +174,13 @@ def all_to_all(x: torch.Tensor, group=None, *, splits=None, max_rows: int | None
         if max_rows is None:
             raise ValueError("max_rows is required when splits is a tensor: the output is allocated with max_rows "
                              "rows (the most this rank can receive), since the host does not read the counts")
-        return _splits.ALL_TO_ALL_SPLITS(x, splits, max_rows, name, algorithm)
+        return _splits.ALL_TO_ALL_SPLITS.call(x, splits, max_rows, name, algorithm)
     if max_rows is not None:
         raise ValueError("max_rows is only for splits given as a device tensor (with equal or listed splits the "
                          "output is sized exactly)")
     if splits is not None and not isinstance(splits, (list, tuple)):
         raise ValueError(f"splits must be a list of ints or an int tensor (rows sent to each rank), got {splits!r}")
-    return _splits.ALL_TO_ALL(x, name, None if splits is None else list(splits), algorithm)
+    return _splits.ALL_TO_ALL.call(x, name, None if splits is None else list(splits), algorithm)
 
 
 def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto") -> torch.Tensor:
@@ -193,7 +193,7 @@ def broadcast(x: torch.Tensor, src: int, group=None, *, algorithm: str = "auto")
         raise ValueError(f"src must be an int (a rank of the group), got {type(src).__name__}") from None
     if _wants_grad(_tensor(x)):
         return _autograd.Broadcast.apply(x, src, name, algorithm)
-    return _collectives.BROADCAST(x, src, name, algorithm)
+    return _collectives.BROADCAST.call(x, src, name, algorithm)
 
 
 def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = "auto",
@@ -210,7 +210,7 @@ def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = 
     bs = [b] if isinstance(b, torch.Tensor) else list(b)
     if not bs or not all(isinstance(t, torch.Tensor) for t in bs):
         raise ValueError(f"b must be a tensor or a non-empty list of tensors, got {type(b).__name__}")
-    outs, gathered = _all_gather_matmul.SPEC(_tensor(a_shard), bs, name, algorithm)
+    outs, gathered = _all_gather_matmul.SPEC.call(_tensor(a_shard), bs, name, algorithm)
     result = outs[0] if isinstance(b, torch.Tensor) else list(outs)
     return (result, gathered) if return_gathered else result
 
@@ -222,7 +222,7 @@ def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, algor
     algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "unfused" (torch.matmul +
     symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's). Not differentiable."""
     name = _ops.group_name(group)
-    return _matmul_reduce_scatter.SPEC(_tensor(a, "a"), _tensor(b, "b"), name, algorithm)
+    return _matmul_reduce_scatter.SPEC.call(_tensor(a, "a"), _tensor(b, "b"), name, algorithm)
 
 
 def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
@@ -233,7 +233,7 @@ def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm
     fused matmul + reduce-scatter, then an all-gather), "unfused" (torch.matmul + symmcoll.all_reduce)
     or "nccl" (torch.matmul + the process group's). Not differentiable."""
     name = _ops.group_name(group)
-    return _matmul_all_reduce.SPEC(_tensor(a, "a"), _tensor(b, "b"), name, algorithm)
+    return _matmul_all_reduce.SPEC.call(_tensor(a, "a"), _tensor(b, "b"), name, algorithm)
 
 
 def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group=None, *,
@@ -250,7 +250,7 @@ def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     _tensor(x), _tensor(residual, "residual"), _tensor(weight, "weight")
     if scale is not None:
         _tensor(scale, "scale")
-    normed, new_residual, scales = _all_reduce_rms_norm.SPEC(x, residual, weight, float(eps), name, algorithm,
+    normed, new_residual, scales = _all_reduce_rms_norm.SPEC.call(x, residual, weight, float(eps), name, algorithm,
                                                              quant or "", scale)
     return (normed, new_residual, scales) if quant == "fp8_per_token" else (normed, new_residual)
 
@@ -288,7 +288,7 @@ def moe_dispatch(tokens: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
         local = num_experts // world if isinstance(num_experts, int) and num_experts >= world else 1
         k = topk_ids.shape[1] if isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 else 1
         max_recv_rows = world * _tensor(tokens).shape[0] * min(k, local)
-    recv, counts, origin, self_rows = _moe.DISPATCH(_tensor(tokens), topk_ids, num_experts, max_recv_rows, name,
+    recv, counts, origin, self_rows = _moe.DISPATCH.call(_tensor(tokens), topk_ids, num_experts, max_recv_rows, name,
                                                     algorithm)
     return recv, counts, MoEHandle(name, num_experts, topk_ids, counts, origin, self_rows)
 
@@ -300,7 +300,7 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, handle: Mo
     expert_out is laid out like the dispatch output (max_recv_rows rows by local expert)."""
     if not isinstance(handle, MoEHandle):
         raise ValueError(f"handle must be the MoEHandle moe_dispatch returned, got {type(handle).__name__}")
-    return _moe.COMBINE(_tensor(expert_out), topk_weights, handle.topk_ids, handle.expert_counts, handle.row_origin,
+    return _moe.COMBINE.call(_tensor(expert_out), topk_weights, handle.topk_ids, handle.expert_counts, handle.row_origin,
                         handle.self_rows, handle.num_experts, handle.group_name, algorithm)
 
 

@@ -7,7 +7,7 @@ resolver op (``plan.register_op``) with its algorithms. Nothing here is specific
         impl=matmul_reduce_scatter_impl, fake=_fake, inputs=("a", "b"), shape_rule=_shape_rule,
         default="fused", algorithms=(Algorithm(...), ...)))
 
-    out = SPEC(a, b, group_name, algorithm)   # what symmcoll.matmul_reduce_scatter forwards to
+    out = SPEC.call(a, b, group_name, algorithm)   # what symmcoll.matmul_reduce_scatter forwards to
 
 Every op is functional (returns new tensors, like ``torch.distributed._functional_collectives``)
 except ``all_reduce_``, which writes its result into its input. Each has a fake implementation
@@ -73,27 +73,50 @@ class OpSpec:
     runs_when_empty: Callable | None = None
     transposed: tuple[str, ...] = ()
     algorithms: tuple = ()
-    # Positions of the schema's Tensor / Tensor? arguments (what __call__ checks), from the schema.
+    # Positions of the schema's Tensor / Tensor? arguments (what ``call`` checks), from the schema.
     tensor_args: tuple[int, ...] = field(init=False, default=())
+    # call(*schema args) -> outputs: run the op (what every public function forwards to; ``_forwarder``).
+    call: Callable = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self):
         args = self.schema[1:self.schema.index(") ->")]
         types = [arg.split()[0] for arg in re.split(r",\s*", args)]
         object.__setattr__(self, "tensor_args", tuple(i for i, t in enumerate(types) if t in ("Tensor", "Tensor?",
                                                                                                  "Tensor(a!)")))
+        object.__setattr__(self, "call", _forwarder(self.name, self.impl, self.tensor_args))
 
     def __call__(self, *args):
-        """Run the op: its implementation directly where every tensor argument is a plain tensor outside
-        tracing (skipping the dispatcher's few microseconds), else ``torch.ops.symmcoll.<name>``
-        (FakeTensor, functional tensors, Dynamo). What every public function forwards to."""
-        if not torch.compiler.is_compiling():
-            for i in self.tensor_args:
+        """``self.call(*args)`` (the public functions call ``call`` itself: one Python frame less)."""
+        return self.call(*args)
+
+
+def _forwarder(name: str, impl: Callable, tensor_args: tuple[int, ...]) -> Callable:
+    """An op's ``call``: its implementation directly where every tensor argument is a plain tensor outside
+    tracing (skipping the dispatcher's few microseconds), else ``torch.ops.symmcoll.<name>`` (FakeTensor,
+    functional tensors, Dynamo). A closure per op, its common case (one tensor argument, first) without a
+    loop: this is on every eager call's path (host time per call, benchmarks/host_overhead.py)."""
+    tensor, compiling = torch.Tensor, torch.compiler.is_compiling
+
+    def dispatched(*args):
+        return getattr(torch.ops.symmcoll, name)(*args)
+
+    if tensor_args == (0,):
+        def call(*args):
+            if type(args[0]) is tensor and not compiling():
+                return impl(*args)
+            return dispatched(*args)
+        return call
+
+    def call(*args):
+        if not compiling():
+            for i in tensor_args:
                 t = args[i]
-                if type(t) is not torch.Tensor and t is not None:
+                if type(t) is not tensor and t is not None:
                     break
             else:
-                return self.impl(*args)
-        return getattr(torch.ops.symmcoll, self.name)(*args)
+                return impl(*args)
+        return dispatched(*args)
+    return call
 
 
 def declare(spec: OpSpec) -> OpSpec:
@@ -122,10 +145,10 @@ def specs() -> dict[str, OpSpec]:
 def group_name(group) -> str:
     """The name an op takes for ``group`` (None: the default group)."""
     if group is None:
-        if not dist.is_initialized():
+        group = dist.group.WORLD  # None before init_process_group (one lookup: every call passes here)
+        if group is None:
             from .errors import not_initialized
             raise not_initialized()
-        group = dist.group.WORLD
     return group.group_name
 
 

@@ -342,28 +342,43 @@ def _kernel_run(kind: str):
     slots, epochs_spec, words = ((ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS, one_shot_words) if one_shot
                                  else (TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS, two_shot_words))
 
-    def run(p: plan.Plan, x: torch.Tensor, _out, residual, weight, scale=None):
-        ws, world = p.ws, p.world
-        eps, quant = dict(p.request.options)["eps"], dict(p.request.options)["quant"]
-        normed, new_residual, scales, h = _outputs(x, quant)
+    def launches(p: plan.Plan, x: torch.Tensor):
+        """(quant, constexprs, [(first row, grid, sizes), ...]): what every call of plan ``p`` launches,
+        from its shapes alone, so worked out on its first call (p.cache) rather than on each."""
+        world, eps, quant = p.world, dict(p.request.options)["eps"], dict(p.request.options)["quant"]
+        h = x.shape[-1]
         meta, max_programs = _launch_config(p, h, x.element_size())
-        slot_words = words(ws.device.type, world)
+        slot_words = words(p.ws.device.type, world)
+        meta = dict(meta, SLOT_WORDS=slot_words, **({"AHEAD": _ahead(p.config)} if one_shot else {}))
         total = x.numel() // h if h else 0
         # Rows per launch: a slot row holds every row of a piece (one-shot) or of a piece's shard; one
         # launch on one rank (nothing goes through the slots).
         piece = slot_words // meta["ROW_BLOCK"] * (1 if one_shot else world) if world > 1 else max(total, 1)
-        region, epochs = ws.region(slots.name), ws.local_state(epochs_spec.name)
-        flat = [t.reshape(-1) for t in (x, residual, normed, new_residual)]
-        scale_arg = scale if scale is not None else scales
+        pieces = []
         for start in range(0, total, piece):
             rows = min(piece, total - start)
             shard = rows if one_shot else triton.cdiv(rows, world)
-            pieces = [t[start * h:] for t in flat]
             sizes = (rows, h, eps) if one_shot else (rows, shard, h, eps)
-            launch(kernel, (max(1, min(max_programs, triton.cdiv(shard, meta["ROWS"]))),),
-                   (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, pieces[0], pieces[1], weight, scale_arg,
-                    pieces[2], pieces[3], scales.reshape(-1)[start:] if scales.numel() else scales, *sizes),
-                   dict(meta, SLOT_WORDS=slot_words, **({"AHEAD": _ahead(p.config)} if one_shot else {})))
+            pieces.append((start, (max(1, min(max_programs, triton.cdiv(shard, meta["ROWS"]))),), sizes))
+        return quant, meta, pieces
+
+    def run(p: plan.Plan, x: torch.Tensor, _out, residual, weight, scale=None):
+        ws = p.ws
+        setup = p.cache.get(kernel)
+        if setup is None:
+            setup = p.cache[kernel] = launches(p, x)
+        quant, meta, pieces = setup
+        normed, new_residual, scales, h = _outputs(x, quant)
+        region, epochs = ws.region(slots.name), ws.local_state(epochs_spec.name)
+        scale_arg = scale if scale is not None else scales
+        inputs = (x, residual, normed, new_residual, scales)
+        if len(pieces) > 1:  # every piece from its first row (a single piece takes the tensors as they are)
+            inputs = tuple(t.reshape(-1) for t in inputs)
+        for start, grid, sizes in pieces:
+            at = [t[start * h:] for t in inputs[:4]] if start else inputs[:4]
+            row_scales = inputs[4][start:] if start and scales.numel() else inputs[4]
+            launch(kernel, grid, (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, at[0], at[1], weight, scale_arg,
+                                  at[2], at[3], row_scales, *sizes), meta)
         return normed, new_residual, scales
     return run
 

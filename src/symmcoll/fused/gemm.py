@@ -276,9 +276,10 @@ def split_counters(device: torch.device) -> torch.Tensor:
 def b_layout(b: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
     """(matrix to load from, B_T): B row-major [K, N], or W [N, K] where B is a transposed view of a
     row-major W (nn.Linear's ``weight.t()``: no copy); anything else is copied row-major."""
-    if b.stride(1) == 1 and (b.stride(0) >= b.shape[1] or b.shape[0] == 1):
+    (rows, cols), (row_stride, col_stride) = b.shape, b.stride()  # one call each: on every fused GEMM call's path
+    if col_stride == 1 and (row_stride >= cols or rows == 1):
         return b, False
-    if b.stride(0) == 1 and b.stride(1) >= k:
+    if row_stride == 1 and col_stride >= k:
         return b.t(), True
     return b.contiguous(), False
 
