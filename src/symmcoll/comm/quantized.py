@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
-                        open_slots, own_shard, pack_words, peer_rows, post_call, quantize_groups, take_rows,
+                        open_two_stage_slots, own_shard, pack_words, peer_rows, post_call, quantize_groups, take_rows,
                         unpack_words)
 from ..launcher import launch
 from ..ops import OpSpec, declare, resolve_group
@@ -177,10 +177,8 @@ def quantized_two_shot_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch, scatter_base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr,
-                                                                          signal_pad_ptrs_dev, desc, rank, WORLD, 2,
-                                                                          ROW)
-    gather_base = scatter_base + WORLD * ROW
+    epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
+        slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, ROW)
     blocks = tl.cdiv(shard_len, BLOCK)
     n_words = shard_len // (32 // BITS)
     n_groups = shard_len // G

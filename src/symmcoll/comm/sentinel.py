@@ -40,8 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import (WORD_FORMAT, combine, declare_slots, end_launch, finalize, open_slots, pack, padded_words,
-                        peer_ptr, peer_rows, post_call, reduce_rows, sanitize, take, take_rows, unpack)
+from ..language import (WORD_FORMAT, combine, declare_slots, end_launch, finalize, open_slots, open_two_stage_slots,
+                        pack, padded_words, peer_ptr, peer_rows, post_call, reduce_rows, sanitize, take, take_rows,
+                        unpack)
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
 from .common import chunks, config, launch_once, meta
 
@@ -89,57 +90,6 @@ GPU_REDUCE_SCATTER = GPU_TWO_SHOT
 
 
 @triton.jit
-def one_shot_kernel(
-    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
-    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
-    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
-    desc, slot_ptrs_dev, epochs_ptr,
-    # this piece, as int32 words
-    x_ptr, out_ptr, n_words,
-    # ROW = slots per source row
-    WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """One peer at a time (the 2-rank kernel)."""
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
-    epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc,
-                                                                  rank, WORLD, 1, ROW)
-    lane = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, n_words, step):
-        offs = start + lane
-        mask = offs < n_words
-        words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
-        for r in tl.static_range(WORLD):
-            if r != rank:
-                tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * ROW + offs, words, mask=mask)
-    post_call(pads, peer_headers, epoch, desc, rank, WORLD)
-
-    budget = max_spins
-    check = 1
-    for start in range(pid * BLOCK, n_words, step):
-        offs = start + lane
-        mask = offs < n_words
-        acc_lo = tl.zeros([BLOCK], tl.float32)
-        acc_hi = tl.zeros([BLOCK], tl.float32)
-        for src in tl.static_range(WORLD):
-            if src == rank:
-                words = sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
-            else:
-                words, budget = take(region + base + src * ROW + offs, mask, src, rank, budget, status_ptr, desc,
-                                     headers, epoch, check, WORLD)
-                check = 0
-            lo, hi = unpack(words, FORMAT)
-            if src == 0:
-                acc_lo, acc_hi = lo, hi
-            else:
-                acc_lo, acc_hi = combine(acc_lo, lo, REDUCE_OP), combine(acc_hi, hi, REDUCE_OP)
-        if budget > 0:
-            tl.store(out_ptr + offs, sanitize(pack(finalize(acc_lo, REDUCE_OP, WORLD),
-                                                   finalize(acc_hi, REDUCE_OP, WORLD), FORMAT), FORMAT), mask=mask)
-    end_launch(epochs_ptr, epoch)
-
-
-@triton.jit
 def _reduce_tile(tile, own, rows, rank, WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr):
     """Packed, sanitised op over every rank of a block: peers' words in ``tile``, mine in ``own``."""
     lo, hi = unpack(tl.where(rows[:, None] == rank, own[None, :], tile), FORMAT)
@@ -149,16 +99,17 @@ def _reduce_tile(tile, own, rows, rank, WORLD: tl.constexpr, REDUCE_OP: tl.const
 
 
 @triton.jit
-def one_shot_tiles_kernel(
+def one_shot_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
     # this call: descriptor; the slot region's address table; this rank's launch-epoch table
     desc, slot_ptrs_dev, epochs_ptr,
     # this piece, as int32 words
     x_ptr, out_ptr, n_words,
-    # ROW = slots per source row; PEERS = WORLD rounded up to a power of two
+    # ROW = slots per source row; PEERS = WORLD rounded up to a power of two; PER_PEER: one peer at a
+    # time (2 ranks: one peer, nothing to batch, measured faster) rather than [PEERS, BLOCK] tiles
     WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
-    PEERS: tl.constexpr,
+    PEERS: tl.constexpr, PER_PEER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
@@ -168,13 +119,18 @@ def one_shot_tiles_kernel(
     rows = tl.arange(0, PEERS)
     is_peer = (rows < WORLD) & (rows != rank)
     to_peers = peer_rows(slot_ptrs_dev, rows, is_peer, tl.int32)
-    # Push my words into my row of every peer's slots (one store per peer, all in flight together).
+    # Push my words into my row of every peer's slots.
     for start in range(pid * BLOCK, n_words, step):
         offs = start + lane
         mask = offs < n_words
         words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
-        tl.store(to_peers + base + rank * ROW + offs[None, :], tl.broadcast_to(words[None, :], (PEERS, BLOCK)),
-                 mask=is_peer[:, None] & mask[None, :])
+        if PER_PEER:
+            for r in tl.static_range(WORLD):
+                if r != rank:
+                    tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * ROW + offs, words, mask=mask)
+        else:  # one store per peer, all in flight together
+            tl.store(to_peers + base + rank * ROW + offs[None, :], tl.broadcast_to(words[None, :], (PEERS, BLOCK)),
+                     mask=is_peer[:, None] & mask[None, :])
     post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
     budget = max_spins
@@ -182,12 +138,33 @@ def one_shot_tiles_kernel(
     for start in range(pid * BLOCK, n_words, step):
         offs = start + lane
         mask = offs < n_words
-        tile, budget = take_rows(region + base + rows[:, None] * ROW + offs[None, :], is_peer[:, None] & mask[None, :],
-                                 rows, rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
-        check = 0
-        own = sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
+        if PER_PEER:
+            acc_lo = tl.zeros([BLOCK], tl.float32)
+            acc_hi = tl.zeros([BLOCK], tl.float32)
+            for src in tl.static_range(WORLD):
+                if src == rank:
+                    words = sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
+                else:
+                    words, budget = take(region + base + src * ROW + offs, mask, src, rank, budget, status_ptr, desc,
+                                         headers, epoch, check, WORLD)
+                    check = 0
+                lo, hi = unpack(words, FORMAT)
+                if src == 0:
+                    acc_lo, acc_hi = lo, hi
+                else:
+                    acc_lo, acc_hi = combine(acc_lo, lo, REDUCE_OP), combine(acc_hi, hi, REDUCE_OP)
+        else:
+            tile, budget = take_rows(region + base + rows[:, None] * ROW + offs[None, :],
+                                     is_peer[:, None] & mask[None, :], rows, rank, budget, status_ptr, desc, headers,
+                                     epoch, check, WORLD)
+            check = 0
+            own = sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT)
         if budget > 0:
-            tl.store(out_ptr + offs, _reduce_tile(tile, own, rows, rank, WORLD, REDUCE_OP, FORMAT), mask=mask)
+            if PER_PEER:
+                tl.store(out_ptr + offs, sanitize(pack(finalize(acc_lo, REDUCE_OP, WORLD),
+                                                       finalize(acc_hi, REDUCE_OP, WORLD), FORMAT), FORMAT), mask=mask)
+            else:
+                tl.store(out_ptr + offs, _reduce_tile(tile, own, rows, rank, WORLD, REDUCE_OP, FORMAT), mask=mask)
     end_launch(epochs_ptr, epoch)
 
 
@@ -206,10 +183,8 @@ def two_shot_tiles_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch, scatter_base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr,
-                                                                          signal_pad_ptrs_dev, desc, rank, WORLD, 2,
-                                                                          ROW)
-    gather_base = scatter_base + WORLD * ROW
+    epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
+        slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, ROW)
     blocks = tl.cdiv(shard_words, BLOCK)
     lane = tl.arange(0, BLOCK)
     rows = tl.arange(0, PEERS)
@@ -266,13 +241,12 @@ def _one_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     flat, padded = padded_words(x)
     result = torch.empty_like(flat) if padded else out.reshape(-1)
     src, dst = flat.view(torch.int32), result.view(torch.int32)
-    kernel, extra = (one_shot_kernel, {}) if world == 2 else (one_shot_tiles_kernel,
-                                                              {"PEERS": triton.next_power_of_2(world)})
     for start, n in chunks(src.numel(), row):
-        launch_once(plan, kernel, cfg.grid(triton.cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc, region.ptrs_dev,
-                    epochs), src[start:], dst[start:], (n,),
+        launch_once(plan, one_shot_kernel, cfg.grid(triton.cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
+                    region.ptrs_dev, epochs), src[start:], dst[start:], (n,),
                     meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[x.dtype], ROW=row, BLOCK=cfg.block,
-                         **extra), whole=not padded and n == src.numel())
+                         PEERS=triton.next_power_of_2(world), PER_PEER=world == 2),
+                    whole=not padded and n == src.numel())
     if padded:
         out.reshape(-1).copy_(result[:-1])
     return out

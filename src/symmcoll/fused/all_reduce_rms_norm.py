@@ -51,8 +51,8 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, own_shard, peer_rows, post_call,
-                        sanitize_values, take_rows, words_of)
+from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, open_two_stage_slots, own_shard,
+                        peer_rows, post_call, sanitize_values, take_rows, words_of)
 from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig
@@ -185,10 +185,8 @@ def rms_norm_two_shot_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if WORLD > 1:
-        epoch, scatter_base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr,
-                                                                              signal_pad_ptrs_dev, desc, rank, WORLD, 2,
-                                                                              SLOT_WORDS)
-        gather_base = scatter_base + WORLD * SLOT_WORDS
+        epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
+            slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, SLOT_WORDS)
     VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
     WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
     lanes, in_step, peers, is_peer = step_lanes(rank, WORLD, ROWS, WORDS, PEERS)

@@ -12,7 +12,8 @@ from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, EPOCH_SLOTS, MAX_W
                       block_barrier, post_header_at, program0_peer_bases,
                       end_launch, launch_epoch, peer_ptr, peer_rows, post_header, record_argument, record_error,
                       record_timeout, send_signals, wait_filled, wait_filled_rows, wait_flagged, wait_signals)
-from .slots import HEADER_WORDS, PHASES, checks_headers, declare_slots, open_slots, post_call, take, take_rows
+from .slots import (HEADER_WORDS, PHASES, checks_headers, declare_slots, open_slots, open_two_stage_slots, post_call,
+                    take, take_rows)
 from .tagged import ESCAPE_GROUP, clamped_splits, escape, post_counts, wait_counts, wait_escaped
 from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, sanitize_values, unpack
 from .flags import acquire_flag, release_flag
@@ -24,8 +25,9 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "finalize", "move_block", "narrow", "own_shard", "reduce_rows", "tee_blocks", "ARG_MAX_ROWS", "ARG_SPLITS",
            "ARG_TOPK_IDS", "EPOCH_SLOTS", "MAX_WORLD", "announce", "block_barrier", "end_launch", "launch_epoch",
            "peer_ptr", "peer_rows", "post_header", "record_argument", "record_error", "record_timeout",
-           "send_signals", "wait_filled", "HEADER_WORDS", "PHASES", "declare_slots", "open_slots", "take",
-           "take_rows", "wait_filled_rows", "wait_flagged", "wait_signals", "ESCAPE_GROUP",
+           "send_signals", "wait_filled", "HEADER_WORDS", "PHASES", "declare_slots", "open_slots",
+           "open_two_stage_slots", "take", "take_rows", "wait_filled_rows", "wait_flagged", "wait_signals",
+           "ESCAPE_GROUP",
            "clamped_splits", "escape", "post_counts", "wait_counts", "wait_escaped", "EMPTY", "WORD_FORMAT", "pack",
            "padded_words", "sanitize", "sanitize_values", "unpack", "barrier_kernel", "FORMAT_BITS", "FORMATS",
            "dequantize_groups", "pack_words", "quantize_groups", "unpack_words", "send_tile_flag", "tile_values",

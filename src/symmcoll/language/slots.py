@@ -73,6 +73,17 @@ def open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD
 
 
 @triton.jit
+def open_two_stage_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD: tl.constexpr,
+                         ROW: tl.constexpr):
+    """``open_slots`` for a kernel with a scatter and a gather stage (two slot sets per launch): (epoch,
+    the scatter set's offset, the gather set's offset, region, headers, pads, peer headers)."""
+    epoch, scatter_base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr,
+                                                                          signal_pad_ptrs_dev, desc, rank, WORLD, 2,
+                                                                          ROW)
+    return epoch, scatter_base, scatter_base + WORLD * ROW, region, headers, pads, peer_headers
+
+
+@triton.jit
 def post_call(pad_bases, header_bases, epoch, desc, rank, WORLD: tl.constexpr):
     """Program 0 announces the call and posts its epoch-tagged header into every peer's region
     (``open_slots``' bases). Before the launch's first wait: peers' first waits need the header."""
