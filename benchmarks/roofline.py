@@ -17,9 +17,10 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   combine with the default config, torch (index_select; gather + weighted sum), at 128, 1024 and 4096
   tokens with 64 experts the (block, programs, warps, tokens per item) candidates, and the dispatch's
   two launches alone (moe_route: routing; moe_move: the row copies).
-* dispatch (not in the default parts): moe_dispatch alone, every candidate at every case (every expert
-  count: the one-launch variants' routing depends on it), then per case the best time of each dispatch
-  variant (fused/moe.py: 0 two launches, 1 one launch ranking every slot, 2 one launch routed by ranges).
+* dispatch (not in the default parts): moe_dispatch alone, the default and the variant 2 / 3 candidates at
+  every case (every expert count: their routing pass depends on it), then per case the best time of each dispatch
+  variant (fused/moe.py: 0 two launches, 1 one launch ranking every slot, 2 one launch routed by ranges,
+  3 the same with the next item's loads ahead).
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
   every (block, warps) candidate, 32 and 128 with the default.
 * old (``--old-src``: a tree of the code before that has bench/timing.graph_us, e.g. ``git archive
@@ -60,7 +61,8 @@ class Sizes:
         self.moe_sweep = () if smoke else ((128, 64), (1024, 64), (4096, 64))
         # the smoke: the first candidate of each dispatch variant (two launches, every slot, ranges)
         self.moe_configs = MOE_CONFIGS if not smoke else \
-            [next(c for c in MOE_CONFIGS if (c[4] > 0, c[5]) == kind) for kind in ((False, 0), (True, 0), (False, 2))]
+            [next(c for c in MOE_CONFIGS if (c[4] > 0, c[5]) == kind) for kind in ((False, 0), (True, 0), (False, 2),
+                                                                                   (False, 3))]
         # the old tree: rms at these tokens, MoE at these cases (the rest is in earlier result files)
         self.old_tokens = (5,) if smoke else (32, 512, 8192)
         self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
@@ -75,12 +77,15 @@ QUANTS = (None, "fp8_per_token")
 # fused/moe.py's untuned GPU_CONFIG, timed under its own label too (a check of the spread); dispatch
 # variants (fused/moe.py): 0 the routing launch first, or with local > 0 variant 1 (one launch, every
 # program ranks every slot) up to that many slots (T * k); 2 one launch routed by ranges of tokens
-# (fused/moe_dispatch_ranges.py; combine ignores the variant: those rows are timed for dispatch only)
+# (fused/moe_dispatch_ranges.py), 3 the same with the next item's loads ahead (combine ignores the
+# variant: those rows are timed for dispatch only)
 MOE_CONFIGS = ((8192, 528, 4, 1, 0, 0), (8192, 1024, 4, 1, 0, 0), (4096, 1024, 4, 1, 0, 0), (4096, 528, 4, 1, 0, 0),
                (16384, 528, 8, 1, 0, 0), (8192, 528, 4, 2, 0, 0), (16384, 528, 8, 4, 0, 0),
                (8192, 528, 4, 1, 4096, 0), (8192, 1024, 4, 1, 4096, 0), (8192, 1024, 4, 1, 8192, 0),
-               (8192, 528, 4, 1, 0, 2), (8192, 264, 4, 1, 0, 2), (8192, 132, 4, 1, 0, 2), (8192, 1024, 4, 1, 0, 2),
-               (16384, 264, 8, 1, 0, 2), (8192, 264, 4, 2, 0, 2), (16384, 132, 8, 2, 0, 2))
+               (8192, 528, 4, 1, 0, 2), (8192, 264, 4, 1, 0, 2), (8192, 1024, 4, 1, 0, 2), (16384, 264, 8, 1, 0, 2),
+               (16384, 132, 8, 1, 0, 2), (32768, 132, 16, 1, 0, 2), (16384, 132, 8, 2, 0, 2),
+               (8192, 528, 4, 1, 0, 3), (8192, 264, 4, 1, 0, 3), (16384, 264, 8, 1, 0, 3), (16384, 132, 8, 1, 0, 3),
+               (32768, 132, 16, 1, 0, 3))
 # (block, warps, programs) of the codec kernels; the first is bench.roofline's untuned rule (CODEC_*)
 CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048), (4096, 4, 1024),
                  (2048, 4, 2048))
@@ -267,12 +272,19 @@ def _moe_inputs(tokens_n, hidden, experts, k, device):
 
 
 def dispatch_section(res: Results, device):
-    """moe_dispatch alone, every candidate at every case (the ``dispatch`` part: the variants' sweep)."""
-    moe_section(res, device, ops=("moe_dispatch",), sweep_every_case=True)
+    """moe_dispatch alone (the ``dispatch`` part): the default and every one-launch candidate (variants 2
+    and 3; 0 and 1 were swept in run 3: the shipped table holds their picks) at every case, 1024 tokens
+    first, then 4096, then 128 (the deadline cuts the last)."""
+    order = {1024: 0, 4096: 1}
+    cases = sorted(SIZES.moe_cases, key=lambda c: order.get(c[0], 2))
+    candidates = [c for c in SIZES.moe_configs if c[5] in (2, 3)]
+    moe_section(res, device, ops=("moe_dispatch",), cases=cases, candidates=candidates)
 
 
 def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_dispatch", "moe_combine"),
-                sweep_every_case: bool = False):
+                cases=None, candidates=None):
+    """``cases`` (default: every MoE case) with the default config, and ``candidates`` (default:
+    MOE_CONFIGS at the swept cases) beside it."""
     import symmcoll
     import symmcoll.reference as ref
     from symmcoll import plan
@@ -281,7 +293,7 @@ def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_disp
     from symmcoll.plan import LaunchConfig
     # the module's own settings (what the default runs with where its table has no entry), restored after
     untuned = moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"]
-    for case in SIZES.moe_cases:
+    for case in cases or SIZES.moe_cases:
         tokens_n, hidden, experts, k = case
         if res.late(f"moe {case}"):
             continue
@@ -311,9 +323,10 @@ def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_disp
                     lambda: (expert_out[self_rows].float() * used[..., None]).sum(1).to(expert_out.dtype),
                     check_combine, combine_bytes)
         configs = [("default", None, *untuned)]
-        if sweep_configs and (sweep_every_case or (tokens_n, experts) in SIZES.moe_sweep):
+        if sweep_configs and (candidates is not None or (tokens_n, experts) in SIZES.moe_sweep):
             configs += [(f"b{b}/p{p}/w{w}/tt{tt}" + (f"/local{ls}" if ls else "") + (f"/v{v}" if v else ""),
-                         LaunchConfig(b, p, w), tt, ls, v) for b, p, w, tt, ls, v in SIZES.moe_configs]
+                         LaunchConfig(b, p, w), tt, ls, v) for b, p, w, tt, ls, v in
+                        (SIZES.moe_configs if candidates is None else candidates)]
         dispatch_options = (("num_experts", experts), ("max_rows", tokens_n * k))
         for label, cfg, tt, local_slots, variant in configs:
             moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"] = \
@@ -573,9 +586,9 @@ def variant_table(res: Results) -> str:
     cell = lambda r: f"{r['us']:.1f} ({r['pct_copy']:.0f}%)" if r and r.get("pct_copy") else (  # noqa: E731
         f"{r['us']:.1f}" if r else "-")
     lines = ["dispatch variants: best us (% of copy) per case", f"{'case':<22}" + "".join(
-        f"{name:>16}" for name in ("v0 two launches", "v1 every slot", "v2 ranges", "torch"))]
+        f"{name:>16}" for name in ("v0 two launches", "v1 every slot", "v2 ranges", "v3 ranges ahead", "torch"))]
     for case, slot in best.items():
-        lines.append(f"{'x'.join(map(str, case)):<22}" + "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, "torch")))
+        lines.append(f"{'x'.join(map(str, case)):<22}" + "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, "torch")))
     return "\n".join(lines)
 
 
