@@ -588,7 +588,8 @@ def variant_table(res: Results) -> str:
     lines = ["dispatch variants: best us (% of copy) per case", f"{'case':<22}" + "".join(
         f"{name:>16}" for name in ("v0 two launches", "v1 every slot", "v2 ranges", "v3 ranges ahead", "torch"))]
     for case, slot in best.items():
-        lines.append(f"{'x'.join(map(str, case)):<22}" + "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, "torch")))
+        cells = "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, "torch"))
+        lines.append(f"{'x'.join(map(str, case)):<22}{cells}")
     return "\n".join(lines)
 
 

@@ -261,8 +261,8 @@ def test_moe_table_keys_by_expert_count():
     from symmcoll.fused.memory_bound_configs import moe_entry
     entries = [dict(tokens=t, hidden=4096, k=2, experts=e, label=f"{t}/{e}") for t in (128, 1024) for e in (8, 256)]
     table = {"moe_dispatch": entries, "moe_combine": [dict(tokens=128, hidden=4096, k=2, label="old")]}
-    pick = lambda tokens, experts, hidden=4096: (moe_entry(table, "moe_dispatch", tokens, hidden, 2, experts)  # noqa: E731
-                                                 or {}).get("label")
+    def pick(tokens, experts, hidden=4096):
+        return (moe_entry(table, "moe_dispatch", tokens, hidden, 2, experts) or {}).get("label")
     assert [pick(2000, 8), pick(2000, 16), pick(1024, 64), pick(500, 300), pick(64, 1)] == \
         ["1024/8", "1024/8", "1024/256", "128/256", "128/8"]
     assert pick(1024, 8, hidden=16384) is None

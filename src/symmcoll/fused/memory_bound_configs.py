@@ -150,6 +150,10 @@ CONFIG_FIELDS = {"rms": ("rows", "chunk", "per_thread", "programs", "ahead"),
                  "codec": ("block", "warps", "programs")}
 
 
+# Config fields a row may lack (rms: whole rows or a chunk; fields added after earlier result files).
+_OPTIONAL_FIELDS = ("rows", "chunk", "ahead", "local_slots", "variant")
+
+
 def _mb(size: str) -> float:
     return float(size.rstrip("M"))
 
@@ -165,7 +169,7 @@ def build_table(result: dict, gpu: str, source: str) -> dict:
         cases: dict[tuple, list] = {}
         for row in result["rows"]:
             if row["section"] == section and "us" in row and (name is None or row["name"] == name) \
-                    and all(f in row for f in CONFIG_FIELDS[key] if f not in ("rows", "chunk", "ahead", "local_slots", "variant")):
+                    and all(f in row for f in CONFIG_FIELDS[key] if f not in _OPTIONAL_FIELDS):
                 cases.setdefault((row["name"], tuple(row["case"])), []).append(row)
         entries = []
         for (_, case), rows in sorted(cases.items()):

@@ -21,7 +21,7 @@ How (one launch, no program waits for another, so neither co-residency nor progr
         every slot's row ([TT * KP2, HB] stores, moe_kernels._store_rows); variant 3 (AHEAD) issues
         the next item's row and id loads before this item's stores (two items in flight, not one).
 
-Reads: every row once, topk_ids once per program (from L2: T * k ids per program, the pass's floor:
+Reads: every row once, topk_ids once per program (from L2: T * k ids per program; the pass's floor, estimated:
 about 2 us at 1024 tokens x top-8 with 4 programs per SM; fewer, wider programs read less; programs
 share ranges when rows are cut in parts), writes: every slot's row, its origin and the tokens' rows. The
 layout is the two-launch path's (by expert, then token, then slot), bit for bit. Wins where the
