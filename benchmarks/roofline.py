@@ -307,6 +307,8 @@ def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_disp
         def check_dispatch(out):
             if not torch.equal(out[1], want_counts):
                 raise AssertionError(f"expert counts {out[1].tolist()}, want {want_counts.tolist()}")
+            if len(out) == 4 and not (torch.equal(out[2], want_origin) and torch.equal(out[3], want_self)):
+                raise AssertionError("row origins or own-token rows differ (combine's handle)")
             return _exact(out[0][:n], want_recv[:n])
 
         def check_combine(out):
