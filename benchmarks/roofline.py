@@ -2,7 +2,7 @@
 (issue 23): all_reduce_rms_norm, moe_dispatch / moe_combine and the quantized all-reduce's codecs.
 
     PYTHONPATH=src python3 benchmarks/roofline.py --out $OUT/roofline.json [--parts copy rms moe codecs]
-        [--old-src old_main/src] [--deadline 440]
+        [--old-src old_main/src] [--deadline 440]   (parts: also ``dispatch``, below)
 
 Every candidate is checked against the fp32 reference (bit-exact where the op is: MoE rows, codecs)
 before it is timed; a wrong one is reported and not timed. Times: median us per call over CUDA-graph
@@ -17,6 +17,10 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   combine with the default config, torch (index_select; gather + weighted sum), at 128, 1024 and 4096
   tokens with 64 experts the (block, programs, warps, tokens per item) candidates, and the dispatch's
   two launches alone (moe_route: routing; moe_move: the row copies).
+* dispatch (not in the default parts): moe_dispatch alone, the default and the variant 2 / 3 candidates at
+  every case (every expert count: their routing pass depends on it), then per case the best time of each dispatch
+  variant (fused/moe.py: 0 two launches, 1 one launch ranking every slot, 2 one launch routed by ranges,
+  3 the same with the next item's loads ahead).
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
   every (block, warps) candidate, 32 and 128 with the default.
 * old (``--old-src``: a tree of the code before that has bench/timing.graph_us, e.g. ``git archive
@@ -55,6 +59,10 @@ class Sizes:
             [(t, h, e, k) for t in (128, 1024, 4096) for h in (4096, 7168) for e in (8, 64, 256) for k in (2, 8)]
         # configs swept at these tokens, 64 experts (the experts do not change the data path)
         self.moe_sweep = () if smoke else ((128, 64), (1024, 64), (4096, 64))
+        # the smoke: the first candidate of each dispatch variant (two launches, every slot, ranges)
+        self.moe_configs = MOE_CONFIGS if not smoke else \
+            [next(c for c in MOE_CONFIGS if (c[4] > 0, c[5]) == kind) for kind in ((False, 0), (True, 0), (False, 2),
+                                                                                   (False, 3))]
         # the old tree: rms at these tokens, MoE at these cases (the rest is in earlier result files)
         self.old_tokens = (5,) if smoke else (32, 512, 8192)
         self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
@@ -65,12 +73,19 @@ class Sizes:
 
 
 QUANTS = (None, "fp8_per_token")
-# (block, max_programs, warps, tokens per item, LOCAL_ROUTE_SLOTS): the first is fused/moe.py's untuned
-# GPU_CONFIG, timed under its own label too (a check of the spread); local > 0: dispatch in one launch
-# (moe_dispatch_local_kernel) up to that many slots (T * k), else the routing launch first
-MOE_CONFIGS = ((8192, 528, 4, 1, 0), (8192, 1024, 4, 1, 0), (4096, 1024, 4, 1, 0), (4096, 528, 4, 1, 0),
-               (16384, 528, 8, 1, 0), (8192, 528, 4, 2, 0), (16384, 528, 8, 4, 0),
-               (8192, 528, 4, 1, 4096), (8192, 1024, 4, 1, 4096), (8192, 1024, 4, 1, 8192))
+# (block, max_programs, warps, tokens per item, LOCAL_ROUTE_SLOTS, DISPATCH_VARIANT): the first is
+# fused/moe.py's untuned GPU_CONFIG, timed under its own label too (a check of the spread); dispatch
+# variants (fused/moe.py): 0 the routing launch first, or with local > 0 variant 1 (one launch, every
+# program ranks every slot) up to that many slots (T * k); 2 one launch routed by ranges of tokens
+# (fused/moe_dispatch_ranges.py), 3 the same with the next item's loads ahead (combine ignores the
+# variant: those rows are timed for dispatch only)
+MOE_CONFIGS = ((8192, 528, 4, 1, 0, 0), (8192, 1024, 4, 1, 0, 0), (4096, 1024, 4, 1, 0, 0), (4096, 528, 4, 1, 0, 0),
+               (16384, 528, 8, 1, 0, 0), (8192, 528, 4, 2, 0, 0), (16384, 528, 8, 4, 0, 0),
+               (8192, 528, 4, 1, 4096, 0), (8192, 1024, 4, 1, 4096, 0), (8192, 1024, 4, 1, 8192, 0),
+               (8192, 528, 4, 1, 0, 2), (8192, 264, 4, 1, 0, 2), (8192, 1024, 4, 1, 0, 2), (16384, 264, 8, 1, 0, 2),
+               (16384, 132, 8, 1, 0, 2), (32768, 132, 16, 1, 0, 2), (16384, 132, 8, 2, 0, 2),
+               (8192, 528, 4, 1, 0, 3), (8192, 264, 4, 1, 0, 3), (16384, 264, 8, 1, 0, 3), (16384, 132, 8, 1, 0, 3),
+               (32768, 132, 16, 1, 0, 3))
 # (block, warps, programs) of the codec kernels; the first is bench.roofline's untuned rule (CODEC_*)
 CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048), (4096, 4, 1024),
                  (2048, 4, 2048))
@@ -256,7 +271,20 @@ def _moe_inputs(tokens_n, hidden, experts, k, device):
     return tokens, ids, weights
 
 
-def moe_section(res: Results, device, sweep_configs: bool = True):
+def dispatch_section(res: Results, device):
+    """moe_dispatch alone (the ``dispatch`` part): the default and every one-launch candidate (variants 2
+    and 3; 0 and 1 were swept in run 3: the shipped table holds their picks) at every case, 1024 tokens
+    first, then 4096, then 128 (the deadline cuts the last)."""
+    order = {1024: 0, 4096: 1}
+    cases = sorted(SIZES.moe_cases, key=lambda c: order.get(c[0], 2))
+    candidates = [c for c in SIZES.moe_configs if c[5] in (2, 3)]
+    moe_section(res, device, ops=("moe_dispatch",), cases=cases, candidates=candidates)
+
+
+def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_dispatch", "moe_combine"),
+                cases=None, candidates=None):
+    """``cases`` (default: every MoE case) with the default config, and ``candidates`` (default:
+    MOE_CONFIGS at the swept cases) beside it."""
     import symmcoll
     import symmcoll.reference as ref
     from symmcoll import plan
@@ -264,8 +292,8 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
     from symmcoll.fused import moe
     from symmcoll.plan import LaunchConfig
     # the module's own settings (what the default runs with where its table has no entry), restored after
-    untuned = moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"]
-    for case in SIZES.moe_cases:
+    untuned = moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"]
+    for case in cases or SIZES.moe_cases:
         tokens_n, hidden, experts, k = case
         if res.late(f"moe {case}"):
             continue
@@ -279,6 +307,8 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
         def check_dispatch(out):
             if not torch.equal(out[1], want_counts):
                 raise AssertionError(f"expert counts {out[1].tolist()}, want {want_counts.tolist()}")
+            if len(out) == 4 and not (torch.equal(out[2], want_origin) and torch.equal(out[3], want_self)):
+                raise AssertionError("row origins or own-token rows differ (combine's handle)")
             return _exact(out[0][:n], want_recv[:n])
 
         def check_combine(out):
@@ -290,16 +320,19 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
                 dispatch_bytes)
         self_rows = want_self.clamp(min=0)
         used = (want_self >= 0).float() * weights
-        res.add("moe_combine", "torch gather+sum", case,
-                lambda: (expert_out[self_rows].float() * used[..., None]).sum(1).to(expert_out.dtype), check_combine,
-                combine_bytes)
+        if "moe_combine" in ops:
+            res.add("moe_combine", "torch gather+sum", case,
+                    lambda: (expert_out[self_rows].float() * used[..., None]).sum(1).to(expert_out.dtype),
+                    check_combine, combine_bytes)
         configs = [("default", None, *untuned)]
-        if sweep_configs and (tokens_n, experts) in SIZES.moe_sweep:
-            configs += [(f"b{b}/p{p}/w{w}/tt{tt}" + (f"/local{ls}" if ls else ""), LaunchConfig(b, p, w), tt, ls)
-                        for b, p, w, tt, ls in MOE_CONFIGS]
+        if sweep_configs and (candidates is not None or (tokens_n, experts) in SIZES.moe_sweep):
+            configs += [(f"b{b}/p{p}/w{w}/tt{tt}" + (f"/local{ls}" if ls else "") + (f"/v{v}" if v else ""),
+                         LaunchConfig(b, p, w), tt, ls, v) for b, p, w, tt, ls, v in
+                        (SIZES.moe_configs if candidates is None else candidates)]
         dispatch_options = (("num_experts", experts), ("max_rows", tokens_n * k))
-        for label, cfg, tt, local_slots in configs:
-            moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"] = tt, local_slots
+        for label, cfg, tt, local_slots, variant in configs:
+            moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"] = \
+                tt, local_slots, variant
             handle = {}
 
             def dispatch(cfg=cfg):
@@ -314,31 +347,32 @@ def moe_section(res: Results, device, sweep_configs: bool = True):
                                     others=(weights, ids, counts, origin, self_rows_),
                                     options=(("num_experts", experts),)).execute(
                     expert_out, others=(weights, ids, counts, origin, self_rows_))
-            fields = {op: _moe_fields(op, case, device, cfg, tt, local_slots) for op in ("moe_dispatch", "moe_combine")}
+            fields = {op: _moe_fields(op, case, device, cfg, tt, local_slots, variant)
+                      for op in ("moe_dispatch", "moe_combine")}
             res.add("moe_dispatch", "symmcoll:pull", case, dispatch, check_dispatch, dispatch_bytes, config=label,
                     **fields["moe_dispatch"])
-            if "out" in handle:
+            if "out" in handle and "moe_combine" in ops and (variant == 0 or cfg is None):
                 res.add("moe_combine", "symmcoll:push", case, combine, check_combine, combine_bytes, config=label,
                         **fields["moe_combine"])
             if cfg is None and "out" in handle:
                 _moe_kernels_alone(res, case, dispatch, dispatch_bytes)
-        moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"] = untuned
+        moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"] = untuned
         symmcoll.check()
     res.save()
 
 
-def _moe_fields(op, case, device, cfg, tt, local_slots) -> dict:
+def _moe_fields(op, case, device, cfg, tt, local_slots, variant) -> dict:
     """The launch of a MoE row as the table keeps it: the candidate's, or (``cfg`` None) the default
     fused/moe.py picks for this case on one rank (its table's entry, else the untuned rule)."""
     from symmcoll.fused import memory_bound_configs as mbc
     from symmcoll.fused import moe
     if cfg is None:
-        tokens_n, hidden, _, k = case
-        entry = mbc.moe_entry(mbc.device_table(device), op, tokens_n, hidden, k)
-        cfg, tt, local_slots = mbc.moe_config(entry) if entry else \
-            (moe.GPU_CONFIG, moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"])
+        tokens_n, hidden, experts, k = case
+        entry = mbc.moe_entry(mbc.device_table(device), op, tokens_n, hidden, k, experts)
+        cfg, tt, local_slots, variant = mbc.moe_config(entry) if entry else \
+            (moe.GPU_CONFIG, moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"])
     fields = dict(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=tt)
-    return dict(fields, local_slots=local_slots) if op == "moe_dispatch" else fields
+    return dict(fields, local_slots=local_slots, variant=variant) if op == "moe_dispatch" else fields
 
 
 def _moe_kernels_alone(res: Results, case, dispatch, dispatch_bytes):
@@ -539,6 +573,28 @@ def table(res: Results) -> str:
     return "\n".join(lines)
 
 
+def variant_table(res: Results) -> str:
+    """Per moe_dispatch case, the best time (and % of copy) of each dispatch variant, and torch's."""
+    best: dict[tuple, dict] = {}
+    for r in res.rows:
+        if r["section"] == "moe_dispatch" and "us" in r and not r["name"].startswith("old"):
+            slots = 1 << (r["case"][0] * r["case"][3] - 1).bit_length()  # as fused/moe.py rounds them
+            key = (r["variant"] or int(slots <= r["local_slots"])) if "variant" in r else "torch"
+            slot = best.setdefault(tuple(r["case"]), {})
+            if key not in slot or r["us"] < slot[key]["us"]:
+                slot[key] = r
+    if not best:
+        return ""
+    cell = lambda r: f"{r['us']:.1f} ({r['pct_copy']:.0f}%)" if r and r.get("pct_copy") else (  # noqa: E731
+        f"{r['us']:.1f}" if r else "-")
+    lines = ["dispatch variants: best us (% of copy) per case", f"{'case':<22}" + "".join(
+        f"{name:>16}" for name in ("v0 two launches", "v1 every slot", "v2 ranges", "v3 ranges ahead", "torch"))]
+    for case, slot in best.items():
+        cells = "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, "torch"))
+        lines.append(f"{'x'.join(map(str, case)):<22}{cells}")
+    return "\n".join(lines)
+
+
 def markdown(path: str) -> str:
     """The summary of a result file as a markdown table (for docs/results.md)."""
     with open(path) as f:
@@ -565,7 +621,8 @@ def _main_rank(args):
     print(f"copy: {res.meta['copy']}", flush=True)
     res.save()
     res.deadline = args.deadline - (OLD_RESERVE_S if args.old_src else 0)  # time kept for the old tree
-    for part, fn in (("rms", rms_section), ("moe", moe_section), ("codecs", codec_section)):
+    for part, fn in (("rms", rms_section), ("moe", moe_section), ("dispatch", dispatch_section),
+                     ("codecs", codec_section)):
         if part in args.parts:
             t0 = time.monotonic()
             fn(res, device)
@@ -575,6 +632,8 @@ def _main_rank(args):
         old_section(res, args.old_src, args.parts, args.smoke)
     res.save()
     print(table(res), flush=True)
+    if "dispatch" in args.parts:
+        print(variant_table(res), flush=True)
     if not args.smoke:  # this GPU model's launch table, to copy into src/symmcoll/data/ if it is kept
         from symmcoll.fused.gemm_configs import gpu_key
         name = torch.cuda.get_device_name()

@@ -159,7 +159,9 @@ for stage in $stages; do
       # checked against the fp32 reference first; the code before the change too if old_main/src exists
       # (git archive --prefix=old_main/ <commit> src | tar x; carry old_main: ba3dbd4 = run 1's code,
       # 0851bfe = before the rewrite). ~2.5-3.5 minutes.
-      # ROOFLINE_PARTS narrows (rms moe codecs).
+      # ROOFLINE_PARTS narrows (rms moe codecs; also dispatch: moe_dispatch's one-launch variants 2 and 3
+      # at every case beside the default and torch, then a table of the best time per variant; about
+      # 3-4 minutes with ROOFLINE_DEADLINE=200 ROOFLINE_TIMEOUT=280).
       old=""; [ -d old_main/src ] && old="--old-src old_main/src"
       timeout ${ROOFLINE_TIMEOUT:-475} python3 benchmarks/roofline.py --out "$OUT/roofline.json" \
         --deadline ${ROOFLINE_DEADLINE:-400} $old ${ROOFLINE_PARTS:+--parts $ROOFLINE_PARTS} 2>&1 | tee "$OUT/roofline.log"

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import launch, reference
+from symmcoll import launch, launcher, reference
 
 from rank_checks import assert_clean_finish, assert_pads_zero, device
 
@@ -127,15 +127,24 @@ def test_dispatch_combine(pools, world_size, shape):
 
 def _one_rank():
     """World size 1: no staging, no push, one round; odd rows over several routing blocks, and every
-    slot of a token on the rank; dispatch in one launch (every program routes every slot) and with the
-    routing launch first (LOCAL_ROUTE_SLOTS 0), each reporting max_recv_rows too small and a bad id."""
+    slot of a token on the rank; each dispatch variant (fused/moe.py): 1 (one launch, every program
+    routes every slot), 0 (the routing launch first, LOCAL_ROUTE_SLOTS 0), 2 (one launch routed by
+    ranges of tokens: several ranges, a routing pass of several chunks that end inside a range, rows in
+    two parts) and 3 (2 with the next item's loads ahead), each reporting max_recv_rows too small and a
+    bad id."""
     from symmcoll.fused import moe
-    saved = moe.LOCAL_ROUTE_SLOTS["cpu"]
+    saved = moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"]
     try:
-        for local_slots in (4096, 0):
-            moe.LOCAL_ROUTE_SLOTS["cpu"] = local_slots
-            for shape in ((300, 5, 8, 3), (24, 16, 16, 8))[:2 if local_slots else 1]:
-                _round_trip(*shape, 2 if local_slots else 1, ("pull", "push"))
+        for local_slots, variant, shapes in ((4096, 0, ((300, 5, 8, 3), (24, 16, 16, 8))), (0, 0, ((300, 5, 8, 3),)),
+                                             (0, 2, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
+                                             (0, 3, ((300, 5, 8, 3), (20, 1024, 8, 2)))):
+            moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"] = local_slots, variant
+            kernel = {0: "moe_route_kernel", 1: "moe_dispatch_local_kernel", 2: "moe_dispatch_ranges_kernel",
+                      3: "moe_dispatch_ranges_kernel"}[variant or (local_slots > 0)]
+            launched = launcher.LAUNCH_COUNTS[kernel]
+            for shape in shapes:
+                _round_trip(*shape, 2 if local_slots or variant else 1, ("pull", "push"))
+            assert launcher.LAUNCH_COUNTS[kernel] > launched, f"variant {variant}: {kernel} never launched"
             tokens, ids = coded_tokens(16, 4, 0, 0), torch.zeros(16, 2, dtype=torch.int64, device=device())
             ids[:, 1] = 1
             with pytest.raises(symmcoll.SymmcollArgumentError, match=r"max_rows = 5 is too small: 32"):
@@ -145,9 +154,9 @@ def _one_rank():
             with pytest.raises(symmcoll.SymmcollArgumentError, match=r"topk_ids holds 7"):
                 symmcoll.moe_dispatch(tokens, ids, 2)
                 symmcoll.check()
-            assert_clean_finish(f"after moe reports on one rank, LOCAL_ROUTE_SLOTS {local_slots}")
+            assert_clean_finish(f"after moe reports on one rank, LOCAL_ROUTE_SLOTS {local_slots}, variant {variant}")
     finally:
-        moe.LOCAL_ROUTE_SLOTS["cpu"] = saved
+        moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"] = saved
     return True
 
 

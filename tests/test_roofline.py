@@ -89,6 +89,29 @@ def test_roofline_sweep_on_a_cpu_rank(tmp_path):
     assert {"rms", "moe_dispatch", "moe_combine", "codec", "provenance"} <= set(json.loads(table.read_text()))
 
 
+def test_dispatch_variant_sweep_on_a_cpu_rank(tmp_path):
+    """benchmarks/roofline.py --smoke --parts dispatch: every dispatch variant's candidates checked (none
+    wrong) and timed, the per-variant table last, and the launch table keeps the pick's variant."""
+    out = tmp_path / "roofline.json"
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "roofline.py"), "--smoke", "--out", str(out)]
+    proc = subprocess.run([*cmd, "--parts", "dispatch"], capture_output=True, text=True,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
+    assert {r["section"] for r in rows} <= {"moe_dispatch", "moe_route", "moe_move"}
+    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3}
+    last = proc.stdout.strip().splitlines()[-1].split()
+    # the default (its row names the GPU's untuned variant, 0), 2, 3 and torch timed; no variant 1 candidate here
+    assert last[0] == "20x16x8x3" and len(last) == 6 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
+    table = tmp_path / "table.json"
+    proc = subprocess.run([*cmd[:2], "--out", str(out), "--write-table", str(table)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [entry] = json.loads(table.read_text())["moe_dispatch"]
+    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3) and "local_slots" in entry
+
+
 def _specs_on_cpu():
     """What `symmcoll bench` does before it times a memory-bound op (GPU only), on a CPU rank: inputs,
     every symmcoll algorithm and baseline (torch.compile aside) checked against its reference, bytes
@@ -187,11 +210,11 @@ def test_shipped_defaults_are_the_tables_picks(monkeypatch):
     for op in ("moe_dispatch", "moe_combine"):
         for e in table[op]:
             fake = SimpleNamespace(ws=SimpleNamespace(device=cuda), config=None, world=1)
-            cfg, tt, local_slots = moe._config(fake, op, e["tokens"], e["hidden"], e["k"])
-            assert (cfg.block, cfg.max_programs, cfg.num_warps, tt, local_slots) == \
-                (e["block"], e["programs"], e["warps"], e["tt"], e.get("local_slots", 0))
+            cfg, tt, local_slots, variant = moe._config(fake, op, e["tokens"], e["hidden"], e["k"], e["experts"])
+            assert (cfg.block, cfg.max_programs, cfg.num_warps, tt, local_slots, variant) == \
+                (e["block"], e["programs"], e["warps"], e["tt"], e.get("local_slots", 0), e.get("variant", 0))
             fake.world = 2
-            assert moe._config(fake, op, e["tokens"], e["hidden"], e["k"]) == (moe.GPU_CONFIG, 1, 0)
+            assert moe._config(fake, op, e["tokens"], e["hidden"], e["k"], e["experts"]) == (moe.GPU_CONFIG, 1, 0, 0)
     for e in table["codec"]:
         assert roofline.codec_config(e["fmt"], e["direction"], e["group"], e["numel"], cuda) == \
             (e["block"], e["warps"], e["programs"])
@@ -230,3 +253,17 @@ def test_bench_rows_carry_the_roofline_columns():
     out = io.StringIO()
     Console(file=out, width=200).print(fused._table("all_reduce_rms_norm", 1, "bf16", [row], spec))
     assert "% copy" in out.getvalue() and f"{row['pct_copy']:.0f}" in out.getvalue()
+
+
+def test_moe_table_keys_by_expert_count():
+    """moe_entry: nearest hidden size and top-k, then the nearest measured expert count (ties to the
+    larger), then the largest measured token count below; entries without an expert count still answer."""
+    from symmcoll.fused.memory_bound_configs import moe_entry
+    entries = [dict(tokens=t, hidden=4096, k=2, experts=e, label=f"{t}/{e}") for t in (128, 1024) for e in (8, 256)]
+    table = {"moe_dispatch": entries, "moe_combine": [dict(tokens=128, hidden=4096, k=2, label="old")]}
+    def pick(tokens, experts, hidden=4096):
+        return (moe_entry(table, "moe_dispatch", tokens, hidden, 2, experts) or {}).get("label")
+    assert [pick(2000, 8), pick(2000, 16), pick(1024, 64), pick(500, 300), pick(64, 1)] == \
+        ["1024/8", "1024/8", "1024/256", "128/256", "128/8"]
+    assert pick(1024, 8, hidden=16384) is None
+    assert moe_entry(table, "moe_combine", 4096, 4096, 2, 64)["label"] == "old"

@@ -11,7 +11,8 @@ never moves a default on noise.
 
 Keys, much as the GEMM's table (fused/gemm_configs.py): the measured hidden size (MoE: and top-k; codecs:
 group size) nearest in log distance, within a factor of 2, else no entry; the same quant (format and
-direction); then the largest measured token count (codecs: values) <= the request's, else the smallest.
+direction); MoE: the nearest measured expert count; then the largest measured token count (codecs:
+values) <= the request's, else the smallest.
 Not the GEMM's smallest >= M: a config measured at more tokens may cut rows in chunks that only pay
 when every SM has rows to spare, one measured at fewer never does (the sweep measures every token
 count of the issue, so those are exact).
@@ -20,7 +21,8 @@ count of the issue, so those are exact).
   per thread (warps = values of a step / 32 / per_thread, 4 to 32); ``programs`` (the cap);
   ``ahead``: the next step's loads issued before this step's arithmetic (world size 1).
 * moe: ``block`` elements per step over a token's rows, ``programs``, ``warps``, ``tt`` tokens per item;
-  dispatch: ``local_slots``, the most slots (T * k) routed inside the one dispatch launch (0: never).
+  dispatch: ``local_slots``, the most slots (T * k) routed inside the one dispatch launch by variant 1
+  (0: never), ``variant`` (fused/moe.py's DISPATCH_VARIANT; absent: 0).
 * codec: ``block`` input values per step, ``warps``, ``programs``.
 """
 
@@ -105,14 +107,28 @@ def rms_config(entry: dict, block_h: int) -> RmsConfig:
     return RmsConfig(block, entry["programs"], warps, bool(entry.get("ahead", False)))
 
 
-def moe_entry(table: dict, op: str, tokens: int, hidden: int, k: int) -> dict | None:
-    return _at_most(_nearest(_nearest(table.get(op, []), "hidden", hidden), "k", k), "tokens", tokens)
+def _closest(entries: list[dict], field: str, value: int) -> list[dict]:
+    """The entries at the measured ``field`` nearest to ``value`` (log distance, ties to the larger; no
+    window), all of them where the entries do not carry ``field``."""
+    measured = {e[field] for e in entries if field in e}
+    if not measured:
+        return entries
+    best = min(measured, key=lambda v: (abs(math.log2(v / max(value, 1))), -v))
+    return [e for e in entries if e.get(field) == best]
 
 
-def moe_config(entry: dict) -> tuple[LaunchConfig, int, int]:
-    """(launch, tokens per item, most slots routed inside the dispatch launch: 0 = a routing launch first)
-    of a moe entry."""
-    return LaunchConfig(entry["block"], entry["programs"], entry["warps"]), entry["tt"], entry.get("local_slots", 0)
+def moe_entry(table: dict, op: str, tokens: int, hidden: int, k: int, experts: int) -> dict | None:
+    """Nearest hidden size and top-k (within a factor of 2), then the nearest measured expert count (the
+    one-launch dispatch's routing pass grows with it), then the tokens (``_at_most``)."""
+    near = _nearest(_nearest(table.get(op, []), "hidden", hidden), "k", k)
+    return _at_most(_closest(near, "experts", experts), "tokens", tokens)
+
+
+def moe_config(entry: dict) -> tuple[LaunchConfig, int, int, int]:
+    """(launch, tokens per item, most slots routed inside the dispatch launch by variant 1, dispatch
+    variant: fused/moe.py's DISPATCH_VARIANT) of a moe entry."""
+    return (LaunchConfig(entry["block"], entry["programs"], entry["warps"]), entry["tt"], entry.get("local_slots", 0),
+            entry.get("variant", 0))
 
 
 def codec_entry(table: dict, fmt: str, direction: str, group_size: int, numel: int) -> dict | None:
@@ -129,9 +145,13 @@ _SECTIONS = (("rms", "rms", "symmcoll:one_shot", ("tokens", "hidden", "quant")),
              ("codec", "codec", None, ("fmt", "direction", "group", "size")))
 # Fields of a row's config in each table.
 CONFIG_FIELDS = {"rms": ("rows", "chunk", "per_thread", "programs", "ahead"),
-                 "moe_dispatch": ("block", "programs", "warps", "tt", "local_slots"),
+                 "moe_dispatch": ("block", "programs", "warps", "tt", "local_slots", "variant"),
                  "moe_combine": ("block", "programs", "warps", "tt"),
                  "codec": ("block", "warps", "programs")}
+
+
+# Config fields a row may lack (rms: whole rows or a chunk; fields added after earlier result files).
+_OPTIONAL_FIELDS = ("rows", "chunk", "ahead", "local_slots", "variant")
 
 
 def _mb(size: str) -> float:
@@ -141,15 +161,15 @@ def _mb(size: str) -> float:
 def build_table(result: dict, gpu: str, source: str) -> dict:
     """The table of a roofline result: per case, the fastest checked candidate if it beat the run's
     default by more than NOISE, else the default (rows carry their config's fields: ``config_fields``
-    of benchmarks/roofline.py). MoE tables keep the 64-expert cases the sweep ran (experts do not change
-    the data path)."""
+    of benchmarks/roofline.py). MoE tables keep the expert counts the sweep ran (every one for dispatch
+    since the one-launch variant's routing pass depends on it; 64 for combine)."""
     table = {"gpu": gpu, "source": source, "noise": NOISE,
              "provenance": result.get("meta", {}).get("provenance", {})}
     for key, section, name, fields in _SECTIONS:
         cases: dict[tuple, list] = {}
         for row in result["rows"]:
             if row["section"] == section and "us" in row and (name is None or row["name"] == name) \
-                    and all(f in row for f in CONFIG_FIELDS[key] if f not in ("rows", "chunk", "ahead", "local_slots")):
+                    and all(f in row for f in CONFIG_FIELDS[key] if f not in _OPTIONAL_FIELDS):
                 cases.setdefault((row["name"], tuple(row["case"])), []).append(row)
         entries = []
         for (_, case), rows in sorted(cases.items()):

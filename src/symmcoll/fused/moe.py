@@ -56,7 +56,7 @@ from ..memory.regions import RegionSpec, declare
 from ..ops import OpSpec, resolve_group, world_size
 from ..ops import declare as declare_op
 from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, Request, resolve
-from . import memory_bound_configs
+from . import memory_bound_configs, moe_dispatch_ranges
 from .moe_kernels import (moe_combine_kernel, moe_dispatch_kernel, moe_dispatch_local_kernel, moe_push_kernel,
                           moe_route_kernel)
 
@@ -77,11 +77,23 @@ PUSH_ROWS = 16
 # Tokens per dispatch/combine item: one on GPU (a step is the token's k rows: no cross-thread shuffles);
 # 16 on CPU, where every interpreted item costs milliseconds.
 TOKENS_PER_ITEM = {"cuda": 1, "cpu": 16}
-# Dispatch on one rank in one launch (moe_dispatch_local_kernel: every program routes every slot) when
-# the slots (T * k, rounded up to a power of 2) are at most this many; else the routing launch first.
-# Off on GPU until measured (the roofline sweep times both; the table's ``local_slots`` picks); on on
-# CPU, where the world-size-1 tests run it (and one test the two-launch path).
+# Dispatch variants on one rank (more than one rank: always 0), numbered; the roofline sweep times each
+# and the table's ``variant`` and ``local_slots`` pick per shape:
+#   0: the routing launch, then the pull launch (moe_route_kernel + moe_dispatch_kernel); or, when the
+#      slots (T * k, rounded up to a power of 2) are at most LOCAL_ROUTE_SLOTS (0: never), variant
+#   1: one launch, every program ranks every slot (moe_dispatch_local_kernel);
+#   2: one launch, each program routes a range of tokens after one histogram pass over every slot
+#      (fused/moe_dispatch_ranges.py); 3: 2 with the next item's loads issued before this item's stores.
+# On GPU without a table entry: 0 (two launches); on CPU the world-size-1 tests run each.
 LOCAL_ROUTE_SLOTS = {"cuda": 0, "cpu": 4096}
+DISPATCH_VARIANT = {"cuda": 0, "cpu": 0}
+
+
+def _ranges_chunk(device_type: str, num_warps: int) -> int:
+    """Slots per step of variants 2 and 3's routing pass (each program reads every slot's id once): 4 per
+    thread on GPU (pipelined in 3 stages through shared memory: <= 128 registers at 4 warps, ptxas sm_90a;
+    8 per thread took 150-200: fewer programs per SM); on CPU chunks that end inside the tests' ranges."""
+    return 4 * 32 * num_warps if device_type == "cuda" else 256
 
 
 def _option(request: Request, name: str):
@@ -148,21 +160,23 @@ def _tiles(k: int, local_experts: int) -> dict:
     return dict(KP2=kp2, ELP2=triton.next_power_of_2(local_experts), TB=max(1, 128 // kp2))
 
 
-def _config(plan: Plan, op: str, tokens_n: int, hidden: int, k: int) -> tuple[LaunchConfig, int, int]:
-    """(launch, tokens per item, LOCAL_ROUTE_SLOTS) of ``op``: ``block`` = elements (words) moved per step
-    summed over a token's KP2 rows, ``max_programs``, ``num_warps``. The plan's (``plan.resolve(...,
-    config=)``, with the module's TOKENS_PER_ITEM and LOCAL_ROUTE_SLOTS: the roofline sweep); on one GPU
-    rank the table measured on this GPU model (fused/memory_bound_configs.py, by tokens x hidden x
-    top-k); else GPU_CONFIG; the CPU's on CPU."""
+def _config(plan: Plan, op: str, tokens_n: int, hidden: int, k: int,
+            experts: int) -> tuple[LaunchConfig, int, int, int]:
+    """(launch, tokens per item, LOCAL_ROUTE_SLOTS, DISPATCH_VARIANT) of ``op``: ``block`` = elements
+    (words) moved per step summed over a token's KP2 rows, ``max_programs``, ``num_warps``. The plan's
+    (``plan.resolve(..., config=)``, with the module's TOKENS_PER_ITEM, LOCAL_ROUTE_SLOTS and
+    DISPATCH_VARIANT: the roofline sweep); on one GPU rank the table measured on this GPU model
+    (fused/memory_bound_configs.py, by tokens x hidden x top-k x experts); else GPU_CONFIG; the CPU's on
+    CPU."""
     device = plan.ws.device
     if device.type != "cuda":
-        return CPU_CONFIG, TOKENS_PER_ITEM[device.type], LOCAL_ROUTE_SLOTS[device.type]
+        return CPU_CONFIG, TOKENS_PER_ITEM[device.type], LOCAL_ROUTE_SLOTS[device.type], DISPATCH_VARIANT["cpu"]
+    untuned = (TOKENS_PER_ITEM["cuda"], LOCAL_ROUTE_SLOTS["cuda"], DISPATCH_VARIANT["cuda"])
     if plan.config is not None:
-        return plan.config, TOKENS_PER_ITEM["cuda"], LOCAL_ROUTE_SLOTS["cuda"]
+        return (plan.config, *untuned)
     entry = None if plan.world > 1 else memory_bound_configs.moe_entry(
-        memory_bound_configs.device_table(device), op, tokens_n, hidden, k)
-    return memory_bound_configs.moe_config(entry) if entry else \
-        (GPU_CONFIG, TOKENS_PER_ITEM["cuda"], LOCAL_ROUTE_SLOTS["cuda"])
+        memory_bound_configs.device_table(device), op, tokens_n, hidden, k, experts)
+    return memory_bound_configs.moe_config(entry) if entry else (GPU_CONFIG, *untuned)
 
 
 def _split(row: int, items: int, cfg: LaunchConfig, rows_per_step: int) -> tuple[int, int, int]:
@@ -196,13 +210,22 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     local_experts, max_rows = experts // world, out.shape[0]
     words, out_words = _words(tokens), _words(out)
     row = tokens.shape[1] * tokens.element_size() // words.element_size()
-    cfg, tt, local_slots = _config(plan, "moe_dispatch", tokens_n, tokens.shape[1], k)
+    cfg, tt, local_slots, variant = _config(plan, "moe_dispatch", tokens_n, tokens.shape[1], k, experts)
     tiles = _tiles(k, local_experts)
     counts = torch.empty(local_experts, dtype=torch.int64, device=tokens.device)
     origin = torch.empty(max_rows, dtype=torch.int64, device=tokens.device)
     self_rows = torch.empty((tokens_n, k), dtype=torch.int64, device=tokens.device)
     e_p2 = triton.next_power_of_2(experts)
     slots = triton.next_power_of_2(max(tokens_n * k, 1))
+    if world == 1 and variant in (2, 3):  # one launch: each program routes a range of tokens
+        parts, part_words, hb = _split(row, triton.cdiv(max(tokens_n, 1), tt), cfg, tt * tiles["KP2"])
+        range_tokens, programs = moe_dispatch_ranges.ranges_grid(tokens_n, cfg.max_programs, parts, tt)
+        launch(moe_dispatch_ranges.moe_dispatch_ranges_kernel, (programs,),
+               (*ws.kernel_args, plan.desc, words, topk_ids, out_words, counts, origin, self_rows, tokens_n, row,
+                max_rows, experts, range_tokens, parts, part_words),
+               dict(K=k, KP2=tiles["KP2"], E_P2=e_p2, CHUNK=_ranges_chunk(ws.device.type, cfg.num_warps), TT=tt, HB=hb,
+                    AHEAD=variant == 3, num_warps=cfg.num_warps))
+        return out, counts, origin, self_rows
     if world == 1 and slots <= local_slots:  # one launch: every program routes every slot itself
         parts, part_words, hb = _split(row, triton.cdiv(max(tokens_n, 1), tt), cfg, tt * tiles["KP2"])
         launch(moe_dispatch_local_kernel, cfg.grid(triton.cdiv(max(tokens_n, 1), tt) * parts),
@@ -255,7 +278,7 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
     hidden, max_rows = expert_out.shape[1], expert_out.shape[0]
     experts = _option(plan.request, "num_experts")
     local_experts = experts // world
-    (cfg, tt, _), kp2 = _config(plan, "moe_combine", tokens_n, hidden, k), triton.next_power_of_2(k)
+    (cfg, tt, _, _), kp2 = _config(plan, "moe_combine", tokens_n, hidden, k, experts), triton.next_power_of_2(k)
     landing = ws.region(LANDING.name)
     # One round on one rank (nothing lands); else as many tokens' k rows as the landing region holds.
     per_round = max(tokens_n, 1) if world == 1 else \
@@ -338,20 +361,25 @@ COMBINE = declare_op(OpSpec(
 
 def compile_cases(make_workspace):
     """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push; dispatch
-    with a routing launch and in one launch), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of
-    64 and 256 experts, an odd hidden size."""
+    variants 0 to 3), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256
+    experts, an odd hidden size."""
     cases = []
-    for world, dtype, experts, k, hidden, local_slots in (
-            (1, torch.bfloat16, 256, 8, 7168, 0), (1, torch.bfloat16, 256, 8, 7168, 4096),
-            (1, torch.float32, 8, 2, 5, 1024), (2, torch.bfloat16, 8, 2, 4096, 0),
-            (4, torch.float8_e4m3fn, 64, 8, 7168, 0), (3, torch.float32, 6, 3, 5, 0)):
-        def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden, local_slots=local_slots):
-            saved, LOCAL_ROUTE_SLOTS["cuda"] = LOCAL_ROUTE_SLOTS["cuda"], local_slots
+    for world, dtype, experts, k, hidden, local_slots, variant in (
+            (1, torch.bfloat16, 256, 8, 7168, 0, 0), (1, torch.bfloat16, 256, 8, 7168, 4096, 0),
+            (1, torch.float32, 8, 2, 5, 1024, 0), (1, torch.bfloat16, 256, 8, 7168, 0, 2),
+            (1, torch.float32, 8, 2, 5, 0, 3), (1, torch.float8_e4m3fn, 64, 2, 4096, 0, 2),
+            (1, torch.bfloat16, 64, 8, 4096, 0, 3),
+            (2, torch.bfloat16, 8, 2, 4096, 0, 0), (4, torch.float8_e4m3fn, 64, 8, 7168, 0, 0),
+            (3, torch.float32, 6, 3, 5, 0, 0)):
+        def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden, local_slots=local_slots,
+                  variant=variant):
+            saved = LOCAL_ROUTE_SLOTS["cuda"], DISPATCH_VARIANT["cuda"]
+            LOCAL_ROUTE_SLOTS["cuda"], DISPATCH_VARIANT["cuda"] = local_slots, variant
             try:
                 _compile_case(make_workspace, world, dtype, experts, k, hidden)
             finally:
-                LOCAL_ROUTE_SLOTS["cuda"] = saved
-        cases.append((f"moe.{world}ranks.{dtype}.top{k}of{experts}.local{local_slots}", thunk))
+                LOCAL_ROUTE_SLOTS["cuda"], DISPATCH_VARIANT["cuda"] = saved
+        cases.append((f"moe.{world}ranks.{dtype}.top{k}of{experts}.local{local_slots}.v{variant}", thunk))
     return cases
 
 
