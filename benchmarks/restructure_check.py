@@ -42,6 +42,10 @@ import torch
 import torch.distributed as dist
 
 SIZES = (4 << 10, 256 << 10, 4 << 20)
+# RESTRUCTURE_SIZES="4096,4194304": fewer collective sizes, so that several rounds (the spread between
+# them is the noise) fit one call.
+if os.environ.get("RESTRUCTURE_SIZES"):
+    SIZES = tuple(int(v) for v in os.environ["RESTRUCTURE_SIZES"].split(","))
 COLLECTIVES = (("all_reduce", "auto"), ("all_reduce", "sentinel_one_shot"), ("all_reduce", "one_shot"),
                ("all_reduce", "two_shot"), ("all_reduce_", "auto"), ("reduce_scatter", "auto"),
                ("all_gather", "auto"), ("broadcast", "auto"), ("all_to_all", "auto"))

@@ -225,7 +225,8 @@ for stage in $stages; do
       # with both ranks on GPU 0 -- host us per eager call, eager and graph us per call -- and the fused
       # ops at world size 1 (graph us, host us; B contiguous and given as W.t()), every case checked first.
       # The tree before: git archive --prefix=old_main/ <main sha> src | tar x, carried as old_main.
-      # new_main (carried, optional): the tree after, when it is not this one.
+      # new_main (carried, optional): the tree after, when it is not this one. RESTRUCTURE_SIZES (bytes,
+      # comma-separated) narrows the collectives' sizes so that several rounds fit.
       old=""; [ -d old_main/src ] && old="--old-src old_main/src"
       new=""; [ -d new_main/src ] && new="--new-src new_main/src"
       timeout ${RESTRUCTURE_TIMEOUT:-470} python3 benchmarks/restructure_check.py --out "$OUT/${RESTRUCTURE_NAME:-restructure}.json" \
