@@ -1,5 +1,5 @@
 """The GEMM core (fused/gemm.py, fused/gemm_configs.py): every path of the one K-loop under the
-interpreter at tiny shapes (straight and swapped tiles, split-K, B given transposed, odd K and N,
+interpreter at tiny shapes (straight and swapped tiles, stream-K, B given transposed, odd K and N,
 bf16/fp16/fp32), the config picker, the table format; on the GPU machine the same paths compiled, and
 split-K inside CUDA graphs (its counters must come back to zero every launch). Kernels run in a
 one-rank pool (the interpreter must be on before symmcoll is imported there)."""
@@ -21,17 +21,24 @@ DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 SRC = Path(gemm.__file__).resolve().parent.parent
 
 # (M, N, K, config, B given as W^T): every branch of k_loop and the scheduler, tiny enough for the
-# interpreter. Configs are explicit: the CPU default never swaps or splits.
+# interpreter (4 programs). Configs are explicit: the CPU default never swaps or splits.
 CASES = [
     (33, 100, 72, None, False),                                           # odd M, N, K; pointer loads
-    (5, 70, 200, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), False),       # swapped, split 3, odd K
+    # 3 tiles of 7 k-steps (odd K) shared by 4 programs (ranges 6, 5, 5, 5: every range crosses a tile)
+    (5, 70, 200, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), False),       # swapped, stream-K
     (5, 70, 200, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), True),        # the same with W [N, K]
-    (1, 48, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1), False),        # M = 1, every split one k-step
-    (40, 64, 100, GemmConfig(32, 32, 32, 2, 4, False, 4, 1), False),     # straight, grouped, split 4
-    (40, 64, 96, GemmConfig(32, 32, 32, 2, 2, False, 4, 1), True),       # straight, W [N, K], split 2
+    (1, 48, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1), False),        # M = 1, 3 tiles of 4 k-steps on 4
+    (40, 64, 100, GemmConfig(32, 32, 32, 2, 4, False, 4, 1), False),     # 4 tiles on 4 programs: none shared
+    (40, 64, 96, GemmConfig(32, 32, 32, 2, 2, False, 4, 1), True),       # straight, W [N, K], no split
     (70, 40, 48, GemmConfig(32, 16, 16, 2, 1, False, 4, 1), False),      # narrow N, more tiles than programs
-    # 13 tiles on 4 programs: 12 whole, the 13th in 2 parts (the flattened loop)
+    # 13 tiles on 4 programs: 12 whole (the flattened loop), the 13th shared by 4 programs
     (416, 16, 64, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True), False),
+    # the same with the last full wave shared too: 5 tiles of 4 k-steps, 5 per program (some ranges
+    # hold a whole tile: stored without a partial), straight and swapped
+    (416, 16, 64, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True, split_wave=True), False),
+    (12, 208, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1, split_wave=True), True),
+    # 2 tiles of 2 k-steps: too short to share (each range would be under MIN_PART_STEPS)
+    (20, 64, 40, GemmConfig(32, 32, 32, 1, 4, False, 4, 1), False),
 ]
 
 
@@ -129,22 +136,53 @@ def test_untuned_rule_covers_the_regimes(m, n, k):
     if m <= 64:
         assert config.swap_ab and m <= config.block_m <= 64
     assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
-    full, parts = gemm_configs.wave_split(config, tiles, k, 132)
-    assert full % 132 == 0 or (full == tiles and parts == 1)
-    if parts > 1:
-        assert (tiles - full) * parts <= 132 and parts <= config.split_k
+    plan = gemm_configs.stream_split(config, tiles, k, 132)
+    assert plan.whole_tiles % 132 == 0 or (plan.whole_tiles == tiles and not plan.shared)
+    if plan.shared:
+        assert tiles - plan.whole_tiles < plan.programs <= 132
     if tiles < 66 and k >= 4096:
-        assert parts > 1, "few tiles and a long K: the SMs must share the K range"
+        assert plan.shared, "few tiles and a long K: the SMs must share the K range"
     assert gemm_configs.untuned_config(m, n, k, 132, split=False).split_k == 1
 
 
-@pytest.mark.parametrize("tiles,k,expect", [(160, 8192, (132, 4)), (264, 8192, (264, 1)), (20, 8192, (0, 6)),
-                                            (20, 256, (20, 1)), (133, 4096, (132, 8))])
-def test_wave_split_cuts_only_the_last_wave(tiles, k, expect):
-    assert gemm_configs.wave_split(CASES[-1][3], 13, 64, 4) == (12, 2)  # (the CPU case above splits)
-    config = GemmConfig(64, 64, 128, split_k=8)
-    assert gemm_configs.wave_split(config, tiles, k, 132) == expect
-    assert gemm_configs.wave_split(GemmConfig(64, 64, 128), tiles, k, 132) == (tiles, 1)
+S = gemm_configs.StreamSplit
+
+
+@pytest.mark.parametrize("tiles,k,config,expect", [
+    (80, 8192, GemmConfig(128, 128, 64, split_k=16), S(0, 132, 3)),        # 256x5120: 52 SMs idle without
+    (160, 8192, GemmConfig(128, 128, 64, split_k=16), S(132, 132, 6)),     # one wave whole, 28 tiles shared
+    (160, 8192, GemmConfig(128, 128, 64, split_k=16, split_wave=True), S(0, 132, 2)),
+    (160, 8192, GemmConfig(128, 128, 64, split_k=4), S(132, 112, 5)),      # <= 4 programs a tile on average
+    (128, 8192, GemmConfig(128, 128, 64, split_k=16), S(128)),             # 97% of a wave: not worth a split
+    (20, 256, GemmConfig(64, 64, 128, split_k=8), S(20)),                  # 2 k-steps a tile: too short
+    (264, 8192, GemmConfig(64, 64, 128, split_k=8), S(264)),               # whole waves
+    (20, 8192, GemmConfig(64, 64, 128), S(20)),                            # split_k = 1
+    (1, 64, GemmConfig(64, 64, 64, split_k=16), S(1)),                     # one k-step: nothing to share
+])
+def test_stream_split_shares_only_the_last_wave(tiles, k, config, expect):
+    assert gemm_configs.stream_split(config, tiles, k, 132) == expect
+
+
+@pytest.mark.parametrize("tiles,steps,programs,cap,wave", [(80, 128, 132, 16, False), (160, 128, 132, 16, False),
+                                                          (160, 128, 132, 16, True), (13, 4, 4, 3, False),
+                                                          (13, 4, 4, 3, True), (3, 7, 4, 3, False),
+                                                          (20, 64, 132, 16, False), (7, 5, 264, 16, False),
+                                                          (290, 9, 132, 4, True), (133, 3, 132, 16, False)])
+def test_stream_split_slots_hold_every_part_of_a_tile(tiles, steps, programs, cap, wave):
+    """Cut the shared k-steps as the kernel's stream_range does (``least`` each, one more for the first
+    ``longer``): every shared tile meets at most ``slots`` ranges, and every range is >= 2 k-steps."""
+    plan = gemm_configs.stream_split(GemmConfig(16, 16, 16, split_k=cap, split_wave=wave), tiles, steps * 16,
+                                     programs)
+    if not plan.shared:
+        return
+    shared_steps = (tiles - plan.whole_tiles) * steps
+    least, longer = divmod(shared_steps, plan.programs)
+    assert least >= gemm_configs.MIN_PART_STEPS
+    starts = [p * least + min(p, longer) for p in range(plan.programs + 1)]
+    assert starts[-1] == shared_steps
+    for t in range(tiles - plan.whole_tiles):
+        meeting = [p for p in range(plan.programs) if starts[p] < (t + 1) * steps and starts[p + 1] > t * steps]
+        assert 1 <= len(meeting) <= plan.slots
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1280, 8192), (128, 8192, 3584), (16384, 28672, 8192)])
@@ -153,6 +191,9 @@ def test_candidates_fit_and_include_the_rule(m, n, k):
     assert gemm_configs.untuned_config(m, n, k, 132) in found
     assert all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
     assert len(found) == len(set(found)) and len(found) <= 80
+    if 64 < m <= 2048:  # stream-K candidates where a wave is partial
+        assert any(c.split_k > 1 and gemm_configs.stream_split(c, gemm_configs.tiles_of(c, m, n), k,
+                                                               132 * c.occupancy).shared for c in found)
 
 
 def test_fp32_halves_the_k_step_and_cpu_gets_small_tiles():
@@ -184,6 +225,13 @@ def test_table_lookup_round_trip(tmp_path, monkeypatch):
         gemm_configs.load_table.cache_clear()
 
 
+def test_config_list_round_trip_reads_older_tables():
+    config = GemmConfig(128, 128, 64, 8, 16, False, 8, 3, 2, True, True, True)
+    assert GemmConfig.from_list(config.as_list()) == config
+    assert GemmConfig.from_list([64, 128, 64, 8, 4, 0, 4, 4]) == GemmConfig(64, 128, 64, 8, 4, False, 4, 4)
+    assert "s16+" in config.label and "s16+" not in GemmConfig(128, 128, 64, split_k=16).label
+
+
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="block_n"):
         GemmConfig(16, 48, 64)
@@ -199,6 +247,16 @@ def test_bench_summary_flags_targets():
     s = summarize(rows)
     assert s["timed"] == 2 and s["wrong"] == 1 and s["above_1_10"] == 1 and s["worst_cell"] == "b M=16"
     assert abs(s["geomean_ratio"] - (0.9 * 1.2) ** 0.5) < 1e-12 and s["min_decode_weight_tbs"] == 2.9
+
+
+def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
+    from symmcoll.bench.gemm import cells_above
+    rows = [dict(shape="a", m=16, n=1280, k=8192, ratio=1.02), dict(shape="b", m=256, n=5120, k=8192, ratio=1.35),
+            dict(shape="c", m=512, n=2560, k=8192, ratio=1.2), dict(shape="d", m=8, n=64, k=64, error="wrong")]
+    result = tmp_path / "gemm.json"
+    result.write_text(json.dumps(dict(rows=rows)))
+    assert cells_above(result, 1.05) == [("d", 8, 64, 64), ("b", 256, 5120, 8192), ("c", 512, 2560, 8192)]
+    assert cells_above(result, 1.3) == [("d", 8, 64, 64), ("b", 256, 5120, 8192)]
 
 
 # ---- on the GPU machine --------------------------------------------------------------------------------
@@ -236,3 +294,65 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data():
         torch.cuda.synchronize()
         assert _rel_err(out, a, b) < 5e-3
     assert int(gemm.split_counters(a.device).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("config,m,n,k", [
+    (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                 # shares: SPLIT kernel
+    (GemmConfig(128, 128, 64, 8, 16, False, 8, 4, split_wave=True), 512, 5120, 8192),
+    (GemmConfig(16, 64, 256, 1, 4, True, 4, 5), 1, 1280, 8192),                       # M = 1 specialised
+    (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 8192, 1024),                 # 128 tiles: whole
+    (GemmConfig(128, 256, 64, 8, 1, False, 8, 3), 16384, 8192, 8192),
+])
+def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
+    """The tiny launch a precompile worker makes compiles what the real cell launches: the same
+    constexprs (SPLIT included) and the same argument specialisation."""
+    from symmcoll import launcher
+    from symmcoll.bench.gemm import compile_job, warm_launch
+
+    def recorded(cfg, mm, nn, kk, programs):
+        with launcher.recording() as launches:
+            a = torch.empty((mm, kk), dtype=torch.bfloat16, device="meta")
+            gemm.matmul(a, torch.empty((kk, nn), dtype=torch.bfloat16, device="meta"), config=cfg, programs=programs)
+        (rec,) = launches
+        specialised = tuple((v == 1, v % 16 == 0) for v, param in zip(rec.args, rec.kernel.params)
+                            if isinstance(v, int) and not param.do_not_specialize)
+        return rec.meta, specialised
+
+    job = compile_job(config, m, n, k, "bf16", 132)
+    assert recorded(*warm_launch(job)) == recorded(config, m, n, k, 132)
+
+
+WARM_SCRIPT = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+
+class NoGpu:  # what JITFunction.warmup asks of the driver; nothing is launched
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("meta")
+    def get_device_interface(self): return torch.cuda
+
+
+driver.set_active(NoGpu())
+from symmcoll.bench.gemm import _compile_job, compile_job
+from symmcoll.fused.gemm_configs import GemmConfig
+for m in (16, 1):  # a stream-K launch, then M = 1 (a whole-tile launch of the same config)
+    print(repr(_compile_job(compile_job(GemmConfig(16, 64, 128, 1, 4, True, 4, 3), m, 1280, 8192, "bf16", 132))))
+"""
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="compiles on the CPU machine (sm_90 target, no GPU)")
+def test_compile_worker_fills_the_cache_without_a_gpu(tmp_path):
+    """The tuner's compile workers warm Triton's cache from meta tensors (launcher.warming): the
+    kernels a cell runs are compiled, nothing runs."""
+    import subprocess
+    import sys
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=str(SRC.parent))
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", WARM_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["''", "''"], done.stdout
+    assert len(list(tmp_path.rglob("matmul_kernel.cubin"))) == 2  # SPLIT and whole-tile kernels
