@@ -100,11 +100,15 @@ for stage in $stages; do
     gemm-tune)
       # The GEMM core's tile table for this GPU model (symmcoll tune --op gemm): $OUT/gemm_<gpu>.json and its
       # measurements; also copied into the package here so that later stages of this call use it.
-      # GEMM_SHAPES (layer-name prefixes) and GEMM_M narrow it.
+      # GEMM_SHAPES (layer-name prefixes) and GEMM_M narrow it; GEMM_TUNE_FROM (a gemm bench result JSON)
+      # tunes only its cells slower than GEMM_TUNE_ABOVE (default 1.05) x cuBLAS, worst first;
+      # GEMM_TUNE_BUDGET (seconds) starts no cell past it (what was measured is written).
       key=$(python3 -c 'import torch; from symmcoll.fused.gemm_configs import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
       # The table shipped in the package is the base: cells this run does not measure are kept.
       timeout ${GEMM_TUNE_TIMEOUT:-540} python3 -m symmcoll tune --op gemm ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
-        ${GEMM_M:+--m $GEMM_M} --base "src/symmcoll/data/gemm_$key.json" --out "$OUT/gemm_$key.json" 2>&1 \
+        ${GEMM_M:+--m $GEMM_M} ${GEMM_TUNE_FROM:+--cells-from $GEMM_TUNE_FROM --above ${GEMM_TUNE_ABOVE:-1.05}} \
+        ${GEMM_TUNE_BUDGET:+--budget-s $GEMM_TUNE_BUDGET} \
+        --base "src/symmcoll/data/gemm_$key.json" --out "$OUT/gemm_$key.json" 2>&1 \
         | tee "$OUT/gemm_tune.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       [ -f "$OUT/gemm_$key.json" ] && cp "$OUT/gemm_$key.json" src/symmcoll/data/
