@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared]
-#                                                            [gemm-tune] [gemm-bench]
+#                                                            [gemm-tune] [gemm-bench] [gemm-retune]
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [roofline]
@@ -23,6 +23,16 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMMCOLL_TEST_DEVICE=cuda
 stages=${*:-tests bench}
+# gemm-retune: issue 22's second round in one call (<= 8 min on an H200) -- gemm-tune on the cells of
+# GEMM_TUNE_FROM (default the last committed H200 grid) slower than GEMM_TUNE_ABOVE x cuBLAS, worst first,
+# until GEMM_TUNE_BUDGET s (the table written to $OUT and copied into the package), then gemm-bench: the
+# whole grid beside cuBLAS with that table.
+case " $stages " in *" gemm-retune "*)
+  export GEMM_TUNE_FROM=${GEMM_TUNE_FROM:-benchmarks/results/2026-11-24-gemm-h200/final/gemm-h200-bf16-2026-11-24T054013Z.json}
+  export GEMM_TUNE_ABOVE=${GEMM_TUNE_ABOVE:-1.05} GEMM_TUNE_BUDGET=${GEMM_TUNE_BUDGET:-140}
+  export GEMM_TUNE_TIMEOUT=${GEMM_TUNE_TIMEOUT:-180} GEMM_BENCH_TIMEOUT=${GEMM_BENCH_TIMEOUT:-290}
+  stages=${stages//gemm-retune/gemm-tune gemm-bench} ;;
+esac
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 status=0
 

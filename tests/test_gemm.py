@@ -20,25 +20,25 @@ DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 
 SRC = Path(gemm.__file__).resolve().parent.parent
 
-# (M, N, K, config, B given as W^T): every branch of k_loop and the scheduler, tiny enough for the
-# interpreter (4 programs). Configs are explicit: the CPU default never swaps or splits.
+# (M, N, K, config, B given as W^T, shares tiles): every branch of k_loop and the scheduler, tiny enough
+# for the interpreter (4 programs). Configs are explicit: the CPU default never swaps or splits.
 CASES = [
-    (33, 100, 72, None, False),                                           # odd M, N, K; pointer loads
-    # 3 tiles of 7 k-steps (odd K) shared by 4 programs (ranges 6, 5, 5, 5: every range crosses a tile)
-    (5, 70, 200, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), False),       # swapped, stream-K
-    (5, 70, 200, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), True),        # the same with W [N, K]
-    (1, 48, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1), False),        # M = 1, 3 tiles of 4 k-steps on 4
-    (40, 64, 100, GemmConfig(32, 32, 32, 2, 4, False, 4, 1), False),     # 4 tiles on 4 programs: none shared
-    (40, 64, 96, GemmConfig(32, 32, 32, 2, 2, False, 4, 1), True),       # straight, W [N, K], no split
-    (70, 40, 48, GemmConfig(32, 16, 16, 2, 1, False, 4, 1), False),      # narrow N, more tiles than programs
-    # 13 tiles on 4 programs: 12 whole (the flattened loop), the 13th shared by 4 programs
-    (416, 16, 64, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True), False),
-    # the same with the last full wave shared too: 5 tiles of 4 k-steps, 5 per program (some ranges
-    # hold a whole tile: stored without a partial), straight and swapped
-    (416, 16, 64, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True, split_wave=True), False),
-    (12, 208, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1, split_wave=True), True),
+    (33, 100, 72, None, False, False),                                    # odd M, N, K; pointer loads
+    # 3 tiles of 32 k-steps (odd K) shared by 4 programs (24 each: ranges cross tiles)
+    (5, 70, 1000, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), False, True),   # swapped, stream-K
+    (5, 70, 1000, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), True, True),    # the same with W [N, K]
+    (1, 48, 512, GemmConfig(16, 16, 16, 1, 4, True, 4, 1), False, True),    # M = 1, 3 tiles on 4 programs
+    (40, 64, 100, GemmConfig(32, 32, 32, 2, 4, False, 4, 1), False, False),  # 4 tiles on 4 programs: none shared
+    (40, 64, 96, GemmConfig(32, 32, 32, 2, 2, False, 4, 1), True, False),    # straight, W [N, K], no split
+    (70, 40, 48, GemmConfig(32, 16, 16, 2, 1, False, 4, 1), False, False),   # narrow N, more tiles than programs
+    # 13 tiles on 4 programs: 12 whole (the flattened loop), the 13th shared by 3 programs
+    (416, 16, 512, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True), False, True),
+    # the same with the last full wave shared too: 5 tiles of 32 k-steps, 40 per program (a range holding
+    # a whole tile stores it without a partial), straight and swapped
+    (416, 16, 512, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True, split_wave=True), False, True),
+    (12, 208, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1, split_wave=True), True, True),
     # 2 tiles of 2 k-steps: too short to share (each range would be under MIN_PART_STEPS)
-    (20, 64, 40, GemmConfig(32, 32, 32, 1, 4, False, 4, 1), False),
+    (20, 64, 40, GemmConfig(32, 32, 32, 1, 4, False, 4, 1), False, False),
 ]
 
 
@@ -64,7 +64,8 @@ DTYPE_CASES = [(c, d) for c in CASES for d in (torch.bfloat16, torch.float32)] +
 
 @pytest.mark.parametrize("case,dtype", DTYPE_CASES,
                          ids=lambda v: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else
-                         f"{v[0]}x{v[1]}x{v[2]}-{v[3].label if v[3] else 'auto'}{'-bT' if v[4] else ''}")
+                         f"{v[0]}x{v[1]}x{v[2]}-{v[3].label if v[3] else 'auto'}{'-bT' if v[4] else ''}"
+                         f"{'-shared' if v[5] else ''}")
 def test_matmul_matches_fp32(pools, case, dtype):
     pools(1).run(_matmul_matches_fp32, case, dtype)
 
@@ -74,7 +75,11 @@ def _device():
 
 
 def _matmul_matches_fp32(case, dtype):
-    m, n, k, config, b_t = case
+    m, n, k, config, b_t, shares = case
+    used = (config or gemm_configs.CPU_CONFIG).for_itemsize(dtype.itemsize)
+    programs = gemm.num_sms(torch.device(_device())) * used.occupancy
+    if _device() == "cpu":  # the case covers the path it says it does
+        assert gemm_configs.stream_split(used, gemm_configs.tiles_of(used, m, n), k, programs).shared == shares
     a, b = _operands(m, n, k, dtype, b_t, _device(), seed=m * 7 + n)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=_device())
     gemm.matmul(a, b, out=out, config=config)
@@ -91,6 +96,7 @@ def _split_k_counters():
     """Calls with fresh data: the counters are zero after each (the next launch, or graph replay,
     starts clean) and the sum does not depend on which part finished last (fixed order)."""
     config = GemmConfig(16, 32, 32, 1, 4, True, 4, 1)
+    assert gemm_configs.stream_split(config, 2, 256, gemm.num_sms(torch.device(_device()))).shared
     counters = gemm.split_counters(torch.device(_device()))
     results = []
     for seed in (1, 2, 2):
@@ -356,3 +362,42 @@ def test_compile_worker_fills_the_cache_without_a_gpu(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["''", "''"], done.stdout
     assert len(list(tmp_path.rglob("matmul_kernel.cubin"))) == 2  # SPLIT and whole-tile kernels
+
+
+def test_tune_loop_keeps_the_base_writes_every_cell_and_stops_at_the_budget(tmp_path, monkeypatch):
+    """The tuner's bookkeeping without a GPU (the measurement of a cell stubbed): cells in the order
+    given, the table rewritten after each (the base's other cells kept), no cell started past the
+    budget, a failed compile reported and not fatal."""
+    from concurrent.futures import ThreadPoolExecutor
+    from rich.console import Console
+    from symmcoll.bench import gemm as bench_gemm
+
+    measured_order = []
+
+    def tune_cell(name, m, n, k, *rest):
+        measured_order.append((m, n, k))
+        config = GemmConfig(128, 128, 64, split_k=16)
+        return dict(m=m, n=n, k=k, shape=name, config=config.as_list(), no_split=config.as_list(),
+                    label=config.label, us=1.0, cublas_us=1.0, ratio=1.0, candidates=3)
+
+    monkeypatch.setattr(bench_gemm, "_gpu", lambda: torch.device("cpu"))
+    monkeypatch.setattr(bench_gemm, "gpu_facts", lambda: dict(gpu="NVIDIA H200", sms=132))
+    monkeypatch.setattr(bench_gemm, "_tune_cell", tune_cell)
+    monkeypatch.setattr(bench_gemm, "_compile_pool", lambda workers: ThreadPoolExecutor(2))
+    monkeypatch.setattr(bench_gemm, "_compile_job", lambda job: "" if job[1] != 1 else "T16: failed")
+    base = tmp_path / "base.json"
+    old = GemmConfig(64, 64, 128).as_list()
+    base.write_text(json.dumps(dict(entries=[dict(m=m, n=1280, k=8192, config=old, no_split=old) for m in (1, 256)])))
+    cells = [("qkv", 256, 1280, 8192), ("qkv", 1, 1280, 8192), ("o", 512, 8192, 1024)]
+    out = tmp_path / "gemm_h200.json"
+    console = Console(file=open(os.devnull, "w"))
+    try:
+        bench_gemm.tune("bf16", (), None, 3, out, console, base=base, cells=cells)
+        entries = {(e["m"], e["n"], e["k"]): e for e in json.loads(out.read_text())["entries"]}
+        assert measured_order == [c[1:] for c in cells]
+        assert set(entries) == {c[1:] for c in cells} and entries[(256, 1280, 8192)]["config"] != old
+        measured_order.clear()
+        bench_gemm.tune("bf16", (), None, 3, out, console, base=base, cells=cells, budget_s=0.0)
+        assert measured_order == [] and json.loads(out.read_text())["entries"]  # nothing started, table kept
+    finally:
+        gemm_configs.load_table.cache_clear()

@@ -124,6 +124,10 @@ def timed_us(calls, replays: int, min_graph_us: float = 200.0) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
+def _gpu() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def gpu_facts() -> dict:
     import triton
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -143,7 +147,7 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
     rewritten after every shape (a run cut short keeps the cells it measured). The kernels the grid
     runs are compiled first, in parallel processes."""
     started = time.time()
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = _gpu()
     dtype = DTYPES[dtype_name]
     facts = gpu_facts()
     shapes = _shapes(shape_filter)
@@ -233,12 +237,12 @@ def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms
 
 def warm_launch(job) -> tuple[GemmConfig, int, int, int, int | None]:
     """(config, m, n, k, programs) of a tiny launch that compiles ``job``'s kernel: its size classes;
-    a sharing launch is made to share (its tiles on twice as many programs, 4 k-steps each), a
+    a sharing launch is made to share (its tiles on twice as many programs, 64 k-steps each), a
     whole-tile one not to."""
     config_list, m, n, k, _, shared = job
     config = GemmConfig.from_list(config_list)
     if shared:
-        return config, m, n, 4 * config.block_k + k % 16, 2 * tiles_of(config, m, n)
+        return config, m, n, 64 * config.block_k + k % 16, 2 * tiles_of(config, m, n)
     return replace(config, split_k=1), m, n, k, None
 
 
@@ -284,7 +288,7 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
     ``cells`` (shape, m, n, k) replaces the grid (shapes x ms); past ``budget_s`` seconds no new cell
     starts (cells come worst first from ``cells_above``)."""
     started = time.time()
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = _gpu()
     dtype = DTYPES[dtype_name]
     facts = gpu_facts()
     sms = facts["sms"]
@@ -312,7 +316,10 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
                               f"were", highlight=False)
                 break
             for config in candidates(m, n, k, sms):
-                error = compiling[compile_job(config, m, n, k, dtype_name, sms)].result()
+                try:
+                    error = compiling[compile_job(config, m, n, k, dtype_name, sms)].result()
+                except Exception as exc:  # noqa: BLE001 - a dead worker: the measurement compiles what it needs
+                    error = f"{config.label}: {type(exc).__name__} in a compile worker"
                 if error and error not in failures:
                     failures.append(error)
                     console.print(f"compile failed: {error}", highlight=False)

@@ -128,11 +128,18 @@ def tiles_of(config: GemmConfig, m: int, n: int) -> int:
     return math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
 
 
-# What sharing a tile's k-steps costs a program beyond its share (its partial written, the tile's
-# partials read back by the last part, pipeline fill and drain), as a fraction of a whole tile's time.
-PART_OVERHEAD = 0.05
 # Fewest k-steps of one program's range of shared k-steps.
 MIN_PART_STEPS = 2
+
+
+def share_cost(config: GemmConfig, steps: int, parts: float) -> float:
+    """What sharing a tile of ``steps`` k-steps in ``parts`` parts costs a program, as a fraction of a
+    whole tile's time: its fp32 partial written and, when it finishes last, the tile's parts read
+    back -- traffic that nothing overlaps, counted as the k-steps whose operand loads move as many
+    bytes (a 128 x 128 partial: 2 k-steps of 64; a 16 x 64 one: 0.2 of a k-step of 128)."""
+    partial = config.block_m * config.block_n * 4
+    step_loads = (config.block_m + config.block_n) * config.block_k * 2
+    return (1 + parts) * partial / step_loads / steps
 
 
 @dataclass(frozen=True)
@@ -155,15 +162,15 @@ def stream_split(config: GemmConfig, tiles: int, k: int, programs: int) -> Strea
     """The full waves whole; the last, partial wave's tiles (with the last full wave too if
     ``config.split_wave``) shared along K by at most ``programs`` programs, about ``config.split_k``
     per tile, each >= MIN_PART_STEPS k-steps -- where that finishes sooner than computing them whole:
-    a share of shared/programs tiles plus PART_OVERHEAD against one more round of whole tiles."""
+    a share of shared/programs tiles plus ``share_cost`` against one more round of whole tiles."""
     waves, tail = divmod(tiles, programs)
     if config.split_k == 1 or tail == 0:
         return StreamSplit(tiles)
     shared = tail + (programs if config.split_wave and waves else 0)
     steps = math.ceil(k / config.block_k)
     sharing = min(programs, shared * config.split_k, shared * steps // MIN_PART_STEPS)
-    if sharing == 0 or shared / sharing + PART_OVERHEAD >= math.ceil(shared / programs) - 1e-9 or \
-            shared > MAX_SPLIT_TILES:
+    if sharing == 0 or shared > MAX_SPLIT_TILES or shared / sharing + share_cost(
+            config, steps, sharing / shared + 1) >= math.ceil(shared / programs) - 1e-9:
         return StreamSplit(tiles)
     least = shared * steps // sharing  # the shortest range; a tile meets at most this many ranges:
     return StreamSplit(tiles - shared, sharing, math.ceil(steps / least) + 1)
@@ -215,6 +222,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, flatten=True, tma_store=True))
         bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, tma_store=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True, tma_store=True))
+        bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3, occupancy=2))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
         base = base.fitted(2)
