@@ -169,6 +169,14 @@ def test_stream_split_shares_only_the_last_wave(tiles, k, config, expect):
     assert gemm_configs.stream_split(config, tiles, k, 132) == expect
 
 
+def test_stream_split_counts_two_programs_on_one_sm_as_one_sm():
+    """Two programs per SM share its throughput: 128 tiles on 264 programs are one round of whole tiles
+    on 132 SMs, not half a round (sharing them would only add partials); 80 tiles still share."""
+    two = GemmConfig(128, 128, 64, split_k=4, num_warps=8, num_stages=3, occupancy=2)
+    assert gemm_configs.stream_split(two, 128, 1024, 264) == S(128)
+    assert gemm_configs.stream_split(two, 80, 8192, 264).programs == 264
+
+
 @pytest.mark.parametrize("tiles,steps,programs,cap,wave", [(80, 128, 132, 16, False), (160, 128, 132, 16, False),
                                                           (160, 128, 132, 16, True), (13, 4, 4, 3, False),
                                                           (13, 4, 4, 3, True), (3, 7, 4, 3, False),
@@ -249,9 +257,10 @@ def test_bench_summary_flags_targets():
     from symmcoll.bench.gemm import summarize
     rows = [dict(shape="a", m=16, ratio=0.9, weight_tbs=3.8, weight_mb=64.0),
             dict(shape="b", m=16, ratio=1.2, weight_tbs=2.9, weight_mb=40.0),
-            dict(shape="c", m=16, error="wrong", rel_err=1.0, cublas_rel_err=1e-3)]
+            dict(shape="c", m=16, error="wrong", rel_err=1.0, cublas_rel_err=1e-3),
+            dict(shape="d", m=16, ratio=0.5, weight_tbs=9.0, weight_mb=64.0, error="wrong after the timed replays")]
     s = summarize(rows)
-    assert s["timed"] == 2 and s["wrong"] == 1 and s["above_1_10"] == 1 and s["worst_cell"] == "b M=16"
+    assert s["timed"] == 2 and s["wrong"] == 2 and s["above_1_10"] == 1 and s["worst_cell"] == "b M=16"
     assert abs(s["geomean_ratio"] - (0.9 * 1.2) ** 0.5) < 1e-12 and s["min_decode_weight_tbs"] == 2.9
 
 

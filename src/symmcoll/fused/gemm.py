@@ -393,7 +393,7 @@ def compile_cases(make_workspace):
             case(256, 5120, 8192, torch.bfloat16, GemmConfig(256, 128, 64, 8, 16, False, 8, 3)),
             case(512, 5120, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 16, False, 8, 4, split_wave=True),
                  b_t=True),
-            case(256, 8192, 1024, torch.bfloat16, GemmConfig(128, 128, 64, 8, 16, False, 8, 3, occupancy=2)),
+            case(256, 5120, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 4, False, 4, 4, occupancy=2)),
             case(1000, 3584, 4096, torch.float16),
             case(33, 100, 72, torch.bfloat16),
             case(300, 512, 1000, torch.float32)]

@@ -162,15 +162,16 @@ def stream_split(config: GemmConfig, tiles: int, k: int, programs: int) -> Strea
     """The full waves whole; the last, partial wave's tiles (with the last full wave too if
     ``config.split_wave``) shared along K by at most ``programs`` programs, about ``config.split_k``
     per tile, each >= MIN_PART_STEPS k-steps -- where that finishes sooner than computing them whole:
-    a share of shared/programs tiles plus ``share_cost`` against one more round of whole tiles."""
+    a share of shared/SMs tiles plus ``share_cost`` against one more round of whole tiles per SM."""
     waves, tail = divmod(tiles, programs)
     if config.split_k == 1 or tail == 0:
         return StreamSplit(tiles)
     shared = tail + (programs if config.split_wave and waves else 0)
     steps = math.ceil(k / config.block_k)
     sharing = min(programs, shared * config.split_k, shared * steps // MIN_PART_STEPS)
-    if sharing == 0 or shared > MAX_SPLIT_TILES or shared / sharing + share_cost(
-            config, steps, sharing / shared + 1) >= math.ceil(shared / programs) - 1e-9:
+    sms = max(1, programs // config.occupancy)  # (two programs on one SM share its throughput)
+    if sharing == 0 or shared > MAX_SPLIT_TILES or shared / min(sharing, sms) + share_cost(
+            config, steps, sharing / shared + 1) >= math.ceil(shared / sms) - 1e-9:
         return StreamSplit(tiles)
     least = shared * steps // sharing  # the shortest range; a tile meets at most this many ranges:
     return StreamSplit(tiles - shared, sharing, math.ceil(steps / least) + 1)
