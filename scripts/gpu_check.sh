@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared]
-#                                                            [gemm-tune] [gemm-bench]
+#                                                            [gemm-tune] [gemm-bench] [gemm-retune]
 #                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [roofline]
@@ -23,6 +23,16 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMMCOLL_TEST_DEVICE=cuda
 stages=${*:-tests bench}
+# gemm-retune: issue 22's second round in one call (<= 8 min on an H200) -- gemm-tune on the cells of
+# GEMM_TUNE_FROM (default the last committed H200 grid) slower than GEMM_TUNE_ABOVE x cuBLAS, worst first,
+# until GEMM_TUNE_BUDGET s (the table written to $OUT and copied into the package), then gemm-bench: the
+# whole grid beside cuBLAS with that table.
+case " $stages " in *" gemm-retune "*)
+  export GEMM_TUNE_FROM=${GEMM_TUNE_FROM:-benchmarks/results/2026-11-24-gemm-h200/final/gemm-h200-bf16-2026-11-24T054013Z.json}
+  export GEMM_TUNE_ABOVE=${GEMM_TUNE_ABOVE:-1.05} GEMM_TUNE_BUDGET=${GEMM_TUNE_BUDGET:-140}
+  export GEMM_TUNE_TIMEOUT=${GEMM_TUNE_TIMEOUT:-180} GEMM_BENCH_TIMEOUT=${GEMM_BENCH_TIMEOUT:-290}
+  stages=${stages//gemm-retune/gemm-tune gemm-bench} ;;
+esac
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 status=0
 
@@ -100,11 +110,15 @@ for stage in $stages; do
     gemm-tune)
       # The GEMM core's tile table for this GPU model (symmcoll tune --op gemm): $OUT/gemm_<gpu>.json and its
       # measurements; also copied into the package here so that later stages of this call use it.
-      # GEMM_SHAPES (layer-name prefixes) and GEMM_M narrow it.
+      # GEMM_SHAPES (layer-name prefixes) and GEMM_M narrow it; GEMM_TUNE_FROM (a gemm bench result JSON)
+      # tunes only its cells slower than GEMM_TUNE_ABOVE (default 1.05) x cuBLAS, worst first;
+      # GEMM_TUNE_BUDGET (seconds) starts no cell past it (what was measured is written).
       key=$(python3 -c 'import torch; from symmcoll.fused.gemm_configs import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
       # The table shipped in the package is the base: cells this run does not measure are kept.
       timeout ${GEMM_TUNE_TIMEOUT:-540} python3 -m symmcoll tune --op gemm ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
-        ${GEMM_M:+--m $GEMM_M} --base "src/symmcoll/data/gemm_$key.json" --out "$OUT/gemm_$key.json" 2>&1 \
+        ${GEMM_M:+--m $GEMM_M} ${GEMM_TUNE_FROM:+--cells-from $GEMM_TUNE_FROM --above ${GEMM_TUNE_ABOVE:-1.05}} \
+        ${GEMM_TUNE_BUDGET:+--budget-s $GEMM_TUNE_BUDGET} \
+        --base "src/symmcoll/data/gemm_$key.json" --out "$OUT/gemm_$key.json" 2>&1 \
         | tee "$OUT/gemm_tune.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       [ -f "$OUT/gemm_$key.json" ] && cp "$OUT/gemm_$key.json" src/symmcoll/data/

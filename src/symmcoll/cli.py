@@ -266,8 +266,9 @@ def _tune_gemm(args, console) -> int:
 
     out = Path(args.out) if str(args.out).endswith(".json") and "dispatch" not in Path(args.out).name else None
     dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
+    cells = gemm.cells_above(Path(args.cells_from), args.above) if args.cells_from else None
     gemm.tune(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, out, console,
-              base=Path(args.base) if args.base else None)
+              base=Path(args.base) if args.base else None, cells=cells, budget_s=args.budget_s)
     return 0
 
 
@@ -406,6 +407,12 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("-n", "--iters", type=int, default=None, help=f"{GEMM}: graph replays per candidate")
     tune.add_argument("--base", default=None, help=f"{GEMM}: an earlier table whose cells this run does not measure "
                                                    f"are kept")
+    tune.add_argument("--cells-from", default=None, metavar="RESULT.json",
+                      help=f"{GEMM}: tune only the cells of this bench result slower than --above x cuBLAS, worst "
+                           f"first (instead of --shapes x --m)")
+    tune.add_argument("--above", type=float, default=1.05, help=f"{GEMM}: with --cells-from (default 1.05)")
+    tune.add_argument("--budget-s", type=float, default=None,
+                      help=f"{GEMM}: start no cell past this many seconds (the table keeps what was measured)")
     tune.add_argument("--world-size", nargs="+", default=None, metavar="N")
     tune.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     from .dispatch import USER_TABLE

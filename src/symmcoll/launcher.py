@@ -9,6 +9,9 @@
 * Recording (``recording()``): nothing runs; every launch is appended to a list, with its arguments.
   The compile checks (tests/test_compile.py) build each algorithm's launches this way, on meta
   tensors, and compile exactly what the library launches.
+* Warming (``warming()``): nothing runs; every launch is compiled into Triton's cache as the same
+  launch would be (``JITFunction.warmup``), so a later real launch loads it. The GEMM tuner's
+  compile workers use it on meta tensors: no kernel of theirs runs on the GPU being timed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Recorded:
 
 
 _RECORDING: list | None = None
+_WARMING = False
 _COMPILED: dict = {}
 # SYMMCOLL_FAST_LAUNCH=0 sends every launch through Triton's JIT (for comparing the two paths).
 FAST = os.environ.get("SYMMCOLL_FAST_LAUNCH", "1") != "0"
@@ -54,6 +58,17 @@ def recording():
         _RECORDING = saved
 
 
+@contextlib.contextmanager
+def warming():
+    """Compile the launches made inside the block (into Triton's cache) instead of running them."""
+    global _WARMING
+    saved, _WARMING = _WARMING, True
+    try:
+        yield
+    finally:
+        _WARMING = saved
+
+
 def _spec(arg) -> object:
     if type(arg) is int:  # the most frequent argument: decided before the isinstance chain (host time per launch)
         return (arg == 1, arg % 16 == 0, -(2 ** 31) <= arg < 2 ** 31)
@@ -70,6 +85,9 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict) -> None:
     """Launch ``kernel`` over ``grid`` with positional ``args`` and constexpr/option ``meta``."""
     if _RECORDING is not None:
         _RECORDING.append(Recorded(kernel, tuple(grid), tuple(args), dict(meta)))
+        return
+    if _WARMING:
+        kernel.warmup(*args, grid=grid, **meta)
         return
     LAUNCH_COUNTS[kernel.__name__] += 1
     if INTERPRETED:

@@ -5,7 +5,8 @@ The grid: M in GRID_M x the (N, K) of the layers serving lives in (``SHAPES``: L
 and 8, Llama-3-405B at TP 8, DeepSeek-V3's experts), C = A @ B with B [K, N] the weights. Every cell:
 
 * correctness first: rows of both results (ours and ``torch.matmul``'s, on the same data) against an
-  fp32 reference, ``rel_err`` each; a cell whose result is off is reported and not timed;
+  fp32 reference, ``rel_err`` each; a cell whose result is off is reported and not timed; ours is
+  checked again after the timed graph replays (``rel_err_after``);
 * time: CUDA-graph replays, median per call, ours and cuBLAS interleaved in the same run. Inputs
   rotate over enough sets that the weights come from HBM, not L2 (as in serving, where each layer's
   weights are read once per step);
@@ -24,13 +25,14 @@ import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from .. import launcher
 from ..fused import gemm
-from ..fused.gemm_configs import GemmConfig, candidates, gpu_key, write_table
+from ..fused.gemm_configs import GemmConfig, candidates, gpu_key, stream_split, tiles_of, write_table
 from . import bandwidth
 from .timing import graph_us
 
@@ -123,6 +125,10 @@ def timed_us(calls, replays: int, min_graph_us: float = 200.0) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
+def _gpu() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def gpu_facts() -> dict:
     import triton
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -137,16 +143,27 @@ def _git_sha() -> str:
 
 
 def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out_dir: Path,
-              console) -> Path:
-    """The grid: every cell checked, then ours (``gemm_config``'s pick) and cuBLAS timed; one JSON."""
-    device = torch.device("cuda", torch.cuda.current_device())
+              console, workers: int = 12) -> Path:
+    """The grid: every cell checked, then ours (``gemm_config``'s pick) and cuBLAS timed; one JSON,
+    rewritten after every shape (a run cut short keeps the cells it measured). The kernels the grid
+    runs are compiled first, in parallel processes."""
+    started = time.time()
+    device = _gpu()
     dtype = DTYPES[dtype_name]
     facts = gpu_facts()
+    shapes = _shapes(shape_filter)
+    jobs = [compile_job(gemm.gemm_config(m, n, k, dtype, device), m, n, k, dtype_name, facts["sms"])
+            for _, n, k in shapes for m in ms]
+    failures = precompile(jobs, workers)
+    console.print(f"precompiled {len(set(jobs))} kernels in {time.time() - started:.0f} s"
+                  f"{'; failed: ' + '; '.join(failures[:5]) if failures else ''}", highlight=False)
     bw = bandwidth.measure(device)
     console.print(f"{facts['gpu']}: SM copy kernel {bw.copy_tbs:.2f} TB/s (read + write), SM read kernel "
                   f"{bw.read_tbs:.2f} TB/s, graph-captured copy_ {bw.torch_copy_tbs:.2f} TB/s", highlight=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"gemm-{gpu_key(facts['gpu']) or 'gpu'}-{dtype_name}-{facts['created_utc'].replace(':', '')}.json"
     rows = []
-    for name, n, k in _shapes(shape_filter):
+    for name, n, k in shapes:
         for m in ms:
             cell = make_cell(name, m, n, k, dtype, device)
             config = gemm.gemm_config(m, n, k, dtype, device)
@@ -162,6 +179,10 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
                 for _ in range(ROUNDS):
                     mine.append(timed_us(ours(cell, None), replays))
                     theirs.append(timed_us(cublas(cell), replays))
+                # and correct after hundreds of graph replays too (stream-K's counters back at zero)
+                row["rel_err_after"] = check(cell, ours(cell, None))
+                if not row["rel_err_after"] <= max(MAX_REL_ERR, 2 * row["cublas_rel_err"]):
+                    row["error"] = "result off the fp32 reference after the timed replays"
                 row["us"], row["cublas_us"] = sorted(mine)[ROUNDS // 2], sorted(theirs)[ROUNDS // 2]
                 row["ratio"] = row["us"] / row["cublas_us"]
                 row["tflops"] = cell.flops / row["us"] / 1e6
@@ -171,20 +192,20 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
             console.print(_line(row), highlight=False)
             del cell
             torch.cuda.empty_cache()
-    summary = summarize(rows)
+        summary = summarize(rows)
+        path.write_text(json.dumps(dict(provenance=facts, bandwidth=bw.as_dict(), summary=summary, rows=rows,
+                                        seconds=round(time.time() - started)), indent=1))
     console.print(json.dumps(summary), highlight=False)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"gemm-{gpu_key(facts['gpu']) or 'gpu'}-{dtype_name}-{facts['created_utc'].replace(':', '')}.json"
-    path.write_text(json.dumps(dict(provenance=facts, bandwidth=bw.as_dict(), summary=summary, rows=rows), indent=1))
-    console.print(f"result written: {path}", highlight=False)
+    console.print(f"result written: {path} ({time.time() - started:.0f} s)", highlight=False)
     return path
 
 
 def summarize(rows: list[dict]) -> dict:
     """Geometric mean and worst of ours / cuBLAS; the weight-read rate at M <= 64 for B >= 32 MB."""
-    ratios = [r["ratio"] for r in rows if "ratio" in r]
-    decode = [r["weight_tbs"] for r in rows if "weight_tbs" in r and r["m"] <= 64 and r["weight_mb"] >= 32]
-    worst = max((r for r in rows if "ratio" in r), key=lambda r: r["ratio"], default=None)
+    right = [r for r in rows if "ratio" in r and "error" not in r]  # (a cell wrong after timing has a ratio)
+    ratios = [r["ratio"] for r in right]
+    decode = [r["weight_tbs"] for r in right if r["m"] <= 64 and r["weight_mb"] >= 32]
+    worst = max(right, key=lambda r: r["ratio"], default=None)
     return dict(cells=len(rows), timed=len(ratios), wrong=sum("error" in r for r in rows),
                 geomean_ratio=math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
                 worst_ratio=worst and worst["ratio"], worst_cell=worst and f"{worst['shape']} M={worst['m']}",
@@ -195,7 +216,9 @@ def summarize(rows: list[dict]) -> dict:
 def _line(row: dict) -> str:
     head = f"{row['shape']:<20} M={row['m']:<6} {row['config']:<26}"
     if "error" in row:
-        return f"{head} WRONG rel_err {row['rel_err']:.2e} (cuBLAS {row['cublas_rel_err']:.2e})"
+        return (f"{head} WRONG ({row['error']}) rel_err {row['rel_err']:.2e}"
+                f"{' then %.2e' % row['rel_err_after'] if 'rel_err_after' in row else ''} "
+                f"(cuBLAS {row['cublas_rel_err']:.2e})")
     return (f"{head} {row['us']:9.1f} us  cuBLAS {row['cublas_us']:9.1f}  x{row['ratio']:.3f}  "
             f"{row['tflops']:6.1f} TF/s  B {row['weight_tbs']:.2f} TB/s (cuBLAS {row['cublas_weight_tbs']:.2f})  "
             f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}")
@@ -212,63 +235,115 @@ def _warm_class(x: int) -> int:
     return 1 if x == 1 else (64 if x % 16 == 0 else 24)
 
 
-def _compile_job(job) -> str:
-    """Worker process: compile one (config, specialisation) by launching it on tiny tensors; the
-    parent's launch of the real shape then loads it from Triton's cache."""
-    config_list, m, n, k, dtype_name = job
+def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms: int) -> tuple:
+    """What ``precompile`` needs to compile the kernel ``config`` runs at (m, n, k): the config, the
+    size classes Triton specialises on, and whether the launch shares tiles (stream-K: another kernel)."""
+    programs = sms * config.occupancy
+    shared = stream_split(config, tiles_of(config, m, n), k, programs).shared
+    return tuple(config.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name, shared
+
+
+def warm_launch(job) -> tuple[GemmConfig, int, int, int, int | None]:
+    """(config, m, n, k, programs) of a tiny launch that compiles ``job``'s kernel: its size classes;
+    a sharing launch is made to share (its tiles on twice as many programs, 64 k-steps each), a
+    whole-tile one not to."""
+    config_list, m, n, k, _, shared = job
     config = GemmConfig.from_list(config_list)
-    dtype = DTYPES[dtype_name]
-    a = torch.randn((m, k), device="cuda", dtype=dtype)
-    b = torch.randn((k, n), device="cuda", dtype=dtype)
+    if shared:
+        return config, m, n, 64 * config.block_k + k % 16, 2 * tiles_of(config, m, n)
+    return replace(config, split_k=1), m, n, k, None
+
+
+def _compile_job(job) -> str:
+    """Worker process: compile one (config, specialisation) into Triton's cache from a launch on meta
+    tensors (launcher.warming: nothing runs on the GPU the parent is timing); the parent's launch of
+    the real shape then loads it from the cache."""
+    config, m, n, k, programs = warm_launch(job)
+    dtype = DTYPES[job[4]]
+    a = torch.empty((m, k), device="meta", dtype=dtype)
+    b = torch.empty((k, n), device="meta", dtype=dtype)
     try:
-        gemm.matmul(a, b, config=config)
-        torch.cuda.synchronize()
+        with launcher.warming():
+            gemm.matmul(a, b, config=config, programs=programs)
         return ""
     except Exception as exc:  # noqa: BLE001 - reported by the parent, which skips the config
         return f"{config.label}: {type(exc).__name__}: {str(exc)[:200]}"
 
 
-def precompile(jobs: list[tuple], workers: int) -> list[str]:
+def _compile_pool(workers: int) -> ProcessPoolExecutor:
     import multiprocessing
-    unique = list(dict.fromkeys(jobs))
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return [e for e in pool.map(_compile_job, unique) if e]
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def precompile(jobs: list[tuple], workers: int) -> list[str]:
+    with _compile_pool(workers) as pool:
+        return [e for e in pool.map(_compile_job, list(dict.fromkeys(jobs))) if e]
+
+
+def cells_above(result: Path, above: float) -> list[tuple[str, int, int, int]]:
+    """(shape, m, n, k) of a bench result's cells slower than ``above`` x cuBLAS (or wrong), worst first."""
+    rows = json.loads(result.read_text())["rows"]
+    slow = [r for r in rows if r.get("ratio", math.inf) > above]
+    return [(r["shape"], r["m"], r["n"], r["k"]) for r in sorted(slow, key=lambda r: -r.get("ratio", math.inf))]
 
 
 def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out: Path | None,
-         console, workers: int = 12, base: Path | None = None) -> Path:
+         console, workers: int = 12, base: Path | None = None, cells: list[tuple[str, int, int, int]] | None = None,
+         budget_s: float | None = None) -> Path:
     """Measure every candidate of every cell (a quick pass of 3 replays each, then the best three
-    again with ``replays``); write the table after every shape (a run cut short keeps what it
-    measured), keeping the cells of ``base`` (an earlier table) that this run does not measure."""
-    device = torch.device("cuda", torch.cuda.current_device())
+    again with ``replays``); write the table after every cell (a run cut short keeps what it
+    measured), keeping the cells of ``base`` (an earlier table) that this run does not measure.
+    ``cells`` (shape, m, n, k) replaces the grid (shapes x ms); past ``budget_s`` seconds no new cell
+    starts (cells come worst first from ``cells_above``)."""
+    started = time.time()
+    device = _gpu()
     dtype = DTYPES[dtype_name]
     facts = gpu_facts()
     sms = facts["sms"]
-    shapes = _shapes(shape_filter) + [s for s in FUSED_SHAPES if not shape_filter or any(
-        s[0].startswith(f) for f in shape_filter)]
-    jobs = [(tuple(c.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name)
-            for _, n, k in shapes for m in ms for c in candidates(m, n, k, sms)]
-    started = time.time()
-    failures = precompile(jobs, workers)
-    console.print(f"precompiled {len(set(jobs))} kernels in {time.time() - started:.0f} s"
-                  f"{'; failed: ' + '; '.join(failures[:5]) if failures else ''}", highlight=False)
+    if cells is None:
+        shapes = _shapes(shape_filter) + [s for s in FUSED_SHAPES if not shape_filter or any(
+            s[0].startswith(f) for f in shape_filter)]
+        cells = [(name, m, n, k) for name, n, k in shapes for m in ms]
+    # Compiles run ahead in worker processes, cell by cell in tuning order, while the cells before
+    # are measured (a cell waits only for its own kernels; those of cells the budget cuts are dropped).
+    pool = _compile_pool(workers)
+    compiling: dict[tuple, object] = {}
+    for _, m, n, k in cells:
+        for config in candidates(m, n, k, sms):
+            job = compile_job(config, m, n, k, dtype_name, sms)
+            if job not in compiling:
+                compiling[job] = pool.submit(_compile_job, job)
     kept = json.loads(base.read_text())["entries"] if base and base.exists() else []
-    measured_cells = {(m, n, k) for _, n, k in shapes for m in ms}
-    kept = [e for e in kept if (e["m"], e["n"], e["k"]) not in measured_cells]
     key = gpu_key(facts["gpu"]) or "gpu"
-    entries, measured = [], []
+    entries, measured, failures = [], [], []
     path = out
-    for name, n, k in shapes:
-        for m in ms:
+    try:
+        for index, (name, m, n, k) in enumerate(cells):
+            if budget_s is not None and time.time() - started > budget_s:
+                console.print(f"tune budget of {budget_s:.0f} s spent: {len(cells) - index} cells left as they "
+                              f"were", highlight=False)
+                break
+            for config in candidates(m, n, k, sms):
+                try:
+                    error = compiling[compile_job(config, m, n, k, dtype_name, sms)].result()
+                except Exception as exc:  # noqa: BLE001 - a dead worker: the measurement compiles what it needs
+                    error = f"{config.label}: {type(exc).__name__} in a compile worker"
+                if error and error not in failures:
+                    failures.append(error)
+                    console.print(f"compile failed: {error}", highlight=False)
             entry = _tune_cell(name, m, n, k, dtype, device, sms, replays, measured)
             entries.append(entry)
-            console.print(f"{name:<20} M={m:<6} best {entry['label']:<30} {entry['us']:9.1f} us  cuBLAS "
-                          f"{entry['cublas_us']:9.1f}  x{entry['ratio']:.3f}  ({entry['candidates']} configs)",
-                          highlight=False)
-        path = write_table(key, facts, kept + entries, out)
-        (path.parent / (path.stem + "-measurements.json")).write_text(json.dumps(dict(provenance=facts,
-                                                                                       rows=measured)))
-    console.print(f"GEMM table written: {path} ({len(kept + entries)} cells, {len(entries)} measured now)",
+            console.print(f"{name:<20} M={m:<6} best {entry['label']:<32} {entry['us']:9.1f} us  cuBLAS "
+                          f"{entry['cublas_us']:9.1f}  x{entry['ratio']:.3f}  ({entry['candidates']} configs, "
+                          f"{time.time() - started:.0f} s)", highlight=False)
+            done = {(e["m"], e["n"], e["k"]) for e in entries}
+            path = write_table(key, facts, [e for e in kept if (e["m"], e["n"], e["k"]) not in done] + entries, out)
+            (path.parent / (path.stem + "-measurements.json")).write_text(json.dumps(dict(provenance=facts,
+                                                                                           rows=measured)))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    console.print(f"GEMM table written: {path} ({len(entries)} of {len(cells)} cells measured now, the rest from "
+                  f"{base or 'nothing'}; {len(compiling)} kernels queued) in {time.time() - started:.0f} s",
                   highlight=False)
     return path
 

@@ -12,8 +12,9 @@ else from ``untuned_config``, a rule that follows from what bounds each regime:
 * large M: 128 x 256 tiles, grouped order, persistent over the SMs (compute-bound).
 
 In every regime the tiles of the last, partial wave (all tiles, where they are fewer than the
-programs) are split along K (``split_k``: parts summed by the last program to finish, in a fixed
-order), so no SM idles while a few finish the product: see ``wave_split``.
+programs) are shared along K by every program (stream-K: the k-steps of those tiles, laid end to end,
+cut into one contiguous range per program; the parts of a tile are summed by the last program to
+finish, in a fixed order), so no SM idles while a few finish the product: see ``stream_split``.
 
 Fused ops ask with ``split=False``: their tiles are messages to peers the moment they are finished,
 which a split tile never is in one program.
@@ -43,8 +44,10 @@ class GemmConfig:
     ``block_k`` deep per step; ``swap_ab`` computes the tile transposed (tokens on the tensor core's
     narrow side); ``group_m`` row blocks sweep the columns together (L2 reuse of B); ``occupancy``
     persistent programs per SM (two hide more memory latency where shared memory allows);
-    ``split_k``: at most this many programs share one tile of the last, partial wave of tiles (the
-    tiles that would leave SMs idle; all tiles when they are fewer than the programs); ``flatten``
+    ``split_k``: on average at most this many programs share one tile of the last, partial wave of
+    tiles (the tiles that would leave SMs idle; all tiles when they are fewer than the programs),
+    stream-K (``stream_split``); ``split_wave``: the last full wave joins that partial wave, so every
+    program's share spans one to two tiles (fewer, shallower splits of each tile); ``flatten``
     pipelines the next tile's loads under this tile's epilogue; ``tma_store`` writes C through a
     tensor descriptor (asynchronous, staged in shared memory)."""
 
@@ -59,6 +62,7 @@ class GemmConfig:
     occupancy: int = 1
     flatten: bool = False
     tma_store: bool = False
+    split_wave: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -94,19 +98,22 @@ class GemmConfig:
     @property
     def label(self) -> str:
         return (f"{'T' if self.swap_ab else 'N'}{self.block_m}x{self.block_n}x{self.block_k}"
-                f"/g{self.group_m}/s{self.split_k}/w{self.num_warps}/p{self.num_stages}"
+                f"/g{self.group_m}/s{self.split_k}{'+' if self.split_wave else ''}/w{self.num_warps}"
+                f"/p{self.num_stages}"
                 f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}{'/t' if self.tma_store else ''}")
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
-                self.num_warps, self.num_stages, self.occupancy, int(self.flatten), int(self.tma_store)]
+                self.num_warps, self.num_stages, self.occupancy, int(self.flatten), int(self.tma_store),
+                int(self.split_wave)]
 
     @staticmethod
     def from_list(values) -> GemmConfig:
+        """The inverse of ``as_list`` (older tables' shorter lists take the defaults of the fields after)."""
         bm, bn, bk, group, split, swap, warps, stages, *rest = values
-        occupancy, flatten, tma_store = (list(rest) + [1, 0, 0][len(rest):])[:3]
+        occupancy, flatten, tma_store, split_wave = (list(rest) + [1, 0, 0, 0][len(rest):])[:4]
         return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten),
-                          bool(tma_store))
+                          bool(tma_store), bool(split_wave))
 
 
 # Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).
@@ -121,26 +128,53 @@ def tiles_of(config: GemmConfig, m: int, n: int) -> int:
     return math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
 
 
-# What one part of a split tile costs beyond its share of the tile's k-steps (pipeline fill and drain,
-# its partial written and read back), as a fraction of a whole tile's time.
-PART_OVERHEAD = 0.05
+# Fewest k-steps of one program's range of shared k-steps.
+MIN_PART_STEPS = 2
 
 
-def wave_split(config: GemmConfig, tiles: int, k: int, programs: int) -> tuple[int, int]:
-    """(tiles computed whole, parts per tile of the rest): the tiles of full waves run whole; the last,
-    partial wave's tiles are cut into the number of parts (at most ``config.split_k``, each >= 2
-    k-steps) that finishes them soonest: rounds of parts over the programs, each part 1/parts of a
-    tile plus PART_OVERHEAD."""
-    full = tiles // programs * programs
-    tail = tiles - full
-    if config.split_k == 1 or tail == 0 or tail > MAX_SPLIT_TILES:
-        return tiles, 1
-    best, best_cost = 1, 1.0
-    for parts in range(2, min(config.split_k, math.ceil(k / config.block_k) // 2) + 1):
-        cost = math.ceil(tail * parts / programs) * (1 / parts + PART_OVERHEAD)
-        if cost < best_cost - 1e-9:
-            best, best_cost = parts, cost
-    return (tiles, 1) if best == 1 else (full, best)
+def share_cost(config: GemmConfig, steps: int, parts: float) -> float:
+    """What sharing a tile of ``steps`` k-steps in ``parts`` parts costs a program, as a fraction of a
+    whole tile's time: its fp32 partial written and, when it finishes last, the tile's parts read
+    back -- traffic that nothing overlaps, counted as the k-steps whose operand loads move as many
+    bytes (a 128 x 128 partial: 2 k-steps of 64; a 16 x 64 one: 0.2 of a k-step of 128)."""
+    partial = config.block_m * config.block_n * 4
+    step_loads = (config.block_m + config.block_n) * config.block_k * 2
+    return (1 + parts) * partial / step_loads / steps
+
+
+@dataclass(frozen=True)
+class StreamSplit:
+    """How a launch shares tiles along K: tiles [0, whole_tiles) are computed whole (full waves,
+    round-robin over the programs); the k-steps of the other tiles, laid end to end, are cut into
+    ``programs`` contiguous ranges as even as whole k-steps allow (programs 0 .. programs-1 take one
+    each); a shared tile's parts fill at most ``slots`` partial slots."""
+
+    whole_tiles: int
+    programs: int = 0
+    slots: int = 1
+
+    @property
+    def shared(self) -> bool:
+        return self.programs > 0
+
+
+def stream_split(config: GemmConfig, tiles: int, k: int, programs: int) -> StreamSplit:
+    """The full waves whole; the last, partial wave's tiles (with the last full wave too if
+    ``config.split_wave``) shared along K by at most ``programs`` programs, about ``config.split_k``
+    per tile, each >= MIN_PART_STEPS k-steps -- where that finishes sooner than computing them whole:
+    a share of shared/SMs tiles plus ``share_cost`` against one more round of whole tiles per SM."""
+    waves, tail = divmod(tiles, programs)
+    if config.split_k == 1 or tail == 0:
+        return StreamSplit(tiles)
+    shared = tail + (programs if config.split_wave and waves else 0)
+    steps = math.ceil(k / config.block_k)
+    sharing = min(programs, shared * config.split_k, shared * steps // MIN_PART_STEPS)
+    sms = max(1, programs // config.occupancy)  # (two programs on one SM share its throughput)
+    if sharing == 0 or shared > MAX_SPLIT_TILES or shared / min(sharing, sms) + share_cost(
+            config, steps, sharing / shared + 1) >= math.ceil(shared / sms) - 1e-9:
+        return StreamSplit(tiles)
+    least = shared * steps // sharing  # the shortest range; a tile meets at most this many ranges:
+    return StreamSplit(tiles - shared, sharing, math.ceil(steps / least) + 1)
 
 
 def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> GemmConfig:
@@ -160,8 +194,8 @@ def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -
 
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
-    the dimensions each regime cares about (wave splits where the last wave of tiles is partial, two
-    programs per SM where shared memory allows): ~10-40 configs a shape."""
+    the dimensions each regime cares about (stream-K splits where the last wave of tiles is partial,
+    two programs per SM where shared memory and registers allow): ~10-60 configs a shape."""
     bases: list[GemmConfig] = []
     if m <= 256:  # bound by reading B: tile widths, k-steps, pipeline depth, programs per SM
         bm = min(256, _pow2_at_least(m, 16))
@@ -170,12 +204,16 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
                                     num_stages=6))
         bases.append(GemmConfig(bm, 64, 128, group_m=1, swap_ab=True, num_warps=4, num_stages=3, occupancy=2))
         bases.append(GemmConfig(min(bm, 64), 64, 128, group_m=1, num_warps=4, num_stages=5))
-    if 64 < m <= 2048:
+    if 64 < m <= 2048:  # few tiles a wave: every tile shape that stream-K can spread, two programs per SM
         for bm, bn, bk, warps, stages in ((64, 128, 64, 4, 4), (64, 256, 64, 4, 4), (128, 128, 64, 8, 4),
-                                          (128, 256, 64, 8, 3)):
+                                          (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 128, 8, 3)):
             bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
         bases.append(GemmConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4, flatten=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True))
+        # one program's epilogue and pipeline fill under the other's main loop (no warp specialisation
+        # on sm_90 in triton 3.6: tl.range(warp_specialize=True) compiles to the same code there)
+        bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3, occupancy=2))
+        bases.append(GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4, occupancy=2))
     if m > 512:  # compute-bound: the big tiles, their pipelines, the epilogue under the next tile's loads
         for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
                                           (128, 128, 128, 8, 3)):
@@ -185,15 +223,18 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, flatten=True, tma_store=True))
         bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, tma_store=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True, tma_store=True))
+        bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3, occupancy=2))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
         base = base.fitted(2)
         programs = sms * base.occupancy
         tiles = tiles_of(base, m, n)
-        splits = {1}
-        if tiles % programs:  # caps of parts per tile: wave_split picks the count under the cap
-            splits |= {cap for cap in (4, 16) if wave_split(replace(base, split_k=cap), tiles, k, programs)[1] > 1}
-        found.extend(replace(base, split_k=s) for s in sorted(splits))
+        # caps of programs per tile, and the last full wave shared too; only splits that differ run
+        plans = {StreamSplit(tiles): replace(base, split_k=1)}
+        for cap, wave in ((4, False), (16, False), (16, True)):
+            config = replace(base, split_k=cap, split_wave=wave)
+            plans.setdefault(stream_split(config, tiles, k, programs), config)
+        found.extend(plans.values())
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
 
@@ -283,5 +324,5 @@ def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None 
     return path
 
 
-__all__ = ["GemmConfig", "CPU_CONFIG", "gemm_config", "untuned_config", "candidates", "load_table", "write_table",
-           "gpu_key", "tiles_of", "asdict"]
+__all__ = ["GemmConfig", "CPU_CONFIG", "StreamSplit", "stream_split", "gemm_config", "untuned_config", "candidates",
+           "load_table", "write_table", "gpu_key", "tiles_of", "asdict"]
