@@ -26,7 +26,8 @@ Variants 3-5 are candidates, built from the language functions of this tree. Run
 ``src`` (PYTHONPATH) with ``--variants none,library``, it measures that tree's checks: the tree before a
 change, in the same GPU run (``--before`` prints the two side by side).
 The "peers" are this process's own buffers (every entry of the address tables points at them), so no
-other rank is needed and nothing waits. Grids of 1, 132 and 528 programs of 512 words; N launches
+other rank is needed and nothing waits. World 2: grids of 1, 132 and 528 programs of 512 words, every variant;
+world 8 (the header poll loads one word per peer): 1 and 528 programs, none and library. N launches
 captured in one CUDA graph, replayed, timed with CUDA events, variants interleaved over rounds; cost
 per launch = (variant - none) / launches. Target: at most 0.1 us per call.
 """
@@ -49,7 +50,6 @@ from symmcoll.language import (EMPTY, HEADER_WORDS, MAX_WORLD, PHASES, announce,
 from symmcoll.memory.layout import SIGNAL_PAD_INTS
 
 BLOCK = 512
-WORLD = 2
 VARIANTS = ("none", "run 1", "library", "no announce", "one table", "branch")
 LIBRARY = 2
 # The slot region's offset from the pad in the probe's one allocation (int32 words, page-aligned), as a
@@ -105,11 +105,11 @@ def probe_kernel(
         tl.store(out_ptr + offs, words, mask=mask)
 
 
-def _setup(programs: int):
+def _setup(world: int, programs: int):
     dev = torch.device("cuda")
     n_words = programs * BLOCK
     # One allocation, the pad first and the slot region SLOTS_AT words after it (variant 4 relies on it).
-    space = torch.zeros(SLOTS_AT + HEADER_WORDS.value + PHASES.value * WORLD * n_words, dtype=torch.int32, device=dev)
+    space = torch.zeros(SLOTS_AT + HEADER_WORDS.value + PHASES.value * world * n_words, dtype=torch.int32, device=dev)
     pad, slots = space[:SIGNAL_PAD_INTS], space[SLOTS_AT:]
     # Every phase's slots hold words already; every header of this launch's phase is this call's.
     slots.fill_(7)
@@ -117,7 +117,7 @@ def _setup(programs: int):
     epoch, desc = 1, 0x1235
     headers = slots[:HEADER_WORDS.value].view(torch.int64).view(PHASES.value, MAX_WORLD.value)
     headers[epoch % PHASES.value] = (epoch << 32) | desc
-    tables = {name: torch.tensor([t.data_ptr()] * WORLD, dtype=torch.int64, device=dev)
+    tables = {name: torch.tensor([t.data_ptr()] * world, dtype=torch.int64, device=dev)
               for name, t in (("pad", pad), ("slots", slots))}
     status = torch.zeros(16, dtype=torch.int32, device=dev)
     out = torch.zeros(n_words, dtype=torch.int32, device=dev)
@@ -126,13 +126,13 @@ def _setup(programs: int):
     return args, (space, tables, status, out, epochs)
 
 
-def _time(programs: int, variant: int, launches: int, replays: int) -> dict:
-    args, keep = _setup(programs)
+def _time(world: int, programs: int, variant: int, launches: int, replays: int) -> dict:
+    args, keep = _setup(world, programs)
     status, out = keep[2], keep[3]
-    meta = dict(WORLD=WORLD, BLOCK=BLOCK, VARIANT=variant, ROW=programs * BLOCK, num_warps=4)
+    meta = dict(WORLD=world, BLOCK=BLOCK, VARIANT=variant, ROW=programs * BLOCK, num_warps=4)
     probe_kernel[(programs,)](*args, **meta)
     torch.cuda.synchronize()
-    what = f"probe {programs} programs, variant {variant} ({VARIANTS[variant]})"
+    what = f"probe world {world}, {programs} programs, variant {variant} ({VARIANTS[variant]})"
     assert int(status[0]) == 0 and bool((out == 7).all()), f"{what}: wrong words or a failed wait"
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -147,9 +147,13 @@ def _time(programs: int, variant: int, launches: int, replays: int) -> dict:
     graph.replay()
     torch.cuda.synchronize()
     assert int(status[0]) == 0 and bool((out == 7).all()), f"{what}: wrong after replays"
-    return {"programs": programs, "variant": variant, "name": VARIANTS[variant],
+    return {"world": world, "programs": programs, "variant": variant, "name": VARIANTS[variant],
             "us_per_launch": statistics.median(times), "p20_us": sorted(times)[len(times) // 5],
             "p80_us": sorted(times)[4 * len(times) // 5]}
+
+
+# (world, programs): every variant at world 2; the baseline and the library at world 8 (a poll per peer).
+CASES = ((2, 1), (2, 132), (2, 528), (8, 1), (8, 528))
 
 
 def main(argv=None) -> int:
@@ -166,29 +170,32 @@ def main(argv=None) -> int:
     before = {}
     if args.before:
         with open(args.before) as f:
-            before = {v["programs"]: v for v in json.load(f)["verdicts"]}
+            before = {(v["world"], v["programs"]): v["cost_us"] for v in json.load(f)["verdicts"]}
     from symmcoll.bench import provenance
     rows, verdicts = [], []
-    for programs in (1, 132, 528):
+    for world, programs in CASES:
+        variants = chosen if world == 2 else [0, LIBRARY]
         runs = {}
         for _ in range(args.rounds):  # interleaved rounds: the median of each variant
-            for variant in chosen:
-                runs.setdefault(variant, []).append(_time(programs, variant, args.launches, args.replays))
+            for variant in variants:
+                runs.setdefault(variant, []).append(_time(world, programs, variant, args.launches, args.replays))
         median = {v: statistics.median(r["us_per_launch"] for r in runs[v]) for v in runs}
         costs = {VARIANTS[v]: round(median[v] - median[0], 4) for v in runs if v}
         rows += [r for v in runs for r in runs[v]]
         cost = costs[VARIANTS[LIBRARY]]
-        verdicts.append({"programs": programs, "without_us": round(median[0], 4),
+        verdicts.append({"world": world, "programs": programs, "without_us": round(median[0], 4),
                          "with_us": round(median[LIBRARY], 4), "cost_us": cost, "within_0.1_us": cost <= 0.1,
                          "cost_us_by_variant": costs})
-        was = f" (the tree before: {before[programs]['cost_us']:+.3f})" if programs in before else ""
-        print(f"{programs:4d} programs: {median[0]:.3f} us without, {median[LIBRARY]:.3f} us with the checks: "
-              f"{cost:+.3f} us per launch{was} ({'within' if cost <= 0.1 else 'ABOVE'} 0.1 us); by variant: "
+        was = f" (the tree before: {before[world, programs]:+.3f})" if (world, programs) in before else ""
+        print(f"world {world}, {programs:3d} programs: {median[0]:.3f} us without, {median[LIBRARY]:.3f} us with the "
+              f"checks: {cost:+.3f} us per launch{was} ({'within' if cost <= 0.1 else 'ABOVE'} 0.1 us); by variant: "
               + ", ".join(f"{k} {c:+.3f}" for k, c in costs.items()), flush=True)
     result = {"provenance": asdict(provenance.collect("cuda")), "block_words": BLOCK, "launches_per_graph":
               args.launches, "replays": args.replays, "rounds": args.rounds, "variants": VARIANTS,
               "verdict_variant": VARIANTS[LIBRARY], "verdicts": verdicts, "rows": rows,
-              "before": args.before and {"file": args.before, "cost_us": {p: v["cost_us"] for p, v in before.items()}}}
+              "before": args.before and {"file": args.before,
+                                         "cost_us": [{"world": w, "programs": p, "cost_us": c}
+                                                     for (w, p), c in before.items()]}}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0 if all(v["within_0.1_us"] for v in verdicts) else 1

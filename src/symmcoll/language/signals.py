@@ -329,9 +329,11 @@ def header_state(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
     need reductions across the threads that hold its lanes: two chains of three shuffles after the
     loads, on the critical path of every launch's first wait (issue 24's GPU stage, on one H100)."""
     matching = epoch.to(tl.int64) << 32 | desc
-    state = 0
-    for peer in tl.static_range(WORLD):
-        header = tl.load(own_headers + peer, mask=(peer != rank) & (check != 0), other=matching, volatile=True)
+    state = tl.full([], WAIT_DONE, tl.int32)
+    for step in tl.static_range(1, WORLD):  # the peers after me, round the ring: no load of my own lane
+        peer = rank + step
+        peer = tl.where(peer >= WORLD, peer - WORLD, peer)
+        header = tl.load(own_headers + peer, mask=check != 0, other=matching, volatile=True)
         late = (header >> 32).to(tl.int32) != epoch
         state = tl.maximum(state, tl.where(header == matching, WAIT_DONE, tl.where(late, WAIT_PENDING,
                                                                                      WAIT_MISMATCH)))
