@@ -22,12 +22,14 @@ in variants (numbered, each checked to return the words it polled before timing)
   4 one table     the library with the slot regions' bases computed from the pads' (one address table:
                   regions sit at one offset of each other in every rank's allocation)
   5 branch        the library with program 0's stores behind a scalar branch (programs != 0 skip them)
-Variants 3-5 are candidates, built from the language functions of this tree. Run on another tree's
+  6 split         the library with program 0's first wait a code path of its own (check 1) and the other
+                  programs' without any of the header poll (check 0): what programs != 0 pay for it
+Variants 3-6 are candidates, built from the language functions of this tree. Run on another tree's
 ``src`` (PYTHONPATH) with ``--variants none,library``, it measures that tree's checks: the tree before a
 change, in the same GPU run (``--before`` prints the two side by side).
 The "peers" are this process's own buffers (every entry of the address tables points at them), so no
 other rank is needed and nothing waits. World 2: grids of 1, 132 and 528 programs of 512 words, every variant;
-world 8 (the header poll loads one word per peer): 1 and 528 programs, none and library. N launches
+world 8 (the header poll loads one word per peer): 1 and 528 programs, none, library and split. N launches
 captured in one CUDA graph, replayed, timed with CUDA events, variants interleaved over rounds; cost
 per launch = (variant - none) / launches. Target: at most 0.1 us per call.
 """
@@ -50,7 +52,8 @@ from symmcoll.language import (EMPTY, HEADER_WORDS, MAX_WORLD, PHASES, announce,
 from symmcoll.memory.layout import SIGNAL_PAD_INTS
 
 BLOCK = 512
-VARIANTS = ("none", "run 1", "library", "no announce", "one table", "branch")
+VARIANTS = ("none", "run 1", "library", "no announce", "one table", "branch", "split")
+SPLIT = 6
 LIBRARY = 2
 # The slot region's offset from the pad in the probe's one allocation (int32 words, page-aligned), as a
 # workspace lays its regions out in every rank's allocation.
@@ -71,7 +74,7 @@ def probe_kernel(
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_words
     check = 0
-    if VARIANT == 2 or VARIANT == 5:
+    if VARIANT == 2 or VARIANT == 5 or VARIANT == 6:
         epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev,
                                                                       desc, rank, WORLD, 1, ROW)
         if VARIANT == 2:
@@ -99,8 +102,16 @@ def probe_kernel(
             announce_at(pads, desc, rank, WORLD)
             post_header_at((pads + slots_at).to(tl.pointer_type(tl.int64)), phase, epoch, desc, rank, WORLD)
             check = checks_headers(1)
-    words, budget = wait_filled(region + base + offs, mask, EMPTY, max_spins, status_ptr, rank, 1, desc, headers,
-                                epoch, check, WORLD)
+    if VARIANT == 6:
+        if pid == 0:
+            words, budget = wait_filled(region + base + offs, mask, EMPTY, max_spins, status_ptr, rank, 1, desc,
+                                        headers, epoch, 1, WORLD)
+        else:
+            words, budget = wait_filled(region + base + offs, mask, EMPTY, max_spins, status_ptr, rank, 1, desc,
+                                        headers, epoch, 0, WORLD)
+    else:
+        words, budget = wait_filled(region + base + offs, mask, EMPTY, max_spins, status_ptr, rank, 1, desc, headers,
+                                    epoch, check, WORLD)
     if budget > 0:
         tl.store(out_ptr + offs, words, mask=mask)
 
@@ -152,7 +163,7 @@ def _time(world: int, programs: int, variant: int, launches: int, replays: int) 
             "p80_us": sorted(times)[4 * len(times) // 5]}
 
 
-# (world, programs): every variant at world 2; the baseline and the library at world 8 (a poll per peer).
+# (world, programs): every variant at world 2; at world 8 (a poll per peer) the baseline, the library and split.
 CASES = ((2, 1), (2, 132), (2, 528), (8, 1), (8, 528))
 
 
@@ -174,7 +185,7 @@ def main(argv=None) -> int:
     from symmcoll.bench import provenance
     rows, verdicts = [], []
     for world, programs in CASES:
-        variants = chosen if world == 2 else [0, LIBRARY]
+        variants = chosen if world == 2 else [v for v in chosen if v in (0, LIBRARY, SPLIT)]
         runs = {}
         for _ in range(args.rounds):  # interleaved rounds: the median of each variant
             for variant in variants:
