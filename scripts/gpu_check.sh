@@ -215,17 +215,18 @@ for stage in $stages; do
       random_calls
       ;;
     desc-cost)
-      # Issue 24 point 7 alone, one GPU, about 2 minutes: the call-descriptor checks' device cost per launch in
-      # CUDA graphs (benchmarks/desc_check_cost.py). With old_main/src (carried: git archive --prefix=old_main/
-      # <sha before> src | tar x) that tree's checks first (none and library: desc_check_cost_before.json; its
-      # provenance names this tree's sha), then this tree's, every variant, printing the tree before beside.
+      # Issue 24 point 7 alone, one GPU, about 2 minutes (at most 4.5): the call-descriptor checks' device
+      # cost per launch in CUDA graphs (benchmarks/desc_check_cost.py). With old_main/src (carried: git
+      # archive --prefix=old_main/ <sha before> src | tar x) that tree's checks first (none and library:
+      # desc_check_cost_before.json; its provenance names this tree's sha), then this tree's, every
+      # variant, printing the tree before beside.
       before=""
       if [ -d old_main/src ]; then
         PYTHONPATH=$PWD/old_main/src timeout ${DESC_COST_BEFORE_TIMEOUT:-90} python3 benchmarks/desc_check_cost.py \
           --variants none,library --out "$OUT/desc_check_cost_before.json" 2>&1 | tee "$OUT/desc_check_cost_before.log"
-        before="--before $OUT/desc_check_cost_before.json"
+        [ -f "$OUT/desc_check_cost_before.json" ] && before="--before $OUT/desc_check_cost_before.json"
       fi
-      timeout ${DESC_COST_TIMEOUT:-150} python3 benchmarks/desc_check_cost.py $before --out "$OUT/desc_check_cost.json" \
+      timeout ${DESC_COST_TIMEOUT:-180} python3 benchmarks/desc_check_cost.py $before --out "$OUT/desc_check_cost.json" \
         2>&1 | tee "$OUT/desc_check_cost.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
