@@ -6,7 +6,7 @@
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
-#                                                            [restructure] [random-calls] [host]
+#                                                            [restructure] [random-calls] [host] [desc-cost]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -210,8 +210,8 @@ for stage in $stages; do
       # Issue 24 on one GPU, two ranks sharing it (launch device "cuda-shared"), about 5 minutes (at most
       # 7.5): NaN/Inf through every reduction algorithm, the fused ops' reductions and the quantized path
       # (kernel and exact fallback) against torch.sum/amax/amin of the stacked inputs; the device cost of the
-      # call-descriptor checks in CUDA graphs (JSON: verdicts[].cost_us of the library's variant, target
-      # <= 0.1 us, and cost_us_by_variant: run 1's code, every program polling); run 1's two wrong answers
+      # call-descriptor checks in CUDA graphs (JSON: verdicts[].cost_us of the library's variant at world 2 and
+      # 8, target <= 0.1 us; the candidate variants and the tree before: stage desc-cost); run 1's two wrong answers
       # made over and over (semantics_races.json: failures classified "own lost" / "peer lost" / "zero");
       # 1000 random calls, a fifth of them differing between ranks, against symmcoll.reference, after a
       # warm-up that compiles in 6 pools at once (JSON: failures, calls, warm_up; a time budget stops it
@@ -219,13 +219,30 @@ for stage in $stages; do
       SYMMCOLL_TEST_DEVICE=cuda-shared timeout ${SEMANTICS_TESTS_TIMEOUT:-120} python3 -m pytest -v -rA \
         -p no:cacheprovider tests/test_special_values.py::test_gpu_every_reduction 2>&1 | tee "$OUT/semantics_special_values.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      timeout ${SEMANTICS_COST_TIMEOUT:-75} python3 benchmarks/desc_check_cost.py --out "$OUT/desc_check_cost.json" 2>&1 \
+      timeout ${SEMANTICS_COST_TIMEOUT:-90} python3 benchmarks/desc_check_cost.py --variants none,library \
+        --out "$OUT/desc_check_cost.json" 2>&1 \
         | tee "$OUT/desc_check_cost.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       timeout ${SEMANTICS_RACES_TIMEOUT:-75} python3 benchmarks/semantics_races.py --deadline ${SEMANTICS_RACES_S:-40} \
         --out "$OUT/semantics_races.json" 2>&1 | tee "$OUT/semantics_races.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       random_calls
+      ;;
+    desc-cost)
+      # Issue 24 point 7 alone, one GPU, about 2 minutes (at most 4.5): the call-descriptor checks' device
+      # cost per launch in CUDA graphs (benchmarks/desc_check_cost.py). With old_main/src (carried: git
+      # archive --prefix=old_main/ <sha before> src | tar x) that tree's checks first (none and library:
+      # desc_check_cost_before.json; its provenance names this tree's sha), then this tree's, every
+      # variant, printing the tree before beside.
+      before=""
+      if [ -d old_main/src ]; then
+        PYTHONPATH=$PWD/old_main/src timeout ${DESC_COST_BEFORE_TIMEOUT:-90} python3 benchmarks/desc_check_cost.py \
+          --variants none,library --out "$OUT/desc_check_cost_before.json" 2>&1 | tee "$OUT/desc_check_cost_before.log"
+        [ -f "$OUT/desc_check_cost_before.json" ] && before="--before $OUT/desc_check_cost_before.json"
+      fi
+      timeout ${DESC_COST_TIMEOUT:-180} python3 benchmarks/desc_check_cost.py $before --out "$OUT/desc_check_cost.json" \
+        2>&1 | tee "$OUT/desc_check_cost.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     random-calls)
       # The semantics stage's 1000 random calls alone, with a whole call's time (e.g.

@@ -136,14 +136,15 @@ def test_zero_rows_and_argument_names(pools):
 
 def test_descriptor_cost_probe_compiles_for_sm90():
     """Every variant of benchmarks/desc_check_cost.py compiles; the library's puts no load behind its
-    stores before the first poll (run 1's did, twice: +0.55 us per launch on one H200)."""
+    stores before the first poll (run 1's did: +0.55 us per launch on one H200)."""
     import re
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "desc_check_cost.py"
     spec = importlib.util.spec_from_file_location("desc_check_cost", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sig = (("signal_pad_ptrs_dev", "i64"), ("status_ptr", "i64"), ("max_spins", "i32"), ("rank", "i32"),
-           ("desc", "i32"), ("slot_ptrs_dev", "i64"), ("epochs_ptr", "*i32"), ("out_ptr", "*i32"), ("n_words", "i32"))
+           ("desc", "i32"), ("slot_ptrs_dev", "i64"), ("epochs_ptr", "*i32"), ("out_ptr", "*i32"), ("n_words", "i32"),
+           ("slots_at", "i32"))
     loads_behind_stores = {}
     for variant, name in enumerate(module.VARIANTS):
         constexprs = (("WORLD", 2), ("BLOCK", module.BLOCK), ("VARIANT", variant), ("ROW", module.BLOCK))
@@ -151,10 +152,12 @@ def test_descriptor_cost_probe_compiles_for_sm90():
             module.probe_kernel, sig + tuple((k, "constexpr") for k, _ in constexprs), constexprs, 4))
         assert "ld.volatile" in ptx and kernel_specs.spin_loop_problems(ptx) == [], name
         memory = re.findall(r"\b(ld\.volatile\.global|ld\.global|st\.global)", ptx)
-        first_poll = memory.index("ld.volatile.global")
-        before = memory[:first_poll]
-        assert ("st.global" in before) == (name != "none"), f"{name}: the checks' stores are not where expected"
-        loads_behind_stores[name] = before[before.index("st.global"):].count("ld.global") if "st.global" in before \
-            else 0
-    assert loads_behind_stores["run 1"] >= 2, loads_behind_stores  # the walk can see what it guards against
-    assert loads_behind_stores["library"] == 0 and loads_behind_stores["every"] == 0, loads_behind_stores
+        before = memory[:memory.index("ld.volatile.global")]
+        if name != "split":  # split: program 0's path (the stores and its poll) may come second
+            assert ("st.global" in before) == (name != "none"), f"{name}: the checks' stores are not where expected"
+        if name != "none":
+            after = memory[memory.index("st.global"):]
+            loads_behind_stores[name] = after[:after.index("ld.volatile.global")].count("ld.global")
+    assert loads_behind_stores["run 1"] >= 1, loads_behind_stores  # the walk can see what it guards against
+    assert all(n == 0 for name, n in loads_behind_stores.items() if name != "run 1"), loads_behind_stores
+    assert len(loads_behind_stores) == len(module.VARIANTS) - 1, loads_behind_stores

@@ -197,13 +197,12 @@ WAIT_MISMATCH: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
-def wait_state(data_pending, late, wrong):
+def wait_state(data_pending, headers):
     """WAIT_MISMATCH if any thread saw a peer's header name another call, else WAIT_PENDING if any
-    thread still waits for data (``data_pending``: this thread's view) or a header (``late``), else
-    WAIT_DONE: one value for the whole program (``block_max``)."""
-    mismatch = tl.max(wrong.to(tl.int32), axis=0) > 0
-    waiting = data_pending | (tl.max(late.to(tl.int32), axis=0) > 0)
-    return block_max(tl.where(mismatch, WAIT_MISMATCH, waiting.to(tl.int32)))
+    thread still waits for data (``data_pending``: this thread's view) or a header, else WAIT_DONE
+    (``headers``: this thread's ``header_state``, or 0 for a wait without headers): one value for the
+    whole program (``block_max``)."""
+    return block_max(tl.maximum(headers, data_pending.to(tl.int32)))
 
 
 @triton.jit
@@ -321,9 +320,31 @@ def post_header(header_ptrs_dev, phase, epoch, desc, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def header_status(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
+def header_state(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
+    """This thread's view of the peers' headers of this epoch: WAIT_MISMATCH if one names another call,
+    else WAIT_PENDING if one is not yet this epoch's, else WAIT_DONE (always, when ``check`` is 0).
+
+    One scalar load per peer, each compared in the thread with the one value a matching header holds:
+    the check adds a max to the wait's decision (``wait_state``). A [MAX_WORLD] vector of headers would
+    need reductions across the threads that hold its lanes: two chains of three shuffles after the
+    loads, on the critical path of every launch's first wait (issue 24's GPU stage, on one H100)."""
+    matching = epoch.to(tl.int64) << 32 | desc
+    state = tl.full([], WAIT_DONE, tl.int32)
+    for step in tl.static_range(1, WORLD):  # the peers after me, round the ring: no load of my own lane
+        peer = rank + step
+        peer = tl.where(peer >= WORLD, peer - WORLD, peer)
+        header = tl.load(own_headers + peer, mask=check != 0, other=matching, volatile=True)
+        late = (header >> 32).to(tl.int32) != epoch
+        state = tl.maximum(state, tl.where(header == matching, WAIT_DONE, tl.where(late, WAIT_PENDING,
+                                                                                     WAIT_MISMATCH)))
+    return state
+
+
+@triton.jit
+def header_lanes(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
     """(peers whose header is not yet this epoch's, peers whose header names another call, their
-    descriptors); nothing pending when ``check`` is 0."""
+    descriptors) as [MAX_WORLD] lanes; nothing when ``check`` is 0. What a failed wait names
+    (``end_wait``)."""
     lanes = tl.arange(0, MAX_WORLD)
     is_peer = (lanes < WORLD) & (lanes != rank) & (check != 0)
     headers = tl.load(own_headers + lanes, mask=is_peer, other=0, volatile=True)
@@ -333,26 +354,30 @@ def header_status(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def end_wait(state, data_pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc):
-    """After a wait loop, from its last ``wait_state`` (the same in every thread): record a mismatch
-    (preferred: it names the cause) or a timeout (naming ``peer`` if data was missing, else the first
-    late header); returns the spins left, the same in every thread: 0 after any failure, at least 1
-    when the wait ended (its last spin may have found the data). The names recorded are agreed on
-    through ``block_max`` too (a thread that saw nothing holds no name)."""
-    lanes = tl.arange(0, MAX_WORLD)
-    if state == WAIT_MISMATCH:
-        other = -block_max(-_first_lane(wrong, lanes))
-        seen = wrong & (lanes == other)
-        record_error(status_ptr, KIND_MISMATCH, rank, other, desc,
-                     block_max(tl.max(tl.where(seen, theirs, -2147483647), axis=0)))
-        budget = budget * 0
-    elif state == WAIT_PENDING:
-        data_late = block_max(data_pending.to(tl.int32)) > 0
-        named = tl.where(data_late, -block_max(-peer), -block_max(-_first_lane(late, lanes)))
-        record_timeout(status_ptr, rank, named, desc)
-        budget = budget * 0
-    else:
+def end_wait(state, data_pending, budget, status_ptr, rank, peer, desc, own_headers, check, epoch,
+             WORLD: tl.constexpr):
+    """After a wait loop, from its last ``wait_state`` (the same in every thread): returns the spins
+    left, the same in every thread: at least 1 when the wait ended (its last spin may have found the
+    data), else 0 with the failure recorded. The headers are read again to name it: a mismatch if one
+    names another call (preferred: it names the cause; a header of this epoch never changes), else a
+    timeout naming ``peer`` if data was missing, else the first late header (``peer`` if it came
+    since). The names are agreed on through ``block_max`` (a thread that saw nothing holds no name)."""
+    if state == WAIT_DONE:
         budget = tl.maximum(budget, 1)
+    else:
+        lanes = tl.arange(0, MAX_WORLD)
+        late, wrong, theirs = header_lanes(own_headers, check, epoch, desc, rank, WORLD)
+        other = -block_max(-_first_lane(wrong, lanes))
+        if other < MAX_WORLD:
+            seen = wrong & (lanes == other)
+            record_error(status_ptr, KIND_MISMATCH, rank, other, desc,
+                         block_max(tl.max(tl.where(seen, theirs, -2147483647), axis=0)))
+        else:
+            first_late = -block_max(-_first_lane(late, lanes))
+            data_late = block_max(data_pending.to(tl.int32)) > 0
+            named = tl.where(data_late | (first_late >= MAX_WORLD), -block_max(-peer), first_late)
+            record_timeout(status_ptr, rank, named, desc)
+        budget = budget * 0
     return budget
 
 
@@ -368,23 +393,23 @@ def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, desc, o
     that later waits of the same program give up at once."""
     ready = epoch.to(tl.int64) << 32
     slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
-    late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
+    headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
-    state = wait_state(pending, late, wrong)
+    state = wait_state(pending, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
         slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
-        late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
+        headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
-        state = wait_state(pending, late, wrong)
+        state = wait_state(pending, headers)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     # Slots are never emptied (epoch-tagged): no barrier is needed after the re-read.
     slots = reread_stale(ptrs, mask & ((slots >> 32).to(tl.int32) != epoch), slots, ready)
-    return slots, end_wait(state, pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
+    return slots, end_wait(state, pending, budget, status_ptr, rank, peer, desc, own_headers, check, epoch, WORLD)
 
 
 @triton.jit
@@ -414,22 +439,22 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
     sender's final value: no flag, no fence), and the headers as ``wait_flagged`` does. Returns
     (words, spins left)."""
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
+    headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
-    state = wait_state(pending, late, wrong)
+    state = wait_state(pending, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
+        headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
-        state = wait_state(pending, late, wrong)
+        state = wait_state(pending, headers)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     words = reread_stale_copies(ptrs, mask, words, EMPTY)
-    return words, end_wait(state, pending, wrong, theirs, late, budget, status_ptr, rank, peer, desc)
+    return words, end_wait(state, pending, budget, status_ptr, rank, peer, desc, own_headers, check, epoch, WORLD)
 
 
 @triton.jit
@@ -439,24 +464,24 @@ def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_
     (one block-wide reduction) covers every peer, and the loads of all rows are in flight together.
     On timeout the error record names the first row still pending."""
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
+    headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
-    state = wait_state(tl.max(pending, axis=0) > 0, late, wrong)
+    state = wait_state(tl.max(pending, axis=0) > 0, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        late, wrong, theirs = header_status(own_headers, check, epoch, desc, rank, WORLD)
+        headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
-        state = wait_state(tl.max(pending, axis=0) > 0, late, wrong)
+        state = wait_state(tl.max(pending, axis=0) > 0, headers)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     words = reread_stale_copies(ptrs, mask, words, EMPTY)
     first = tl.min(tl.where(pending > 0, rows, MAX_WORLD), axis=0)
-    return words, end_wait(state, tl.max(pending, axis=0) > 0, wrong, theirs, late, budget, status_ptr, rank,
-                            first, desc)
+    return words, end_wait(state, tl.max(pending, axis=0) > 0, budget, status_ptr, rank, first, desc, own_headers,
+                           check, epoch, WORLD)
 
 
 # ---- Launch epochs: a per-rank device counter that every launch of a family advances once ----------

@@ -20,8 +20,8 @@ none is EMPTY, then puts the EMPTY words back. Cost: one word in 16 (6.25%) more
 import triton
 import triton.language as tl
 
-from .signals import (ARG_SPLITS, MAX_WORLD, WAIT_PENDING, end_wait, failed_elsewhere, header_status, record_argument,
-                      reread_stale, wait_state)
+from .signals import (ARG_SPLITS, WAIT_PENDING, end_wait, failed_elsewhere, header_state, record_argument, reread_stale,
+                      wait_state)
 
 # Data words per mask word (a power of two: blocks of data words hold whole groups).
 ESCAPE_GROUP: tl.constexpr = tl.constexpr(16)
@@ -44,23 +44,23 @@ def wait_counts(count_ptr, rows, is_src, own_headers, epoch, desc, spin_budget, 
     epoch, and the call headers as ``wait_filled`` does with ``check``. Returns (counts: [PEERS] int64,
     0 where not a source; spins left, 0 if the wait gave up: recorded, naming the first late source)."""
     tagged = tl.load(count_ptr + rows, mask=is_src, other=0, volatile=True)
+    headers = header_state(own_headers, 1, epoch, desc, rank, WORLD)
     late = is_src & ((tagged >> 32).to(tl.int32) != epoch)
-    late_headers, wrong, theirs = header_status(own_headers, 1, epoch, desc, rank, WORLD)
-    state = wait_state(tl.max(late.to(tl.int32), axis=0) > 0, late_headers, wrong)
+    state = wait_state(tl.max(late.to(tl.int32), axis=0) > 0, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
         tagged = tl.load(count_ptr + rows, mask=is_src, other=0, volatile=True)
+        headers = header_state(own_headers, 1, epoch, desc, rank, WORLD)
         late = is_src & ((tagged >> 32).to(tl.int32) != epoch)
-        late_headers, wrong, theirs = header_status(own_headers, 1, epoch, desc, rank, WORLD)
-        state = wait_state(tl.max(late.to(tl.int32), axis=0) > 0, late_headers, wrong)
+        state = wait_state(tl.max(late.to(tl.int32), axis=0) > 0, headers)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
     first = tl.min(tl.where(late, rows, WORLD), axis=0)
-    budget = end_wait(state, tl.max(late.to(tl.int32), axis=0) > 0, wrong, theirs, late_headers, budget, status_ptr,
-                      rank, first, desc)
+    budget = end_wait(state, tl.max(late.to(tl.int32), axis=0) > 0, budget, status_ptr, rank, first, desc, own_headers,
+                      1, epoch, WORLD)
     return tl.where(is_src, tagged & 0xFFFFFFFF, 0), budget
 
 
@@ -83,15 +83,14 @@ def wait_escaped(data_ptrs, mask_ptrs, valid, rows, EMPTY: tl.constexpr, spin_bu
     words = tl.load(data_ptrs, mask=valid, other=0, volatile=True)
     masks = tl.load(mask_ptrs, mask=valid, other=0, volatile=True)
     pending = tl.max(((words == EMPTY) | (masks == EMPTY)).to(tl.int32), axis=1)
-    no_headers = tl.arange(0, MAX_WORLD) < 0  # headers were checked with the counts
-    state = wait_state(tl.max(pending, axis=0) > 0, no_headers, no_headers)
+    state = wait_state(tl.max(pending, axis=0) > 0, 0)  # no headers: they were checked with the counts
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
         words = tl.load(data_ptrs, mask=valid, other=0, volatile=True)
         masks = tl.load(mask_ptrs, mask=valid, other=0, volatile=True)
         pending = tl.max(((words == EMPTY) | (masks == EMPTY)).to(tl.int32), axis=1)
-        state = wait_state(tl.max(pending, axis=0) > 0, no_headers, no_headers)
+        state = wait_state(tl.max(pending, axis=0) > 0, 0)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
@@ -103,8 +102,8 @@ def wait_escaped(data_ptrs, mask_ptrs, valid, rows, EMPTY: tl.constexpr, spin_bu
     masks = reread_stale(mask_ptrs, stale, masks, 0)
     tl.debug_barrier()
     first = tl.min(tl.where(pending > 0, rows, 1 << 20), axis=0)
-    budget = end_wait(state, tl.max(pending, axis=0) > 0, no_headers, tl.zeros([MAX_WORLD], tl.int32), no_headers,
-                      budget, status_ptr, rank, first, desc)
+    no_headers = status_ptr.to(tl.pointer_type(tl.int64))  # never read: check 0
+    budget = end_wait(state, tl.max(pending, axis=0) > 0, budget, status_ptr, rank, first, desc, no_headers, 0, 0, 1)
     lane = tl.arange(0, words.shape[1])
     escaped = ((masks >> (lane % ESCAPE_GROUP)[None, :]) & 1) != 0
     return tl.where(escaped, EMPTY, words), budget
