@@ -1,14 +1,29 @@
-"""Host time per eager call of the fused ops at world size 1: the Python path from the public function to
-the kernel launch, with no GPU work timed (issue 25 point 6: "nothing slower" on the host side).
+"""Host time per eager call of the fused ops at world size 1 and of the collectives at world size 2: the
+Python path from the public function to the kernel launch, with no GPU work timed (issue 25 point 6:
+"nothing slower" on the host side).
 
     PYTHONPATH=src python3 benchmarks/host_overhead.py                        # this tree, CPU
     PYTHONPATH=src python3 benchmarks/host_overhead.py --old-src old_main/src  # and another tree, side by side
     PYTHONPATH=src python3 benchmarks/host_overhead.py --profile matmul_all_reduce   # where the time goes
+    PYTHONPATH=src python3 benchmarks/host_overhead.py --path collectives --old-src old_main/src
+    PYTHONPATH=src python3 benchmarks/host_overhead.py --path collectives --calls "all_gather auto 4 KB"
 
 CPU (the default; no GPU needed): a gloo group of one, CPU tensors under TRITON_INTERPRET=1 and
 ``launcher.recording()``, so every launch is recorded instead of run: what is timed is exactly the host
 code of a call (public wrapper, op spec, cached plan, algorithm host code, launch arguments), nothing of
 the interpreter. The CPU path skips the GPU-only host work (TMA descriptors, the launcher's fast path).
+
+--path collectives: the collectives of benchmarks/restructure_check.py (all_reduce auto / sentinel_one_shot /
+one_shot / two_shot, all_reduce_, reduce_scatter, all_gather, broadcast, all_to_all at 4 KB and 4 MB
+per rank, bf16) through their public functions as rank 0 of a group of two, in one process: torch's
+"fake" process group (world size 2, no peer), meta tensors, the GPU's host path (GPU launch configs, a
+workspace of two ranks from tests/kernel_specs.FakeWorkspace, the plans' prepared launches and the
+launcher's fast path calling a no-op compiled kernel). What it leaves out: the driver call and the real
+workspace's error-record read (the same code in both trees). With --device cuda instead: ranks of a
+real group of two sharing GPU 0 (``collectives_cuda``).
+
+The column that decides "more work per call" is ``calls``: Python-level function calls of one repeated
+call (sys.setprofile), not a clock; ``--calls CASE`` lists them (function, file) for one case.
 
 --device cuda (the GPU machine): real launches at world size 1, timed as bench.timing.host_time_us
 does (rounds of CALLS calls queued on an idle GPU, the median round's time per call), without the
@@ -46,6 +61,28 @@ CASES = (("matmul_reduce_scatter", "fused", (16, 8192, 3584), False),
 ROUNDS, CALLS = 15, 20
 # --path gpu cannot time these: their algorithms resolve a collective inside (plan.resolve refuses meta).
 NOT_ON_GPU_PATH = {("matmul_all_reduce", "two_shot"), ("all_gather_matmul", "auto"), ("all_reduce", "auto")}
+
+
+# The collectives of benchmarks/restructure_check.py, as rank 0 of a group of two: (op, algorithm, bytes per rank).
+COLLECTIVES = (("all_reduce", "auto"), ("all_reduce", "sentinel_one_shot"), ("all_reduce", "one_shot"),
+               ("all_reduce", "two_shot"), ("all_reduce_", "auto"), ("reduce_scatter", "auto"),
+               ("all_gather", "auto"), ("broadcast", "auto"), ("all_to_all", "auto"))
+COLLECTIVE_SIZES = (4 << 10, 4 << 20)
+COLLECTIVE_CASES = tuple((op, algorithm, nbytes) for op, algorithm in COLLECTIVES for nbytes in COLLECTIVE_SIZES)
+
+
+def collective_label(op, algorithm, nbytes) -> str:
+    return f"{op} {algorithm} {nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{op} {algorithm} {nbytes >> 10} KB"
+
+
+def collective_call(op, algorithm, nbytes, x):
+    """A no-argument call of the public function on ``x`` (bf16, ``nbytes`` per rank)."""
+    import symmcoll
+    if op == "all_reduce_":
+        return lambda: symmcoll.all_reduce_(x, algorithm=algorithm)
+    if op == "broadcast":
+        return lambda: symmcoll.broadcast(x, 0, algorithm=algorithm)
+    return lambda: getattr(symmcoll, op)(x, algorithm=algorithm)
 
 
 def _label(op, algorithm, shape, transposed) -> str:
@@ -96,9 +133,13 @@ class _LaunchNothing:
 
 
 class _EveryKeyCompiled(dict):
-    """launcher._COMPILED as if every (kernel, meta, specialisation) had been compiled."""
+    """launcher._COMPILED as if every (kernel, meta, specialisation) had been compiled: a key is hashed
+    and looked up as in the real dictionary (hashing a kernel runs Triton's ``cache_key``)."""
     def get(self, key, default=None):
-        return _LaunchNothing()
+        found = dict.get(self, key)
+        if found is None:
+            found = self[key] = _LaunchNothing()
+        return found
 
 
 def fake_gpu_launcher():
@@ -148,6 +189,166 @@ def algorithm_call(op, algorithm, shape, transposed):
     return lambda: p.execute(x, others=others)
 
 
+class _DeviceTypeForResolve(str):
+    """The fake workspace's device type during a case's first call: "cuda" to the algorithms, and equal to
+    the meta input's "meta" for the resolver's check that input and workspace share a device type."""
+    def __eq__(self, other):
+        return str.__eq__(self, other) or other == "meta"
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+def fake_world_of_two():
+    """This process as rank 0 of a group of two on the GPU's host path, without a GPU or a peer: torch's
+    "fake" process group, the launcher patched as ``fake_gpu_launcher`` does (and a prepared launch
+    "compiled" into a no-op at once), ``memory.get_workspace`` answering with a workspace of two ranks
+    (tests/kernel_specs.FakeWorkspace with the host-visible error record a real one has), and meta
+    tensors accepted as inputs. Returns ``arm()``: after a case's first call (the resolve, with the
+    workspace's device type equal to "meta" for the resolver's device check), the workspace is on cuda."""
+    import types
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+    from symmcoll import launcher, memory, plan
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from kernel_specs import FakeWorkspace
+
+    # A real store (calls.remember keeps each call's descriptor fields there; FakeStore refuses set).
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=2)
+    fake_gpu_launcher()
+    launcher._raw_stream = lambda device_index: 0
+
+    def prepare_without_compiling(self, *tensors):
+        args = (*self.prefix, *tensors, *self.suffix)
+        if any(t.data_ptr() % 16 for t in tensors):  # as launcher.Prepared: a misaligned view goes the slow way
+            launcher.launch(self.kernel, self.grid[:1], args, self.meta)
+            return
+        launcher.LAUNCH_COUNTS[self.kernel.__name__] += 1
+        self.tail = tuple(self.meta[p.name] if p.name in self.meta else p.default
+                          for p in self.kernel.params[len(args):])
+        self.device, self.compiled = 0, _LaunchNothing()
+    launcher.Prepared.__call__ = prepare_without_compiling
+
+    ws = FakeWorkspace(2, 0)
+    ws.status_view, ws.reports_raised = np.zeros(memory.STATUS_REPORTS + 1, dtype=np.int32), 0
+    memory.get_workspace = lambda *args, **kwargs: ws
+    check_device = plan.check_device
+    plan.check_device = lambda x, name="x": None if x.device.type == "meta" else check_device(x, name)
+
+    def arm(armed: bool):
+        ws.device = torch.device("cuda", 0) if armed else types.SimpleNamespace(
+            type=_DeviceTypeForResolve("cuda"), index=0)
+    arm(False)
+    return arm
+
+
+def python_calls(call) -> tuple[int, list[str]]:
+    """(Python-level function calls of one ``call()``, each as "function (file:line)")."""
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            seen.append(f"{code.co_name} ({'/'.join(code.co_filename.split('/')[-2:])}:{code.co_firstlineno})")
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return len(seen) - 1, seen[1:]  # not the profiled lambda itself
+
+
+def host_work(call) -> dict:
+    """What one ``call()`` does on the host, counted (no clock): Python-level function calls, calls of C
+    functions (builtins, torch's bindings: their cost varies, their number does not) and Python bytecode
+    instructions executed (sys.settrace's opcode events), each without the profiled lambda itself."""
+    counts = {"c_calls": 0, "opcodes": 0}
+
+    def profile(frame, event, arg):
+        counts["c_calls"] += event == "c_call"
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        counts["opcodes"] += event == "opcode"
+        return trace
+    calls, _ = python_calls(call)
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    sys.settrace(trace)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    counts["c_calls"] -= 1  # sys.setprofile(None)
+    counts["opcodes"] -= _LAMBDA_OPCODES
+    return {"python_calls": calls, **counts}
+
+
+def _opcodes_of_a_lambda() -> int:
+    """Opcodes the tracer sees of a lambda that calls a no-op (what host_work subtracts)."""
+    counts = [0]
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        counts[0] += event == "opcode"
+        return trace
+    noop = lambda: None  # noqa: E731
+    call = lambda: noop()  # noqa: E731
+    sys.settrace(trace)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    return counts[0] - 2  # noop's own: LOAD_CONST, RETURN
+
+
+_LAMBDA_OPCODES = _opcodes_of_a_lambda()
+
+
+def collectives_worker(profile: str | None, calls_of: str | None) -> list[dict]:
+    """Every collective case as rank 0 of a fake group of two (``fake_world_of_two``): Python calls and
+    launches of a repeated call, and its CPU time per call (``_time``)."""
+    import torch
+    from symmcoll import launcher, plan
+    arm = fake_world_of_two()
+    rows = []
+    for op, algorithm, nbytes in COLLECTIVE_CASES:
+        label = collective_label(op, algorithm, nbytes)
+        if (profile and profile not in label) or (calls_of and calls_of != label):
+            continue
+        row = {"case": label}
+        try:
+            call = collective_call(op, algorithm, nbytes, torch.empty(nbytes // 2, dtype=torch.bfloat16,
+                                                                      device="meta"))
+            arm(False)
+            plan.clear_cache()  # so that the case's own plan is the one resolved here
+            call()  # the resolve
+            row["runs"] = list(plan._PLANS.values())[-1].name  # what "auto" chose (all_reduce_: all_reduce's plan)
+            arm(True)
+            call(), call()  # the first call on the GPU's host path prepares the plan's launch
+            before = sum(launcher.LAUNCH_COUNTS.values())
+            seen = python_calls(call)[1]
+            row["launches"] = sum(launcher.LAUNCH_COUNTS.values()) - before
+            row.update(host_work(call))
+            if calls_of:
+                print("\n".join(seen))
+            if profile:
+                _profile(call, label)
+                continue
+            row["host_us"] = _time(call, lambda: None)
+        except Exception as exc:  # noqa: BLE001 - reported in the row; the others go on
+            row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        rows.append(row)
+    return rows
+
+
 def worker(device: str, profile: str | None, path: str = "public") -> list[dict]:
     """Time every case in this process (a group of one); with ``profile``, print cProfile's view of the
     matching cases instead."""
@@ -180,6 +381,8 @@ def worker(device: str, profile: str | None, path: str = "public") -> list[dict]
                 before = sum(launcher.LAUNCH_COUNTS.values())
                 call()
                 row["launches"] = len(launches) if recording else sum(launcher.LAUNCH_COUNTS.values()) - before
+                if device == "cpu":
+                    row.update(host_work(call))
                 if profile:
                     _profile(call, label)
                     continue
@@ -231,19 +434,25 @@ def main():
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--old-src", default=None, help="src/ of another tree, timed the same way")
     parser.add_argument("--new-src", default=None, help="src/ of the tree after (default: this tree's)")
-    parser.add_argument("--path", choices=("public", "gpu"), default="public",
+    parser.add_argument("--path", choices=("public", "gpu", "collectives"), default="public",
                         help="public: the public function (CPU: recorded launches); gpu: the algorithm's host code on "
-                             "the GPU path without a GPU (meta tensors, a fake workspace, no-op launches)")
+                             "the GPU path without a GPU (meta tensors, a fake workspace, no-op launches); "
+                             "collectives: the collectives' public functions at world size 2 (CPU: one rank of a "
+                             "fake group on the GPU's host path; cuda: two ranks sharing GPU 0)")
     parser.add_argument("--profile", default=None, help="cProfile the cases whose label contains this")
+    parser.add_argument("--calls", default=None, help="--path collectives: list the Python calls of this case")
     parser.add_argument("--out", default=None, help="JSON of the rows")
     parser.add_argument("--repeats", type=int, default=1, help="processes per tree, alternating")
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
-    if args.worker or args.profile:
+    if args.worker or args.profile or args.calls:
         if args.device == "cpu" and args.path == "public" and os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("CPU tensors need TRITON_INTERPRET=1 (set it, or run without --worker/--profile)")
-        rows = worker(args.device, args.profile, args.path)
-        if not args.profile:
+        if args.path == "collectives":
+            rows = collectives_worker(args.profile, args.calls) if args.device == "cpu" else collectives_cuda()
+        else:
+            rows = worker(args.device, args.profile, args.path)
+        if not args.profile and not args.calls:
             print(json.dumps(rows))
         return 0
     here = args.new_src or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
@@ -255,18 +464,19 @@ def main():
     trees = {tree: _merge(got) for tree, got in runs.items()}
     print(f"host us per call, {args.device}, path {args.path}, median of {ROUNDS} rounds of {CALLS} calls"
           f"{f', median of {args.repeats} processes per tree (alternating)' if args.repeats > 1 else ''}")
-    print(f"{'case':<50}{'new':>9}{'old':>9}{'x':>7}  launches  (new runs / old runs)")
+    print(f"{'case':<50}{'new':>9}{'old':>9}{'x':>7}{'calls new':>10}{'old':>5}  launches  (new runs / old runs)")
     for i, row in enumerate(trees["new"]):
         old = trees["old"][i] if "old" in trees else {}
         new_us, old_us = row.get("host_us"), old.get("host_us")
         fmt = lambda v: f"{v:.1f}" if v is not None else "-"
         ratio = f"{new_us / old_us:.2f}" if new_us and old_us else "-"
+        calls = f"{row.get('python_calls', '-'):>10}{old.get('python_calls', '-'):>5}"
         note = "; ".join(f"{t}: {r['error']}" for t, r in (("new", row), ("old", old)) if r.get("error"))
         note = note or row.get("note", "")
         if len(row.get("runs_us", ())) > 1:
             note += " (" + " ".join(f"{v:.0f}" for v in row["runs_us"]) + " / " + \
                 " ".join(f"{v:.0f}" for v in old.get("runs_us", ())) + ")"
-        print(f"{row['case']:<50}{fmt(new_us):>9}{fmt(old_us):>9}{ratio:>7}  {row.get('launches')} {note}")
+        print(f"{row['case']:<50}{fmt(new_us):>9}{fmt(old_us):>9}{ratio:>7}{calls}  {row.get('launches')} {note}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(trees, f, indent=1)
