@@ -19,19 +19,25 @@ per rank, bf16) through their public functions as rank 0 of a group of two, in o
 "fake" process group (world size 2, no peer), meta tensors, the GPU's host path (GPU launch configs, a
 workspace of two ranks from tests/kernel_specs.FakeWorkspace, the plans' prepared launches and the
 launcher's fast path calling a no-op compiled kernel). What it leaves out: the driver call and the real
-workspace's error-record read (the same code in both trees). With --device cuda instead: ranks of a
-real group of two sharing GPU 0 (``collectives_cuda``).
+workspace's error-record read (the same code in both trees). Each row also says whether the repeated
+call took its plan's prepared launch, and whether what the compiled kernel was handed equals the
+algorithm's own recorded launches of that call (tests/test_host_overhead.py asserts both, and ceilings).
 
 The column that decides "more work per call" is ``calls``: Python-level function calls of one repeated
-call (sys.setprofile), not a clock; ``--calls CASE`` lists them (function, file) for one case.
+call (sys.setprofile), not a clock (the JSON has C calls and bytecodes too); ``--calls CASE`` lists
+them (function, file) for one case.
 
 --device cuda (the GPU machine): real launches at world size 1, timed as bench.timing.host_time_us
 does (rounds of CALLS calls queued on an idle GPU, the median round's time per call), without the
-timing module, so that any tree can be timed by the same code.
+timing module, so that any tree can be timed by the same code. With --path collectives: two ranks
+sharing GPU 0 (``collectives_cuda``), every result checked exactly first, CUDA_ROUNDS rounds of
+CUDA_CALLS calls, rank 0's Python calls counted on the real GPU path (HOST_SMOKE=1: CPU ranks, a check
+of the harness only).
 
 Each tree runs in a process of its own (``--old-src``: that tree's src first on PYTHONPATH); the cases
 use only the public functions and ``launcher.recording`` (both trees have them). The table: us per call
-for each tree and their ratio; the median of ROUNDS rounds of CALLS calls after a warm-up.
+for each tree and their ratio; the median of ROUNDS rounds of CALLS calls after a warm-up, the median
+over processes (``--repeats``, the trees alternating; ``--deadline`` stops starting rounds).
 """
 
 from __future__ import annotations
@@ -110,16 +116,18 @@ def make_call(op, algorithm, shape, transposed, device):
     return lambda: fn(a, b, algorithm=algorithm)
 
 
-def _time(call, sync) -> float:
+def _time(call, sync, rounds: int = ROUNDS, calls: int = CALLS, start_together=lambda: None) -> float:
+    """us per call: the median of ``rounds`` rounds of ``calls`` calls, after a warm-up."""
     for _ in range(3):
         call()
     per_round = []
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         sync()
+        start_together()
         start = time.perf_counter()
-        for _ in range(CALLS):
+        for _ in range(calls):
             call()
-        per_round.append((time.perf_counter() - start) / CALLS * 1e6)
+        per_round.append((time.perf_counter() - start) / calls * 1e6)
     sync()
     return statistics.median(per_round)
 
@@ -312,6 +320,33 @@ def _opcodes_of_a_lambda() -> int:
 _LAMBDA_OPCODES = _opcodes_of_a_lambda()
 
 
+def launches_match_recorded(call) -> bool:
+    """Whether ``call()`` on the GPU's host path (a prepared launch or ``launcher.launch``) hands the
+    compiled kernels the grids and arguments that the algorithm's own launches of the same call have
+    (``launcher.recording()``, where nothing is prepared): what a prepared launch keeps from its first
+    call must not be something that changes between calls. Tensors compare by address."""
+    import torch
+    from symmcoll import launcher
+    ran = []
+    run = _LaunchNothing.run
+    _LaunchNothing.run = lambda self, *args: ran.append(args)
+    try:
+        call()
+    finally:
+        _LaunchNothing.run = run
+    with launcher.recording() as recorded:
+        call()
+    address = lambda args: tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)  # noqa: E731
+    if not recorded or len(ran) != len(recorded):
+        return False
+    for args, launch in zip(ran, recorded):
+        # run(gridX, gridY, gridZ, stream, function, packed_metadata, 3 hooks, *kernel arguments, *constexprs)
+        grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+        if tuple(args[:3]) != grid or address(args[9:9 + len(launch.args)]) != address(launch.args):
+            return False
+    return True
+
+
 def collectives_worker(profile: str | None, calls_of: str | None) -> list[dict]:
     """Every collective case as rank 0 of a fake group of two (``fake_world_of_two``): Python calls and
     launches of a repeated call, and its CPU time per call (``_time``)."""
@@ -330,13 +365,16 @@ def collectives_worker(profile: str | None, calls_of: str | None) -> list[dict]:
             arm(False)
             plan.clear_cache()  # so that the case's own plan is the one resolved here
             call()  # the resolve
-            row["runs"] = list(plan._PLANS.values())[-1].name  # what "auto" chose (all_reduce_: all_reduce's plan)
+            resolved = list(plan._PLANS.values())[-1]  # all_reduce_: all_reduce's plan
+            row["runs"] = resolved.name  # what "auto" chose
             arm(True)
             call(), call()  # the first call on the GPU's host path prepares the plan's launch
+            row["prepared"] = resolved.fast is not None
             before = sum(launcher.LAUNCH_COUNTS.values())
             seen = python_calls(call)[1]
             row["launches"] = sum(launcher.LAUNCH_COUNTS.values()) - before
             row.update(host_work(call))
+            row["same_as_recorded"] = launches_match_recorded(call)
             if calls_of:
                 print("\n".join(seen))
             if profile:
@@ -347,6 +385,81 @@ def collectives_worker(profile: str | None, calls_of: str | None) -> list[dict]:
             row["error"] = f"{type(exc).__name__}: {exc}"[:200]
         rows.append(row)
     return rows
+
+
+# --device cuda --path collectives: two ranks time-slice one GPU (a call takes milliseconds of GPU time),
+# so fewer calls than ROUNDS x CALLS keep a process of every case near 30 s.
+CUDA_ROUNDS, CUDA_CALLS = 9, 10
+# HOST_SMOKE=1: --device cuda --path collectives on two CPU ranks (interpreted kernels, 512 bytes, one
+# round of two calls, no work counts): a check that the harness runs, not a measurement.
+SMOKE = os.environ.get("HOST_SMOKE") == "1"
+if SMOKE:
+    CUDA_ROUNDS, CUDA_CALLS = 1, 2
+
+
+def _collective_want(op, xs, rank, world):
+    """The exact result of ``op`` on rank-coded bf16 inputs ``xs`` (integers: fp32 sums are exact)."""
+    import torch
+    total = sum(x.float() for x in xs).to(torch.bfloat16)
+    if op in ("all_reduce", "all_reduce_"):
+        return total
+    if op == "reduce_scatter":
+        return total.chunk(world)[rank]
+    if op == "all_gather":
+        return torch.cat(xs)
+    if op == "broadcast":
+        return xs[0]
+    return torch.cat([x.chunk(world)[rank] for x in xs])  # all_to_all, equal splits
+
+
+def _collectives_cuda_rank() -> list[dict]:
+    """One rank of ``collectives_cuda``: every case checked exactly, then counted and timed."""
+    import torch
+    import torch.distributed as dist
+    import symmcoll
+    from symmcoll.bench.checks import rank_coded
+    rank, world, group = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
+    dev = torch.device("cpu") if SMOKE else torch.device("cuda", 0)
+    sync = (lambda: None) if SMOKE else torch.cuda.synchronize
+
+    def measure(op, algorithm, nbytes) -> dict:
+        row = {"case": collective_label(op, algorithm, nbytes)}
+        nbytes = 512 if SMOKE else nbytes
+        try:
+            xs = [rank_coded(nbytes // 2, torch.bfloat16, r, 0, dev) for r in range(world)]
+            want, x = _collective_want(op, xs, rank, world), xs[rank].clone()
+            call = collective_call(op, algorithm, nbytes, x)
+            got = call()
+            row["wrong"] = int(((x if op == "all_reduce_" else got) != want).sum())
+            for _ in range(3):
+                call()
+            if not SMOKE:  # (traced, an interpreted kernel takes minutes)
+                row.update(host_work(call))  # the real GPU path's calls (every rank makes the same calls)
+            # As bench.timing.host_time_us: rounds queued on an idle GPU, the ranks starting together.
+            row["host_us"] = _time(call, sync, CUDA_ROUNDS, CUDA_CALLS, lambda: dist.barrier(group))
+        except Exception as exc:  # noqa: BLE001 - reported in the row; the others go on
+            row["error"] = f"rank {rank}: {type(exc).__name__}: {exc}"[:300]
+        return row
+
+    rows = []
+    for op, algorithm, nbytes in COLLECTIVE_CASES:
+        rows.append(measure(op, algorithm, nbytes))
+        anyone_failed = [False] * world
+        dist.all_gather_object(anyone_failed, "error" in rows[-1])
+        if any(anyone_failed):
+            symmcoll.reset()  # on every rank together: a failed call leaves the workspaces broken
+    return rows
+
+
+def collectives_cuda() -> list[dict]:
+    """--device cuda --path collectives: every collective case on two ranks sharing GPU 0 (cuda-shared:
+    two processes, a gloo group), each result checked exactly first (rank-coded values against their
+    fp32 sum); per case each rank's host us (CPU time per call of rounds of CUDA_CALLS calls queued on an
+    idle GPU, the median round) and rank 0's work counts of one repeated call on the real GPU path."""
+    from symmcoll import launch
+    per_rank = launch.run(_collectives_cuda_rank, 2, device="cpu" if SMOKE else "cuda-shared", timeout=400)
+    return [dict(r0, host_us_rank1=r1.get("host_us"), wrong=r0.get("wrong", 0) + r1.get("wrong", 0),
+                 error=r0.get("error") or r1.get("error")) for r0, r1 in zip(*per_rank)]
 
 
 def worker(device: str, profile: str | None, path: str = "public") -> list[dict]:
@@ -408,24 +521,32 @@ def _profile(call, label, calls: int = 2000) -> None:
 
 
 def _merge(runs: list[list[dict]]) -> list[dict]:
-    """One row per case over repeated processes: the median host us, and each process's."""
+    """One row per case over repeated processes: the median host us, and each process's (and rank 1's)."""
     merged = []
     for rows in zip(*runs):
         times = [r["host_us"] for r in rows if r.get("host_us") is not None]
-        merged.append(dict(rows[0], host_us=statistics.median(times) if times else None, runs_us=times))
+        merged.append(dict(rows[0], host_us=statistics.median(times) if times else None, runs_us=times,
+                           runs_us_rank1=[r["host_us_rank1"] for r in rows if r.get("host_us_rank1") is not None],
+                           wrong=sum(r.get("wrong") or 0 for r in rows),
+                           error=next((r["error"] for r in rows if r.get("error")), None)))
     return merged
 
 
-def _run_tree(src: str, device: str, path: str) -> list[dict]:
+def _run_tree(src: str, device: str, path: str, timeout: float = 600) -> list[dict] | None:
+    """The rows of one worker process of the tree at ``src`` (None, with its error printed, if it failed)."""
     env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
     env.pop("TRITON_INTERPRET", None)
     if device == "cpu" and path == "public":
         env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--device", device, "--path", path],
-                          env=env,
-                          capture_output=True, text=True, timeout=600)
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--device", device, "--path",
+                               path], env=env, capture_output=True, text=True, timeout=max(30, timeout))
+    except subprocess.TimeoutExpired:
+        print(f"{src}: timed out after {timeout:.0f} s", flush=True)
+        return None
     if proc.returncode:
-        raise SystemExit(f"{src}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+        print(f"{src}: exit {proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
+        return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -443,6 +564,9 @@ def main():
     parser.add_argument("--calls", default=None, help="--path collectives: list the Python calls of this case")
     parser.add_argument("--out", default=None, help="JSON of the rows")
     parser.add_argument("--repeats", type=int, default=1, help="processes per tree, alternating")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds for every process: no round (a process per tree) is started that would end "
+                             "past it, judged by the last round's length")
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     if args.worker or args.profile or args.calls:
@@ -455,32 +579,56 @@ def main():
         if not args.profile and not args.calls:
             print(json.dumps(rows))
         return 0
+    start = time.monotonic()
     here = args.new_src or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     sources = [("new", here)] + ([("old", args.old_src)] if args.old_src else [])
     runs = {tree: [] for tree, _ in sources}
+    last_round = 0.0
     for _ in range(args.repeats):  # the trees alternate: drift between processes shows as spread
+        # The next round as long as the last one (the first one compiles the kernels: later ones are shorter).
+        if args.deadline and time.monotonic() - start + 1.3 * last_round > args.deadline:
+            break
+        round_began = time.monotonic()
         for tree, src in sources:
-            runs[tree].append(_run_tree(src, args.device, args.path))
-    trees = {tree: _merge(got) for tree, got in runs.items()}
-    print(f"host us per call, {args.device}, path {args.path}, median of {ROUNDS} rounds of {CALLS} calls"
-          f"{f', median of {args.repeats} processes per tree (alternating)' if args.repeats > 1 else ''}")
+            began = time.monotonic()
+            remaining = args.deadline - (began - start) if args.deadline else 600
+            got = _run_tree(src, args.device, args.path, remaining)
+            if got is not None:
+                runs[tree].append(got)
+                print(f"{tree}: process {len(runs[tree])} in {time.monotonic() - began:.0f} s", flush=True)
+        last_round = time.monotonic() - round_began
+    if not runs["new"]:
+        print("no process of this tree finished")
+        return 1
+    trees = {tree: _merge(got) for tree, got in runs.items() if got}
+    rounds, calls = (CUDA_ROUNDS, CUDA_CALLS) if args.device == "cuda" and args.path == "collectives" else (ROUNDS, CALLS)
+    processes = {tree: len(got) for tree, got in runs.items()}
+    print(f"host us per call, {args.device}, path {args.path}, median of {rounds} rounds of {calls} calls, median "
+          f"over processes {processes} (the trees alternating); calls: Python-level calls of one repeated call")
     print(f"{'case':<50}{'new':>9}{'old':>9}{'x':>7}{'calls new':>10}{'old':>5}  launches  (new runs / old runs)")
+    failed = False
     for i, row in enumerate(trees["new"]):
         old = trees["old"][i] if "old" in trees else {}
         new_us, old_us = row.get("host_us"), old.get("host_us")
-        fmt = lambda v: f"{v:.1f}" if v is not None else "-"
+        fmt = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
         ratio = f"{new_us / old_us:.2f}" if new_us and old_us else "-"
         calls = f"{row.get('python_calls', '-'):>10}{old.get('python_calls', '-'):>5}"
         note = "; ".join(f"{t}: {r['error']}" for t, r in (("new", row), ("old", old)) if r.get("error"))
+        note += "; ".join(f"{t}: WRONG {r['wrong']}" for t, r in (("new", row), ("old", old)) if r.get("wrong"))
+        failed |= bool(row.get("error") or row.get("wrong"))
         note = note or row.get("note", "")
         if len(row.get("runs_us", ())) > 1:
             note += " (" + " ".join(f"{v:.0f}" for v in row["runs_us"]) + " / " + \
                 " ".join(f"{v:.0f}" for v in old.get("runs_us", ())) + ")"
+        if row.get("runs_us_rank1"):
+            note += " rank 1: " + " ".join(f"{v:.0f}" for v in row["runs_us_rank1"]) + " / " + \
+                " ".join(f"{v:.0f}" for v in old.get("runs_us_rank1", ()))
         print(f"{row['case']:<50}{fmt(new_us):>9}{fmt(old_us):>9}{ratio:>7}{calls}  {row.get('launches')} {note}")
+    print(f"{time.monotonic() - start:.0f} s")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(trees, f, indent=1)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
