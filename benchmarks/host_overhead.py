@@ -426,13 +426,18 @@ def _collectives_cuda_rank() -> list[dict]:
         row = {"case": collective_label(op, algorithm, nbytes)}
         nbytes = 512 if SMOKE else nbytes
         try:
-            xs = [rank_coded(nbytes // 2, torch.bfloat16, r, 0, dev) for r in range(world)]
-            want, x = _collective_want(op, xs, rank, world), xs[rank].clone()
+            coded = lambda n: [rank_coded(nbytes // 2, torch.bfloat16, r, n, dev) for r in range(world)]  # noqa: E731
+            xs = coded(0)
+            x = xs[rank].clone()
             call = collective_call(op, algorithm, nbytes, x)
             got = call()
-            row["wrong"] = int(((x if op == "all_reduce_" else got) != want).sum())
+            row["wrong"] = int(((x if op == "all_reduce_" else got) != _collective_want(op, xs, rank, world)).sum())
             for _ in range(3):
                 call()
+            xs = coded(1)  # a repeated call (on GPU: the plan's prepared launch) with new values in x
+            x.copy_(xs[rank])
+            got = call()
+            row["wrong"] += int(((x if op == "all_reduce_" else got) != _collective_want(op, xs, rank, world)).sum())
             if not SMOKE:  # (traced, an interpreted kernel takes minutes)
                 row.update(host_work(call))  # the real GPU path's calls (every rank makes the same calls)
             # As bench.timing.host_time_us: rounds queued on an idle GPU, the ranks starting together.
