@@ -266,14 +266,32 @@ for stage in $stages; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     host)
-      # Issue 25 point 6, one GPU, about 3 minutes: host us per eager call of the fused ops at world size 1
-      # (benchmarks/host_overhead.py --device cuda: rounds of 20 calls queued on an idle GPU, as
-      # bench.timing.host_time_us), this tree and old_main/src (carried, as for restructure) in alternating
-      # processes, 3 per tree: the spread between processes of one tree is the noise to judge x by.
+      # Issue 25 point 6, one GPU: host us per eager call, this tree and old_main/src (carried, as for
+      # restructure) in alternating processes: the spread between processes of one tree is the noise to
+      # judge x by. HOST_PARTS (default "fused"):
+      #   fused        the fused ops at world size 1 (benchmarks/host_overhead.py --device cuda: rounds of 20
+      #                calls queued on an idle GPU, as bench.timing.host_time_us), 3 processes per tree, ~3 min.
+      #   collectives  the collectives of restructure_check at 4 KB and 4 MB, two ranks sharing GPU 0, each
+      #                result checked exactly first; host us of both ranks (9 rounds of 10 calls) and the
+      #                Python calls of one repeated call on the real GPU path; processes alternate until
+      #                HOST_DEADLINE (270 s; at most HOST_REPEATS=4 per tree), <= 5 min.
       old=""; [ -d old_main/src ] && old="--old-src old_main/src"
-      timeout ${HOST_TIMEOUT:-420} python3 benchmarks/host_overhead.py --device cuda --repeats ${HOST_REPEATS:-3} $old \
-        --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      for part in ${HOST_PARTS:-fused}; do
+        case "$part" in
+          fused)
+            timeout ${HOST_TIMEOUT:-420} python3 benchmarks/host_overhead.py --device cuda --repeats ${HOST_REPEATS:-3} \
+              $old --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+            ;;
+          collectives)
+            timeout ${HOST_TIMEOUT:-300} python3 benchmarks/host_overhead.py --device cuda --path collectives \
+              --repeats ${HOST_REPEATS:-4} --deadline ${HOST_DEADLINE:-270} $old \
+              --out "$OUT/host_collectives.json" 2>&1 | tee "$OUT/host_collectives.log"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+            ;;
+          *) echo "host: unknown part $part (fused, collectives)"; status=1 ;;
+        esac
+      done
       ;;
     quantized-tests)
       sizes=2; [ "$ngpu" -ge 4 ] && sizes=2,4

@@ -57,7 +57,7 @@ from ..language.signals import ARG_MAX_ROWS
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, Plan, register, word_dtype_reason
-from .common import as_words, config, move_config
+from .common import as_words, cdiv, config, launch_once, move_config
 from .splits import bounded_rounds, exchange_outputs, plan_rounds, split_matrix
 
 SPLITS = declare(RegionSpec(
@@ -179,12 +179,19 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_de
     # Every chunk, piece and offset is a multiple of align words (16 when rows are a multiple of 16
     # words), which the kernel turns into vector accesses of up to 16 bytes.
     cfg = move_config(x.element_size(), exchange_bytes, x.device.type)
-    grid = cfg.grid(triton.cdiv(max(piece, longest_self), cfg.block))
+    grid = cfg.grid(cdiv(max(piece, longest_self), cfg.block))
+    prefix = (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, ws.region(SPLITS.name).ptrs_dev)
+    constexprs = dict(WORLD=world, BLOCK=cfg.block, ALIGN=align, num_warps=cfg.num_warps)
+    if plan.request.splits is None and rounds == 1:
+        # Equal splits in one round: all but the input and output is fixed by the plan (its splits
+        # tensor and counts included), so on GPU later calls take the prepared launch (plan.fast).
+        launch_once(plan, all_to_all_kernel, grid, prefix, words, as_words(out),
+                    (splits_dev, recv, x.shape[0], max_rows, max_rows * row_numel, row_numel, 0, piece), constexprs,
+                    whole=True)
+        return out
     for t in range(rounds):
-        launch(all_to_all_kernel, grid,
-               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, ws.region(SPLITS.name).ptrs_dev, words, as_words(out),
-                splits_dev, recv, x.shape[0], max_rows, max_rows * row_numel, row_numel, t * piece, piece),
-               dict(WORLD=world, BLOCK=cfg.block, ALIGN=align, num_warps=cfg.num_warps))
+        launch(all_to_all_kernel, grid, (*prefix, words, as_words(out), splits_dev, recv, x.shape[0], max_rows,
+                                         max_rows * row_numel, row_numel, t * piece, piece), constexprs)
     return (out, recv) if matrix is None else out
 
 

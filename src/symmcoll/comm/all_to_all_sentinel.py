@@ -42,6 +42,7 @@ from ..language import (ARG_MAX_ROWS, EMPTY, EPOCH_SLOTS, ESCAPE_GROUP, MAX_WORL
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import CPU_CONFIG, DEVICE_SPLITS, Algorithm, LaunchConfig, Plan, register, word_dtype_reason
+from .common import cdiv, next_power_of_2
 from .splits import exchange_outputs, option, row_bytes, split_matrix
 
 # int64 call headers [PHASES][MAX_WORLD], then int64 counts [PHASES][MAX_WORLD], then the slots (the
@@ -188,14 +189,14 @@ def _sentinel(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_dev:
             return out  # nothing moves anywhere: every rank knows it, none launches
     row = ROW_WORDS[ws.device.type]
     cfg = _config(x.device.type, min(longest, row) * 4)
-    grid = cfg.grid(triton.cdiv(min(max(longest, 1), row), cfg.block))
+    grid = cfg.grid(cdiv(min(max(longest, 1), row), cfg.block))
     region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
     src, dst = _words(x), out.reshape(-1).view(torch.uint8).view(torch.int32)
-    for t in range(max(1, triton.cdiv(longest, row))):
+    for t in range(max(1, cdiv(longest, row))):
         launch(sentinel_all_to_all_kernel, grid,
                (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, src, dst, splits_dev, recv, x.shape[0], max_rows,
                 max_rows * row_words, row_words, t * row),
-               dict(WORLD=world, ROW=row, BLOCK=cfg.block, PEERS=triton.next_power_of_2(world),
+               dict(WORLD=world, ROW=row, BLOCK=cfg.block, PEERS=next_power_of_2(world),
                     num_warps=cfg.num_warps))
     return (out, recv) if matrix is None else out
 

@@ -9,6 +9,17 @@ from ..launcher import Prepared, launch
 from ..plan import CPU_CONFIG, WORD_DTYPES, LaunchConfig, Plan, Request
 
 
+def cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` for host code: triton's is a ConstexprFunction, whose call unwraps its arguments in
+    five more Python calls, and the collectives' host paths call it on every launch."""
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for host code (n >= 1), without the ConstexprFunction's calls."""
+    return 1 << (n - 1).bit_length()
+
+
 def chunks(numel: int, capacity: int):
     """(start, length) pieces of at most ``capacity`` elements covering ``numel``."""
     if capacity <= 0:

@@ -41,6 +41,7 @@ from ..language.transport import get, put_signal, send_signal, signal_value, wai
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import CPU_CONFIG, Plan
+from .common import cdiv
 
 GATHER, REDUCE, ALL_REDUCE, GET_GATHER = 0, 1, 2, 3
 MODES = {"gather": GATHER, "reduce": REDUCE, "all_reduce": ALL_REDUCE, "get_gather": GET_GATHER}
@@ -261,12 +262,12 @@ def exchange(plan: Plan, dtype: torch.dtype, out: torch.Tensor, mode: str, piece
     if ws.device.type == "cpu":
         programs, block, warps = 2, CPU_CONFIG.block, CPU_CONFIG.num_warps
     else:
-        programs = max(1, min(MAX_PROGRAMS.value, triton.cdiv(piece_len * dtype.itemsize, GPU_BYTES_PER_PROGRAM)))
+        programs = max(1, min(MAX_PROGRAMS.value, cdiv(piece_len * dtype.itemsize, GPU_BYTES_PER_PROGRAM)))
         block, warps = GPU_BLOCK_BYTES // dtype.itemsize, 16
         if transport.kind == 1:
             from ..memory.transport import prepare_nvshmem_kernel
             prepare_nvshmem_kernel(exchange_kernel)
-    span = triton.cdiv(triton.cdiv(max(piece_len, 1), programs), 16) * 16
+    span = cdiv(cdiv(max(piece_len, 1), programs), 16) * 16
     slots = ws.region(SLOTS.name).local.view(dtype)
     launch(exchange_kernel, (programs,),
            (*ws.kernel_args, plan.desc, transport.ptrs_dev, ws.local_state(EPOCHS.name),

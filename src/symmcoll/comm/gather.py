@@ -41,7 +41,7 @@ import triton.language as tl
 from ..language import announce, barrier_kernel, block_barrier, copy_blocks, peer_ptr, tee_blocks
 from ..launcher import launch
 from ..plan import Algorithm, Plan, register, word_dtype_reason
-from .common import as_words, chunks, config, launch_once, meta, move_configs
+from .common import as_words, cdiv, chunks, config, launch_once, meta, move_configs
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def gather_words(plan: Plan, words: torch.Tensor, out_words: torch.Tensor) -> No
     ws, cfg = plan.ws, config(plan)
     total = words.numel()
     for start, n in chunks(total, ws.capacity(words.dtype)):
-        launch_once(plan, all_gather_kernel, cfg.grid(triton.cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
+        launch_once(plan, all_gather_kernel, cfg.grid(cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
                     ws.buffer_ptrs_dev), words[start:], out_words[start:], (n, total), meta(plan, BLOCK=cfg.block),
                     whole=n == total)
 
@@ -126,7 +126,7 @@ def _broadcast(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     ws, cfg = plan.ws, config(plan)
     words, out_words = as_words(x), as_words(out)
     for start, n in chunks(words.numel(), ws.capacity(words.dtype)):
-        launch_once(plan, broadcast_kernel, cfg.grid(triton.cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
+        launch_once(plan, broadcast_kernel, cfg.grid(cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
                     ws.buffer_ptrs_dev, plan.request.src), words[start:], out_words[start:], (n,),
                     meta(plan, BLOCK=cfg.block), whole=n == words.numel())
     return out

@@ -39,10 +39,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import triton
 
 from ..plan import CPU_CONFIG, Algorithm, Plan, Request, algorithms, reduction_dtype_reason, register, word_dtype_reason
-from .common import as_words, chunks
+from .common import as_words, cdiv, chunks
 from .exchange import capacity, exchange, stage
 
 FAMILY = "hierarchical"
@@ -99,7 +98,7 @@ def _all_reduce(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     nodes, per_node = topo.nodes, topo.ranks_per_node
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, length in chunks(flat.numel(), per_node * nodes * capacity(plan.ws, x.dtype)):
-        piece = triton.cdiv(triton.cdiv(length, per_node * nodes), 16) * 16  # aligned pieces; the tail padded
+        piece = cdiv(cdiv(length, per_node * nodes), 16) * 16  # aligned pieces; the tail padded
         padded = per_node * nodes * piece
         src = flat[start:start + length]
         if padded != length:

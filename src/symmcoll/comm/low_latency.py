@@ -33,7 +33,7 @@ from ..language import (EPOCH_SLOTS, MAX_WORLD, WORD_FORMAT, announce_at, checks
                         unpack, wait_flagged)
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
-from .common import chunks, config, launch_once, meta
+from .common import cdiv, chunks, config, launch_once, meta
 
 # Largest piece per launch (CPU: small, so that the multi-piece path runs in the CPU tests too).
 LL_MAX_WORDS = {"cuda": (512 << 10) // 4, "cpu": (16 << 10) // 4}
@@ -120,7 +120,7 @@ def _low_latency(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     src_words, out_words = flat.view(torch.int32), result.view(torch.int32)
     piece = LL_MAX_WORDS[ws.device.type]
     for start, n in chunks(src_words.numel(), piece):
-        launch_once(plan, low_latency_kernel, cfg.grid(triton.cdiv(n, cfg.block)),
+        launch_once(plan, low_latency_kernel, cfg.grid(cdiv(n, cfg.block)),
                     (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs), src_words[start:], out_words[start:], (n,),
                     meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[x.dtype], SLOTS=piece, BLOCK=cfg.block),
                     whole=not padded and n == src_words.numel())

@@ -35,7 +35,7 @@ import triton.language as tl
 from ..language import (announce, block_barrier, combine, copy_blocks, finalize, move_block, narrow, peer_ptr)
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
-from .common import chunks, config, launch_once, meta
+from .common import cdiv, chunks, config, launch_once, meta
 
 REDUCED = declare(RegionSpec(
     "pull.reduced", "pull", lambda g: g.buffer_bytes // g.world_size + 1024,
@@ -236,14 +236,14 @@ def reduce_scatter_kernel(
 def aligned_shard_len(n: int, world: int) -> int:
     """Elements per shard of an n-element piece: ceil(n / W) rounded up to a multiple of 16, which keeps
     every shard start aligned for 16-byte accesses; the last shard may be short or empty."""
-    return triton.cdiv(triton.cdiv(n, world), 16) * 16
+    return cdiv(cdiv(n, world), 16) * 16
 
 
 def _one_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     ws, cfg = plan.ws, config(plan)
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
-        launch_once(plan, one_shot_kernel, cfg.grid(triton.cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
+        launch_once(plan, one_shot_kernel, cfg.grid(cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
                     ws.buffer_ptrs_dev), flat[start:], out_flat[start:], (n,),
                     meta(plan, REDUCE_OP=plan.reduce_code, BLOCK=cfg.block), whole=n == flat.numel())
     return out
@@ -255,7 +255,7 @@ def _two_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
         shard_len = aligned_shard_len(n, plan.world)
-        launch_once(plan, two_shot_kernel, cfg.grid(triton.cdiv(shard_len, cfg.block)),
+        launch_once(plan, two_shot_kernel, cfg.grid(cdiv(shard_len, cfg.block)),
                     (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, reduced.ptrs_dev), flat[start:], out_flat[start:],
                     (n, shard_len), meta(plan, REDUCE_OP=plan.reduce_code, BLOCK=cfg.block), whole=n == flat.numel())
     return out
@@ -267,7 +267,7 @@ def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
     segment = out_flat.numel()
     # W-1 staged slots of a piece fit the buffer; lengths a multiple of 16 keep every slot aligned.
     for start, n in chunks(segment, ws.capacity(x.dtype) // (plan.world - 1) // 16 * 16):
-        launch_once(plan, reduce_scatter_kernel, cfg.grid(triton.cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
+        launch_once(plan, reduce_scatter_kernel, cfg.grid(cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
                     ws.buffer_ptrs_dev), flat[start:], out_flat[start:], (n, segment),
                     meta(plan, REDUCE_OP=plan.reduce_code, BLOCK=cfg.block), whole=n == segment)
     return out

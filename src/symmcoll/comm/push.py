@@ -40,7 +40,7 @@ from ..language import announce, barrier_kernel, block_barrier, combine, finaliz
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
-from .common import chunks, config, meta
+from .common import cdiv, chunks, config, meta
 
 STAGING = declare(RegionSpec(
     "push.staging", "push", lambda g: g.buffer_bytes,
@@ -154,7 +154,7 @@ def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
     segment = out_flat.numel()
     # W-1 staged slots of a piece fit the staging region; lengths a multiple of 16 keep slots aligned.
     for start, n in chunks(segment, ws.capacity(x.dtype) // (world - 1) // 16 * 16):
-        launch(push_kernel, cfg.grid(triton.cdiv(n, cfg.block)),
+        launch(push_kernel, cfg.grid(cdiv(n, cfg.block)),
                (*ws.kernel_args, plan.desc, staging.ptrs_dev, flat[start:], out_flat[start:], out_flat[start:],
                 world * segment - start, n, segment),
                meta(plan, REDUCE_OP=plan.reduce_code, BLOCK=cfg.block, TEE=False, EXIT_BARRIER=True))
@@ -162,7 +162,7 @@ def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Ten
 
 
 def _aligned_shard_len(n: int, world: int) -> int:
-    return triton.cdiv(triton.cdiv(n, world), 16) * 16
+    return cdiv(cdiv(n, world), 16) * 16
 
 
 def _push_copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -172,7 +172,7 @@ def _push_copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.T
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, n in chunks(flat.numel(), ws.capacity(x.dtype)):
         shard = _aligned_shard_len(n, world)
-        launch(push_kernel, cfg.grid(triton.cdiv(shard, cfg.block)),
+        launch(push_kernel, cfg.grid(cdiv(shard, cfg.block)),
                (*ws.kernel_args, plan.desc, staging.ptrs_dev, flat[start:], out_flat[start + rank * shard:],
                 my_reduced, n, shard, shard),
                meta(plan, REDUCE_OP=plan.reduce_code, BLOCK=cfg.block, TEE=True, EXIT_BARRIER=False))

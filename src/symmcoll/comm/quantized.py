@@ -55,7 +55,7 @@ from ..launcher import launch
 from ..ops import OpSpec, declare, resolve_group
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
                     inner, resolve)
-from .common import chunks, config, meta
+from .common import cdiv, chunks, config, meta, next_power_of_2
 
 OP = "all_reduce_quantized"
 GROUP_SIZES = (32, 64, 128)
@@ -98,7 +98,7 @@ def size_threshold(nbytes: int):
 
 def shard_capacity(device_type: str, world: int) -> int:
     """Most elements of a shard per launch (a multiple of ALIGN)."""
-    return triton.cdiv(triton.cdiv(MAX_ELEMENTS[device_type], world), ALIGN) * ALIGN
+    return cdiv(cdiv(MAX_ELEMENTS[device_type], world), ALIGN) * ALIGN
 
 
 def row_words(device_type: str, world: int) -> int:
@@ -110,7 +110,7 @@ def row_words(device_type: str, world: int) -> int:
 def pieces(numel: int, world: int, device_type: str):
     """(start, elements, shard length) of every launch; every rank computes the same."""
     for start, n in chunks(numel, world * shard_capacity(device_type, world)):
-        yield start, n, triton.cdiv(triton.cdiv(n, world), ALIGN) * ALIGN
+        yield start, n, cdiv(cdiv(n, world), ALIGN) * ALIGN
 
 
 SLOTS, EPOCHS = declare_slots("quantized", "quantized", 2, row_words)
@@ -240,17 +240,17 @@ def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tens
         raise ValueError(f"the quantized all-reduce needs a launch block of >= {ALIGN} elements, got {cfg.block}")
     device_type = ws.device.type
     # No block larger than a shard can be (the CPU config's blocks are 16K elements).
-    block = min(cfg.block, triton.next_power_of_2(shard_capacity(device_type, world)))
+    block = min(cfg.block, next_power_of_2(shard_capacity(device_type, world)))
     region, epochs = ws.region(SLOTS.name), ws.local_state(EPOCHS.name)
     code = FORMATS[fmt]
     constexprs = meta(plan, REDUCE_OP=plan.reduce_code, FMT=code, BITS=FORMAT_BITS[code],
                       G=dict(plan.request.options)["group_size"], ROW=row_words(device_type, world),
                       SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=block,
-                      PEERS=triton.next_power_of_2(world))
+                      PEERS=next_power_of_2(world))
     constexprs["enable_fp_fusion"] = False  # x * inverse + 0.5 must round twice, as the reference does
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, n, shard_len in pieces(flat.numel(), world, device_type):
-        launch(quantized_two_shot_kernel, cfg.grid(triton.cdiv(shard_len, block)),
+        launch(quantized_two_shot_kernel, cfg.grid(cdiv(shard_len, block)),
                (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, flat[start:], out_flat[start:], n, shard_len),
                constexprs)
     return out

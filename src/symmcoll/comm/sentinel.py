@@ -44,7 +44,7 @@ from ..language import (WORD_FORMAT, combine, declare_slots, end_launch, finaliz
                         pack, padded_words, peer_ptr, peer_rows, post_call, reduce_rows, sanitize, take, take_rows,
                         unpack)
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
-from .common import chunks, config, launch_once, meta
+from .common import cdiv, chunks, config, launch_once, meta, next_power_of_2
 
 # Largest message per launch (CPU: small, so that the multi-piece path runs in the CPU tests too).
 MAX_BYTES = {"one_shot": {"cuda": 2 << 20, "cpu": 16 << 10},
@@ -54,7 +54,7 @@ MAX_BYTES = {"one_shot": {"cuda": 2 << 20, "cpu": 16 << 10},
 def shard_words(n_words: int, world: int) -> int:
     """Two-shot shard of an n-word piece: ceil(n / W) rounded up to 4 words, so every shard starts
     16-byte aligned."""
-    return triton.cdiv(triton.cdiv(n_words, world), 4) * 4
+    return cdiv(cdiv(n_words, world), 4) * 4
 
 
 def row_words(kind: str, device_type: str, world: int) -> int:
@@ -242,10 +242,10 @@ def _one_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     result = torch.empty_like(flat) if padded else out.reshape(-1)
     src, dst = flat.view(torch.int32), result.view(torch.int32)
     for start, n in chunks(src.numel(), row):
-        launch_once(plan, one_shot_kernel, cfg.grid(triton.cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
+        launch_once(plan, one_shot_kernel, cfg.grid(cdiv(n, cfg.block)), (*ws.kernel_args, plan.desc,
                     region.ptrs_dev, epochs), src[start:], dst[start:], (n,),
                     meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[x.dtype], ROW=row, BLOCK=cfg.block,
-                         PEERS=triton.next_power_of_2(world), PER_PEER=world == 2),
+                         PEERS=next_power_of_2(world), PER_PEER=world == 2),
                     whole=not padded and n == src.numel())
     if padded:
         out.reshape(-1).copy_(result[:-1])
@@ -256,11 +256,11 @@ def _launch_two_shot(plan: Plan, x_words, out_words, n_words: int, shard: int, s
                      whole: bool) -> None:
     ws, cfg, world = plan.ws, config(plan), plan.world
     region, epochs = ws.region(TWO_SHOT_SLOTS.name), ws.local_state(TWO_SHOT_EPOCHS.name)
-    launch_once(plan, two_shot_tiles_kernel, cfg.grid(triton.cdiv(shard, cfg.block)),
+    launch_once(plan, two_shot_tiles_kernel, cfg.grid(cdiv(shard, cfg.block)),
                 (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs), x_words, out_words, (n_words, shard, stride),
                 meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[plan.request.dtype],
                      ROW=row_words("two_shot", ws.device.type, world), BLOCK=cfg.block, GATHER=gather,
-                     PEERS=triton.next_power_of_2(world)), whole)
+                     PEERS=next_power_of_2(world)), whole)
 
 
 def _two_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ import triton.language as tl
 from ..language import MAX_WORLD, announce, combine, finalize, narrow, peer_ptr, send_signals, wait_signals
 from ..launcher import launch
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
-from .common import chunks, config, meta
+from .common import cdiv, chunks, config, meta
 
 GPU_TREE = SizedConfigs(((1 << 40, LaunchConfig(block=4096, max_programs=64, num_warps=16)),))
 
@@ -155,8 +155,8 @@ def _tree(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     capacity -= capacity % 16
     results_at = capacity * 4 // x.element_size()
     for start, n in chunks(flat.numel(), capacity):
-        half_len = triton.cdiv(triton.cdiv(n, 2), 16) * 16
-        per_tree = cfg.grid(triton.cdiv(half_len, cfg.block))[0]
+        half_len = cdiv(cdiv(n, 2), 16) * 16
+        per_tree = cfg.grid(cdiv(half_len, cfg.block))[0]
         launch(tree_kernel, (2 * per_tree,),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flat[start:], out_flat[start:], n, half_len,
                 results_at, parent0[rank], kids[0][0], kids[0][1], parent1[rank], kids[1][0], kids[1][1]),
