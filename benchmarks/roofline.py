@@ -228,7 +228,7 @@ def rms_section(res: Results, device, sweep_configs: bool = True):
 
 def _rms_candidates(hidden, tokens):
     """Launch configs of the rms kernels (``block`` = values a program holds per step): whole rows with
-    4, 8, 16 or 32 values per thread (2 rows at 16 and at 8 for rows of <= 4096); rows in chunks of
+    4, 8, 16 or 32 values per thread (2 rows at 16 for rows of <= 4096); rows in chunks of
     1024-8192 values at 8 per thread and of 4096-8192 at 16, at 528 and 1024 programs; with the next
     step's loads issued ahead (``ahead``; whole rows then hold the weight): whole rows at 8 and 16 per
     thread at 132, 264 and 528 programs, chunks of 2048 at 264 and 528. At <= 32 tokens (a row a
@@ -237,7 +237,7 @@ def _rms_candidates(hidden, tokens):
     from symmcoll.fused.memory_bound_configs import RmsConfig
     block_h = 1 << (hidden - 1).bit_length()
     shapes = [(block_h, block_h // (32 * per_thread)) for per_thread in (4, 8, 16, 32)]
-    shapes += [(2 * block_h, block_h // 256), (2 * block_h, block_h // 128)] if block_h <= 4096 else []
+    shapes += [(2 * block_h, block_h // 256)] if block_h <= 4096 else []
     ahead = [(block_h, block_h // 256), (block_h, block_h // 512)]
     if tokens > 32:
         shapes += [(chunk, chunk // 256) for chunk in (1024, 2048, 4096, 8192) if chunk < block_h]
