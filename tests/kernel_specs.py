@@ -210,15 +210,19 @@ def package_jit_functions() -> dict[str, object]:
 
 
 def unreferenced_helpers(jit_functions: dict[str, object]) -> list[str]:
-    """Jit functions that are not named ``*_kernel`` and that no other jit function calls: launched
-    from somewhere without following the convention, so nothing would check them."""
+    """Jit functions that are not named ``*_kernel`` and that no other jit function calls (or hands to
+    tl.reduce / tl.associative_scan as its combine function): launched from somewhere without following
+    the convention, so nothing would check them."""
     sources = {name: fn.src for name, fn in jit_functions.items()}
     out = []
     for name, fn in jit_functions.items():
         short = name.rsplit(".", 1)[1]
         if short.endswith("_kernel"):
             continue
-        called = any(re.search(rf"\b{re.escape(short)}\(", src) for other, src in sources.items() if other != name)
+        # called, or passed to tl.reduce / tl.associative_scan as the combine function
+        used = re.compile(rf"\b{re.escape(short)}\(|tl\.(?:reduce|associative_scan)\([^()]*(?:\([^()]*\)[^()]*)*"
+                          rf"\b{re.escape(short)}\b")
+        called = any(used.search(src) for other, src in sources.items() if other != name)
         if not called:
             out.append(name)
     return out
