@@ -1,8 +1,8 @@
 """The memory-bound kernels at world size 1 on one GPU, every candidate beside torch and the copy rate
 (issue 23): all_reduce_rms_norm, moe_dispatch / moe_combine and the quantized all-reduce's codecs.
 
-    PYTHONPATH=src python3 benchmarks/roofline.py --out $OUT/roofline.json [--parts copy rms moe codecs]
-        [--old-src old_main/src] [--deadline 440]   (parts: also ``dispatch``, below)
+    PYTHONPATH=src python3 benchmarks/roofline.py --out $OUT/roofline.json [--parts rms moe codecs]
+        [--old-src old_main/src] [--deadline 440]   (parts: also ``dispatch``, below; run in the order given)
 
 Every candidate is checked against the fp32 reference (bit-exact where the op is: MoE rows, codecs)
 before it is timed; a wrong one is reported and not timed. Times: median us per call over CUDA-graph
@@ -11,8 +11,8 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
 
 * rms: tokens {1, 6, 32, 138, 512, 2048, 8192} x hidden {4096, 6144, 8192, 16384}, bf16, bf16 or fp8
   (per token) output: torch add + RMSNorm eager and torch.compile'd, symmcoll one_shot and two_shot
-  with their default config, and at 32, 512, 2048 and 8192 tokens every (values per step, warps,
-  programs) candidate: whole rows and rows in chunks (``_rms_candidates``).
+  with their default config, and at every case every (values per step, warps, programs, loads ahead)
+  candidate: whole rows and rows in chunks (``_rms_candidates``).
 * moe: tokens {128, 1024, 4096} x hidden {4096, 7168} x experts {8, 64, 256} x top-k {2, 8}: dispatch and
   combine with the default config, torch (index_select; gather + weighted sum), at 128, 1024 and 4096
   tokens with 64 experts the (block, programs, warps, tokens per item) candidates, and the dispatch's
@@ -28,9 +28,11 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   rms at 32, 512 and 8192 tokens and MoE at hidden 7168, 64 experts, 128 and 4096 tokens, through the
   public API of that tree, in a second process, same GPU.
 
-Sections run in that order and stop starting new work past ``--deadline`` seconds (the JSON says what
-was skipped). The JSON (provenance, copy rates, every row) is rewritten after every section; the compact
-table comes last.
+Sections run in the order of ``--parts`` and stop starting new work past ``--deadline`` seconds (the JSON
+says what was skipped). The JSON (provenance, copy rates, every row) is rewritten after every section; the
+compact table comes last. On a GPU the launch table of the run is written beside the JSON
+(``roofline_<gpu>.json``): the shipped table with the cases this run measured replaced (``merge_tables``),
+ready to be copied into src/symmcoll/data/.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ class Sizes:
         self.tokens = (5,) if smoke else (1, 6, 32, 138, 512, 2048, 8192)
         self.hidden = (40,) if smoke else (4096, 6144, 8192, 16384)
         self.sweep_tokens = (5,) if smoke else self.tokens  # every case: the table has an entry for each
-        self.ahead_tokens = (5,) if smoke else (2048, 8192)  # loads a step ahead: programs with several rows
         self.moe_cases = [(20, 16, 8, 3)] if smoke else \
             [(t, h, e, k) for t in (128, 1024, 4096) for h in (4096, 7168) for e in (8, 64, 256) for k in (2, 8)]
         # configs swept at these tokens, 64 experts (the experts do not change the data path)
@@ -227,23 +228,26 @@ def rms_section(res: Results, device, sweep_configs: bool = True):
 
 def _rms_candidates(hidden, tokens):
     """Launch configs of the rms kernels (``block`` = values a program holds per step): whole rows with
-    4, 8, 16 or 32 values per thread (2 rows at 16 for rows of <= 4096); rows in chunks of 1024-8192
-    values at 8 per thread and of 4096-8192 at 16 (for the fp8 output 16 takes a layout conversion
-    through shared memory: fused/rms_rows.py); at 2048 and more tokens (several rows per program) whole
-    rows at 8 per thread and chunks of 2048 with the next step's loads issued ahead (``ahead``), at 264
-    and 528 programs. At <= 32 tokens the whole-row ones only (no chunk runs in parallel)."""
+    4, 8, 16 or 32 values per thread (2 rows at 16 for rows of <= 4096); rows in chunks of
+    1024-8192 values at 8 per thread and of 4096-8192 at 16, at 528 and 1024 programs; with the next
+    step's loads issued ahead (``ahead``; whole rows then hold the weight): whole rows at 8 and 16 per
+    thread at 132, 264 and 528 programs, chunks of 2048 at 264 and 528. At <= 32 tokens (a row a
+    program, no chunk runs in parallel) whole rows at 1024 programs, loads ahead at 8 and 16 per thread
+    (one row a program: every load of the row, the weight's too, in one wait)."""
     from symmcoll.fused.memory_bound_configs import RmsConfig
     block_h = 1 << (hidden - 1).bit_length()
     shapes = [(block_h, block_h // (32 * per_thread)) for per_thread in (4, 8, 16, 32)]
     shapes += [(2 * block_h, block_h // 256)] if block_h <= 4096 else []
+    ahead = [(block_h, block_h // 256), (block_h, block_h // 512)]
     if tokens > 32:
         shapes += [(chunk, chunk // 256) for chunk in (1024, 2048, 4096, 8192) if chunk < block_h]
         shapes += [(chunk, chunk // 512) for chunk in (4096, 8192) if chunk < block_h]
-    programs = (1024,) if tokens <= 32 else (528, 1024)
+    programs, ahead_programs = ((1024,), (1024,)) if tokens <= 32 else ((528, 1024), (132, 264, 528))
     configs = [RmsConfig(block, p, warps) for block, warps in shapes if 4 <= warps <= 32 for p in programs]
-    if tokens in SIZES.ahead_tokens:
-        ahead = [(block_h, block_h // 256)] + [(2048, 8)] * (2048 < block_h)
-        configs += [RmsConfig(block, p, warps, True) for block, warps in ahead if 4 <= warps <= 32 for p in (264, 528)]
+    configs += [RmsConfig(block, p, warps, True) for block, warps in ahead if 4 <= warps <= 32
+                for p in ahead_programs]
+    if tokens > 32 and 2048 < block_h:
+        configs += [RmsConfig(2048, p, 8, True) for p in (264, 528)]
     return configs
 
 
@@ -514,13 +518,16 @@ def _filled(row: dict) -> dict:
     return row
 
 
-def write_table(result_path: str, table_path: str, gpu: str) -> dict:
-    """The table (fused/memory_bound_configs.build_table) of the result at ``result_path``."""
-    from symmcoll.fused.memory_bound_configs import build_table
+def write_table(result_path: str, table_path: str, gpu: str, base: dict | None = None) -> dict:
+    """The table (fused/memory_bound_configs.build_table) of the result at ``result_path``; with ``base``
+    (a table), merged into it: base's entries stay for the cases this result did not measure."""
+    from symmcoll.fused.memory_bound_configs import build_table, merge_tables
     with open(result_path) as f:
         result = json.load(f)
     result["rows"] = [_filled(r) for r in result["rows"] if not r["name"].startswith("old")]
     table = build_table(result, gpu, os.path.basename(os.path.dirname(os.path.abspath(result_path))))
+    if base:
+        table = merge_tables(table, base)
     with open(table_path, "w") as f:
         json.dump(table, f, indent=1)
     moved = {key: sum(e["label"] != "default" for e in entries) for key, entries in table.items()
@@ -621,12 +628,11 @@ def _main_rank(args):
     print(f"copy: {res.meta['copy']}", flush=True)
     res.save()
     res.deadline = args.deadline - (OLD_RESERVE_S if args.old_src else 0)  # time kept for the old tree
-    for part, fn in (("rms", rms_section), ("moe", moe_section), ("dispatch", dispatch_section),
-                     ("codecs", codec_section)):
-        if part in args.parts:
-            t0 = time.monotonic()
-            fn(res, device)
-            print(f"{part}: {time.monotonic() - t0:.0f} s", flush=True)
+    sections = {"rms": rms_section, "moe": moe_section, "dispatch": dispatch_section, "codecs": codec_section}
+    for part in args.parts:  # in the order given: the deadline cuts the last
+        t0 = time.monotonic()
+        sections[part](res, device)
+        print(f"{part}: {time.monotonic() - t0:.0f} s", flush=True)
     if args.old_src:
         res.deadline = args.deadline
         old_section(res, args.old_src, args.parts, args.smoke)
@@ -634,18 +640,21 @@ def _main_rank(args):
     print(table(res), flush=True)
     if "dispatch" in args.parts:
         print(variant_table(res), flush=True)
-    if not args.smoke:  # this GPU model's launch table, to copy into src/symmcoll/data/ if it is kept
+    if not args.smoke:  # this GPU model's launch table, to copy into src/symmcoll/data/ if it is kept: the
+        # shipped one with this run's cases replaced (the parts run and the cases the deadline left)
         from symmcoll.fused.gemm_configs import gpu_key
+        from symmcoll.fused.memory_bound_configs import load_table
         name = torch.cuda.get_device_name()
         write_table(args.out, os.path.join(os.path.dirname(os.path.abspath(args.out)),
-                                           f"roofline_{gpu_key(name) or 'gpu'}.json"), name)
+                                           f"roofline_{gpu_key(name) or 'gpu'}.json"), name, load_table(gpu_key(name)))
     return res.rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--parts", nargs="+", default=["rms", "moe", "codecs"])
+    parser.add_argument("--parts", nargs="+", default=["rms", "moe", "codecs"],
+                        choices=["rms", "moe", "dispatch", "codecs"], help="run in the order given")
     parser.add_argument("--old-src", default=None)
     parser.add_argument("--deadline", type=float, default=440.0, help="seconds after which no new case starts")
     parser.add_argument("--smoke", action="store_true", help="tiny cases on a CPU rank (checks this script)")
@@ -654,12 +663,18 @@ def main() -> None:
     parser.add_argument("--write-table", metavar="TABLE", help="write the launch table of the result --out "
                         "(fused/memory_bound_configs.py's format) to TABLE and exit")
     parser.add_argument("--gpu", default="NVIDIA H200", help="the GPU --write-table names")
+    parser.add_argument("--base", metavar="TABLE", help="with --write-table: keep TABLE's entries for the cases "
+                        "the result did not measure")
     args = parser.parse_args()
     if args.markdown:
         print(markdown(args.out))
         return
     if args.write_table:
-        write_table(args.out, args.write_table, args.gpu)
+        base = None
+        if args.base:
+            with open(args.base) as f:
+                base = json.load(f)
+        write_table(args.out, args.write_table, args.gpu, base)
         return
     from symmcoll import launch
     launch.run(_main_rank, 1, args, device="cpu" if args.smoke else "cuda", timeout=int(args.deadline) + 200)

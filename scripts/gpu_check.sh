@@ -175,7 +175,10 @@ for stage in $stages; do
       # 0851bfe = before the rewrite). ~2.5-3.5 minutes.
       # ROOFLINE_PARTS narrows (rms moe codecs; also dispatch: moe_dispatch's one-launch variants 2 and 3
       # at every case beside the default and torch, then a table of the best time per variant; about
-      # 3-4 minutes with ROOFLINE_DEADLINE=200 ROOFLINE_TIMEOUT=280).
+      # 3-4 minutes with ROOFLINE_DEADLINE=200 ROOFLINE_TIMEOUT=280); parts run in the order named. The
+      # launch table written beside the JSON is the shipped one with the measured cases replaced.
+      # rms and dispatch in one call (about 5-6 minutes with the old tree):
+      #   ROOFLINE_PARTS="rms dispatch" ROOFLINE_DEADLINE=390 ROOFLINE_TIMEOUT=470
       old=""; [ -d old_main/src ] && old="--old-src old_main/src"
       timeout ${ROOFLINE_TIMEOUT:-475} python3 benchmarks/roofline.py --out "$OUT/roofline.json" \
         --deadline ${ROOFLINE_DEADLINE:-400} $old ${ROOFLINE_PARTS:+--parts $ROOFLINE_PARTS} 2>&1 | tee "$OUT/roofline.log"

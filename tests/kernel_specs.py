@@ -210,15 +210,19 @@ def package_jit_functions() -> dict[str, object]:
 
 
 def unreferenced_helpers(jit_functions: dict[str, object]) -> list[str]:
-    """Jit functions that are not named ``*_kernel`` and that no other jit function calls: launched
-    from somewhere without following the convention, so nothing would check them."""
+    """Jit functions that are not named ``*_kernel`` and that no other jit function calls (or hands to
+    tl.reduce / tl.associative_scan as its combine function): launched from somewhere without following
+    the convention, so nothing would check them."""
     sources = {name: fn.src for name, fn in jit_functions.items()}
     out = []
     for name, fn in jit_functions.items():
         short = name.rsplit(".", 1)[1]
         if short.endswith("_kernel"):
             continue
-        called = any(re.search(rf"\b{re.escape(short)}\(", src) for other, src in sources.items() if other != name)
+        # called, or passed to tl.reduce / tl.associative_scan as the combine function
+        used = re.compile(rf"\b{re.escape(short)}\(|tl\.(?:reduce|associative_scan)\([^()]*(?:\([^()]*\)[^()]*)*"
+                          rf"\b{re.escape(short)}\b")
+        called = any(used.search(src) for other, src in sources.items() if other != name)
         if not called:
             out.append(name)
     return out
@@ -246,6 +250,21 @@ def compile_ptx(spec: CompileSpec) -> str:
         raise AssertionError(f"{spec.name}: needs {compiled.metadata.shared} bytes of shared memory, "
                              f"more than the {SHARED_MEMORY_LIMIT} a Hopper block has")
     return compiled.asm["ptx"]
+
+
+def compile_specialised(rec: launcher.Recorded):
+    """A recorded launch compiled for sm_90 as the GPU's runtime specialises it (what ``compile_ptx``'s
+    specs leave out): tensors 16-byte aligned, integer arguments that are multiples of 16 marked so
+    (unless ``do_not_specialize``): the accesses get the vector width they have on the GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    spec = spec_of(rec)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (param, value) in enumerate(zip(rec.kernel.params, rec.args))
+             if isinstance(value, torch.Tensor) or (type(value) is int and value and value % 16 == 0
+                                                    and not param.do_not_specialize)}
+    src = ASTSource(spec.kernel, dict(spec.signature), dict(spec.constexprs), attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
 
 
 _LABEL = re.compile(r"^(\$L__\w+):")

@@ -4,11 +4,15 @@ atomics or volatile loads only, and no ``@triton.jit`` kernel of the package goe
 The specs are not written by hand: kernel_specs.py records the launches every registered algorithm
 makes (on meta tensors, nothing runs) and compiles exactly those."""
 
+import re
+
 import pytest
+import torch
 import triton
 import triton.language as tl
 
 import kernel_specs
+from symmcoll import launcher
 
 SPECS = kernel_specs.compile_specs()
 
@@ -69,3 +73,29 @@ def test_kernel_compiles_for_sm90(spec):
     assert kernel_specs.spin_loop_problems(ptx) == []
     # signal sends and waits (CAS in a loop) are ordered at system scope
     assert kernel_specs.unordered_cas_in_loops(ptx) == []
+
+
+@pytest.mark.parametrize("quant", [None, "fp8_per_token"])
+@pytest.mark.parametrize("tokens, hidden, block, warps, ahead", [
+    (32, 16384, 16384, 32, False), (32, 4096, 4096, 8, True), (8192, 6144, 8192, 32, False),
+    (512, 16384, 4096, 16, False)], ids=["16-per-thread", "ahead", "8-per-thread", "chunked"])
+def test_rms_local_path_accesses(quant, tokens, hidden, block, warps, ahead):
+    """all_reduce_rms_norm's one-shot kernel on one rank, compiled as the GPU specialises it: every load and
+    the 16-bit stores 16 bytes wide, fp8 stores 8 (no layout of their own: no trip through shared memory,
+    which holds only the reductions' per-warp partials), and no division per value."""
+    from symmcoll import plan
+    from symmcoll.fused import all_reduce_rms_norm as arn
+    from symmcoll.fused.memory_bound_configs import RmsConfig
+    x = torch.empty((tokens, hidden), dtype=torch.bfloat16, device="meta")
+    request = plan.Request(arn.OP, x.shape, x.dtype, torch.device("cuda"), options=(("eps", 1e-6), ("quant", quant)))
+    p = plan.Plan(request, "kernel", plan.algorithms(arn.OP)["one_shot"], None, 1, 0, kernel_specs.FakeWorkspace(1, 0),
+                  RmsConfig(block, 528, warps, ahead), 3, None)
+    with launcher.recording() as launches:
+        p.algorithm.run(p, x, None, torch.empty_like(x), torch.empty((hidden,), dtype=x.dtype, device="meta"))
+    compiled = kernel_specs.compile_specialised(launches[0])
+    ptx = compiled.asm["ptx"]
+    assert compiled.metadata.shared <= 8 * warps, f"{compiled.metadata.shared} bytes of shared memory"
+    assert set(re.findall(r"ld\.global\S*", ptx)) == {"ld.global.v4.b32"}
+    stores = set(re.findall(r"st\.global\S*", ptx))
+    assert stores == ({"st.global.v4.b32", "st.global.v2.b32", "st.global.b32"} if quant else {"st.global.v4.b32"})
+    assert len(re.findall(r"\bdiv\.", ptx)) <= 3, "a division per value"

@@ -147,26 +147,36 @@ def test_memory_bound_bench_specs_check_on_a_cpu_rank(pools):
 
 def _rms_loads_ahead():
     """all_reduce_rms_norm's one-shot kernel on one rank with the next step's loads issued ahead
-    (RmsConfig.ahead): whole rows and rows in chunks (an odd H: a chunk past the row's end), 2 programs
-    over 11 rows (several steps each), bf16 and fp16, plain and per-token fp8: the same bits as without
-    loads ahead, and within tolerance of the reference."""
+    (RmsConfig.ahead; whole rows then hold the weight): whole rows and rows in chunks (an odd H: a chunk
+    past the row's end), 2 programs over 11 rows (several steps each) and 16 (a row a program, some with
+    none), bf16 and fp16, plain, per-tensor and per-token fp8: the same bits as without loads ahead, and
+    within tolerance of the reference."""
     from symmcoll import plan, reference
     from symmcoll.fused.memory_bound_configs import RmsConfig
     g = torch.Generator().manual_seed(3)
-    for dtype, h, block, quant in ((torch.bfloat16, 48, 64, None), (torch.bfloat16, 33, 16, None),
-                                   (torch.float16, 48, 32, "fp8_per_token"), (torch.bfloat16, 40, 64, "fp8_per_token")):
-        what = f"{dtype} H {h} block {block} {quant}"
+    for dtype, h, block, quant, programs in (
+            (torch.bfloat16, 48, 64, None, 2), (torch.bfloat16, 33, 16, None, 2),
+            (torch.float16, 48, 32, "fp8_per_token", 2), (torch.bfloat16, 40, 64, "fp8_per_token", 2),
+            (torch.bfloat16, 48, 64, "fp8_per_token", 16), (torch.float16, 40, 64, "fp8_per_tensor", 16)):
+        what = f"{dtype} H {h} block {block} {quant} {programs} programs"
         x, residual = (torch.randn(11, h, generator=g).to(dtype) for _ in range(2))
         weight = torch.randn(h, generator=g).to(dtype)
-        got = [plan.resolve("all_reduce_rms_norm", x, None, "one_shot", config=RmsConfig(block, 2, 4, ahead),
-                            others=(residual, weight), options=(("eps", 1e-6), ("quant", quant))).execute(
-            x, others=(residual, weight)) for ahead in (True, False)]
+        others = (residual, weight) + ((torch.tensor([0.01]),) if quant == "fp8_per_tensor" else ())
+        got = [plan.resolve("all_reduce_rms_norm", x, None, "one_shot", config=RmsConfig(block, programs, 4, ahead),
+                            others=others, options=(("eps", 1e-6), ("quant", quant))).execute(
+            x, others=others)[:2 + (quant == "fp8_per_token")] for ahead in (True, False)]
         for a, b, name in zip(*got, ("normed", "new residual", "scales")):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{what}: {name} differs with loads ahead"
         assert torch.equal(got[0][1], (x.float() + residual.float()).to(dtype)), f"{what}: new residual, rounded once"
-        want = reference.all_reduce_rms_norm(x, residual, weight, 1e-6, quant=quant)
-        normed = got[0][0].float() * (got[0][2] if quant else 1)
-        err = float((normed - want[0].float() * (want[2] if quant else 1)).norm() / want[0].float().norm())
+        per_tensor = others[2] if quant == "fp8_per_tensor" else None
+        want = reference.all_reduce_rms_norm(x, residual, weight, 1e-6, quant=quant, scale=per_tensor)
+        if quant == "fp8_per_tensor":  # a scale that leaves values past +-448: saturated, as the reference clamps
+            clamped = want[0].abs() == 448
+            assert bool(clamped.any()) and torch.equal(got[0][0].float()[clamped], want[0][clamped]), what
+        scale = {"fp8_per_token": lambda out: out[2], "fp8_per_tensor": lambda out: per_tensor}.get(quant,
+                                                                                                     lambda out: 1)
+        normed = got[0][0].float() * scale(got[0])
+        err = float((normed - want[0].float() * scale(want)).norm() / want[0].float().norm())
         assert err < (0.07 if quant else 2e-2), f"{what}: normed, relative error {err:.2e}"
     return True
 
@@ -267,3 +277,22 @@ def test_moe_table_keys_by_expert_count():
         ["1024/8", "1024/8", "1024/256", "128/256", "128/8"]
     assert pick(1024, 8, hidden=16384) is None
     assert moe_entry(table, "moe_combine", 4096, 4096, 2, 64)["label"] == "old"
+
+
+def test_table_merge_keeps_the_cases_a_run_did_not_measure():
+    """merge_tables: a run of some parts (or one a deadline cut) replaces the shipped entries of the cases
+    it measured and keeps the others, marked with the run they came from; tables it did not run stay."""
+    from symmcoll.fused.memory_bound_configs import merge_tables
+    rms = lambda tokens, label: dict(tokens=tokens, hidden=4096, quant="bf16", label=label)  # noqa: E731
+    dispatch = lambda experts, label: dict(tokens=1024, hidden=4096, experts=experts, k=2, label=label)  # noqa: E731
+    base = {"source": "run3", "rms": [rms(32, "old 32"), rms(512, "old 512")], "moe_dispatch": [dispatch(64, "v0")],
+            "moe_combine": [dict(tokens=128, hidden=4096, experts=64, k=2, label="combine")],
+            "codec": [dict(fmt="int8", direction="q", group=64, numel=1 << 20, label="codec")]}
+    new = {"source": "run4", "rms": [rms(32, "new 32")], "moe_dispatch": [dispatch(64, "v2"), dispatch(8, "v3")],
+           "moe_combine": [], "codec": []}
+    merged = merge_tables(new, base)
+    assert merged["source"] == "run4"
+    assert [(e["label"], e.get("source")) for e in merged["rms"]] == [("new 32", None), ("old 512", "run3")]
+    assert [e["label"] for e in merged["moe_dispatch"]] == ["v2", "v3"]
+    assert [e["label"] for e in merged["moe_combine"]] == ["combine"] and [e["label"] for e in merged["codec"]] == ["codec"]
+    assert base["rms"][1] == rms(512, "old 512"), "the base table is not changed"

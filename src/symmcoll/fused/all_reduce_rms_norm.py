@@ -32,8 +32,9 @@ pieces of whole rows (one launch each). The local work of a step is one pass ove
 config ``block`` of less than a row) two passes over a row in chunks, the second reading back the new
 residual the first wrote (fused/rms_rows.py): x, residual and weight read once from HBM (my own rows as
 values, never through words), new residual and normed written once; on one rank no peer code, no
-slots and no launch epoch are compiled in and one launch takes every row, and the one-shot kernel may
-load the next step's first chunk before finishing a step (``AHEAD``). Launch: ``gpu_config`` (values
+slots and no launch epoch are compiled in and one launch takes every row ("auto": the one-shot kernel),
+and the one-shot kernel may load the next step's first chunk before finishing a step (``AHEAD``; whole
+rows then hold the weight in registers, loaded once). Launch: ``gpu_config`` (values
 per step, programs, warps; on one rank the table measured on this GPU model), overridable per call
 (``plan.resolve(..., config=)``) for the roofline sweep.
 
@@ -57,13 +58,13 @@ from ..launcher import launch
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig
 from . import memory_bound_configs
-from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, rank_sum,
-                       row_words, step_lanes, word_values)
+from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, own_values,
+                       rank_sum, row_weight, row_words, step_lanes, word_values)
 
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
 MAX_HIDDEN = 32768
-# "auto": the one-shot kernel up to this many bytes of x per rank (4 ranks; twice as many on 2).
+# "auto": the one-shot kernel up to this many bytes of x per rank (4 ranks; twice as many on 2; any on 1).
 ONE_SHOT_MAX_BYTES = 256 << 10
 
 
@@ -125,29 +126,36 @@ def rms_norm_one_shot_kernel(
     budget = max_spins
     check = 1
     LOAD_AHEAD: tl.constexpr = AHEAD and WORLD == 1
+    # The weight: whole rows with loads ahead hold it through their steps (loaded once, after the first
+    # step's x and residual: in flight with them); other whole rows load it with each step's, chunked
+    # rows with each chunk's where per-token fp8 needs it in pass 1.
+    HELD_WEIGHT: tl.constexpr = LOAD_AHEAD and CHUNK == BLOCK_H
+    STEP_WEIGHT: tl.constexpr = (CHUNK == BLOCK_H and not HELD_WEIGHT) or (CHUNK < BLOCK_H and QUANT == 2)
     if LOAD_AHEAD:
         x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, pid * ROWS + in_step,
-                                                        pid * ROWS + in_step < rows, H, 0, QUANT, CHUNK)
+                                                        pid * ROWS + in_step < rows, H, 0, CHUNK, STEP_WEIGHT)
+    held_weight = row_weight(weight_ptr, H, BLOCK_H) if HELD_WEIGHT else tl.zeros([CHUNK], tl.float32)
     for step in range(pid, steps, nprog):
         row_ids = step * ROWS + in_step
         row_ok = row_ids < rows
         squares = tl.zeros([ROWS, CHUNK], tl.float32)
-        peaks = tl.zeros([ROWS, CHUNK], tl.float32)
+        peaks = tl.zeros([ROWS, CHUNK], tl.int32)
         if not LOAD_AHEAD:
             x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, 0,
-                                                            QUANT, CHUNK)
+                                                            CHUNK, STEP_WEIGHT)
         for start in range(0, BLOCK_H, CHUNK):
-            total, residual, weight = sanitize_values(x_next, FORMAT), residual_next, weight_next
+            total, residual = own_values(x_next, FORMAT), residual_next
+            weight = held_weight if HELD_WEIGHT else weight_next
             if LOAD_AHEAD:
                 # After a step's last chunk, the next step's first: in flight through this step's norm.
                 wrap = start + CHUNK >= BLOCK_H
                 ahead_rows = row_ids + tl.where(wrap, nprog * ROWS, 0)
                 x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, ahead_rows,
                                                                 ahead_rows < rows, H, tl.where(wrap, 0, start + CHUNK),
-                                                                QUANT, CHUNK)
+                                                                CHUNK, STEP_WEIGHT)
             elif CHUNK < BLOCK_H:
                 x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H,
-                                                                start + CHUNK, QUANT, CHUNK)
+                                                                start + CHUNK, CHUNK, STEP_WEIGHT)
             if WORLD > 1:
                 word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
                 sent = used & (step * ROWS + lanes // WORDS < rows)
@@ -211,17 +219,18 @@ def rms_norm_two_shot_kernel(
     # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
     budget = max_spins
     check = 1
+    STEP_WEIGHT: tl.constexpr = CHUNK == BLOCK_H or QUANT == 2
     for step in range(pid, steps, nprog):
         _, my_rows, mine_ok = own_shard(step, ROWS, in_step, rank, shard_rows, rows)
         squares = tl.zeros([ROWS, CHUNK], tl.float32)
-        peaks = tl.zeros([ROWS, CHUNK], tl.float32)
-        x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H, 0, QUANT,
-                                                        CHUNK)
+        peaks = tl.zeros([ROWS, CHUNK], tl.int32)
+        x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H, 0, CHUNK,
+                                                        STEP_WEIGHT)
         for start in range(0, BLOCK_H, CHUNK):
-            total, residual, weight = sanitize_values(x_next, FORMAT), residual_next, weight_next
+            total, residual, weight = own_values(x_next, FORMAT), residual_next, weight_next
             if CHUNK < BLOCK_H:
                 x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H,
-                                                                start + CHUNK, QUANT, CHUNK)
+                                                                start + CHUNK, CHUNK, STEP_WEIGHT)
             if WORLD > 1:
                 word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
                 lane_in_shard = step * ROWS + lanes // WORDS
@@ -255,7 +264,7 @@ def rms_norm_two_shot_kernel(
                                   & (peers[:, None] * shard_rows + in_shard[None, :] < rows), [PEERS * ROWS])
             lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // WORDS)[None, :]
             squares = tl.zeros([PEERS * ROWS, CHUNK], tl.float32)
-            peaks = tl.zeros([PEERS * ROWS, CHUNK], tl.float32)
+            peaks = tl.zeros([PEERS * ROWS, CHUNK], tl.int32)
             for start in range(0, BLOCK_H, CHUNK):
                 word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
                 received = is_peer[:, None] & used[None, :] \
@@ -451,6 +460,10 @@ def _kernel_reason(request: plan.Request, world: int) -> str | None:
 
 
 def _default(request: plan.Request, world: int) -> str:
+    """One rank: the one-shot kernel at every size (no peer, so no protocol to choose; its launches are the
+    ones the roofline table measured, loads ahead included)."""
+    if world == 1:
+        return "one_shot"
     return "one_shot" if request.nbytes <= ONE_SHOT_MAX_BYTES * (2 if world <= 2 else 1) else "two_shot"
 
 

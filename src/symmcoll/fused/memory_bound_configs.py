@@ -186,3 +186,21 @@ def build_table(result: dict, gpu: str, source: str) -> dict:
             entries.append(entry)
         table[key] = entries
     return table
+
+
+# The fields that name a case in each table (codec: numel, as build_table writes it).
+CASE_FIELDS = {"rms": ("tokens", "hidden", "quant"), "moe_dispatch": ("tokens", "hidden", "experts", "k"),
+               "moe_combine": ("tokens", "hidden", "experts", "k"), "codec": ("fmt", "direction", "group", "numel")}
+
+
+def merge_tables(new: dict, base: dict) -> dict:
+    """``new`` (a run's table) with ``base``'s entries for the cases the run did not measure (a run of some
+    parts, or one a deadline cut): per table the run's entries, then base's whose case no run entry
+    names, each kept entry marked with the run it came from (``source``)."""
+    merged = dict(new)
+    for key, fields in CASE_FIELDS.items():
+        measured = {tuple(e.get(f) for f in fields) for e in new.get(key, [])}
+        kept = [dict(e, source=e.get("source", base.get("source"))) for e in base.get(key, [])
+                if tuple(e.get(f) for f in fields) not in measured]
+        merged[key] = list(new.get(key, [])) + kept
+    return merged
