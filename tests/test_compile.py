@@ -99,3 +99,21 @@ def test_rms_local_path_accesses(quant, tokens, hidden, block, warps, ahead):
     stores = set(re.findall(r"st\.global\S*", ptx))
     assert stores == ({"st.global.v4.b32", "st.global.v2.b32", "st.global.b32"} if quant else {"st.global.v4.b32"})
     assert len(re.findall(r"\bdiv\.", ptx)) <= 3, "a division per value"
+
+
+@pytest.mark.parametrize("quant", ["fp8_per_tensor", "fp8_per_token"])
+@pytest.mark.parametrize("dtype, hidden", [(torch.float32, 1), (torch.bfloat16, 1), (torch.float32, 3)])
+def test_rms_fp8_tiny_rows_compile(dtype, hidden, quant):
+    """all_reduce_rms_norm's one-shot kernel with fp8 output at rows one or a few values wide, as the GPU
+    specialises it: a one-value fp32 row made triton 3.6's coalesce pass fail on the fp8 store's
+    contiguity hint (call 150 of issue 24's random calls on an H100)."""
+    from symmcoll import plan
+    from symmcoll.fused import all_reduce_rms_norm as arn
+    x = torch.empty((1, hidden), dtype=dtype, device="meta")
+    request = plan.Request(arn.OP, x.shape, x.dtype, torch.device("cuda"), options=(("eps", 1e-6), ("quant", quant)))
+    chosen = plan.algorithms(arn.OP)["one_shot"]
+    p = plan.Plan(request, "kernel", chosen, None, 1, 0, kernel_specs.FakeWorkspace(1, 0),
+                  chosen.gpu_configs(request, 1), 3, None)
+    with launcher.recording() as launches:
+        p.algorithm.run(p, x, None, torch.empty_like(x), torch.empty((hidden,), dtype=dtype, device="meta"))
+    assert ".target sm_90" in kernel_specs.compile_specialised(launches[0]).asm["ptx"]

@@ -183,7 +183,9 @@ def store_normed(values, offs, mask, normed_ptr):
     """Normalised values in normed's dtype. fp8 saturates at +-448 (NaN stays NaN): language.narrow, the
     GPU's cvt.rn.satfinite, is the reference's clamp."""
     normed = narrow(values, normed_ptr.dtype.element_ty)
-    if normed_ptr.dtype.element_ty.primitive_bitwidth == 8:
+    # A row tile one value wide (hidden 1, fp32) takes no hint: triton 3.6's coalesce pass fails on it
+    # (seen in issue 24's random calls on an H100).
+    if (normed_ptr.dtype.element_ty.primitive_bitwidth == 8) and (values.shape[1] > 1):
         # fp8 stored 8 values (8 bytes) to an access, the values a thread holds in the 16-bit tensors'
         # 16-byte accesses: told nothing, the compiler stored 16 in one access, in a layout of their own,
         # and moved the new residual and the weight into it through shared memory (16-32 KB, 4 barriers).
