@@ -23,14 +23,15 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMMCOLL_TEST_DEVICE=cuda
 stages=${*:-tests bench}
-# gemm-retune: issue 22's second round in one call (<= 8 min on an H200) -- gemm-tune on the cells of
-# GEMM_TUNE_FROM (default the last committed H200 grid) slower than GEMM_TUNE_ABOVE x cuBLAS, worst first,
-# until GEMM_TUNE_BUDGET s (the table written to $OUT and copied into the package), then gemm-bench: the
-# whole grid beside cuBLAS with that table.
+# gemm-retune: issue 22 in one call (<= 8 min) -- gemm-tune on the cells of GEMM_TUNE_FROM slower than
+# GEMM_TUNE_ABOVE x cuBLAS, worst first, until GEMM_TUNE_BUDGET s (the table written to $OUT and copied
+# into the package), then gemm-bench: the whole grid beside cuBLAS with that table. GEMM_TUNE_FROM=auto
+# (the default) takes the grid of the GPU that came: the H100's expected grid with the shipped table
+# (issue 22 round 3, from two measured grids), or the H200's last committed grid.
 case " $stages " in *" gemm-retune "*)
-  export GEMM_TUNE_FROM=${GEMM_TUNE_FROM:-benchmarks/results/2026-11-24-gemm-h200/final/gemm-h200-bf16-2026-11-24T054013Z.json}
-  export GEMM_TUNE_ABOVE=${GEMM_TUNE_ABOVE:-1.05} GEMM_TUNE_BUDGET=${GEMM_TUNE_BUDGET:-140}
-  export GEMM_TUNE_TIMEOUT=${GEMM_TUNE_TIMEOUT:-180} GEMM_BENCH_TIMEOUT=${GEMM_BENCH_TIMEOUT:-290}
+  export GEMM_TUNE_FROM=${GEMM_TUNE_FROM:-auto}
+  export GEMM_TUNE_ABOVE=${GEMM_TUNE_ABOVE:-1.05} GEMM_TUNE_BUDGET=${GEMM_TUNE_BUDGET:-150}
+  export GEMM_TUNE_TIMEOUT=${GEMM_TUNE_TIMEOUT:-200} GEMM_BENCH_TIMEOUT=${GEMM_BENCH_TIMEOUT:-260}
   stages=${stages//gemm-retune/gemm-tune gemm-bench} ;;
 esac
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
@@ -114,7 +115,14 @@ for stage in $stages; do
       # tunes only its cells slower than GEMM_TUNE_ABOVE (default 1.05) x cuBLAS, worst first;
       # GEMM_TUNE_BUDGET (seconds) starts no cell past it (what was measured is written).
       key=$(python3 -c 'import torch; from symmcoll.fused.gemm_configs import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
-      # The table shipped in the package is the base: cells this run does not measure are kept.
+      if [ "${GEMM_TUNE_FROM:-}" = auto ]; then
+        case $key in
+          h100) GEMM_TUNE_FROM=benchmarks/results/2026-11-27-gemm-streamk-h100/expected-grid-after-fix.json ;;
+          *) GEMM_TUNE_FROM=benchmarks/results/2026-11-24-gemm-h200/final/gemm-h200-bf16-2026-11-24T054013Z.json ;;
+        esac
+      fi
+      # The table shipped in the package is the base: cells this run does not measure are kept, and what
+      # it answers for a cell today is among that cell's candidates.
       timeout ${GEMM_TUNE_TIMEOUT:-540} python3 -m symmcoll tune --op gemm ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
         ${GEMM_M:+--m $GEMM_M} ${GEMM_TUNE_FROM:+--cells-from $GEMM_TUNE_FROM --above ${GEMM_TUNE_ABOVE:-1.05}} \
         ${GEMM_TUNE_BUDGET:+--budget-s $GEMM_TUNE_BUDGET} \

@@ -485,13 +485,13 @@ def first_calls_in_a_pool(threaded: bool):
     Returns what the stand-in saw made and still alive once the outputs are dropped: what cudagraph
     trees' check_memory_pool would report."""
     import gc
-    from symmcoll.fused import gemm
+    from symmcoll.fused import gemm, gemm_split
     from symmcoll.fused.gemm_configs import GemmConfig
     from symmcoll.memory import persistent_state
 
     world, rank, dev = dist.get_world_size(), dist.get_rank(), device()
     symmcoll.reset()  # (every rank runs this: the next call makes the workspace again, collectively)
-    gemm._COUNTERS.clear()  # made once per process otherwise
+    gemm_split._COUNTERS.clear()  # made once per process otherwise
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(4 * world, 8, generator=g).to(dev)
     a, b = (torch.randn(*shape, generator=g).to(dev, torch.bfloat16) for shape in ((16, 32), (32, 16)))
@@ -504,7 +504,7 @@ def first_calls_in_a_pool(threaded: bool):
         with pool:
             outs = [symmcoll.all_reduce(x), symmcoll.all_gather_matmul(a, b, algorithm="fused"),
                     symmcoll.all_to_all(x[:sum(sends)], splits=sends),
-                    gemm.matmul(ga, gb, config=GemmConfig(16, 32, 32, 1, 4, True, 4, 1))]  # split-K
+                    gemm.matmul(ga, gb, config=GemmConfig(16, 32, 32, 1, 4, True, 4, 1))]  # wave split
     finally:
         persistent_state.THREADED_DEVICE_TYPES.discard("cpu")
     assert all(o.isfinite().all() for o in outs[:2] + outs[3:])

@@ -20,25 +20,33 @@ DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 
 SRC = Path(gemm.__file__).resolve().parent.parent
 
-# (M, N, K, config, B given as W^T, shares tiles): every branch of k_loop and the scheduler, tiny enough
-# for the interpreter (4 programs). Configs are explicit: the CPU default never swaps or splits.
+# (M, N, K, config, B given as W^T, how tiles are shared, programs): every branch of k_loop and the
+# scheduler, tiny enough for the interpreter (4 programs unless given). Configs are explicit: the CPU
+# default never swaps or splits. Sharing: "" none, "wave" the wave split, "stream" stream-K.
+STREAM = dict(stream_k=True)
 CASES = [
-    (33, 100, 72, None, False, False),                                    # odd M, N, K; pointer loads
-    # 3 tiles of 32 k-steps (odd K) shared by 4 programs (24 each: ranges cross tiles)
-    (5, 70, 1000, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), False, True),   # swapped, stream-K
-    (5, 70, 1000, GemmConfig(16, 32, 32, 1, 3, True, 4, 1), True, True),    # the same with W [N, K]
-    (1, 48, 512, GemmConfig(16, 16, 16, 1, 4, True, 4, 1), False, True),    # M = 1, 3 tiles on 4 programs
-    (40, 64, 100, GemmConfig(32, 32, 32, 2, 4, False, 4, 1), False, False),  # 4 tiles on 4 programs: none shared
-    (40, 64, 96, GemmConfig(32, 32, 32, 2, 2, False, 4, 1), True, False),    # straight, W [N, K], no split
-    (70, 40, 48, GemmConfig(32, 16, 16, 2, 1, False, 4, 1), False, False),   # narrow N, more tiles than programs
-    # 13 tiles on 4 programs: 12 whole (the flattened loop), the 13th shared by 3 programs
-    (416, 16, 512, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True), False, True),
-    # the same with the last full wave shared too: 5 tiles of 32 k-steps, 40 per program (a range holding
-    # a whole tile stores it without a partial), straight and swapped
-    (416, 16, 512, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True, split_wave=True), False, True),
-    (12, 208, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1, split_wave=True), True, True),
+    (33, 100, 72, None, False, "", None),                                           # odd M, N, K; pointer loads
+    # 3 tiles of 32 k-steps (odd K) shared by 9 of 10 programs (10.7 k-steps each: ranges cross tiles)
+    (5, 70, 1000, GemmConfig(16, 32, 32, 1, 3, True, 4, 1, **STREAM), False, "stream", 10),  # swapped
+    (5, 70, 1000, GemmConfig(16, 32, 32, 1, 3, True, 4, 1, **STREAM), True, "stream", 10),   # the same, W [N, K]
+    (1, 48, 512, GemmConfig(16, 16, 16, 1, 4, True, 4, 1, **STREAM), False, "stream", 10),   # M = 1, 3 tiles
+    # the same 3 tiles by the wave split: 4 parts of 8 k-steps each, 12 parts in 3 rounds of 4 programs
+    (5, 70, 1000, GemmConfig(16, 32, 32, 1, 4, True, 4, 1), False, "wave", None),
+    (5, 70, 1000, GemmConfig(16, 32, 32, 1, 4, True, 4, 1), True, "wave", None),
+    (1, 16, 200, GemmConfig(16, 16, 16, 1, 3, True, 4, 1), False, "wave", None),    # 13 k-steps: parts 5, 5, 3
+    (40, 64, 100, GemmConfig(32, 32, 32, 2, 4, False, 4, 1), False, "", None),      # 4 tiles on 4 programs
+    (40, 64, 96, GemmConfig(32, 32, 32, 2, 2, False, 4, 1), True, "", None),        # straight, W [N, K], no split
+    (70, 40, 48, GemmConfig(32, 16, 16, 2, 1, False, 4, 1), False, "", None),       # narrow N, tiles > programs
+    # 13 tiles on 4 programs: 12 whole (the flattened loop), the 13th shared by 3 programs / in 4 parts
+    (416, 16, 512, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True, **STREAM), False, "stream", None),
+    (416, 16, 512, GemmConfig(32, 16, 16, 2, 4, False, 4, 1, 1, True), False, "wave", None),
+    # the last full wave shared too: 5 tiles of 32 k-steps, 40 per program (a range holding a whole tile
+    # stores it without a partial), straight and swapped
+    (416, 16, 512, GemmConfig(32, 16, 16, 2, 3, False, 4, 1, 1, True, split_wave=True, **STREAM), False, "stream",
+     None),
+    (12, 208, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1, split_wave=True, **STREAM), True, "stream", None),
     # 2 tiles of 2 k-steps: too short to share (each range would be under MIN_PART_STEPS)
-    (20, 64, 40, GemmConfig(32, 32, 32, 1, 4, False, 4, 1), False, False),
+    (20, 64, 40, GemmConfig(32, 32, 32, 1, 4, False, 4, 1, **STREAM), False, "", 10),
 ]
 
 
@@ -65,7 +73,7 @@ DTYPE_CASES = [(c, d) for c in CASES for d in (torch.bfloat16, torch.float32)] +
 @pytest.mark.parametrize("case,dtype", DTYPE_CASES,
                          ids=lambda v: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else
                          f"{v[0]}x{v[1]}x{v[2]}-{v[3].label if v[3] else 'auto'}{'-bT' if v[4] else ''}"
-                         f"{'-shared' if v[5] else ''}")
+                         f"{'-' + v[5] if v[5] else ''}{'-P%d' % v[6] if v[6] else ''}")
 def test_matmul_matches_fp32(pools, case, dtype):
     pools(1).run(_matmul_matches_fp32, case, dtype)
 
@@ -75,14 +83,14 @@ def _device():
 
 
 def _matmul_matches_fp32(case, dtype):
-    m, n, k, config, b_t, shares = case
+    m, n, k, config, b_t, sharing, programs = case
     used = (config or gemm_configs.CPU_CONFIG).for_itemsize(dtype.itemsize)
-    programs = gemm.num_sms(torch.device(_device())) * used.occupancy
     if _device() == "cpu":  # the case covers the path it says it does
-        assert gemm_configs.stream_split(used, gemm_configs.tiles_of(used, m, n), k, programs).shared == shares
+        plan = gemm_configs.split_plan(used, gemm_configs.tiles_of(used, m, n), k, programs or 4 * used.occupancy)
+        assert (plan.shared, plan.stream) == (bool(sharing), sharing == "stream"), plan
     a, b = _operands(m, n, k, dtype, b_t, _device(), seed=m * 7 + n)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=_device())
-    gemm.matmul(a, b, out=out, config=config)
+    gemm.matmul(a, b, out=out, config=config, programs=programs if _device() == "cpu" else None)
     tolerance = 1e-5 if dtype == torch.float32 and _device() == "cpu" else 4e-3 if dtype != torch.float32 else 2e-3
     assert not out.isnan().any(), "an element of C was never written"
     assert _rel_err(out, a, b) < tolerance, f"{case}, {dtype}: {_rel_err(out, a, b)}"
@@ -93,19 +101,22 @@ def test_split_k_counters_return_to_zero_and_repeat_exactly(pools):
 
 
 def _split_k_counters():
-    """Calls with fresh data: the counters are zero after each (the next launch, or graph replay,
-    starts clean) and the sum does not depend on which part finished last (fixed order)."""
-    config = GemmConfig(16, 32, 32, 1, 4, True, 4, 1)
-    assert gemm_configs.stream_split(config, 2, 256, gemm.num_sms(torch.device(_device()))).shared
-    counters = gemm.split_counters(torch.device(_device()))
-    results = []
-    for seed in (1, 2, 2):
-        a, b = _operands(9, 64, 256, torch.bfloat16, False, _device(), seed)
-        results.append(gemm.matmul(a, b, config=config))
-        assert int(counters.abs().sum()) == 0
-    assert torch.equal(results[1], results[2])
-    assert not torch.equal(results[0], results[1])
-    assert _rel_err(results[1], *_operands(9, 64, 256, torch.bfloat16, False, _device(), 2)) < 4e-3
+    """Calls with fresh data, the wave split and stream-K: the counters are zero after each (the next
+    launch, or graph replay, starts clean) and the sum does not depend on which part finished last
+    (fixed order)."""
+    programs = gemm.num_sms(torch.device(_device()))
+    for config, n in ((GemmConfig(16, 32, 32, 1, 4, True, 4, 1), 64), (GemmConfig(16, 32, 32, 1, 4, True, 4, 1,
+                                                                                  stream_k=True), 32)):
+        assert gemm_configs.split_plan(config, gemm_configs.tiles_of(config, 9, n), 256, programs).shared
+        counters = gemm.split_counters(torch.device(_device()))
+        results = []
+        for seed in (1, 2, 2):
+            a, b = _operands(9, n, 256, torch.bfloat16, False, _device(), seed)
+            results.append(gemm.matmul(a, b, config=config))
+            assert int(counters.abs().sum()) == 0
+        assert torch.equal(results[1], results[2])
+        assert not torch.equal(results[0], results[1])
+        assert _rel_err(results[1], *_operands(9, n, 256, torch.bfloat16, False, _device(), 2)) < 4e-3
 
 
 def test_empty_and_degenerate_shapes(pools):
@@ -142,39 +153,66 @@ def test_untuned_rule_covers_the_regimes(m, n, k):
     if m <= 64:
         assert config.swap_ab and m <= config.block_m <= 64
     assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
-    plan = gemm_configs.stream_split(config, tiles, k, 132)
+    assert not config.stream_k, "the untuned rule splits the way the tables before stream-K were measured"
+    plan = gemm_configs.split_plan(config, tiles, k, 132)
     assert plan.whole_tiles % 132 == 0 or (plan.whole_tiles == tiles and not plan.shared)
-    if plan.shared:
-        assert tiles - plan.whole_tiles < plan.programs <= 132
     if tiles < 66 and k >= 4096:
         assert plan.shared, "few tiles and a long K: the SMs must share the K range"
     assert gemm_configs.untuned_config(m, n, k, 132, split=False).split_k == 1
 
 
-S = gemm_configs.StreamSplit
+def S(whole_tiles, sharing=0, slots=1):
+    """A stream-K plan (a plan that shares nothing is one whatever the config asked for)."""
+    return gemm_configs.SplitPlan(whole_tiles, sharing, slots, stream=bool(sharing))
+
+
+def SK(*args, **kwargs):
+    return GemmConfig(*args, stream_k=True, **kwargs)
 
 
 @pytest.mark.parametrize("tiles,k,config,expect", [
-    (80, 8192, GemmConfig(128, 128, 64, split_k=16), S(0, 132, 3)),        # 256x5120: 52 SMs idle without
-    (160, 8192, GemmConfig(128, 128, 64, split_k=16), S(132, 132, 6)),     # one wave whole, 28 tiles shared
-    (160, 8192, GemmConfig(128, 128, 64, split_k=16, split_wave=True), S(0, 132, 2)),
-    (160, 8192, GemmConfig(128, 128, 64, split_k=4), S(132, 112, 5)),      # <= 4 programs a tile on average
-    (128, 8192, GemmConfig(128, 128, 64, split_k=16), S(128)),             # 97% of a wave: not worth a split
-    (20, 256, GemmConfig(64, 64, 128, split_k=8), S(20)),                  # 2 k-steps a tile: too short
-    (264, 8192, GemmConfig(64, 64, 128, split_k=8), S(264)),               # whole waves
-    (20, 8192, GemmConfig(64, 64, 128), S(20)),                            # split_k = 1
-    (1, 64, GemmConfig(64, 64, 64, split_k=16), S(1)),                     # one k-step: nothing to share
+    (80, 8192, SK(128, 128, 64, split_k=16), S(80)),                 # 256x5120: 0.61 of a wave (measured: slower)
+    (40, 8192, SK(128, 128, 64, split_k=16), S(0, 132, 5)),          # 0.30 of a wave: shared
+    (160, 8192, SK(128, 128, 64, split_k=16), S(132, 132, 6)),       # one wave whole, 28 tiles shared
+    (160, 8192, SK(128, 128, 64, split_k=16, split_wave=True), S(0, 132, 2)),
+    (160, 8192, SK(128, 128, 64, split_k=4), S(132, 112, 5)),        # <= 4 programs a tile on average
+    (128, 8192, SK(128, 128, 64, split_k=16), S(128)),               # 97% of a wave
+    (20, 256, SK(64, 64, 128, split_k=8), S(20)),                    # 2 k-steps a tile: too short
+    (264, 8192, SK(64, 64, 128, split_k=8), S(264)),                 # whole waves
+    (20, 8192, SK(64, 64, 128), S(20)),                              # split_k = 1
+    (1, 64, SK(64, 64, 64, split_k=16), S(1)),                       # one k-step: nothing to share
 ])
-def test_stream_split_shares_only_the_last_wave(tiles, k, config, expect):
+def test_stream_split_shares_only_a_small_last_wave(tiles, k, config, expect):
     assert gemm_configs.stream_split(config, tiles, k, 132) == expect
+    assert gemm_configs.split_plan(config, tiles, k, 132) == expect
+
+
+W = gemm_configs.SplitPlan
+
+
+@pytest.mark.parametrize("tiles,k,config,expect", [
+    # what the pre-stream-K kernel (git 193949b^) ran for the shipped tables' split entries: the plan
+    # is the meaning of an entry, so these must not move
+    (36, 16384, GemmConfig(128, 128, 64, split_k=4), W(0, 3, 3)),        # 256x2304x16384
+    (160, 8192, GemmConfig(128, 128, 64, split_k=16), W(132, 4, 4)),     # 512x5120x8192: 28 tiles in 4 parts
+    (256, 14336, GemmConfig(128, 256, 64, split_k=8), W(256)),           # 1024x8192x14336: a split would cost more
+    (128, 14336, GemmConfig(16, 64, 128, split_k=8, swap_ab=True), W(128)),  # decode, 97% of a wave: whole
+    (20, 8192, GemmConfig(16, 64, 128, split_k=16, swap_ab=True), W(0, 6, 6)),
+    (80, 8192, GemmConfig(128, 256, 64, split_k=16), W(0, 3, 3)),        # 240 parts: two rounds of thirds
+    (4096, 8192, GemmConfig(128, 256, 64, split_k=16), W(4092, 16, 16)),
+    (20, 8192, GemmConfig(64, 64, 128), W(20)),                           # split_k = 1
+])
+def test_wave_split_is_the_rule_the_older_entries_were_measured_under(tiles, k, config, expect):
+    assert gemm_configs.wave_split(config, tiles, k, 132) == expect
+    assert gemm_configs.split_plan(config, tiles, k, 132) == expect
 
 
 def test_stream_split_counts_two_programs_on_one_sm_as_one_sm():
     """Two programs per SM share its throughput: 128 tiles on 264 programs are one round of whole tiles
     on 132 SMs, not half a round (sharing them would only add partials); 80 tiles still share."""
-    two = GemmConfig(128, 128, 64, split_k=4, num_warps=8, num_stages=3, occupancy=2)
+    two = SK(128, 128, 64, split_k=4, num_warps=8, num_stages=3, occupancy=2)
     assert gemm_configs.stream_split(two, 128, 1024, 264) == S(128)
-    assert gemm_configs.stream_split(two, 80, 8192, 264).programs == 264
+    assert gemm_configs.stream_split(two, 80, 8192, 264).sharing == 264
 
 
 @pytest.mark.parametrize("tiles,steps,programs,cap,wave", [(80, 128, 132, 16, False), (160, 128, 132, 16, False),
@@ -184,18 +222,19 @@ def test_stream_split_counts_two_programs_on_one_sm_as_one_sm():
                                                           (290, 9, 132, 4, True), (133, 3, 132, 16, False)])
 def test_stream_split_slots_hold_every_part_of_a_tile(tiles, steps, programs, cap, wave):
     """Cut the shared k-steps as the kernel's stream_range does (``least`` each, one more for the first
-    ``longer``): every shared tile meets at most ``slots`` ranges, and every range is >= 2 k-steps."""
-    plan = gemm_configs.stream_split(GemmConfig(16, 16, 16, split_k=cap, split_wave=wave), tiles, steps * 16,
-                                     programs)
+    ``longer``): every shared tile meets at most ``slots`` ranges, and every range is >= 2 k-steps
+    (whatever share of a wave the last wave is: max_tail=1)."""
+    plan = gemm_configs.stream_split(SK(16, 16, 16, split_k=cap, split_wave=wave), tiles, steps * 16, programs,
+                                     max_tail=1.0)
     if not plan.shared:
         return
     shared_steps = (tiles - plan.whole_tiles) * steps
-    least, longer = divmod(shared_steps, plan.programs)
+    least, longer = divmod(shared_steps, plan.sharing)
     assert least >= gemm_configs.MIN_PART_STEPS
-    starts = [p * least + min(p, longer) for p in range(plan.programs + 1)]
+    starts = [p * least + min(p, longer) for p in range(plan.sharing + 1)]
     assert starts[-1] == shared_steps
     for t in range(tiles - plan.whole_tiles):
-        meeting = [p for p in range(plan.programs) if starts[p] < (t + 1) * steps and starts[p + 1] > t * steps]
+        meeting = [p for p in range(plan.sharing) if starts[p] < (t + 1) * steps and starts[p + 1] > t * steps]
         assert 1 <= len(meeting) <= plan.slots
 
 
@@ -205,9 +244,12 @@ def test_candidates_fit_and_include_the_rule(m, n, k):
     assert gemm_configs.untuned_config(m, n, k, 132) in found
     assert all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
     assert len(found) == len(set(found)) and len(found) <= 80
-    if 64 < m <= 2048:  # stream-K candidates where a wave is partial
-        assert any(c.split_k > 1 and gemm_configs.stream_split(c, gemm_configs.tiles_of(c, m, n), k,
-                                                               132 * c.occupancy).shared for c in found)
+    assert not any(c.split_wave for c in found), "measured slower than the tile unsplit in 251 of 287 pairs"
+    plans = [gemm_configs.split_plan(c, gemm_configs.tiles_of(c, m, n), k, 132 * c.occupancy) for c in found]
+    if m < 16384:  # both ways of splitting where a wave is partial
+        assert any(p.shared and not p.stream for p in plans) and any(p.shared and p.stream for p in plans)
+    for config, plan in zip(found, plans):  # a config whose split splits nothing is measured once, unsplit
+        assert plan.shared or config.split_k == 1 or config == gemm_configs.untuned_config(m, n, k, 132)
 
 
 def test_fp32_halves_the_k_step_and_cpu_gets_small_tiles():
@@ -222,8 +264,10 @@ def test_table_lookup_round_trip(tmp_path, monkeypatch):
     best = GemmConfig(16, 64, 256, 1, 6, True, 4, 4)
     plain = GemmConfig(16, 32, 256, 1, 1, True, 4, 4)
     big = GemmConfig(128, 256, 64, 8, 1, False, 8, 3)
+    mid = SK(128, 128, 64, 8, 4, False, 8, 4)
     rows = [dict(m=16, n=1280, k=8192, config=best.as_list(), no_split=plain.as_list()),
-            dict(m=8192, n=1280, k=8192, config=big.as_list(), no_split=big.as_list())]
+            dict(m=8192, n=1280, k=8192, config=big.as_list(), no_split=big.as_list()),
+            dict(m=128, n=1536, k=8192, config=mid.as_list(), no_split=big.as_list())]
     monkeypatch.setattr(gemm_configs, "DATA", tmp_path)
     gemm_configs.write_table("h200", dict(gpu="NVIDIA H200"), rows)
     try:
@@ -235,15 +279,80 @@ def test_table_lookup_round_trip(tmp_path, monkeypatch):
         assert pick(1000, 1280, 8192) == big
         assert pick(9, 1280, 4096) == best, "the nearest measured (N, K) within 2x answers"
         assert pick(9, 1280, 2048) == gemm_configs.untuned_config(9, 1280, 2048)
+        # (1536, 8192) was measured at M = 128 only: it answers there (and for its neighbours at M = 128),
+        # never at M = 16 -- the nearest shape measured at M = 16 does (2026-11-27: T128 tiles at M = 1-64)
+        assert pick(16, 1536, 8192) == best and pick(1, 1536, 8192) == best
+        assert pick(100, 1536, 8192) == mid and pick(128, 1280, 8192) == mid
+        assert pick(200, 1536, 8192) == big
     finally:
         gemm_configs.load_table.cache_clear()
 
 
+@pytest.mark.parametrize("key", ["h100", "h200"])
+def test_shipped_table_answers_every_cell_with_its_own_entry(key):
+    """The config a cell of the grid gets is the table's entry for that cell where the table has one,
+    else an entry measured at the same M (a neighbouring shape) or the rule -- never an entry of
+    another M; the no-split answer likewise."""
+    from symmcoll.bench.gemm import FUSED_SHAPES, GRID_M, SHAPES
+    table = gemm_configs.load_table(key)
+    assert table, f"data/gemm_{key}.json ships"
+    for (m, n, k), (best, no_split) in table.items():
+        assert gemm_configs.lookup(table, m, n, k, True) == best
+        assert gemm_configs.lookup(table, m, n, k, False) == no_split
+    for _, n, k in SHAPES + FUSED_SHAPES:
+        for m in GRID_M:
+            answer = gemm_configs.lookup(table, m, n, k, True)
+            answered_by = [(tm, tn, tk) for (tm, tn, tk), (best, _) in table.items() if best == answer]
+            assert answer is None or any(tm == m for tm, _, _ in answered_by), (m, n, k, answer.label)
+
+
+@pytest.mark.parametrize("key", ["h100", "h200"])
+def test_shipped_entries_run_what_they_were_measured_as(key):
+    """Entries measured before stream-K (the wave split) say so; a stream-K entry's plan at its own cell
+    is the plan it was measured with (the rule before the measured limit on the last wave, which
+    must not move it)."""
+    rows = json.loads(gemm_configs.table_path(key).read_text())["entries"]
+    for row in rows:
+        assert len(row["config"]) == len(row["no_split"]) == len(GemmConfig(16, 16, 16).as_list()), \
+            "shipped tables spell every field out"
+        config = GemmConfig.from_list(row["config"]).fitted(2)
+        assert row["label"] == config.label
+        if key == "h200" or row.get("source", "").startswith("tune 2026-11-24"):
+            assert not config.stream_k, (row["m"], row["n"], row["k"], row["label"])
+        if config.stream_k:
+            tiles, programs = gemm_configs.tiles_of(config, row["m"], row["n"]), 132 * config.occupancy
+            assert gemm_configs.stream_split(config, tiles, row["k"], programs) == gemm_configs.stream_split(
+                config, tiles, row["k"], programs, max_tail=1.0)
+
+
 def test_config_list_round_trip_reads_older_tables():
-    config = GemmConfig(128, 128, 64, 8, 16, False, 8, 3, 2, True, True, True)
+    """A list means what it meant when it was written: up to 11 fields the wave split (tables before
+    stream-K), 12 fields stream-K (the tune of git 50c1510), 13 fields say which."""
+    config = GemmConfig(128, 128, 64, 8, 16, False, 8, 3, 2, True, True, True, True)
     assert GemmConfig.from_list(config.as_list()) == config
+    wave = GemmConfig(128, 128, 64, 8, 16, False, 8, 3)
+    assert GemmConfig.from_list(wave.as_list()) == wave and not wave.stream_k
     assert GemmConfig.from_list([64, 128, 64, 8, 4, 0, 4, 4]) == GemmConfig(64, 128, 64, 8, 4, False, 4, 4)
-    assert "s16+" in config.label and "s16+" not in GemmConfig(128, 128, 64, split_k=16).label
+    assert GemmConfig.from_list([16, 64, 128, 1, 8, 1, 4, 5, 1, 0, 0]) == GemmConfig(16, 64, 128, 1, 8, True, 4, 5)
+    assert GemmConfig.from_list([128, 128, 64, 8, 4, 0, 8, 4, 1, 0, 0, 0]) == SK(128, 128, 64, 8, 4, False, 8, 4)
+    unsplit = GemmConfig(128, 128, 64, 8, 1, False, 8, 4)
+    assert GemmConfig.from_list([128, 128, 64, 8, 1, 0, 8, 4, 1, 0, 0, 0]) == unsplit and not unsplit.stream_k
+    assert "sk16+" in config.label and "/s16/" in wave.label
+    with pytest.raises(ValueError, match="split_wave"):
+        GemmConfig(128, 128, 64, split_k=16, split_wave=True)
+
+
+def test_written_tables_spell_out_what_older_rows_meant(tmp_path):
+    """A table written from kept rows of older tables (tune --base) keeps their meaning explicitly."""
+    rows = [dict(m=8, n=8192, k=14336, config=[16, 64, 128, 1, 8, 1, 4, 5, 1, 0, 0], no_split=[16, 64, 128, 1, 1, 1,
+                                                                                                4, 5, 1, 0, 0]),
+            dict(m=256, n=2560, k=8192, config=[64, 64, 128, 8, 4, 0, 4, 4, 1, 1, 0, 0],
+                 no_split=[64, 64, 128, 8, 1, 0, 4, 4, 1, 1, 0, 0], label="N64x64x128/g8/s4/w4/p4/f")]
+    path = gemm_configs.write_table("h100", dict(gpu="NVIDIA H100"), rows, tmp_path / "t.json")
+    written = json.loads(path.read_text())["entries"]
+    assert [GemmConfig.from_list(r["config"]).stream_k for r in written] == [False, True]
+    assert [r["label"] for r in written] == ["T16x64x128/g1/s8/w4/p5", "N64x64x128/g8/sk4/w4/p4/f"]
+    gemm_configs.load_table.cache_clear()
 
 
 def test_config_validation_names_the_field():
@@ -312,10 +421,14 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data():
 
 
 @pytest.mark.parametrize("config,m,n,k", [
-    (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                 # shares: SPLIT kernel
-    (GemmConfig(128, 128, 64, 8, 16, False, 8, 4, split_wave=True), 512, 5120, 8192),
+    (SK(128, 128, 64, 8, 16, False, 8, 4), 256, 2560, 8192),                         # stream-K
+    (SK(128, 128, 64, 8, 16, False, 8, 4, split_wave=True), 512, 5120, 8192),
+    (SK(64, 128, 64, 8, 4, False, 4, 4, occupancy=2), 256, 2560, 8192),
+    (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                 # the wave split
     (GemmConfig(16, 64, 256, 1, 4, True, 4, 5), 1, 1280, 8192),                       # M = 1 specialised
+    (SK(16, 64, 256, 1, 4, True, 4, 5), 1, 1280, 8192),
     (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 8192, 1024),                 # 128 tiles: whole
+    (SK(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                         # 0.61 of a wave: whole
     (GemmConfig(128, 256, 64, 8, 1, False, 8, 3), 16384, 8192, 8192),
 ])
 def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
@@ -334,7 +447,7 @@ def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
         return rec.meta, specialised
 
     job = compile_job(config, m, n, k, "bf16", 132)
-    assert recorded(*warm_launch(job)) == recorded(config, m, n, k, 132)
+    assert recorded(*warm_launch(job)) == recorded(config, m, n, k, 132 * config.occupancy)
 
 
 WARM_SCRIPT = """
@@ -354,8 +467,9 @@ class NoGpu:  # what JITFunction.warmup asks of the driver; nothing is launched
 driver.set_active(NoGpu())
 from symmcoll.bench.gemm import _compile_job, compile_job
 from symmcoll.fused.gemm_configs import GemmConfig
-for m in (16, 1):  # a stream-K launch, then M = 1 (a whole-tile launch of the same config)
-    print(repr(_compile_job(compile_job(GemmConfig(16, 64, 128, 1, 4, True, 4, 3), m, 1280, 8192, "bf16", 132))))
+for m in (16, 1):  # a stream-K launch, then M = 1 (another specialisation of the same config)
+    print(repr(_compile_job(compile_job(GemmConfig(16, 64, 128, 1, 4, True, 4, 3, stream_k=True), m, 1280, 8192,
+                                        "bf16", 132))))
 """
 
 
@@ -371,6 +485,19 @@ def test_compile_worker_fills_the_cache_without_a_gpu(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["''", "''"], done.stdout
     assert len(list(tmp_path.rglob("matmul_kernel.cubin"))) == 2  # SPLIT and whole-tile kernels
+
+
+def test_a_retune_measures_what_the_cell_runs_today():
+    """The base table's answer for a cell (and its no-split answer) is among the cell's candidates, so a
+    re-tune replaces it only with a config measured faster in the same run (2026-11-27: a tune without
+    the wave split replaced faster wave-split entries)."""
+    from symmcoll.bench.gemm import cell_candidates
+    today, plain = GemmConfig(32, 32, 64, 2, 3, True, 4, 2), GemmConfig(32, 32, 64, 2, 1, True, 4, 2)
+    base = gemm_configs.table_of([dict(m=16, n=1280, k=8192, config=today.as_list(), no_split=plain.as_list())])
+    assert today not in gemm_configs.candidates(16, 1280, 8192, 132)
+    found = cell_candidates(16, 1280, 8192, 132, base)
+    assert today in found and plain in found and len(found) == len(set(found))
+    assert cell_candidates(16, 1280, 8192, 132, {}) == gemm_configs.candidates(16, 1280, 8192, 132)
 
 
 def test_tune_loop_keeps_the_base_writes_every_cell_and_stops_at_the_budget(tmp_path, monkeypatch):

@@ -32,7 +32,8 @@ import torch
 
 from .. import launcher
 from ..fused import gemm
-from ..fused.gemm_configs import GemmConfig, candidates, gpu_key, stream_split, tiles_of, write_table
+from ..fused.gemm_configs import (GemmConfig, candidates, gpu_key, lookup, split_plan, table_of, tiles_of,
+                                  write_table)
 from . import bandwidth
 from .timing import graph_us
 
@@ -237,20 +238,20 @@ def _warm_class(x: int) -> int:
 
 def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms: int) -> tuple:
     """What ``precompile`` needs to compile the kernel ``config`` runs at (m, n, k): the config, the
-    size classes Triton specialises on, and whether the launch shares tiles (stream-K: another kernel)."""
+    size classes Triton specialises on, and whether the launch shares tiles (another kernel)."""
     programs = sms * config.occupancy
-    shared = stream_split(config, tiles_of(config, m, n), k, programs).shared
+    shared = split_plan(config, tiles_of(config, m, n), k, programs).shared
     return tuple(config.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name, shared
 
 
 def warm_launch(job) -> tuple[GemmConfig, int, int, int, int | None]:
     """(config, m, n, k, programs) of a tiny launch that compiles ``job``'s kernel: its size classes;
-    a sharing launch is made to share (its tiles on twice as many programs, 64 k-steps each), a
-    whole-tile one not to."""
+    a sharing launch is made to share the same way (its tiles on four times as many programs, 64
+    k-steps each: a wave split and stream-K both split there), a whole-tile one not to."""
     config_list, m, n, k, _, shared = job
     config = GemmConfig.from_list(config_list)
     if shared:
-        return config, m, n, 64 * config.block_k + k % 16, 2 * tiles_of(config, m, n)
+        return config, m, n, 64 * config.block_k + k % 16, 4 * tiles_of(config, m, n)
     return replace(config, split_k=1), m, n, k, None
 
 
@@ -304,16 +305,17 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
         shapes = _shapes(shape_filter) + [s for s in FUSED_SHAPES if not shape_filter or any(
             s[0].startswith(f) for f in shape_filter)]
         cells = [(name, m, n, k) for name, n, k in shapes for m in ms]
+    kept = json.loads(base.read_text())["entries"] if base and base.exists() else []
+    configs = {cell: cell_candidates(*cell[1:], sms, table_of(kept)) for cell in cells}
     # Compiles run ahead in worker processes, cell by cell in tuning order, while the cells before
     # are measured (a cell waits only for its own kernels; those of cells the budget cuts are dropped).
     pool = _compile_pool(workers)
     compiling: dict[tuple, object] = {}
-    for _, m, n, k in cells:
-        for config in candidates(m, n, k, sms):
+    for (_, m, n, k), cell_configs in configs.items():
+        for config in cell_configs:
             job = compile_job(config, m, n, k, dtype_name, sms)
             if job not in compiling:
                 compiling[job] = pool.submit(_compile_job, job)
-    kept = json.loads(base.read_text())["entries"] if base and base.exists() else []
     key = gpu_key(facts["gpu"]) or "gpu"
     entries, measured, failures = [], [], []
     path = out
@@ -323,7 +325,7 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
                 console.print(f"tune budget of {budget_s:.0f} s spent: {len(cells) - index} cells left as they "
                               f"were", highlight=False)
                 break
-            for config in candidates(m, n, k, sms):
+            for config in configs[(name, m, n, k)]:
                 try:
                     error = compiling[compile_job(config, m, n, k, dtype_name, sms)].result()
                 except Exception as exc:  # noqa: BLE001 - a dead worker: the measurement compiles what it needs
@@ -331,8 +333,9 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
                 if error and error not in failures:
                     failures.append(error)
                     console.print(f"compile failed: {error}", highlight=False)
-            entry = _tune_cell(name, m, n, k, dtype, device, sms, replays, measured)
-            entries.append(entry)
+            entry = _tune_cell(name, m, n, k, dtype, device, configs[(name, m, n, k)], replays, measured)
+            entries.append(dict(source=f"tune {facts.get('created_utc', '')[:10]} (git {str(facts.get('git'))[:7]})",
+                                **entry))
             console.print(f"{name:<20} M={m:<6} best {entry['label']:<32} {entry['us']:9.1f} us  cuBLAS "
                           f"{entry['cublas_us']:9.1f}  x{entry['ratio']:.3f}  ({entry['candidates']} configs, "
                           f"{time.time() - started:.0f} s)", highlight=False)
@@ -348,11 +351,22 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
     return path
 
 
-def _tune_cell(name, m, n, k, dtype, device, sms, replays, measured) -> dict:
+def cell_candidates(m: int, n: int, k: int, sms: int, base: dict) -> list[GemmConfig]:
+    """``candidates`` and what the base table answers for the cell today (its best and its config
+    without split): a re-tune replaces a cell's config only with one measured faster in the same run."""
+    found = candidates(m, n, k, sms)
+    for split in (True, False):
+        incumbent = lookup(base, m, n, k, split)
+        if incumbent is not None:
+            found.append(incumbent.fitted(2))
+    return list(dict.fromkeys(found))
+
+
+def _tune_cell(name, m, n, k, dtype, device, configs, replays, measured) -> dict:
     cell = make_cell(name, m, n, k, dtype, device)
     cublas_us = timed_us(cublas(cell), replays)
     results = []
-    for config in candidates(m, n, k, sms):
+    for config in configs:
         try:
             err = check(cell, ours(cell, config))
         except Exception as exc:  # noqa: BLE001 - a config that cannot run is skipped, not fatal

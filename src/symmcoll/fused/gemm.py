@@ -7,17 +7,11 @@ the plain ``matmul`` (C = A @ B) built from them.
                     its transpose W [N, K] (nn.Linear's weight). The only K-loop of the package.
     grouped_tile    the persistent scheduler's tile order: GROUP_M row blocks sweep the columns
                     together, so a column block of B is reused from L2 (Triton tutorials 03/09).
-    stream_range    stream-K: the k-steps of the tiles of the last, partial wave laid end to end and
-                    cut into one contiguous range per program (as even as whole k-steps allow); a
-                    range may end inside one tile and go on in the next, so every program gets the
-                    same work whatever the count of tiles (gemm_configs.stream_split).
-    split_reduce    the parts of a shared tile without a second kernel: every part stores its fp32
-                    partial, bumps the tile's counter (acq_rel); the part that arrives last sums the
-                    partials in part order (the result does not depend on who came last), resets the
-                    counter (graph replays need no host work) and owns the epilogue. Nobody waits.
+    split path      the tiles of the last, partial wave shared along K -- stream-K or the wave
+                    split -- and summed by their last part without a second kernel (gemm_split.py).
     matmul_kernel   persistent: whole tiles round-robin over the programs, then each program's
-                    stream-K range; fused ops run their own kernels on ``k_loop`` and ``grouped_tile``
-                    with whole tiles only.
+                    stream-K range or wave-split parts; fused ops run their own kernels on ``k_loop``
+                    and ``grouped_tile`` with whole tiles only.
 
 Configs (tile shape, swap, split, warps, stages) come from gemm_configs.gemm_config: a table measured
 per GPU model by ``symmcoll tune --op gemm``, or the untuned rule. Under the interpreter ``mma``
@@ -33,8 +27,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..language import INTERPRETED, narrow
 from ..launcher import launch
-from ..memory.persistent_state import persistent
-from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config, stream_split
+from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config, split_plan
+from .gemm_split import split_counters, split_reduce, stream_owner, stream_range, wave_part
 
 # tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
 FP32_PRECISION = {"highest": "tf32x3", "high": "tf32", "medium": "tf32"}
@@ -142,41 +136,6 @@ def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stri
 
 
 @triton.jit
-def stream_range(program, least, longer):
-    """[first, end) of the shared k-steps ``program`` computes: ``least`` each, one more for the
-    first ``longer`` programs."""
-    first = program * least + tl.minimum(program, longer)
-    return first, first + least + tl.where(program < longer, 1, 0)
-
-
-@triton.jit
-def stream_owner(step, least, longer):
-    """The program whose stream-K range holds shared k-step ``step`` (inverse of stream_range)."""
-    in_longer = longer * (least + 1)
-    return tl.where(step < in_longer, step // (least + 1), longer + (step - in_longer) // least)
-
-
-@triton.jit
-def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: tl.constexpr, BN: tl.constexpr):
-    """Publish this part's fp32 partial of shared ``tile`` (part ``part`` of ``parts``; the tile owns
-    ``slots`` partial slots); returns (is_last, the tile's sum over its parts in part order --
-    meaningful only where is_last)."""
-    in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-    base = partials_ptr + tl.cast(tile, tl.int64) * slots * (BM * BN)  # (tile: an int under the interpreter)
-    tl.store(base + part * (BM * BN) + in_tile, acc)
-    tl.debug_barrier()  # every thread's partial is stored before the counter says so
-    arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    is_last = arrived == parts - 1
-    total = tl.zeros([BM, BN], tl.float32)
-    if is_last:
-        # (my own part read back too: holding it in registers beside the sum and the loads spills)
-        for s in range(0, parts):
-            total += tl.load(base + s * (BM * BN) + in_tile, cache_modifier=".cg")
-        tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-    return is_last, total
-
-
-@triton.jit
 def store_result(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: tl.constexpr,
                  TMA_STORE: tl.constexpr):
     """C[row0:row0+BM, col0:col0+BN] <- acc narrowed: through C's tensor descriptor (TMA_STORE: async,
@@ -187,20 +146,20 @@ def store_result(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: t
         store_tile(c_dst, acc, row0 + tl.arange(0, BM), col0 + tl.arange(0, BN), M, N, stride_c)
 
 
-# The stream-K plan's counts are not specialised (Triton would compile a kernel per value class of
+# The split plan's counts are not specialised (Triton would compile a kernel per value class of
 # each: 0, 1, multiples of 16): one compiled kernel per config, which the tuner compiles ahead.
 @triton.jit(do_not_specialize=["whole_tiles", "sharing", "slots"])
 def matmul_kernel(
     # C [M, N] = A [M, K] @ B (B [K, N] row-major, or W = B^T [N, K] row-major if B_T); row strides given.
     # HOST_DESC: a_ptr and b_ptr are the host's tensor descriptors of A and B; TMA_STORE: c_ptr is C's.
     a_ptr, b_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c,
-    # stream-K (gemm_configs.stream_split): tiles [0, whole_tiles) whole, the k-steps of the rest shared
-    # by programs [0, sharing); fp32 partials [shared tiles, slots, BM, BN] and per-shared-tile counters
-    # (all zero)
+    # split (gemm_configs.split_plan): tiles [0, whole_tiles) whole; the k-steps of the rest shared by
+    # programs [0, sharing) (STREAM: stream-K) or cut into `sharing` parts a tile (the wave split);
+    # fp32 partials [shared tiles, slots, BM, BN] and per-shared-tile counters (all zero)
     whole_tiles, sharing, slots, partials_ptr, counters_ptr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr,
-    PRECISION: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr,
+    PRECISION: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr, STREAM: tl.constexpr,
 ):
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -208,32 +167,46 @@ def matmul_kernel(
     program = tl.program_id(0)
     a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
     if SPLIT:
-        # one loop over my work: whole tiles program, program + P, ... below whole_tiles, then the shared
-        # tiles my stream-K range meets (one k_loop call site: two would hold two sets of registers)
+        # one loop over my work: whole tiles program, program + P, ... below whole_tiles, then my parts
+        # of the shared tiles (one k_loop call site: two would hold two sets of registers)
         steps = tl.cdiv(K, BK)
         whole = tl.cdiv(tl.maximum(whole_tiles - program, 0), tl.num_programs(0))
-        shared_steps = (tiles - whole_tiles) * steps
-        least = shared_steps // sharing
-        longer = shared_steps % sharing
-        first, end = stream_range(program, least, longer)
-        if program < sharing:
-            ranged = tl.cdiv(end, steps) - first // steps
-        else:
-            ranged = 0
+        if STREAM:  # my one range of the shared k-steps, and the shared tiles it meets
+            shared_steps = (tiles - whole_tiles) * steps
+            least = shared_steps // sharing
+            longer = shared_steps % sharing
+            first, end = stream_range(program, least, longer)
+            if program < sharing:
+                ranged = tl.cdiv(end, steps) - first // steps
+            else:
+                ranged = 0
+        else:  # wave split: parts program, program + P, ... of the (tile, part) units
+            ranged = tl.cdiv(tl.maximum((tiles - whole_tiles) * sharing - program, 0), tl.num_programs(0))
         for item in tl.range(0, whole + ranged, flatten=FLATTEN):
             in_whole = item < whole
-            t = first // steps + item - whole  # (shared tile, where not in_whole)
-            t_first = t * steps
+            if STREAM:
+                t = first // steps + item - whole  # (shared tile, where not in_whole)
+                t_first = t * steps
+            else:
+                t, part, part_lo, part_hi = wave_part(program + (item - whole) * tl.num_programs(0), sharing, steps)
             tile = tl.where(in_whole, program + item * tl.num_programs(0), whole_tiles + t)
-            lo = tl.where(in_whole, 0, tl.maximum(first, t_first) - t_first)
-            hi = tl.where(in_whole, steps, tl.minimum(end, t_first + steps) - t_first)
+            if STREAM:
+                lo = tl.where(in_whole, 0, tl.maximum(first, t_first) - t_first)
+                hi = tl.where(in_whole, steps, tl.minimum(end, t_first + steps) - t_first)
+            else:
+                lo = tl.where(in_whole, 0, part_lo)
+                hi = tl.where(in_whole, steps, part_hi)
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
             acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, lo * BK, tl.minimum(K, hi * BK), M, N, K, stride_a,
                          stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION)
-            opener = stream_owner(t_first, least, longer)
-            parts = tl.where(in_whole, 1, stream_owner(t_first + steps - 1, least, longer) - opener + 1)
+            if STREAM:
+                opener = stream_owner(t_first, least, longer)
+                parts = tl.where(in_whole, 1, stream_owner(t_first + steps - 1, least, longer) - opener + 1)
+                part = program - opener
+            else:
+                parts = tl.where(in_whole, 1, sharing)
             if parts > 1:
-                is_last, acc = split_reduce(acc, partials_ptr, counters_ptr, t, program - opener, parts, slots, BM, BN)
+                is_last, acc = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN)
             else:
                 is_last = True
             if is_last:
@@ -290,22 +263,6 @@ def precision(dtype: torch.dtype) -> str:
     return FP32_PRECISION[torch.get_float32_matmul_precision()] if dtype == torch.float32 else "tf32"
 
 
-_COUNTERS: dict = {}
-
-
-def split_counters(device: torch.device) -> torch.Tensor:
-    """Zeroed per-tile counters of split-K launches, one table per (device, stream): every launch
-    leaves them zero. Made during graph capture, they belong to that graph (not kept)."""
-    on_gpu = device.type == "cuda"
-    key = (device.type, device.index, torch.cuda.current_stream(device).cuda_stream if on_gpu else None)
-    counters = _COUNTERS.get(key)
-    if counters is None:
-        counters = persistent(device, lambda: torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device))
-        if not (on_gpu and torch.cuda.is_current_stream_capturing()):
-            _COUNTERS[key] = counters
-    return counters
-
-
 def b_layout(b: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
     """(matrix to load from, B_T): B row-major [K, N], or W [N, K] where B is a transposed view of a
     row-major W (nn.Linear's ``weight.t()``: no copy); anything else is copied row-major."""
@@ -350,50 +307,56 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     config = (config or gemm_config(M, N, K, a.dtype, a.device)).fitted(a.element_size())
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
     nprog = programs or programs_for(config, a.device)
-    plan = stream_split(config, tiles, K, nprog)
+    plan = split_plan(config, tiles, K, nprog)
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.block_n,),
                                dtype=torch.float32, device=a.device)
         counters = split_counters(a.device) if a.device.type != "meta" else torch.empty(
             MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
+        units = plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing
+        grid = min(nprog, max(units, plan.whole_tiles))
     else:
-        partials, counters = out, out  # (unused)
-    grid = min(nprog, max(plan.programs, plan.whole_tiles)) if plan.shared else min(tiles, nprog)
+        partials, counters, grid = out, out, min(tiles, nprog)  # (partials, counters unused)
     tma = use_tma(device_type, a, src, out)
     a_arg, b_arg = host_descriptors(config, a, src, b_t) if tma else (a, src)
     tma_store = tma and config.tma_store
     c_arg = TensorDescriptor(out, [M, N], [out.stride(0), 1], [config.block_m, config.block_n]) if tma_store else out
     launch(matmul_kernel, (max(1, grid),),
-           (a_arg, b_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), plan.whole_tiles, plan.programs,
+           (a_arg, b_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), plan.whole_tiles, plan.sharing,
             plan.slots, partials, counters),
            dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                SPLIT=plan.shared, FLATTEN=config.flatten, **config.meta()))
+                SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream, **config.meta()))
     return out
 
 
 def compile_cases(make_workspace):
-    """The plain GEMM's launches on meta tensors: large-M TMA, swapped decode tiles with stream-K, B given
-    transposed, mid-M stream-K (the last wave shared, and the last full wave with it; two programs per
-    SM), odd K and N by pointer loads, fp16 and fp32."""
+    """The plain GEMM's launches on meta tensors: large-M TMA, swapped decode tiles with the wave split
+    and with stream-K, B given transposed, mid-M stream-K (the last wave shared, and the last full wave
+    with it; two programs per SM) and the wave split, odd K and N by pointer loads, fp16 and fp32."""
     def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
             a = torch.empty((m, k), dtype=dtype, device="meta")
             b = torch.empty((n, k), dtype=dtype, device="meta").t() if b_t else torch.empty((k, n), dtype=dtype,
                                                                                             device="meta")
-            matmul(a, b, config=config, programs=132)
+            matmul(a, b, config=config, programs=132 * (config.occupancy if config else 1))
         label = config.label if config else "auto"
         return f"gemm {m}x{n}x{k} {dtype} {label}{' B^T' if b_t else ''}", thunk
     return [case(8192, 8192, 8192, torch.bfloat16),
             case(16, 1280, 8192, torch.bfloat16),
             case(16, 1280, 8192, torch.bfloat16, GemmConfig(16, 64, 128, 1, 6, True, 4, 5)),
+            case(16, 1280, 8192, torch.bfloat16, GemmConfig(16, 64, 128, 1, 4, True, 4, 6, stream_k=True)),
             case(64, 8192, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 1, False, 4, 4), b_t=True),
             case(8, 4096, 7168, torch.float16, GemmConfig(16, 64, 128, 1, 2, True, 4, 5), b_t=True),
             case(8192, 8192, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 1, False, 8, 3, 1, True, True)),
-            case(2048, 1280, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 8, False, 8, 4, 1, True, True)),
-            case(256, 5120, 8192, torch.bfloat16, GemmConfig(256, 128, 64, 8, 16, False, 8, 3)),
-            case(512, 5120, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 16, False, 8, 4, split_wave=True),
-                 b_t=True),
-            case(256, 5120, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 4, False, 4, 4, occupancy=2)),
+            case(2048, 1280, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 8, False, 8, 4, 1, True, True,
+                                                              stream_k=True)),
+            case(2048, 1280, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 16, False, 8, 3)),
+            case(256, 5120, 8192, torch.bfloat16, GemmConfig(256, 128, 64, 8, 16, False, 8, 3, stream_k=True)),
+            case(512, 5120, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 16, False, 8, 4, split_wave=True,
+                                                             stream_k=True), b_t=True),
+            case(256, 2304, 16384, torch.bfloat16, GemmConfig(128, 128, 64, 8, 4, False, 8, 4)),
+            case(256, 2560, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 4, False, 4, 4, occupancy=2,
+                                                             stream_k=True)),
             case(1000, 3584, 4096, torch.float16),
             case(33, 100, 72, torch.bfloat16),
             case(300, 512, 1000, torch.float32)]

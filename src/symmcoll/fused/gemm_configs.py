@@ -12,9 +12,16 @@ else from ``untuned_config``, a rule that follows from what bounds each regime:
 * large M: 128 x 256 tiles, grouped order, persistent over the SMs (compute-bound).
 
 In every regime the tiles of the last, partial wave (all tiles, where they are fewer than the
-programs) are shared along K by every program (stream-K: the k-steps of those tiles, laid end to end,
-cut into one contiguous range per program; the parts of a tile are summed by the last program to
-finish, in a fixed order), so no SM idles while a few finish the product: see ``stream_split``.
+programs) may be split along K so that no SM idles while a few finish the product; the parts of a tile
+are summed by the last program to finish, in a fixed order. Two ways, a config says which
+(``split_plan``):
+
+* the wave split (``wave_split``, the default): each of those tiles cut into the same number of
+  whole parts, one program each;
+* stream-K (``stream_k``, ``stream_split``): their k-steps laid end to end and cut into one contiguous
+  range per program. Measured on one H100 (2026-11-27, 836 pairs of the same tile with and without
+  it): faster where those tiles fill at most a third of the programs (median 0.82x), slower beyond
+  (median 1.20x), so it shares only there.
 
 Fused ops ask with ``split=False``: their tiles are messages to peers the moment they are finished,
 which a split tile never is in one program.
@@ -44,12 +51,12 @@ class GemmConfig:
     ``block_k`` deep per step; ``swap_ab`` computes the tile transposed (tokens on the tensor core's
     narrow side); ``group_m`` row blocks sweep the columns together (L2 reuse of B); ``occupancy``
     persistent programs per SM (two hide more memory latency where shared memory allows);
-    ``split_k``: on average at most this many programs share one tile of the last, partial wave of
-    tiles (the tiles that would leave SMs idle; all tiles when they are fewer than the programs),
-    stream-K (``stream_split``); ``split_wave``: the last full wave joins that partial wave, so every
-    program's share spans one to two tiles (fewer, shallower splits of each tile); ``flatten``
-    pipelines the next tile's loads under this tile's epilogue; ``tma_store`` writes C through a
-    tensor descriptor (asynchronous, staged in shared memory)."""
+    ``split_k``: the tiles of the last, partial wave of tiles (the tiles that would leave SMs idle;
+    all tiles when they are fewer than the programs) are cut into at most this many parts each (the
+    wave split, ``wave_split``), or, with ``stream_k``, shared by on average at most this many
+    programs each (``stream_split``); ``split_wave`` (stream-K only): the last full wave joins that
+    partial wave; ``flatten`` pipelines the next tile's loads under this tile's epilogue;
+    ``tma_store`` writes C through a tensor descriptor (asynchronous, staged in shared memory)."""
 
     block_m: int
     block_n: int
@@ -63,6 +70,7 @@ class GemmConfig:
     flatten: bool = False
     tma_store: bool = False
     split_wave: bool = False
+    stream_k: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -73,6 +81,8 @@ class GemmConfig:
             raise ValueError(f"split_k must be in [1, {MAX_SPLIT}], got {self.split_k}")
         if self.occupancy not in (1, 2):
             raise ValueError(f"occupancy must be 1 or 2, got {self.occupancy}")
+        if self.split_wave and not self.stream_k:
+            raise ValueError("split_wave shares the last full wave by stream-K: it needs stream_k")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
@@ -98,22 +108,27 @@ class GemmConfig:
     @property
     def label(self) -> str:
         return (f"{'T' if self.swap_ab else 'N'}{self.block_m}x{self.block_n}x{self.block_k}"
-                f"/g{self.group_m}/s{self.split_k}{'+' if self.split_wave else ''}/w{self.num_warps}"
+                f"/g{self.group_m}/s{'k' if self.stream_k else ''}{self.split_k}{'+' if self.split_wave else ''}"
+                f"/w{self.num_warps}"
                 f"/p{self.num_stages}"
                 f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}{'/t' if self.tma_store else ''}")
 
     def as_list(self) -> list:
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
                 self.num_warps, self.num_stages, self.occupancy, int(self.flatten), int(self.tma_store),
-                int(self.split_wave)]
+                int(self.split_wave), int(self.stream_k)]
 
     @staticmethod
     def from_list(values) -> GemmConfig:
-        """The inverse of ``as_list`` (older tables' shorter lists take the defaults of the fields after)."""
+        """The inverse of ``as_list``. Older tables' shorter lists mean what they meant when measured:
+        up to 11 fields (before stream-K existed) a split is the wave split; 12 fields (written by
+        the tune of git 50c1510, where every split was stream-K) a split is stream-K."""
         bm, bn, bk, group, split, swap, warps, stages, *rest = values
-        occupancy, flatten, tma_store, split_wave = (list(rest) + [1, 0, 0, 0][len(rest):])[:4]
+        if len(rest) == 4:  # (occupancy, flatten, tma_store, split_wave): the 50c1510 format
+            rest = [*rest, int(split > 1)]
+        occupancy, flatten, tma_store, split_wave, stream_k = (list(rest) + [1, 0, 0, 0, 0][len(rest):])[:5]
         return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten),
-                          bool(tma_store), bool(split_wave))
+                          bool(tma_store), bool(split_wave), bool(stream_k))
 
 
 # Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).
@@ -143,38 +158,77 @@ def share_cost(config: GemmConfig, steps: int, parts: float) -> float:
 
 
 @dataclass(frozen=True)
-class StreamSplit:
-    """How a launch shares tiles along K: tiles [0, whole_tiles) are computed whole (full waves,
-    round-robin over the programs); the k-steps of the other tiles, laid end to end, are cut into
-    ``programs`` contiguous ranges as even as whole k-steps allow (programs 0 .. programs-1 take one
-    each); a shared tile's parts fill at most ``slots`` partial slots."""
+class SplitPlan:
+    """How a launch splits tiles along K: tiles [0, whole_tiles) are computed whole (full waves,
+    round-robin over the programs); the other tiles are shared -- by stream-K (``stream``): their
+    k-steps, laid end to end, cut into ``sharing`` contiguous ranges as even as whole k-steps allow
+    (programs 0 .. sharing-1 take one each); by the wave split: each cut into ``sharing`` equal parts
+    of whole k-steps, the parts round-robin over the programs. A shared tile's parts fill at most
+    ``slots`` partial slots."""
 
     whole_tiles: int
-    programs: int = 0
+    sharing: int = 0
     slots: int = 1
+    stream: bool = False
 
     @property
     def shared(self) -> bool:
-        return self.programs > 0
+        return self.sharing > 0
 
 
-def stream_split(config: GemmConfig, tiles: int, k: int, programs: int) -> StreamSplit:
+# What one part of a wave-split tile costs beyond its share of the tile's k-steps (pipeline fill and
+# drain, its partial written and read back), as a fraction of a whole tile's time.
+PART_OVERHEAD = 0.05
+
+
+def wave_split(config: GemmConfig, tiles: int, k: int, programs: int) -> SplitPlan:
+    """The full waves whole; the last, partial wave's tiles cut into the number of parts (at most
+    ``config.split_k``, each >= 2 k-steps) that finishes them soonest: rounds of parts over the
+    programs, each part 1/parts of a tile plus PART_OVERHEAD (the rule every table entry before
+    stream-K was measured under)."""
+    full = tiles // programs * programs
+    tail = tiles - full
+    if config.split_k == 1 or tail == 0 or tail > MAX_SPLIT_TILES:
+        return SplitPlan(tiles)
+    best, best_cost = 1, 1.0
+    for parts in range(2, min(config.split_k, math.ceil(k / config.block_k) // 2) + 1):
+        cost = math.ceil(tail * parts / programs) * (1 / parts + PART_OVERHEAD)
+        if cost < best_cost - 1e-9:
+            best, best_cost = parts, cost
+    return SplitPlan(tiles) if best == 1 else SplitPlan(full, best, best)
+
+
+# Stream-K shares only where the partial wave's tiles are at most this fraction of the programs: on
+# one H100 (benchmarks/results/2026-11-27-gemm-streamk-h100, every candidate of 70 cells against the
+# same tile unsplit) stream-K was faster in 344 of 448 pairs there (median 0.82x) and slower in 307
+# of 388 beyond (median 1.20x), though share_cost said it would pay nearly everywhere.
+STREAM_K_MAX_TAIL = 1 / 3
+
+
+def stream_split(config: GemmConfig, tiles: int, k: int, programs: int,
+                 max_tail: float = STREAM_K_MAX_TAIL) -> SplitPlan:
     """The full waves whole; the last, partial wave's tiles (with the last full wave too if
     ``config.split_wave``) shared along K by at most ``programs`` programs, about ``config.split_k``
-    per tile, each >= MIN_PART_STEPS k-steps -- where that finishes sooner than computing them whole:
-    a share of shared/SMs tiles plus ``share_cost`` against one more round of whole tiles per SM."""
+    per tile, each >= MIN_PART_STEPS k-steps -- where the partial wave is at most ``max_tail`` of the
+    programs and sharing finishes sooner than computing them whole: a share of shared/SMs tiles plus
+    ``share_cost`` against one more round of whole tiles per SM."""
     waves, tail = divmod(tiles, programs)
-    if config.split_k == 1 or tail == 0:
-        return StreamSplit(tiles)
+    if config.split_k == 1 or tail == 0 or tail > max_tail * programs:
+        return SplitPlan(tiles)
     shared = tail + (programs if config.split_wave and waves else 0)
     steps = math.ceil(k / config.block_k)
     sharing = min(programs, shared * config.split_k, shared * steps // MIN_PART_STEPS)
     sms = max(1, programs // config.occupancy)  # (two programs on one SM share its throughput)
     if sharing == 0 or shared > MAX_SPLIT_TILES or shared / min(sharing, sms) + share_cost(
             config, steps, sharing / shared + 1) >= math.ceil(shared / sms) - 1e-9:
-        return StreamSplit(tiles)
+        return SplitPlan(tiles)
     least = shared * steps // sharing  # the shortest range; a tile meets at most this many ranges:
-    return StreamSplit(tiles - shared, sharing, math.ceil(steps / least) + 1)
+    return SplitPlan(tiles - shared, sharing, math.ceil(steps / least) + 1, stream=True)
+
+
+def split_plan(config: GemmConfig, tiles: int, k: int, programs: int) -> SplitPlan:
+    """The plan ``config`` runs ``tiles`` tiles of depth ``k`` with on ``programs`` programs."""
+    return (stream_split if config.stream_k else wave_split)(config, tiles, k, programs)
 
 
 def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> GemmConfig:
@@ -194,8 +248,8 @@ def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -
 
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
-    the dimensions each regime cares about (stream-K splits where the last wave of tiles is partial,
-    two programs per SM where shared memory and registers allow): ~10-60 configs a shape."""
+    the dimensions each regime cares about (wave splits and stream-K where the last wave of tiles is
+    partial, two programs per SM where shared memory and registers allow): ~10-70 configs a shape."""
     bases: list[GemmConfig] = []
     if m <= 256:  # bound by reading B: tile widths, k-steps, pipeline depth, programs per SM
         bm = min(256, _pow2_at_least(m, 16))
@@ -229,11 +283,13 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         base = base.fitted(2)
         programs = sms * base.occupancy
         tiles = tiles_of(base, m, n)
-        # caps of programs per tile, and the last full wave shared too; only splits that differ run
-        plans = {StreamSplit(tiles): replace(base, split_k=1)}
-        for cap, wave in ((4, False), (16, False), (16, True)):
-            config = replace(base, split_k=cap, split_wave=wave)
-            plans.setdefault(stream_split(config, tiles, k, programs), config)
+        # caps of parts (wave split) and of programs (stream-K) per tile; only splits that differ run.
+        # (Stream-K with the last full wave shared too: slower than the tile unsplit in 251 of 287
+        # pairs on one H100, 2026-11-27; no longer a candidate.)
+        plans = {SplitPlan(tiles): replace(base, split_k=1)}
+        for cap, stream in ((4, False), (16, False), (4, True), (16, True)):
+            config = replace(base, split_k=cap, stream_k=stream)
+            plans.setdefault(split_plan(config, tiles, k, programs), config)
         found.extend(plans.values())
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
@@ -259,9 +315,13 @@ def load_table(key: str | None) -> dict:
     """{(m, n, k): (best config, best config without split)} of a shipped table (empty if none)."""
     if key is None or not table_path(key).exists():
         return {}
-    data = json.loads(table_path(key).read_text())
+    return table_of(json.loads(table_path(key).read_text())["entries"])
+
+
+def table_of(rows: list[dict]) -> dict:
+    """``lookup``'s table of a table file's rows."""
     return {(e["m"], e["n"], e["k"]): (GemmConfig.from_list(e["config"]), GemmConfig.from_list(e["no_split"]))
-            for e in data["entries"]}
+            for e in rows}
 
 
 @functools.lru_cache(maxsize=None)
@@ -271,18 +331,21 @@ def _device_facts(index: int) -> tuple[str | None, int]:
 
 
 def lookup(table: dict, m: int, n: int, k: int, split: bool) -> GemmConfig | None:
-    """The table's config for the smallest measured M >= m at the measured (N, K) nearest to (n, k)
-    (log distance; each within a factor of 2), if any."""
+    """The table's config for M's bucket -- the smallest M the table measured (at any shape) >= m, or
+    its largest -- at the measured (N, K) nearest to (n, k) (log distance; each within a factor of 2)
+    that holds that M; None if none does. A shape measured at a few M only (a tune cut short, or
+    one run on the cells a bench found slow) answers for those M, never for the others: a config
+    measured at M = 128 is no answer at M = 16."""
     def distance(shape):
-        return abs(math.log2(shape[0] / n)) + abs(math.log2(shape[1] / k))
-    near = [s for s in {(tn, tk) for _, tn, tk in table} if max(n, s[0]) <= 2 * min(n, s[0])
-            and max(k, s[1]) <= 2 * min(k, s[1])]
-    for shape in sorted(near, key=distance):
-        ms = sorted(tm for tm, tn, tk in table if (tn, tk) == shape and tm >= m)
-        if ms:
-            best, no_split = table[(ms[0], *shape)]
-            return best if split else no_split
-    return None
+        return abs(math.log2(shape[0] / n)) + abs(math.log2(shape[1] / k)), shape
+    measured_ms = sorted({tm for tm, _, _ in table})
+    bucket = next((tm for tm in measured_ms if tm >= m), measured_ms[-1] if measured_ms else None)
+    near = [(tn, tk) for tm, tn, tk in table if tm == bucket and max(n, tn) <= 2 * min(n, tn)
+            and max(k, tk) <= 2 * min(k, tk)]
+    if not near:
+        return None
+    best, no_split = table[(bucket, *min(near, key=distance))]
+    return best if split else no_split
 
 
 def gemm_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, split: bool = True) -> GemmConfig:
@@ -314,15 +377,24 @@ _PICKED: dict[tuple, tuple[dict, GemmConfig]] = {}
 _MAX_PICKED = 4096
 
 
+def explicit_entry(row: dict) -> dict:
+    """A table row with its configs written out in full (``as_list``): a row kept from an older table
+    says in so many fields what it was measured as (``from_list``), and its label follows."""
+    config, no_split = GemmConfig.from_list(row["config"]), GemmConfig.from_list(row["no_split"])
+    return {**row, "config": config.as_list(), "no_split": no_split.as_list(), "label": config.label}
+
+
 def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None = None) -> Path:
     """Write a tuned table: rows of {m, n, k, config, no_split, us, ...} (symmcoll tune --op gemm)."""
     path = path or table_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [explicit_entry(row) for row in rows]
     path.write_text(json.dumps({"gpu": provenance.get("gpu"), "provenance": provenance, "entries": rows}, indent=1)
                     + "\n")
     load_table.cache_clear()
     return path
 
 
-__all__ = ["GemmConfig", "CPU_CONFIG", "StreamSplit", "stream_split", "gemm_config", "untuned_config", "candidates",
-           "load_table", "write_table", "gpu_key", "tiles_of", "asdict"]
+__all__ = ["GemmConfig", "CPU_CONFIG", "SplitPlan", "split_plan", "stream_split", "wave_split", "gemm_config",
+           "untuned_config", "candidates", "load_table", "table_of", "lookup", "write_table", "gpu_key", "tiles_of",
+           "asdict"]
