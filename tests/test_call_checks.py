@@ -161,3 +161,36 @@ def test_descriptor_cost_probe_compiles_for_sm90():
     assert loads_behind_stores["run 1"] >= 1, loads_behind_stores  # the walk can see what it guards against
     assert all(n == 0 for name, n in loads_behind_stores.items() if name != "run 1"), loads_behind_stores
     assert len(loads_behind_stores) == len(module.VARIANTS) - 1, loads_behind_stores
+
+
+def test_descriptor_check_issues_every_header_load_before_using_one():
+    """At world 8, program 0's first poll in the probe's library variant (what the kernels do) issues
+    all eight header loads, at constant offsets from one base, before any instruction reads one, behind
+    a branch the other programs take. Loads each followed by their comparison let ptxas compare the first
+    headers before it issued the last ones: the warp waited a round trip for a header before asking for
+    the next (two round trips at world 8, three in the probe's split variant; on one H100 +0.116 us a
+    launch where world 2 cost +0.045)."""
+    import re
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "desc_check_cost.py"
+    spec = importlib.util.spec_from_file_location("desc_check_cost", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sig = (("signal_pad_ptrs_dev", "i64"), ("status_ptr", "i64"), ("max_spins", "i32"), ("rank", "i32"),
+           ("desc", "i32"), ("slot_ptrs_dev", "i64"), ("epochs_ptr", "*i32"), ("out_ptr", "*i32"), ("n_words", "i32"),
+           ("slots_at", "i32"))
+    constexprs = (("WORLD", 8), ("BLOCK", module.BLOCK), ("VARIANT", module.LIBRARY), ("ROW", module.BLOCK))
+    sass = kernel_specs.compile_sass(kernel_specs.CompileSpec(
+        module.probe_kernel, sig + tuple((k, "constexpr") for k, _ in constexprs), constexprs, 4))
+    first_poll = sass[:next(i for i, ins in enumerate(sass) if ins.startswith("BAR.SYNC"))]
+    header_load = re.compile(r"^(?:@!?P\d )?LDG\.E\.64\.STRONG\.SYS R(\d+), desc\[UR\d+\]\[(R\d+)\.64(?:\+(0x[0-9a-f]+))?\]$")
+    loads = [(i, m) for i, ins in enumerate(first_poll) if (m := header_load.match(ins))]
+    assert len(loads) == 8, [first_poll[i] for i, _ in loads]
+    assert len({m.group(2) for _, m in loads}) == 1, "every header load at a constant offset from one base"
+    assert sorted(int(m.group(3) or "0", 16) for _, m in loads) == [8 * lane for lane in range(8)]
+    results = {f"R{int(m.group(1)) + half}" for _, m in loads for half in (0, 1)}
+    start, end = loads[0][0], loads[-1][0]
+    for ins in first_poll[start:end]:
+        operands = ins.split(",", 1)[1] if "," in ins else ""
+        assert not set(re.findall(r"\bR\d+\b", operands)) & results, f"{ins!r} reads a header before the last load"
+    assert any(ins.startswith(("BRA", "@P", "@!P")) and "BRA" in ins for ins in first_poll[:start]), \
+        "no branch for the programs that skip the headers"

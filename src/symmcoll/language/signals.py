@@ -39,6 +39,7 @@ from .blocks import INTERPRETED
 
 # Lanes of the per-peer vectors. World sizes up to MAX_WORLD are supported by every kernel.
 MAX_WORLD: tl.constexpr = tl.constexpr(8)
+assert MAX_WORLD.value == 8, "header_state reads the lanes one by one: 8 of them"
 ANNOUNCE_SLOT: tl.constexpr = tl.constexpr(_ANNOUNCE_SLOT)
 
 # Layout of the error record (int32[8], host-visible) a kernel fills in when a wait fails.
@@ -320,23 +321,65 @@ def post_header(header_ptrs_dev, phase, epoch, desc, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
+def _peer_header(own_headers, LANE: tl.constexpr, WORLD: tl.constexpr):
+    """Rank LANE's header in my region: one scalar load at a constant offset from ``own_headers``, no
+    mask (my own lane is read too, and ignored), nothing past the world."""
+    header = tl.zeros([], tl.int64)
+    if LANE < WORLD:
+        header = tl.load(own_headers + LANE, volatile=True)
+    return header
+
+
+@triton.jit
+def _header_differs(header, LANE: tl.constexpr, matching, rank, WORLD: tl.constexpr):
+    """Whether rank LANE's ``header`` is not this call's (False for my own lane and lanes past the world)."""
+    differs = (header != matching) & (rank != LANE)
+    if LANE >= WORLD:
+        differs = rank < 0
+    return differs
+
+
+@triton.jit
+def _header_wrong(header, LANE: tl.constexpr, matching, epoch, rank, WORLD: tl.constexpr):
+    """Whether rank LANE's ``header`` is this epoch's and names another call (a mismatch, not a late peer)."""
+    return _header_differs(header, LANE, matching, rank, WORLD) & ((header >> 32).to(tl.int32) == epoch)
+
+
+@triton.jit
 def header_state(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
     """This thread's view of the peers' headers of this epoch: WAIT_MISMATCH if one names another call,
-    else WAIT_PENDING if one is not yet this epoch's, else WAIT_DONE (always, when ``check`` is 0).
+    else WAIT_PENDING if one is not yet this epoch's, else WAIT_DONE (always, and nothing loaded, when
+    ``check`` is 0: the other programs skip it on one scalar branch).
 
-    One scalar load per peer, each compared in the thread with the one value a matching header holds:
-    the check adds a max to the wait's decision (``wait_state``). A [MAX_WORLD] vector of headers would
-    need reductions across the threads that hold its lanes: two chains of three shuffles after the
-    loads, on the critical path of every launch's first wait (issue 24's GPU stage, on one H100)."""
+    One scalar load per rank at a constant offset, all issued before any of them is used, then one
+    comparison each: the check adds a max to the wait's decision (``wait_state``); which of late and
+    mismatched is worked out only when a header differs. Why this shape (issue 24 point 7, one H100): a [MAX_WORLD] vector of headers
+    needs reductions across the threads that hold its lanes (two chains of three shuffles on the first
+    wait's critical path); loads each followed by their comparison let ptxas put the comparisons of the
+    first loads before the later loads, so the warp waited for a header before it asked for the next
+    ones (two round trips at world 8, three in a path of its own); addresses round the ring from my
+    rank cost arithmetic on the loaded base before every load, where constant offsets cost none."""
     matching = epoch.to(tl.int64) << 32 | desc
     state = tl.full([], WAIT_DONE, tl.int32)
-    for step in tl.static_range(1, WORLD):  # the peers after me, round the ring: no load of my own lane
-        peer = rank + step
-        peer = tl.where(peer >= WORLD, peer - WORLD, peer)
-        header = tl.load(own_headers + peer, mask=check != 0, other=matching, volatile=True)
-        late = (header >> 32).to(tl.int32) != epoch
-        state = tl.maximum(state, tl.where(header == matching, WAIT_DONE, tl.where(late, WAIT_PENDING,
-                                                                                     WAIT_MISMATCH)))
+    if check != 0:
+        h0 = _peer_header(own_headers, 0, WORLD)
+        h1 = _peer_header(own_headers, 1, WORLD)
+        h2 = _peer_header(own_headers, 2, WORLD)
+        h3 = _peer_header(own_headers, 3, WORLD)
+        h4 = _peer_header(own_headers, 4, WORLD)
+        h5 = _peer_header(own_headers, 5, WORLD)
+        h6 = _peer_header(own_headers, 6, WORLD)
+        h7 = _peer_header(own_headers, 7, WORLD)
+        differs = (_header_differs(h0, 0, matching, rank, WORLD) | _header_differs(h1, 1, matching, rank, WORLD) |
+                   _header_differs(h2, 2, matching, rank, WORLD) | _header_differs(h3, 3, matching, rank, WORLD) |
+                   _header_differs(h4, 4, matching, rank, WORLD) | _header_differs(h5, 5, matching, rank, WORLD) |
+                   _header_differs(h6, 6, matching, rank, WORLD) | _header_differs(h7, 7, matching, rank, WORLD))
+        if differs:  # a peer is late or made another call: which one (the common case skips this)
+            wrong = (_header_wrong(h0, 0, matching, epoch, rank, WORLD) | _header_wrong(h1, 1, matching, epoch, rank, WORLD) |
+                     _header_wrong(h2, 2, matching, epoch, rank, WORLD) | _header_wrong(h3, 3, matching, epoch, rank, WORLD) |
+                     _header_wrong(h4, 4, matching, epoch, rank, WORLD) | _header_wrong(h5, 5, matching, epoch, rank, WORLD) |
+                     _header_wrong(h6, 6, matching, epoch, rank, WORLD) | _header_wrong(h7, 7, matching, epoch, rank, WORLD))
+            state = tl.where(wrong, WAIT_MISMATCH, WAIT_PENDING)
     return state
 
 
