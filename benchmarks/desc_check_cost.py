@@ -32,7 +32,8 @@ Variants 3-6 are candidates, built from the language functions of this tree. Run
 change, in the same GPU run (``--before`` prints the two side by side).
 The "peers" are this process's own buffers (every entry of the address tables points at them), so no
 other rank is needed and nothing waits. World 2: grids of 1, 132 and 528 programs of 512 words, every variant;
-world 8 (the header poll loads one word per rank): 1, 132 and 528 programs, none, library, branch and split. N launches
+world 8 (the header poll loads one word per rank): 1, 132 and 528 programs, none, library, no announce (the
+stores' share), branch and split. N launches
 captured in one CUDA graph, replayed, timed with CUDA events, variants interleaved over rounds; cost
 per launch = (variant - none) / launches. Target: at most 0.1 us per call.
 """
@@ -58,6 +59,7 @@ BLOCK = 512
 VARIANTS = ("none", "run 1", "library", "no announce", "one table", "branch", "split")
 SPLIT = 6
 BRANCH = 5
+NO_ANNOUNCE = 3
 LIBRARY = 2
 # The slot region's offset from the pad in the probe's one allocation (int32 words, page-aligned), as a
 # workspace lays its regions out in every rank's allocation.
@@ -167,7 +169,7 @@ def _time(world: int, programs: int, variant: int, launches: int, replays: int) 
             "p80_us": sorted(times)[4 * len(times) // 5]}
 
 
-# (world, programs): every variant at world 2; at world 8 (a load per rank) the baseline, the library, branch and split.
+# (world, programs): every variant at world 2; at world 8 (a load per rank) none, library, no announce, branch, split.
 CASES = ((2, 1), (2, 132), (2, 528), (8, 1), (8, 132), (8, 528))
 
 
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
     from symmcoll.bench import provenance
     rows, verdicts = [], []
     for world, programs in CASES:
-        variants = chosen if world == 2 else [v for v in chosen if v in (0, LIBRARY, BRANCH, SPLIT)]
+        variants = chosen if world == 2 else [v for v in chosen if v in (0, LIBRARY, NO_ANNOUNCE, BRANCH, SPLIT)]
         runs = {}
         for _ in range(args.rounds):  # interleaved rounds: the median of each variant
             for variant in variants:
