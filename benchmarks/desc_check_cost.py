@@ -23,17 +23,13 @@ in variants (numbered, each checked to return the words it polled before timing)
                   regions sit at one offset of each other in every rank's allocation)
   5 branch        the library with program 0's stores behind a scalar branch (programs != 0 skip them)
   6 split         the library with program 0's first wait a code path of its own (check 1) and the other
-                  programs' without any of the header poll (check 0): what programs != 0 pay for it (since
-                  header_state skips its loads on a branch when check is 0: little; before, +0.303 us at world
-                  8 on one program, where ptxas compared the first headers before it issued the last ones,
-                  three round trips of header loads where the library had two)
+                  programs' without any of the header poll (check 0): what programs != 0 pay for it
 Variants 3-6 are candidates, built from the language functions of this tree. Run on another tree's
 ``src`` (PYTHONPATH) with ``--variants none,library``, it measures that tree's checks: the tree before a
 change, in the same GPU run (``--before`` prints the two side by side).
 The "peers" are this process's own buffers (every entry of the address tables points at them), so no
 other rank is needed and nothing waits. World 2: grids of 1, 132 and 528 programs of 512 words, every variant;
-world 8 (the header poll loads one word per rank): 1, 132 and 528 programs, none, library, no announce (the
-stores' share), branch and split. N launches
+world 8 (the header poll loads one word per peer): 1 and 528 programs, none, library and split. N launches
 captured in one CUDA graph, replayed, timed with CUDA events, variants interleaved over rounds; cost
 per launch = (variant - none) / launches. Target: at most 0.1 us per call.
 """
@@ -58,8 +54,6 @@ from symmcoll.memory.layout import SIGNAL_PAD_INTS
 BLOCK = 512
 VARIANTS = ("none", "run 1", "library", "no announce", "one table", "branch", "split")
 SPLIT = 6
-BRANCH = 5
-NO_ANNOUNCE = 3
 LIBRARY = 2
 # The slot region's offset from the pad in the probe's one allocation (int32 words, page-aligned), as a
 # workspace lays its regions out in every rank's allocation.
@@ -169,8 +163,8 @@ def _time(world: int, programs: int, variant: int, launches: int, replays: int) 
             "p80_us": sorted(times)[4 * len(times) // 5]}
 
 
-# (world, programs): every variant at world 2; at world 8 (a load per rank) none, library, no announce, branch, split.
-CASES = ((2, 1), (2, 132), (2, 528), (8, 1), (8, 132), (8, 528))
+# (world, programs): every variant at world 2; at world 8 (a poll per peer) the baseline, the library and split.
+CASES = ((2, 1), (2, 132), (2, 528), (8, 1), (8, 528))
 
 
 def main(argv=None) -> int:
@@ -191,7 +185,7 @@ def main(argv=None) -> int:
     from symmcoll.bench import provenance
     rows, verdicts = [], []
     for world, programs in CASES:
-        variants = chosen if world == 2 else [v for v in chosen if v in (0, LIBRARY, NO_ANNOUNCE, BRANCH, SPLIT)]
+        variants = chosen if world == 2 else [v for v in chosen if v in (0, LIBRARY, SPLIT)]
         runs = {}
         for _ in range(args.rounds):  # interleaved rounds: the median of each variant
             for variant in variants:

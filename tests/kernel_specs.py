@@ -232,7 +232,9 @@ def unreferenced_helpers(jit_functions: dict[str, object]) -> list[str]:
 SHARED_MEMORY_LIMIT = 232448
 
 
-def _compile(spec: CompileSpec):
+def compile_ptx(spec: CompileSpec) -> str:
+    """PTX of ``spec`` for sm_90, compiled on this machine (the triton wheel bundles ptxas); raises if
+    the kernel needs more shared memory than a Hopper block has."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -247,29 +249,7 @@ def _compile(spec: CompileSpec):
     if compiled.metadata.shared > SHARED_MEMORY_LIMIT:
         raise AssertionError(f"{spec.name}: needs {compiled.metadata.shared} bytes of shared memory, "
                              f"more than the {SHARED_MEMORY_LIMIT} a Hopper block has")
-    return compiled
-
-
-def compile_ptx(spec: CompileSpec) -> str:
-    """PTX of ``spec`` for sm_90, compiled on this machine (the triton wheel bundles ptxas); raises if
-    the kernel needs more shared memory than a Hopper block has."""
-    return _compile(spec).asm["ptx"]
-
-
-def compile_sass(spec: CompileSpec) -> list[str]:
-    """The SASS instructions of ``spec`` for sm_90 (the wheel's nvdisasm on the cubin ptxas made), one
-    string a line without its address, e.g. "@!P0 LDG.E.64.STRONG.SYS R4, desc[UR6][R2.64+0x8]": what
-    the GPU issues, in order (ptxas reorders what the PTX says)."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-    cubin = _compile(spec).asm["cubin"]
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        text = subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True, check=True).stdout
-    return [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", text)]
+    return compiled.asm["ptx"]
 
 
 def compile_specialised(rec: launcher.Recorded):

@@ -39,7 +39,6 @@ from .blocks import INTERPRETED
 
 # Lanes of the per-peer vectors. World sizes up to MAX_WORLD are supported by every kernel.
 MAX_WORLD: tl.constexpr = tl.constexpr(8)
-assert MAX_WORLD.value == 8, "header_state reads the lanes one by one: 8 of them"
 ANNOUNCE_SLOT: tl.constexpr = tl.constexpr(_ANNOUNCE_SLOT)
 
 # Layout of the error record (int32[8], host-visible) a kernel fills in when a wait fails.
@@ -321,77 +320,23 @@ def post_header(header_ptrs_dev, phase, epoch, desc, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def _peer_header(own_headers, LANE: tl.constexpr, check, WORLD: tl.constexpr):
-    """Rank LANE's header in my region: one scalar load at a constant offset from ``own_headers`` (my
-    own lane is read too, and ignored), predicated off when ``check`` is 0; nothing past the world."""
-    header = tl.zeros([], tl.int64)
-    if LANE < WORLD:
-        header = tl.load(own_headers + LANE, mask=check != 0, other=0, volatile=True)
-    return header
+def header_state(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
+    """This thread's view of the peers' headers of this epoch: WAIT_MISMATCH if one names another call,
+    else WAIT_PENDING if one is not yet this epoch's, else WAIT_DONE (always, when ``check`` is 0).
 
-
-@triton.jit
-def _header_differs(header, LANE: tl.constexpr, matching, rank, WORLD: tl.constexpr):
-    """Whether rank LANE's ``header`` is not this call's (False for my own lane and lanes past the world)."""
-    differs = (header != matching) & (rank != LANE)
-    if LANE >= WORLD:
-        differs = rank < 0
-    return differs
-
-
-@triton.jit
-def _header_wrong(header, LANE: tl.constexpr, matching, epoch, rank, WORLD: tl.constexpr):
-    """Whether rank LANE's ``header`` is this epoch's and names another call (a mismatch, not a late peer)."""
-    return _header_differs(header, LANE, matching, rank, WORLD) & ((header >> 32).to(tl.int32) == epoch)
-
-
-@triton.jit
-def load_headers(own_headers, check, WORLD: tl.constexpr):
-    """Every rank's header of this phase in my region (``header_state`` compares them): eight scalar
-    loads at constant offsets from ``own_headers``, predicated off when ``check`` is 0. A wait issues
-    them *before* its data loads: after the data loads, ptxas put the comparison of the data words
-    before the header loads at world 2, so the warp waited for its data before it asked for a header
-    (a round trip more per launch); before them, nothing is between a header load and the data load
-    that could wait (volatile loads keep their order, and the comparisons are behind a branch)."""
-    return (_peer_header(own_headers, 0, check, WORLD), _peer_header(own_headers, 1, check, WORLD),
-            _peer_header(own_headers, 2, check, WORLD), _peer_header(own_headers, 3, check, WORLD),
-            _peer_header(own_headers, 4, check, WORLD), _peer_header(own_headers, 5, check, WORLD),
-            _peer_header(own_headers, 6, check, WORLD), _peer_header(own_headers, 7, check, WORLD))
-
-
-@triton.jit
-def header_state(headers, check, epoch, desc, rank, WORLD: tl.constexpr):
-    """This thread's view of the peers' ``headers`` (``load_headers``) of this epoch: WAIT_MISMATCH if one
-    names another call, else WAIT_PENDING if one is not yet this epoch's, else WAIT_DONE (always when
-    ``check`` is 0: the other programs skip the comparisons on one scalar branch).
-
-    One comparison per header, in the thread; which of late and mismatched is worked out only when a
-    header differs: the check adds a max to the wait's decision (``wait_state``). No step across
-    threads (a thread's branch holds no reduction or barrier). Why this shape (issue 24 point 7, one
-    H100; tests/test_call_checks.py reads the SASS): a [MAX_WORLD] vector of headers needs reductions
-    across the threads that hold its lanes (two chains of three shuffles on the first wait's critical
-    path); loads each followed by their comparison let ptxas compare the first headers before it issued
-    the last ones, so the warp waited for a header before it asked for the next (two round trips at
-    world 8, three in a path of its own); addresses round the ring from my rank cost arithmetic on the
-    loaded base before every load, where constant offsets cost none."""
-    h0, h1, h2, h3, h4, h5, h6, h7 = headers
+    One scalar load per peer, each compared in the thread with the one value a matching header holds:
+    the check adds a max to the wait's decision (``wait_state``). A [MAX_WORLD] vector of headers would
+    need reductions across the threads that hold its lanes: two chains of three shuffles after the
+    loads, on the critical path of every launch's first wait (issue 24's GPU stage, on one H100)."""
     matching = epoch.to(tl.int64) << 32 | desc
     state = tl.full([], WAIT_DONE, tl.int32)
-    if check != 0:
-        differs = (_header_differs(h0, 0, matching, rank, WORLD) | _header_differs(h1, 1, matching, rank, WORLD) |
-                   _header_differs(h2, 2, matching, rank, WORLD) | _header_differs(h3, 3, matching, rank, WORLD) |
-                   _header_differs(h4, 4, matching, rank, WORLD) | _header_differs(h5, 5, matching, rank, WORLD) |
-                   _header_differs(h6, 6, matching, rank, WORLD) | _header_differs(h7, 7, matching, rank, WORLD))
-        if differs:  # a peer is late or made another call: which one (the common case skips this)
-            wrong = (_header_wrong(h0, 0, matching, epoch, rank, WORLD) |
-                     _header_wrong(h1, 1, matching, epoch, rank, WORLD) |
-                     _header_wrong(h2, 2, matching, epoch, rank, WORLD) |
-                     _header_wrong(h3, 3, matching, epoch, rank, WORLD) |
-                     _header_wrong(h4, 4, matching, epoch, rank, WORLD) |
-                     _header_wrong(h5, 5, matching, epoch, rank, WORLD) |
-                     _header_wrong(h6, 6, matching, epoch, rank, WORLD) |
-                     _header_wrong(h7, 7, matching, epoch, rank, WORLD))
-            state = tl.where(wrong, WAIT_MISMATCH, WAIT_PENDING)
+    for step in tl.static_range(1, WORLD):  # the peers after me, round the ring: no load of my own lane
+        peer = rank + step
+        peer = tl.where(peer >= WORLD, peer - WORLD, peer)
+        header = tl.load(own_headers + peer, mask=check != 0, other=matching, volatile=True)
+        late = (header >> 32).to(tl.int32) != epoch
+        state = tl.maximum(state, tl.where(header == matching, WAIT_DONE, tl.where(late, WAIT_PENDING,
+                                                                                     WAIT_MISMATCH)))
     return state
 
 
@@ -447,17 +392,15 @@ def wait_flagged(ptrs, mask, epoch, spin_budget, status_ptr, rank, peer, desc, o
     Returns (slots, spins left): 0 spins left means the wait gave up (recorded); callers pass it on so
     that later waits of the same program give up at once."""
     ready = epoch.to(tl.int64) << 32
-    seen = load_headers(own_headers, check, WORLD)  # before the data: see load_headers
     slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
-    headers = header_state(seen, check, epoch, desc, rank, WORLD)
+    headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
     state = wait_state(pending, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
-        seen = load_headers(own_headers, check, WORLD)
         slots = tl.load(ptrs, mask=mask, other=ready, volatile=True)
-        headers = header_state(seen, check, epoch, desc, rank, WORLD)
+        headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max(((slots >> 32).to(tl.int32) != epoch).to(tl.int32), axis=0) > 0
         state = wait_state(pending, headers)
         budget -= 1
@@ -495,17 +438,15 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
     value senders never write (each aligned 4-byte word lands whole, so a word that is not EMPTY is the
     sender's final value: no flag, no fence), and the headers as ``wait_flagged`` does. Returns
     (words, spins left)."""
-    seen = load_headers(own_headers, check, WORLD)  # before the data: see load_headers
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    headers = header_state(seen, check, epoch, desc, rank, WORLD)
+    headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
     state = wait_state(pending, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
-        seen = load_headers(own_headers, check, WORLD)
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        headers = header_state(seen, check, epoch, desc, rank, WORLD)
+        headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=0) > 0
         state = wait_state(pending, headers)
         budget -= 1
@@ -522,17 +463,15 @@ def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_
     """``wait_filled`` over a [PEERS, BLOCK] tile whose row i comes from peer ``rows[i]``: one poll
     (one block-wide reduction) covers every peer, and the loads of all rows are in flight together.
     On timeout the error record names the first row still pending."""
-    seen = load_headers(own_headers, check, WORLD)  # before the data: see load_headers
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    headers = header_state(seen, check, epoch, desc, rank, WORLD)
+    headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
     pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
     state = wait_state(tl.max(pending, axis=0) > 0, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
-        seen = load_headers(own_headers, check, WORLD)
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        headers = header_state(seen, check, epoch, desc, rank, WORLD)
+        headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
         pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
         state = wait_state(tl.max(pending, axis=0) > 0, headers)
         budget -= 1

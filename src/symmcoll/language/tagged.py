@@ -20,8 +20,8 @@ none is EMPTY, then puts the EMPTY words back. Cost: one word in 16 (6.25%) more
 import triton
 import triton.language as tl
 
-from .signals import (ARG_SPLITS, WAIT_PENDING, end_wait, failed_elsewhere, header_state, load_headers, record_argument,
-                      reread_stale, wait_state)
+from .signals import (ARG_SPLITS, WAIT_PENDING, end_wait, failed_elsewhere, header_state, record_argument, reread_stale,
+                      wait_state)
 
 # Data words per mask word (a power of two: blocks of data words hold whole groups).
 ESCAPE_GROUP: tl.constexpr = tl.constexpr(16)
@@ -43,17 +43,15 @@ def wait_counts(count_ptr, rows, is_src, own_headers, epoch, desc, spin_budget, 
     """Poll my int64 count slots ``count_ptr[rows[i]]`` until every source row (``is_src``) carries this
     epoch, and the call headers as ``wait_filled`` does with ``check``. Returns (counts: [PEERS] int64,
     0 where not a source; spins left, 0 if the wait gave up: recorded, naming the first late source)."""
-    seen = load_headers(own_headers, 1, WORLD)  # before the counts: see signals.load_headers
     tagged = tl.load(count_ptr + rows, mask=is_src, other=0, volatile=True)
-    headers = header_state(seen, 1, epoch, desc, rank, WORLD)
+    headers = header_state(own_headers, 1, epoch, desc, rank, WORLD)
     late = is_src & ((tagged >> 32).to(tl.int32) != epoch)
     state = wait_state(tl.max(late.to(tl.int32), axis=0) > 0, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
-        seen = load_headers(own_headers, 1, WORLD)
         tagged = tl.load(count_ptr + rows, mask=is_src, other=0, volatile=True)
-        headers = header_state(seen, 1, epoch, desc, rank, WORLD)
+        headers = header_state(own_headers, 1, epoch, desc, rank, WORLD)
         late = is_src & ((tagged >> 32).to(tl.int32) != epoch)
         state = wait_state(tl.max(late.to(tl.int32), axis=0) > 0, headers)
         budget -= 1
