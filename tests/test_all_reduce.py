@@ -55,7 +55,9 @@ def test_all_reduce_sum(pools, world_size, dtype, numel, algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("op", ["avg", "max", "min"])
 def test_all_reduce_ops(pools, world_size, op, algorithm):
-    pools(world_size).run(_back_to_back, BLOCK + 3, torch.bfloat16, algorithm, op, calls=2)
+    # One call per size: the op is a constexpr of the same kernels, and what a call leaves for the next
+    # (slots, epochs, pads) does not depend on it: back-to-back calls are test_all_reduce_sum's.
+    pools(world_size).run(_back_to_back, BLOCK + 3, torch.bfloat16, algorithm, op, calls=1)
     pools(world_size).run(_back_to_back, 1001, torch.float32, algorithm, op, calls=1)
 
 
