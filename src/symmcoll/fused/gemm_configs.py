@@ -306,16 +306,24 @@ def gpu_key(name: str) -> str | None:
     return None
 
 
-def table_path(key: str) -> Path:
-    return DATA / f"gemm_{key}.json"
+def table_path(key: str, kind: str = "gemm") -> Path:
+    """Where the ``kind`` table of GPU model ``key`` ships: "gemm" (this module's tile configs) or
+    "roofline" (the memory-bound kernels', fused/memory_bound_configs.py)."""
+    return DATA / f"{kind}_{key}.json"
+
+
+def read_table(key: str | None, kind: str = "gemm") -> dict:
+    """The JSON of the ``kind`` table of GPU model ``key`` (empty where none ships)."""
+    if key is None or not table_path(key, kind).exists():
+        return {}
+    return json.loads(table_path(key, kind).read_text())
 
 
 @functools.lru_cache(maxsize=None)
 def load_table(key: str | None) -> dict:
     """{(m, n, k): (best config, best config without split)} of a shipped table (empty if none)."""
-    if key is None or not table_path(key).exists():
-        return {}
-    return table_of(json.loads(table_path(key).read_text())["entries"])
+    data = read_table(key)
+    return table_of(data["entries"]) if data else {}
 
 
 def table_of(rows: list[dict]) -> dict:
@@ -396,5 +404,5 @@ def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None 
 
 
 __all__ = ["GemmConfig", "CPU_CONFIG", "SplitPlan", "split_plan", "stream_split", "wave_split", "gemm_config",
-           "untuned_config", "candidates", "load_table", "table_of", "lookup", "write_table", "gpu_key", "tiles_of",
-           "asdict"]
+           "untuned_config", "candidates", "load_table", "read_table", "table_of", "lookup", "write_table", "gpu_key",
+           "tiles_of", "asdict"]

@@ -29,17 +29,14 @@ count of the issue, so those are exact).
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ..plan import LaunchConfig
-from .gemm_configs import gpu_key
+from .gemm_configs import gpu_key, read_table
 
-DATA = Path(__file__).resolve().parent.parent / "data"
 # A candidate replaces the default only where it is this much faster (run-to-run spread of one config).
 NOISE = 0.03
 
@@ -53,16 +50,10 @@ class RmsConfig(LaunchConfig):
     ahead: bool = False
 
 
-def table_path(key: str) -> Path:
-    return DATA / f"roofline_{key}.json"
-
-
 @functools.lru_cache(maxsize=None)
 def load_table(key: str | None) -> dict:
     """The shipped table of GPU model ``key`` ({"rms": [...], "moe_dispatch": [...], ...}; empty if none)."""
-    if key is None or not table_path(key).exists():
-        return {}
-    return json.loads(table_path(key).read_text())
+    return read_table(key, "roofline")
 
 
 @functools.lru_cache(maxsize=None)

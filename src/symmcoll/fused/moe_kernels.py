@@ -27,7 +27,7 @@ batch of a shape class; row lengths and offsets of rows stay specialised (16-byt
 import triton
 import triton.language as tl
 
-from ..language import (ARG_MAX_ROWS, ARG_TOPK_IDS, announce, block_barrier, copy_blocks, narrow, peer_ptr,
+from ..language import (ARG_MAX_ROWS, ARG_TOPK_IDS, block_barrier, copy_blocks, narrow, open_call, peer_ptr,
                         record_argument)
 
 # Slots of a routing block compared with each other per step of the in-block ranking.
@@ -90,9 +90,7 @@ def moe_route_kernel(
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, TB: tl.constexpr, E_P2: tl.constexpr,
     SCAN_ROWS: tl.constexpr, BLOCK: tl.constexpr, ROUTE: tl.constexpr, STAGE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    pid, nprog = open_call(signal_pad_ptrs_dev, desc, rank, WORLD)
     if STAGE:
         copy_blocks(tokens_ptr, peer_ptr(buffer_ptrs_dev, rank, tokens_ptr.dtype.element_ty) + tokens_off, n_words,
                     BLOCK)
@@ -152,9 +150,7 @@ def moe_dispatch_kernel(
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, EL: tl.constexpr, ELP2: tl.constexpr,
     TB: tl.constexpr, TT: tl.constexpr, HB: tl.constexpr, PEERS: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    pid, nprog = open_call(signal_pad_ptrs_dev, desc, rank, WORLD)
     if block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD) == 0:
         # Where each local expert's rows start, and each source's share before them.
         ranks = tl.arange(0, PEERS)
@@ -294,9 +290,7 @@ def moe_push_kernel(
     WORLD: tl.constexpr, K: tl.constexpr, EL: tl.constexpr, ELP2: tl.constexpr, RB: tl.constexpr,
     HB: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    pid, nprog = open_call(signal_pad_ptrs_dev, desc, rank, WORLD)
     local = tl.arange(0, ELP2)
     rows_held = tl.minimum(tl.sum(tl.load(counts_ptr + local, mask=local < EL, other=0), axis=0), max_rows)
     table = landing_ptrs_dev.to(tl.pointer_type(tl.uint64))
@@ -336,9 +330,7 @@ def moe_combine_kernel(
     t0, tq, parts, part_len,
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, TT: tl.constexpr, HB: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+    pid, nprog = open_call(signal_pad_ptrs_dev, desc, rank, WORLD)
     if block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD) == 0:
         landing = peer_ptr(landing_ptrs_dev, rank, expert_ptr.dtype.element_ty)
         slot = tl.arange(0, TT * KP2)

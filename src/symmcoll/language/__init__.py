@@ -1,9 +1,9 @@
 """@triton.jit building blocks shared by every kernel: signals and waits (signals.py), block copies
 and fp32 reductions (blocks.py), word formats of the barrier-free protocols (words.py), results as
 messages (tiles.py: rows and GEMM tiles as sentinel words, per-tile ready flags), epoch-tagged counts,
-escaped words and device-side splits (tagged.py), the one-program barrier kernel (barrier.py), group
-quantization codecs (codecs.py), the sentinel slot layout and its take helpers (slots.py), and the
-acquire / release pair every flag that guards data goes through (flags.py)."""
+escaped words and device-side splits (tagged.py), a call's prologue and the one-program barrier kernel
+(barrier.py), group quantization codecs (codecs.py), the sentinel slot layout and its take helpers
+(slots.py), and the acquire / release pair every flag that guards data goes through (flags.py)."""
 
 from .blocks import (INTERPRETED, OP_AVG, OP_MAX, OP_MIN, OP_SUM, REDUCE_OPS, combine, copy_blocks, finalize,
                      move_block, nan_max, nan_maximum, nan_min, nan_minimum, narrow, own_shard, reduce_rows,
@@ -18,7 +18,7 @@ from .tagged import ESCAPE_GROUP, clamped_splits, escape, post_counts, wait_coun
 from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, sanitize_values, unpack
 from .flags import acquire_flag, release_flag
 from .tiles import send_tile_flag, tile_values, tile_words, values_of, wait_tile_flag, words_of
-from .barrier import barrier_kernel
+from .barrier import barrier_kernel, open_call
 from .codecs import FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, unpack_words
 
 __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", "combine", "copy_blocks",
@@ -29,7 +29,7 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "open_two_stage_slots", "take", "take_rows", "wait_filled_rows", "wait_flagged", "wait_signals",
            "ESCAPE_GROUP",
            "clamped_splits", "escape", "post_counts", "wait_counts", "wait_escaped", "EMPTY", "WORD_FORMAT", "pack",
-           "padded_words", "sanitize", "sanitize_values", "unpack", "barrier_kernel", "FORMAT_BITS", "FORMATS",
-           "dequantize_groups", "pack_words", "quantize_groups", "unpack_words", "send_tile_flag", "tile_values",
-           "tile_words", "values_of", "wait_tile_flag", "words_of"]
+           "padded_words", "sanitize", "sanitize_values", "unpack", "barrier_kernel", "open_call", "FORMAT_BITS",
+           "FORMATS", "dequantize_groups", "pack_words", "quantize_groups", "unpack_words", "send_tile_flag",
+           "tile_values", "tile_words", "values_of", "wait_tile_flag", "words_of"]
 __all__ += ["announce_at", "post_header_at", "program0_peer_bases", "checks_headers", "post_call", "nan_max", "nan_maximum", "nan_min", "nan_minimum", "acquire_flag", "release_flag"]
