@@ -98,6 +98,30 @@ def test_the_issues_cases_raise_at_once_on_every_rank(pools):
             assert got["seconds"] < 5, f"{what}: took {got['seconds']:.1f} s (SYMMCOLL_TIMEOUT_S is 20)"
 
 
+def _world4_cases():
+    """Rank 3 differs from ranks 0-2 in the header-polled kernels (sentinel, low latency): at world 4 the
+    header poll is language.header_state's vector form (one load of every peer's header)."""
+    rank = dist.get_rank()
+    dev = device()
+    found = {}
+    for algorithm in ("sentinel_one_shot", "sentinel_two_shot"):
+        found[algorithm] = _timed(lambda: symmcoll.all_reduce(torch.ones(96 + (rank == 3), device=dev),
+                                                               algorithm=algorithm))
+        dist.barrier()
+        symmcoll.reset()
+    return found
+
+
+def test_world4_mismatch_names_the_rank_that_differs(pools):
+    for rank, found in enumerate(pools(4).run(_world4_cases)):
+        for algorithm, got in found.items():
+            what = f"rank {rank}, {algorithm}: {got}"
+            assert got["fields"] is not None and "x.shape" in got["fields"], what
+            if rank != 3:
+                assert got["peer"] == 3, what
+            assert got["seconds"] < 5, what
+
+
 def _shapes_and_names():
     world = dist.get_world_size()
     bf, dev = torch.bfloat16, device()

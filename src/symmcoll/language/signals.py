@@ -319,24 +319,45 @@ def post_header(header_ptrs_dev, phase, epoch, desc, rank, WORLD: tl.constexpr):
     post_header_at(program0_peer_bases(header_ptrs_dev, rank, WORLD, tl.int64), phase, epoch, desc, rank, WORLD)
 
 
+# header_state's form by world size: scalar loads up to this many ranks, one vector load above.
+SCALAR_HEADERS_UP_TO: tl.constexpr = tl.constexpr(3)
+
+
+@triton.jit
+def _peer_state(header, matching, epoch):
+    """WAIT_DONE if ``header`` is this call's, WAIT_PENDING if it is not yet this epoch's, else
+    WAIT_MISMATCH (a peer of this epoch that made another call)."""
+    late = (header >> 32).to(tl.int32) != epoch
+    return tl.where(header == matching, WAIT_DONE, tl.where(late, WAIT_PENDING, WAIT_MISMATCH))
+
+
 @triton.jit
 def header_state(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
     """This thread's view of the peers' headers of this epoch: WAIT_MISMATCH if one names another call,
     else WAIT_PENDING if one is not yet this epoch's, else WAIT_DONE (always, when ``check`` is 0).
 
-    One scalar load per peer, each compared in the thread with the one value a matching header holds:
-    the check adds a max to the wait's decision (``wait_state``). A [MAX_WORLD] vector of headers would
-    need reductions across the threads that hold its lanes: two chains of three shuffles after the
-    loads, on the critical path of every launch's first wait (issue 24's GPU stage, on one H100)."""
+    Two forms, the cheaper one per world size (issue 24 point 7, sm_90 SASS and one H100):
+    - up to SCALAR_HEADERS_UP_TO ranks, one scalar load per peer, each compared in the thread: the
+      check adds a compare and a max to the wait's decision (``wait_state``), nothing else
+      (world 2: +0.02-0.05 us a launch);
+    - above, one [MAX_WORLD] vector load (every peer's header in one instruction, in flight with the
+      data's loads) and one max across the lanes (three shuffles). Scalar loads there cost round trips:
+      ptxas issues the predicated loads two at a time, each pair after the last one's comparison, so
+      world 8 waited three round trips for its seven headers (+0.115 us a launch,
+      benchmarks/results/2026-11-27-desc-cost-world8-h100), where the shuffles cost a few dozen cycles."""
     matching = epoch.to(tl.int64) << 32 | desc
-    state = tl.full([], WAIT_DONE, tl.int32)
-    for step in tl.static_range(1, WORLD):  # the peers after me, round the ring: no load of my own lane
-        peer = rank + step
-        peer = tl.where(peer >= WORLD, peer - WORLD, peer)
-        header = tl.load(own_headers + peer, mask=check != 0, other=matching, volatile=True)
-        late = (header >> 32).to(tl.int32) != epoch
-        state = tl.maximum(state, tl.where(header == matching, WAIT_DONE, tl.where(late, WAIT_PENDING,
-                                                                                     WAIT_MISMATCH)))
+    if WORLD <= SCALAR_HEADERS_UP_TO:
+        state = tl.full([], WAIT_DONE, tl.int32)
+        for step in tl.static_range(1, WORLD):  # the peers after me, round the ring: no load of my own lane
+            peer = rank + step
+            peer = tl.where(peer >= WORLD, peer - WORLD, peer)
+            header = tl.load(own_headers + peer, mask=check != 0, other=matching, volatile=True)
+            state = tl.maximum(state, _peer_state(header, matching, epoch))
+    else:
+        lanes = tl.arange(0, MAX_WORLD)
+        is_peer = (lanes < WORLD) & (lanes != rank) & (check != 0)
+        headers = tl.load(own_headers + lanes, mask=is_peer, other=matching, volatile=True)
+        state = tl.max(_peer_state(headers, matching, epoch), axis=0)
     return state
 
 
