@@ -252,12 +252,14 @@ for stage in $stages; do
         [ -f "$OUT/desc_check_cost_before.json" ] && before="--before $OUT/desc_check_cost_before.json"
       fi
       # DESC_COST_TREES: other trees' checks too (carried directories holding a src/, e.g. a candidate
-      # header_state), none and library each: desc_check_cost_<dir>.json.
+      # header_state), none and library each: desc_check_cost_<dir>.json. DESC_COST_VARIANTS narrows this
+      # tree's variants (e.g. none,library).
       for tree in ${DESC_COST_TREES:-}; do
         PYTHONPATH=$PWD/$tree/src timeout ${DESC_COST_BEFORE_TIMEOUT:-90} python3 benchmarks/desc_check_cost.py \
           --variants none,library $before --out "$OUT/desc_check_cost_$tree.json" 2>&1 | tee "$OUT/desc_check_cost_$tree.log"
       done
-      timeout ${DESC_COST_TIMEOUT:-180} python3 benchmarks/desc_check_cost.py $before --out "$OUT/desc_check_cost.json" \
+      timeout ${DESC_COST_TIMEOUT:-180} python3 benchmarks/desc_check_cost.py $before \
+        ${DESC_COST_VARIANTS:+--variants $DESC_COST_VARIANTS} --out "$OUT/desc_check_cost.json" \
         2>&1 | tee "$OUT/desc_check_cost.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
