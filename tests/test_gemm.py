@@ -119,6 +119,48 @@ def _split_k_counters():
         assert _rel_err(results[1], *_operands(9, n, 256, torch.bfloat16, False, _device(), 2)) < 4e-3
 
 
+def test_captured_split_launches_take_arena_slices_without_a_fill(pools):
+    pools(1).run(_captured_split_launches)
+
+
+def _captured_split_launches():
+    """Launches made while a CUDA graph is captured (the capture flag stood in for on CPU) take
+    counters from the arena made by the first eager launch: no zero-filled table (a fill kernel in the
+    graph) per launch, each launch a slice of its own, 128-byte aligned, left zero; an exhausted
+    arena falls back to a table of the launch's own."""
+    from symmcoll.fused import gemm_split
+    device = torch.device(_device())
+    config = GemmConfig(16, 32, 32, 1, 4, True, 4, 1)  # wave split: 2 tiles of N = 64 in parts
+    a, b = _operands(9, 64, 256, torch.bfloat16, False, _device(), 3)
+    expected = gemm.matmul(a, b, config=config)  # eager: makes the stream's table and the arena
+    arena, _ = gemm_split._ARENAS[(device.type, device.index)]
+    handed, fills = [], []
+    real_counters, real_zeros, real_capturing = gemm_split.split_counters, gemm_split._zeros, gemm_split._capturing
+
+    def recording_counters(dev, needed=gemm_split.MAX_SPLIT_TILES):
+        handed.append(real_counters(dev, needed))
+        return handed[-1]
+
+    def recording_zeros(dev, entries):
+        fills.append(entries)
+        return real_zeros(dev, entries)
+    gemm_split._capturing, gemm_split._zeros, gemm.split_counters = (lambda dev: True), recording_zeros, \
+        recording_counters
+    try:
+        outs = [gemm.matmul(a, b, config=config) for _ in range(3)]
+        assert fills == [], f"captured launches made tables: {fills}"
+        starts = [t.data_ptr() - arena.data_ptr() for t in handed]
+        assert len(set(starts)) == 3 and all(start % 128 == 0 for start in starts), starts
+        assert all(t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr() for t in handed)
+        assert all(torch.equal(out, expected) for out in outs)
+        assert int(arena.abs().sum()) == 0
+        gemm_split._ARENAS[(device.type, device.index)][1] = arena.numel() - 1  # (nearly) exhausted
+        assert torch.equal(gemm.matmul(a, b, config=config), expected)
+        assert fills == [gemm_split.MAX_SPLIT_TILES], fills
+    finally:
+        gemm_split._capturing, gemm_split._zeros, gemm.split_counters = real_capturing, real_zeros, real_counters
+
+
 def test_empty_and_degenerate_shapes(pools):
     pools(1).run(_empty_and_degenerate)
 
@@ -418,6 +460,8 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data():
         torch.cuda.synchronize()
         assert _rel_err(out, a, b) < 5e-3
     assert int(gemm.split_counters(a.device).abs().sum()) == 0
+    from symmcoll.fused import gemm_split  # the captured launch's counters: a slice of the arena, zero again
+    assert int(gemm_split._ARENAS[(a.device.type, a.device.index)][0].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("config,m,n,k", [

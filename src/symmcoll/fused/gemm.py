@@ -311,7 +311,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.block_n,),
                                dtype=torch.float32, device=a.device)
-        counters = split_counters(a.device) if a.device.type != "meta" else torch.empty(
+        counters = split_counters(a.device, tiles - plan.whole_tiles) if a.device.type != "meta" else torch.empty(
             MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
         units = plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing
         grid = min(nprog, max(units, plan.whole_tiles))

@@ -11,7 +11,9 @@ gemm_configs.split_plan) and how the parts of a shared tile are summed.
                     partial, bumps the tile's counter (acq_rel); the part that arrives last sums the
                     partials in part order (the result does not depend on who came last), resets the
                     counter (graph replays need no host work) and owns the epilogue. Nobody waits.
-    split_counters  the zeroed per-tile counters, one table per (device, stream).
+    split_counters  the zeroed per-tile counters: one table per (device, stream) for launches made
+                    eagerly; for a launch captured into a CUDA graph, a slice of its own of one
+                    zeroed arena made outside any capture (no fill kernel in the graph).
 """
 
 from __future__ import annotations
@@ -69,16 +71,47 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: 
 
 
 _COUNTERS: dict = {}
+# Counters for launches captured into CUDA graphs: slices of one zeroed arena per device, made by the
+# first eager split launch. A table made during a capture is a zero-fill kernel in the graph before
+# that launch, replayed every time (a node of a few microseconds before every split GEMM of the
+# graph: decode GEMMs take 10-30 us); a table kept from one capture for the next would be zero only
+# once its own graph has replayed. A captured launch keeps its slice for good (its graph may replay
+# at any time), so graphs never share counters; an exhausted arena falls back to a table of the
+# launch's own, made in the capture as before.
+CAPTURE_ARENA = 1 << 20
+_ARENAS: dict = {}  # (device type, index) -> [zeroed arena, first free entry]
+# Slices start on 128-byte lines (32 int32): two launches' counters never share a line.
+_SLICE_ALIGN = 32
 
 
-def split_counters(device: torch.device) -> torch.Tensor:
-    """Zeroed per-tile counters of split-K launches, one table per (device, stream): every launch
-    leaves them zero. Made during graph capture, they belong to that graph (not kept)."""
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _zeros(device: torch.device, entries: int) -> torch.Tensor:
+    return persistent(device, lambda: torch.zeros(entries, dtype=torch.int32, device=device))
+
+
+def split_counters(device: torch.device, needed: int = MAX_SPLIT_TILES) -> torch.Tensor:
+    """``needed`` zeroed per-tile counters for one split-K launch on ``device``'s current stream;
+    every launch leaves its counters zero. Eager launches share one table per (device, stream)
+    (launches on one stream never overlap); a launch being captured gets a slice of the arena that
+    no other launch ever gets."""
+    device_key = (device.type, device.index)
+    if _capturing(device):
+        arena = _ARENAS.get(device_key)
+        if arena is not None and arena[1] + needed <= arena[0].numel():
+            first = arena[1]
+            arena[1] += -(-needed // _SLICE_ALIGN) * _SLICE_ALIGN
+            return arena[0][first:first + needed]
+        return _zeros(device, MAX_SPLIT_TILES)  # (belongs to the graph being captured: not kept)
     on_gpu = device.type == "cuda"
-    key = (device.type, device.index, torch.cuda.current_stream(device).cuda_stream if on_gpu else None)
+    key = (*device_key, torch.cuda.current_stream(device).cuda_stream if on_gpu else None)
     counters = _COUNTERS.get(key)
     if counters is None:
-        counters = persistent(device, lambda: torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device))
-        if not (on_gpu and torch.cuda.is_current_stream_capturing()):
-            _COUNTERS[key] = counters
+        counters = _COUNTERS[key] = _zeros(device, MAX_SPLIT_TILES)
+    if device_key not in _ARENAS:
+        _ARENAS[device_key] = [_zeros(device, CAPTURE_ARENA), 0]
+        if on_gpu:  # zero before any graph captured on another stream replays
+            torch.cuda.current_stream(device).synchronize()
     return counters
