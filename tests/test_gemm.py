@@ -119,6 +119,37 @@ def _split_k_counters():
         assert _rel_err(results[1], *_operands(9, n, 256, torch.bfloat16, False, _device(), 2)) < 4e-3
 
 
+def test_split_sum_bits_do_not_depend_on_slots_loaded_at_once(pools):
+    pools(1).run(_split_sum_bits)
+
+
+def _split_sum_bits():
+    """The last part of a shared tile sums the partials in part order whether it loads 1, 2 or 4 slots
+    at once (gemm_split.reduce_loads): bit-identical results for 3, 4 and 5 parts (the wave split)
+    and stream-K's uneven parts, where a round trip's later slots past the last part read as zeros."""
+    real = gemm.reduce_loads
+    # 2 tiles, each in `cap` parts on 2 * cap programs (one round)
+    cases = [(GemmConfig(16, 32, 32, 1, cap, True, 4, 1), 9, 64, 32 * steps, 2 * cap)
+             for cap, steps in ((3, 12), (4, 8), (5, 10))]
+    cases.append((GemmConfig(16, 32, 32, 1, 3, True, 4, 1, stream_k=True), 5, 70, 1000, 10))
+    try:
+        for config, m, n, k, programs in cases:
+            tiles = gemm_configs.tiles_of(config, m, n)
+            plan = gemm_configs.split_plan(config, tiles, k, programs or gemm.num_sms(torch.device(_device())))
+            assert plan.shared and (plan.stream or plan.sharing == config.split_k), (config.label, plan)
+            a, b = _operands(m, n, k, torch.bfloat16, False, _device(), 4)
+            results = []
+            for loads in (1, 2, 4):
+                gemm.reduce_loads = lambda *_, loads=loads: loads
+                results.append(gemm.matmul(a, b, config=config, programs=programs))
+            assert all(torch.equal(results[0], r) for r in results[1:]), f"{config.label}: sums differ"
+            assert _rel_err(results[0], a, b) < 4e-3
+    finally:
+        gemm.reduce_loads = real
+    assert gemm.reduce_loads(16, 64, 4) == 4 and gemm.reduce_loads(128, 128, 8) == 2
+    assert gemm.reduce_loads(128, 256, 8) == 1
+
+
 def test_captured_split_launches_take_arena_slices_without_a_fill(pools):
     pools(1).run(_captured_split_launches)
 
