@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -325,6 +326,23 @@ def test_candidates_fit_and_include_the_rule(m, n, k):
         assert plan.shared or config.split_k == 1 or config == gemm_configs.untuned_config(m, n, k, 132)
 
 
+def test_mid_m_candidates_hold_the_big_tiles_deeper_and_two_part_splits():
+    """M = 128-512 (the H100 grid's worst cells): 128x256 / 256x128 tiles at four stages and 128x128 at
+    five, and a two-part wave split where it is another plan than the caps 4 and 16 make (40 tiles of
+    128x256 at 256x5120x8192: 2 parts on 80 programs against 3 on 120); none of it at M = 64 or 1024."""
+    found = gemm_configs.candidates(256, 5120, 8192)
+    labels = {c.label for c in found}
+    assert {"N128x256x64/g8/s1/w8/p4", "N256x128x64/g8/s1/w8/p4", "N128x128x64/g8/s1/w8/p5"} <= labels, labels
+    two = GemmConfig(128, 256, 64, 8, 2, False, 8, 4)
+    assert two in found
+    tiles = gemm_configs.tiles_of(two, 256, 5120)
+    assert gemm_configs.split_plan(two, tiles, 8192, 132) == gemm_configs.SplitPlan(0, 2, 2)
+    assert gemm_configs.split_plan(replace(two, split_k=4), tiles, 8192, 132) == gemm_configs.SplitPlan(0, 3, 3)
+    for m in (64, 1024):
+        assert not any(c.num_stages == 4 and c.block_m * c.block_n == 128 * 256 or c.split_k == 2
+                       for c in gemm_configs.candidates(m, 5120, 8192)), m
+
+
 def test_fp32_halves_the_k_step_and_cpu_gets_small_tiles():
     config = gemm_configs.gemm_config(4096, 8192, 8192, torch.float32, torch.device("meta"))
     assert config.smem_bytes(4) <= gemm_configs.SMEM_BYTES
@@ -454,6 +472,7 @@ def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
     result.write_text(json.dumps(dict(rows=rows)))
     assert cells_above(result, 1.05) == [("d", 8, 64, 64), ("b", 256, 5120, 8192), ("c", 512, 2560, 8192)]
     assert cells_above(result, 1.3) == [("d", 8, 64, 64), ("b", 256, 5120, 8192)]
+    assert cells_above(result, 1.05, {256, 512}) == [("b", 256, 5120, 8192), ("c", 512, 2560, 8192)]
 
 
 # ---- on the GPU machine --------------------------------------------------------------------------------
