@@ -327,12 +327,16 @@ def test_candidates_fit_and_include_the_rule(m, n, k):
 
 
 def test_mid_m_candidates_hold_the_big_tiles_deeper_and_two_part_splits():
-    """M = 128-512 (the H100 grid's worst cells): 128x256 / 256x128 tiles at four stages and 128x128 at
-    five, and a two-part wave split where it is another plan than the caps 4 and 16 make (40 tiles of
-    128x256 at 256x5120x8192: 2 parts on 80 programs against 3 on 120); none of it at M = 64 or 1024."""
+    """M = 128-512 (the H100 grid's worst cells): 128x256 / 256x128 tiles at four stages, 128x128 at five
+    and six, 64x128 at six and eight, 64x64x128 at six (B from DRAM: deeper pipelines), and a two-part
+    wave split where it is another plan than the caps 4 and 16 make (40 tiles of 128x256 at
+    256x5120x8192: 2 parts on 80 programs against 3 on 120); none of it at M = 64 or 1024."""
     found = gemm_configs.candidates(256, 5120, 8192)
     labels = {c.label for c in found}
-    assert {"N128x256x64/g8/s1/w8/p4", "N256x128x64/g8/s1/w8/p4", "N128x128x64/g8/s1/w8/p5"} <= labels, labels
+    assert {"N128x256x64/g8/s1/w8/p4", "N256x128x64/g8/s1/w8/p4", "N128x128x64/g8/s1/w8/p5",
+            "N128x128x64/g8/s1/w8/p6", "N64x128x64/g8/s1/w4/p6", "N64x128x64/g8/s1/w4/p8",
+            "N64x64x128/g8/s1/w4/p6"} <= labels, labels
+    assert all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
     two = GemmConfig(128, 256, 64, 8, 2, False, 8, 4)
     assert two in found
     tiles = gemm_configs.tiles_of(two, 256, 5120)
@@ -340,7 +344,7 @@ def test_mid_m_candidates_hold_the_big_tiles_deeper_and_two_part_splits():
     assert gemm_configs.split_plan(replace(two, split_k=4), tiles, 8192, 132) == gemm_configs.SplitPlan(0, 3, 3)
     for m in (64, 1024):
         assert not any(c.num_stages == 4 and c.block_m * c.block_n == 128 * 256 or c.split_k == 2
-                       for c in gemm_configs.candidates(m, 5120, 8192)), m
+                       or c.num_stages >= 6 and not c.swap_ab for c in gemm_configs.candidates(m, 5120, 8192)), m
 
 
 def test_fp32_halves_the_k_step_and_cpu_gets_small_tiles():

@@ -271,12 +271,17 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     if 128 <= m <= 512:
         # Where the 2026-11-27 H100 grid lost most (M = 256-512, N <= 8192, K >= 7168: 1.12-1.39x): a
         # whole 128x128 tile runs at 7.2 TFLOP/s on an SM when 20 SMs work, 5.4 when 112 do, while
-        # cuBLAS reaches about the large-M rate of the whole GPU (~700 TFLOP/s). Tiles that load less
-        # per flop (128x256, 256x128: a quarter less than 128x128) with a k-step more in flight, and
-        # the 128x128 one with a fifth stage (sm_90 ptxas: 113-234 registers, no spills; the swapped
-        # 256-token tile T256x128x64 spills 132-140 bytes when split: not a candidate).
-        for bm, bn, stages in ((128, 128, 5), (128, 256, 4), (256, 128, 4)):
-            bases.append(GemmConfig(bm, bn, 64, group_m=8, num_warps=8, num_stages=stages))
+        # cuBLAS reaches about the large-M rate of the whole GPU (~700 TFLOP/s). Here B is read once
+        # or twice, so its k-steps come from DRAM (latency under load ~1.5-2 us) where at large M
+        # they come from L2: 3-4 stages of ~0.35 us k-steps do not cover it. Deeper pipelines (up
+        # to ~192 KB of shared memory, as CUTLASS's automatic stage count fills it) and tiles that
+        # load less per flop (128x256, 256x128: a quarter less than 128x128). sm_90 ptxas: 113-234
+        # registers, no spills (the swapped 256-token tile T256x128x64 spills 132-140 bytes when
+        # split: not a candidate).
+        for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 5), (128, 128, 64, 8, 6), (128, 256, 64, 8, 4),
+                                          (256, 128, 64, 8, 4), (64, 128, 64, 4, 6), (64, 128, 64, 4, 8),
+                                          (64, 64, 128, 4, 6)):
+            bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
     if m > 512:  # compute-bound: the big tiles, their pipelines, the epilogue under the next tile's loads
         for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
                                           (128, 128, 128, 8, 3)):
