@@ -157,9 +157,9 @@ def test_captured_split_launches_take_arena_slices_without_a_fill(pools):
 
 def _captured_split_launches():
     """Launches made while a CUDA graph is captured (the capture flag stood in for on CPU) take
-    counters from the arena made by the first eager launch: no zero-filled table (a fill kernel in the
-    graph) per launch, each launch a slice of its own, 128-byte aligned, left zero; an exhausted
-    arena falls back to a table of the launch's own."""
+    counters from the arena made by an eager launch: no zero-filled table (a fill kernel in the
+    graph) per launch, each launch a slice of its own, left zero; an exhausted arena falls back to a
+    table of the launch's own, and the next eager launch replaces it (the old one kept)."""
     from symmcoll.fused import gemm_split
     device = torch.device(_device())
     config = GemmConfig(16, 32, 32, 1, 4, True, 4, 1)  # wave split: 2 tiles of N = 64 in parts
@@ -181,14 +181,20 @@ def _captured_split_launches():
     try:
         outs = [gemm.matmul(a, b, config=config) for _ in range(3)]
         assert fills == [], f"captured launches made tables: {fills}"
-        starts = [t.data_ptr() - arena.data_ptr() for t in handed]
-        assert len(set(starts)) == 3 and all(start % 128 == 0 for start in starts), starts
+        spans = sorted(((t.data_ptr() - arena.data_ptr()) // 4, t.numel()) for t in handed)
+        assert all(start + size <= after for (start, size), (after, _) in zip(spans, spans[1:])), spans
+        assert [size for _, size in spans] == [2, 2, 2], spans  # (2 shared tiles each)
         assert all(t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr() for t in handed)
         assert all(torch.equal(out, expected) for out in outs)
         assert int(arena.abs().sum()) == 0
         gemm_split._ARENAS[(device.type, device.index)][1] = arena.numel() - 1  # (nearly) exhausted
         assert torch.equal(gemm.matmul(a, b, config=config), expected)
         assert fills == [gemm_split.MAX_SPLIT_TILES], fills
+        gemm_split._capturing = lambda dev: False  # the next eager launch: a new arena, the old one kept
+        assert torch.equal(gemm.matmul(a, b, config=config), expected)
+        assert fills == [gemm_split.MAX_SPLIT_TILES, gemm_split.CAPTURE_ARENA], fills
+        assert gemm_split._ARENAS[(device.type, device.index)][0] is not arena
+        assert any(old is arena for old in gemm_split._RETIRED)
     finally:
         gemm_split._capturing, gemm_split._zeros, gemm.split_counters = real_capturing, real_zeros, real_counters
 

@@ -99,17 +99,18 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: 
 
 
 _COUNTERS: dict = {}
-# Counters for launches captured into CUDA graphs: slices of one zeroed arena per device, made by the
-# first eager split launch. A table made during a capture is a zero-fill kernel in the graph before
-# that launch, replayed every time (a node of a few microseconds before every split GEMM of the
-# graph: decode GEMMs take 10-30 us); a table kept from one capture for the next would be zero only
-# once its own graph has replayed. A captured launch keeps its slice for good (its graph may replay
-# at any time), so graphs never share counters; an exhausted arena falls back to a table of the
+# Counters for launches captured into CUDA graphs: slices of a zeroed arena made by an eager split
+# launch. A table made during a capture is a zero-fill kernel in the graph before that launch,
+# replayed every time (a node of a few microseconds before every split GEMM of the graph: decode
+# GEMMs take 10-30 us); a table kept from one capture for the next would be zero only once its own
+# graph has replayed. A captured launch keeps its slice for good (its graph may replay at any time,
+# and nothing says when it is gone), so graphs never share counters; an arena less than a quarter
+# free is replaced by the next eager launch and kept (its slices may be in live graphs): 4 MB per
+# ~10^4 captured split launches. A capture that finds too little room falls back to a table of the
 # launch's own, made in the capture as before.
 CAPTURE_ARENA = 1 << 20
 _ARENAS: dict = {}  # (device type, index) -> [zeroed arena, first free entry]
-# Slices start on 128-byte lines (32 int32): two launches' counters never share a line.
-_SLICE_ALIGN = 32
+_RETIRED: list = []  # arenas replaced: never freed
 
 
 def _capturing(device: torch.device) -> bool:
@@ -126,19 +127,20 @@ def split_counters(device: torch.device, needed: int = MAX_SPLIT_TILES) -> torch
     (launches on one stream never overlap); a launch being captured gets a slice of the arena that
     no other launch ever gets."""
     device_key = (device.type, device.index)
+    arena = _ARENAS.get(device_key)
     if _capturing(device):
-        arena = _ARENAS.get(device_key)
         if arena is not None and arena[1] + needed <= arena[0].numel():
-            first = arena[1]
-            arena[1] += -(-needed // _SLICE_ALIGN) * _SLICE_ALIGN
-            return arena[0][first:first + needed]
+            arena[1] += needed
+            return arena[0][arena[1] - needed:arena[1]]
         return _zeros(device, MAX_SPLIT_TILES)  # (belongs to the graph being captured: not kept)
     on_gpu = device.type == "cuda"
     key = (*device_key, torch.cuda.current_stream(device).cuda_stream if on_gpu else None)
     counters = _COUNTERS.get(key)
     if counters is None:
         counters = _COUNTERS[key] = _zeros(device, MAX_SPLIT_TILES)
-    if device_key not in _ARENAS:
+    if arena is None or arena[1] > CAPTURE_ARENA * 3 // 4:
+        if arena is not None:
+            _RETIRED.append(arena[0])
         _ARENAS[device_key] = [_zeros(device, CAPTURE_ARENA), 0]
         if on_gpu:  # zero before any graph captured on another stream replays
             torch.cuda.current_stream(device).synchronize()
