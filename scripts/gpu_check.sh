@@ -26,8 +26,7 @@ stages=${*:-tests bench}
 # gemm-retune: issue 22 in one call (<= 8 min) -- gemm-tune on the cells of GEMM_TUNE_FROM slower than
 # GEMM_TUNE_ABOVE x cuBLAS, worst first, until GEMM_TUNE_BUDGET s (the table written to $OUT and copied
 # into the package), then gemm-bench: the whole grid beside cuBLAS with that table. GEMM_TUNE_FROM=auto
-# (the default) takes the grid of the GPU that came: the H100's expected grid with the shipped table
-# (issue 22 round 3, from two measured grids), or the H200's last committed grid.
+# (the default) takes the last committed grid of the GPU that came (H100: issue 22 round 3's).
 case " $stages " in *" gemm-retune "*)
   export GEMM_TUNE_FROM=${GEMM_TUNE_FROM:-auto}
   export GEMM_TUNE_ABOVE=${GEMM_TUNE_ABOVE:-1.05} GEMM_TUNE_BUDGET=${GEMM_TUNE_BUDGET:-150}
@@ -117,14 +116,16 @@ for stage in $stages; do
       key=$(python3 -c 'import torch; from symmcoll.fused.gemm_configs import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
       if [ "${GEMM_TUNE_FROM:-}" = auto ]; then
         case $key in
-          h100) GEMM_TUNE_FROM=benchmarks/results/2026-11-27-gemm-streamk-h100/expected-grid-after-fix.json ;;
+          h100) GEMM_TUNE_FROM=benchmarks/results/2026-11-27-gemm-round3-h100/gemm-h100-bf16-2026-11-27T022030Z.json ;;
           *) GEMM_TUNE_FROM=benchmarks/results/2026-11-24-gemm-h200/final/gemm-h200-bf16-2026-11-24T054013Z.json ;;
         esac
       fi
       # The table shipped in the package is the base: cells this run does not measure are kept, and what
       # it answers for a cell today is among that cell's candidates.
+      # GEMM_TUNE_M (e.g. "128 256 512") narrows the tune alone (GEMM_M narrows the bench too).
+      tune_m=${GEMM_TUNE_M:-${GEMM_M:-}}
       timeout ${GEMM_TUNE_TIMEOUT:-540} python3 -m symmcoll tune --op gemm ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
-        ${GEMM_M:+--m $GEMM_M} ${GEMM_TUNE_FROM:+--cells-from $GEMM_TUNE_FROM --above ${GEMM_TUNE_ABOVE:-1.05}} \
+        ${tune_m:+--m $tune_m} ${GEMM_TUNE_FROM:+--cells-from $GEMM_TUNE_FROM --above ${GEMM_TUNE_ABOVE:-1.05}} \
         ${GEMM_TUNE_BUDGET:+--budget-s $GEMM_TUNE_BUDGET} \
         --base "src/symmcoll/data/gemm_$key.json" --out "$OUT/gemm_$key.json" 2>&1 \
         | tee "$OUT/gemm_tune.log"

@@ -491,7 +491,8 @@ def first_calls_in_a_pool(threaded: bool):
 
     world, rank, dev = dist.get_world_size(), dist.get_rank(), device()
     symmcoll.reset()  # (every rank runs this: the next call makes the workspace again, collectively)
-    gemm_split._COUNTERS.clear()  # made once per process otherwise
+    gemm_split._COUNTERS.clear()  # made once per process otherwise (and the capture arena)
+    gemm_split._ARENAS.clear()
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(4 * world, 8, generator=g).to(dev)
     a, b = (torch.randn(*shape, generator=g).to(dev, torch.bfloat16) for shape in ((16, 32), (32, 16)))

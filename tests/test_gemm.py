@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,85 @@ def _split_k_counters():
         assert torch.equal(results[1], results[2])
         assert not torch.equal(results[0], results[1])
         assert _rel_err(results[1], *_operands(9, n, 256, torch.bfloat16, False, _device(), 2)) < 4e-3
+
+
+def test_split_sum_bits_do_not_depend_on_slots_loaded_at_once(pools):
+    pools(1).run(_split_sum_bits)
+
+
+def _split_sum_bits():
+    """The last part of a shared tile sums the partials in part order whether it loads 1, 2 or 4 slots
+    at once (gemm_split.reduce_loads): bit-identical results for 3, 4 and 5 parts (the wave split)
+    and stream-K's uneven parts, where a round trip's later slots past the last part read as zeros."""
+    real = gemm.reduce_loads
+    # 2 tiles, each in `cap` parts on 2 * cap programs (one round)
+    cases = [(GemmConfig(16, 32, 32, 1, cap, True, 4, 1), 9, 64, 32 * steps, 2 * cap)
+             for cap, steps in ((3, 12), (4, 8), (5, 10))]
+    cases.append((GemmConfig(16, 32, 32, 1, 3, True, 4, 1, stream_k=True), 5, 70, 1000, 10))
+    try:
+        for config, m, n, k, programs in cases:
+            tiles = gemm_configs.tiles_of(config, m, n)
+            plan = gemm_configs.split_plan(config, tiles, k, programs or gemm.num_sms(torch.device(_device())))
+            assert plan.shared and (plan.stream or plan.sharing == config.split_k), (config.label, plan)
+            a, b = _operands(m, n, k, torch.bfloat16, False, _device(), 4)
+            results = []
+            for loads in (1, 2, 4):
+                gemm.reduce_loads = lambda *_, loads=loads: loads
+                results.append(gemm.matmul(a, b, config=config, programs=programs))
+            assert all(torch.equal(results[0], r) for r in results[1:]), f"{config.label}: sums differ"
+            assert _rel_err(results[0], a, b) < 4e-3
+    finally:
+        gemm.reduce_loads = real
+    assert gemm.reduce_loads(16, 64, 4) == 4 and gemm.reduce_loads(128, 128, 8) == 2
+    assert gemm.reduce_loads(128, 256, 8) == 1
+
+
+def test_captured_split_launches_take_arena_slices_without_a_fill(pools):
+    pools(1).run(_captured_split_launches)
+
+
+def _captured_split_launches():
+    """Launches made while a CUDA graph is captured (the capture flag stood in for on CPU) take
+    counters from the arena made by an eager launch: no zero-filled table (a fill kernel in the
+    graph) per launch, each launch a slice of its own, left zero; an exhausted arena falls back to a
+    table of the launch's own, and the next eager launch replaces it (the old one kept)."""
+    from symmcoll.fused import gemm_split
+    device = torch.device(_device())
+    config = GemmConfig(16, 32, 32, 1, 4, True, 4, 1)  # wave split: 2 tiles of N = 64 in parts
+    a, b = _operands(9, 64, 256, torch.bfloat16, False, _device(), 3)
+    expected = gemm.matmul(a, b, config=config)  # eager: makes the stream's table and the arena
+    arena, _ = gemm_split._ARENAS[(device.type, device.index)]
+    handed, fills = [], []
+    real_counters, real_zeros, real_capturing = gemm_split.split_counters, gemm_split._zeros, gemm_split._capturing
+
+    def recording_counters(dev, needed=gemm_split.MAX_SPLIT_TILES):
+        handed.append(real_counters(dev, needed))
+        return handed[-1]
+
+    def recording_zeros(dev, entries):
+        fills.append(entries)
+        return real_zeros(dev, entries)
+    gemm_split._capturing, gemm_split._zeros, gemm.split_counters = (lambda dev: True), recording_zeros, \
+        recording_counters
+    try:
+        outs = [gemm.matmul(a, b, config=config) for _ in range(3)]
+        assert fills == [], f"captured launches made tables: {fills}"
+        spans = sorted(((t.data_ptr() - arena.data_ptr()) // 4, t.numel()) for t in handed)
+        assert all(start + size <= after for (start, size), (after, _) in zip(spans, spans[1:])), spans
+        assert [size for _, size in spans] == [2, 2, 2], spans  # (2 shared tiles each)
+        assert all(t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr() for t in handed)
+        assert all(torch.equal(out, expected) for out in outs)
+        assert int(arena.abs().sum()) == 0
+        gemm_split._ARENAS[(device.type, device.index)][1] = arena.numel() - 1  # (nearly) exhausted
+        assert torch.equal(gemm.matmul(a, b, config=config), expected)
+        assert fills == [gemm_split.MAX_SPLIT_TILES], fills
+        gemm_split._capturing = lambda dev: False  # the next eager launch: a new arena, the old one kept
+        assert torch.equal(gemm.matmul(a, b, config=config), expected)
+        assert fills == [gemm_split.MAX_SPLIT_TILES, gemm_split.CAPTURE_ARENA], fills
+        assert gemm_split._ARENAS[(device.type, device.index)][0] is not arena
+        assert any(old is arena for old in gemm_split._RETIRED)
+    finally:
+        gemm_split._capturing, gemm_split._zeros, gemm.split_counters = real_capturing, real_zeros, real_counters
 
 
 def test_empty_and_degenerate_shapes(pools):
@@ -252,6 +332,27 @@ def test_candidates_fit_and_include_the_rule(m, n, k):
         assert plan.shared or config.split_k == 1 or config == gemm_configs.untuned_config(m, n, k, 132)
 
 
+def test_mid_m_candidates_hold_the_big_tiles_deeper_and_two_part_splits():
+    """M = 128-512 (the H100 grid's worst cells): 128x256 / 256x128 tiles at four stages, 128x128 at five
+    and six, 64x128 at six and eight, 64x64x128 at six (B from DRAM: deeper pipelines), and a two-part
+    wave split where it is another plan than the caps 4 and 16 make (40 tiles of 128x256 at
+    256x5120x8192: 2 parts on 80 programs against 3 on 120); none of it at M = 64 or 1024."""
+    found = gemm_configs.candidates(256, 5120, 8192)
+    labels = {c.label for c in found}
+    assert {"N128x256x64/g8/s1/w8/p4", "N256x128x64/g8/s1/w8/p4", "N128x128x64/g8/s1/w8/p5",
+            "N128x128x64/g8/s1/w8/p6", "N64x128x64/g8/s1/w4/p6", "N64x128x64/g8/s1/w4/p8",
+            "N64x64x128/g8/s1/w4/p6"} <= labels, labels
+    assert all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
+    two = GemmConfig(128, 256, 64, 8, 2, False, 8, 4)
+    assert two in found
+    tiles = gemm_configs.tiles_of(two, 256, 5120)
+    assert gemm_configs.split_plan(two, tiles, 8192, 132) == gemm_configs.SplitPlan(0, 2, 2)
+    assert gemm_configs.split_plan(replace(two, split_k=4), tiles, 8192, 132) == gemm_configs.SplitPlan(0, 3, 3)
+    for m in (64, 1024):
+        assert not any(c.num_stages == 4 and c.block_m * c.block_n == 128 * 256 or c.split_k == 2
+                       or c.num_stages >= 6 and not c.swap_ab for c in gemm_configs.candidates(m, 5120, 8192)), m
+
+
 def test_fp32_halves_the_k_step_and_cpu_gets_small_tiles():
     config = gemm_configs.gemm_config(4096, 8192, 8192, torch.float32, torch.device("meta"))
     assert config.smem_bytes(4) <= gemm_configs.SMEM_BYTES
@@ -381,6 +482,7 @@ def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
     result.write_text(json.dumps(dict(rows=rows)))
     assert cells_above(result, 1.05) == [("d", 8, 64, 64), ("b", 256, 5120, 8192), ("c", 512, 2560, 8192)]
     assert cells_above(result, 1.3) == [("d", 8, 64, 64), ("b", 256, 5120, 8192)]
+    assert cells_above(result, 1.05, {256, 512}) == [("b", 256, 5120, 8192), ("c", 512, 2560, 8192)]
 
 
 # ---- on the GPU machine --------------------------------------------------------------------------------
@@ -418,6 +520,8 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data():
         torch.cuda.synchronize()
         assert _rel_err(out, a, b) < 5e-3
     assert int(gemm.split_counters(a.device).abs().sum()) == 0
+    from symmcoll.fused import gemm_split  # the captured launch's counters: a slice of the arena, zero again
+    assert int(gemm_split._ARENAS[(a.device.type, a.device.index)][0].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("config,m,n,k", [

@@ -266,7 +266,8 @@ def _tune_gemm(args, console) -> int:
 
     out = Path(args.out) if str(args.out).endswith(".json") and "dispatch" not in Path(args.out).name else None
     dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
-    cells = gemm.cells_above(Path(args.cells_from), args.above) if args.cells_from else None
+    ms = {int(m) for m in _split(args.m)} or None
+    cells = gemm.cells_above(Path(args.cells_from), args.above, ms) if args.cells_from else None
     gemm.tune(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, out, console,
               base=Path(args.base) if args.base else None, cells=cells, budget_s=args.budget_s)
     return 0
@@ -403,7 +404,8 @@ def _parser() -> argparse.ArgumentParser:
                            f"(written to --out FILE.json, default the package's data/gemm_<gpu>.json)")
     tune.add_argument("--dtype", choices=DTYPES, default="bf16")
     tune.add_argument("--shapes", nargs="+", default=None, help=f"{GEMM}: layer-name prefixes (default: all)")
-    tune.add_argument("--m", nargs="+", default=None, metavar="M", help=f"{GEMM}: M values (default: the grid)")
+    tune.add_argument("--m", nargs="+", default=None, metavar="M",
+                      help=f"{GEMM}: M values (default: the grid; with --cells-from: only its cells of these M)")
     tune.add_argument("-n", "--iters", type=int, default=None, help=f"{GEMM}: graph replays per candidate")
     tune.add_argument("--base", default=None, help=f"{GEMM}: an earlier table whose cells this run does not measure "
                                                    f"are kept")

@@ -281,10 +281,11 @@ def precompile(jobs: list[tuple], workers: int) -> list[str]:
         return [e for e in pool.map(_compile_job, list(dict.fromkeys(jobs))) if e]
 
 
-def cells_above(result: Path, above: float) -> list[tuple[str, int, int, int]]:
-    """(shape, m, n, k) of a bench result's cells slower than ``above`` x cuBLAS (or wrong), worst first."""
+def cells_above(result: Path, above: float, ms: set[int] | None = None) -> list[tuple[str, int, int, int]]:
+    """(shape, m, n, k) of a bench result's cells slower than ``above`` x cuBLAS (or wrong), worst first;
+    only those of M in ``ms`` if given."""
     rows = json.loads(result.read_text())["rows"]
-    slow = [r for r in rows if r.get("ratio", math.inf) > above]
+    slow = [r for r in rows if r.get("ratio", math.inf) > above and (ms is None or r["m"] in ms)]
     return [(r["shape"], r["m"], r["n"], r["k"]) for r in sorted(slow, key=lambda r: -r.get("ratio", math.inf))]
 
 

@@ -28,7 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..language import INTERPRETED, narrow
 from ..launcher import launch
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config, split_plan
-from .gemm_split import split_counters, split_reduce, stream_owner, stream_range, wave_part
+from .gemm_split import reduce_loads, split_counters, split_reduce, stream_owner, stream_range, wave_part
 
 # tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
 FP32_PRECISION = {"highest": "tf32x3", "high": "tf32", "medium": "tf32"}
@@ -160,6 +160,7 @@ def matmul_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr,
     PRECISION: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr, STREAM: tl.constexpr,
+    REDUCE_LOADS: tl.constexpr = 1,  # partial slots a shared tile's last part loads at once (gemm_split.reduce_loads)
 ):
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -206,7 +207,8 @@ def matmul_kernel(
             else:
                 parts = tl.where(in_whole, 1, sharing)
             if parts > 1:
-                is_last, acc = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN)
+                is_last, acc = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN,
+                                            REDUCE_LOADS)
             else:
                 is_last = True
             if is_last:
@@ -311,7 +313,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.block_n,),
                                dtype=torch.float32, device=a.device)
-        counters = split_counters(a.device) if a.device.type != "meta" else torch.empty(
+        counters = split_counters(a.device, tiles - plan.whole_tiles) if a.device.type != "meta" else torch.empty(
             MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
         units = plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing
         grid = min(nprog, max(units, plan.whole_tiles))
@@ -325,7 +327,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
            (a_arg, b_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), plan.whole_tiles, plan.sharing,
             plan.slots, partials, counters),
            dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream, **config.meta()))
+                SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
+                REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps) if plan.shared else 1,
+                **config.meta()))
     return out
 
 

@@ -268,6 +268,20 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         # on sm_90 in triton 3.6: tl.range(warp_specialize=True) compiles to the same code there)
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3, occupancy=2))
         bases.append(GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4, occupancy=2))
+    if 128 <= m <= 512:
+        # Where the 2026-11-27 H100 grid lost most (M = 256-512, N <= 8192, K >= 7168: 1.12-1.39x): a
+        # whole 128x128 tile runs at 7.2 TFLOP/s on an SM when 20 SMs work, 5.4 when 112 do, while
+        # cuBLAS reaches about the large-M rate of the whole GPU (~700 TFLOP/s). Here B is read once
+        # or twice, so its k-steps come from DRAM (latency under load ~1.5-2 us) where at large M
+        # they come from L2: 3-4 stages of ~0.35 us k-steps do not cover it. Deeper pipelines (up
+        # to ~192 KB of shared memory, as CUTLASS's automatic stage count fills it) and tiles that
+        # load less per flop (128x256, 256x128: a quarter less than 128x128). sm_90 ptxas: 113-234
+        # registers, no spills (the swapped 256-token tile T256x128x64 spills 132-140 bytes when
+        # split: not a candidate).
+        for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 5), (128, 128, 64, 8, 6), (128, 256, 64, 8, 4),
+                                          (256, 128, 64, 8, 4), (64, 128, 64, 4, 6), (64, 128, 64, 4, 8),
+                                          (64, 64, 128, 4, 6)):
+            bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
     if m > 512:  # compute-bound: the big tiles, their pipelines, the epilogue under the next tile's loads
         for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
                                           (128, 128, 128, 8, 3)):
@@ -284,10 +298,15 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         programs = sms * base.occupancy
         tiles = tiles_of(base, m, n)
         # caps of parts (wave split) and of programs (stream-K) per tile; only splits that differ run.
+        # Cap 2 (mid M, tiles of >= 64 KB partials): each part's partial read back costs more than
+        # PART_OVERHEAD says (2026-11-27 H100: ~1.4 us per 64 KB slot), so two parts may beat the
+        # three or four the rule picks.
         # (Stream-K with the last full wave shared too: slower than the tile unsplit in 251 of 287
         # pairs on one H100, 2026-11-27; no longer a candidate.)
         plans = {SplitPlan(tiles): replace(base, split_k=1)}
-        for cap, stream in ((4, False), (16, False), (4, True), (16, True)):
+        # (cap 2 last: where its plan is another cap's, that cap's label stays the one measured)
+        two_parts = 128 <= m <= 512 and base.block_m * base.block_n >= 128 * 128
+        for cap, stream in ((4, False), (16, False), (4, True), (16, True)) + (((2, False),) if two_parts else ()):
             config = replace(base, split_k=cap, stream_k=stream)
             plans.setdefault(split_plan(config, tiles, k, programs), config)
         found.extend(plans.values())

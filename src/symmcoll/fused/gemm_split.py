@@ -9,9 +9,12 @@ gemm_configs.split_plan) and how the parts of a shared tile are summed.
                     (tile, part) units round-robin over the programs (gemm_configs.wave_split).
     split_reduce    the parts of a shared tile without a second kernel: every part stores its fp32
                     partial, bumps the tile's counter (acq_rel); the part that arrives last sums the
-                    partials in part order (the result does not depend on who came last), resets the
-                    counter (graph replays need no host work) and owns the epilogue. Nobody waits.
-    split_counters  the zeroed per-tile counters, one table per (device, stream).
+                    partials in part order (the result does not depend on who came last), a few
+                    slots per round trip (``reduce_loads``), resets the counter (graph replays need
+                    no host work) and owns the epilogue. Nobody waits.
+    split_counters  the zeroed per-tile counters: one table per (device, stream) for launches made
+                    eagerly; for a launch captured into a CUDA graph, a slice of its own of one
+                    zeroed arena made outside any capture (no fill kernel in the graph).
 """
 
 from __future__ import annotations
@@ -48,11 +51,24 @@ def wave_part(unit, parts, steps):
     return unit // parts, part, part * chunk, tl.minimum(part * chunk + chunk, steps)
 
 
+def reduce_loads(block_m: int, block_n: int, num_warps: int) -> int:
+    """Partial slots the last part of a shared tile loads at once (split_reduce's REDUCE_LOADS). One
+    slot a round trip made the reduction latency-bound: on one H100 (2026-11-27 tune, 128x128 tiles
+    of 128x1280x8192) each further part cost ~1.4 us, 64 KB a round trip. More at once where the
+    sum and the loads fit the registers: a thread's share of a tile is at most 64 fp32 values for
+    two slots, 16 for four."""
+    per_thread = block_m * block_n // (32 * num_warps)
+    return 4 if per_thread <= 16 else 2 if per_thread <= 64 else 1
+
+
 @triton.jit
-def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: tl.constexpr, BN: tl.constexpr):
+def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: tl.constexpr, BN: tl.constexpr,
+                 REDUCE_LOADS: tl.constexpr = 1):
     """Publish this part's fp32 partial of shared ``tile`` (part ``part`` of ``parts``; the tile owns
     ``slots`` partial slots); returns (is_last, the tile's sum over its parts in part order --
-    meaningful only where is_last)."""
+    meaningful only where is_last). The last part loads REDUCE_LOADS (1, 2 or 4) slots per round
+    trip and adds them in part order (a slot past the last part reads as zeros: adding 0.0 changes
+    no sum), so the bits do not depend on REDUCE_LOADS or on who came last."""
     in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     base = partials_ptr + tl.cast(tile, tl.int64) * slots * (BM * BN)  # (tile: an int under the interpreter)
     tl.store(base + part * (BM * BN) + in_tile, acc)
@@ -62,23 +78,70 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: 
     total = tl.zeros([BM, BN], tl.float32)
     if is_last:
         # (my own part read back too: holding it in registers beside the sum and the loads spills)
-        for s in range(0, parts):
-            total += tl.load(base + s * (BM * BN) + in_tile, cache_modifier=".cg")
+        for s in range(0, parts, REDUCE_LOADS):
+            first = tl.load(base + s * (BM * BN) + in_tile, cache_modifier=".cg")
+            if REDUCE_LOADS >= 2:
+                second = tl.load(base + (s + 1) * (BM * BN) + in_tile, mask=s + 1 < parts, other=0.0,
+                                 cache_modifier=".cg")
+            if REDUCE_LOADS >= 4:
+                third = tl.load(base + (s + 2) * (BM * BN) + in_tile, mask=s + 2 < parts, other=0.0,
+                                cache_modifier=".cg")
+                fourth = tl.load(base + (s + 3) * (BM * BN) + in_tile, mask=s + 3 < parts, other=0.0,
+                                 cache_modifier=".cg")
+            total += first
+            if REDUCE_LOADS >= 2:
+                total += second
+            if REDUCE_LOADS >= 4:
+                total += third
+                total += fourth
         tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
     return is_last, total
 
 
 _COUNTERS: dict = {}
+# Counters for launches captured into CUDA graphs: slices of a zeroed arena made by an eager split
+# launch. A table made during a capture is a zero-fill kernel in the graph before that launch,
+# replayed every time (a node of a few microseconds before every split GEMM of the graph: decode
+# GEMMs take 10-30 us); a table kept from one capture for the next would be zero only once its own
+# graph has replayed. A captured launch keeps its slice for good (its graph may replay at any time,
+# and nothing says when it is gone), so graphs never share counters; an arena less than a quarter
+# free is replaced by the next eager launch and kept (its slices may be in live graphs): 4 MB per
+# ~10^4 captured split launches. A capture that finds too little room falls back to a table of the
+# launch's own, made in the capture as before.
+CAPTURE_ARENA = 1 << 20
+_ARENAS: dict = {}  # (device type, index) -> [zeroed arena, first free entry]
+_RETIRED: list = []  # arenas replaced: never freed
 
 
-def split_counters(device: torch.device) -> torch.Tensor:
-    """Zeroed per-tile counters of split-K launches, one table per (device, stream): every launch
-    leaves them zero. Made during graph capture, they belong to that graph (not kept)."""
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _zeros(device: torch.device, entries: int) -> torch.Tensor:
+    return persistent(device, lambda: torch.zeros(entries, dtype=torch.int32, device=device))
+
+
+def split_counters(device: torch.device, needed: int = MAX_SPLIT_TILES) -> torch.Tensor:
+    """``needed`` zeroed per-tile counters for one split-K launch on ``device``'s current stream;
+    every launch leaves its counters zero. Eager launches share one table per (device, stream)
+    (launches on one stream never overlap); a launch being captured gets a slice of the arena that
+    no other launch ever gets."""
+    device_key = (device.type, device.index)
+    arena = _ARENAS.get(device_key)
+    if _capturing(device):
+        if arena is not None and arena[1] + needed <= arena[0].numel():
+            arena[1] += needed
+            return arena[0][arena[1] - needed:arena[1]]
+        return _zeros(device, MAX_SPLIT_TILES)  # (belongs to the graph being captured: not kept)
     on_gpu = device.type == "cuda"
-    key = (device.type, device.index, torch.cuda.current_stream(device).cuda_stream if on_gpu else None)
+    key = (*device_key, torch.cuda.current_stream(device).cuda_stream if on_gpu else None)
     counters = _COUNTERS.get(key)
     if counters is None:
-        counters = persistent(device, lambda: torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device))
-        if not (on_gpu and torch.cuda.is_current_stream_capturing()):
-            _COUNTERS[key] = counters
+        counters = _COUNTERS[key] = _zeros(device, MAX_SPLIT_TILES)
+    if arena is None or arena[1] > CAPTURE_ARENA * 3 // 4:
+        if arena is not None:
+            _RETIRED.append(arena[0])
+        _ARENAS[device_key] = [_zeros(device, CAPTURE_ARENA), 0]
+        if on_gpu:  # zero before any graph captured on another stream replays
+            torch.cuda.current_stream(device).synchronize()
     return counters
