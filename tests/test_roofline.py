@@ -185,6 +185,45 @@ def test_rms_norm_loads_ahead_on_one_rank(pools):
     assert pools(1).run(_rms_loads_ahead) == [True]
 
 
+def _rms_one_step_and_even_rows():
+    """all_reduce_rms_norm's one-shot kernel on one rank where the grid takes every step (ONE_STEP: no
+    loop, every row of a program exists) and rows fill their block (EVEN_H: no column masks, the mean a
+    constant division), beside the looped, masked code: 2 programs over 11 rows (several steps each)
+    and 16 (one step each); H 64 (= BLOCK_H) and 48; whole rows, one or two per step, and chunks;
+    bf16, fp16 and fp32, plain and per-token fp8: the same bits either way, the new residual rounded
+    once, normed within tolerance of the reference."""
+    from symmcoll import plan, reference
+    from symmcoll.fused.memory_bound_configs import RmsConfig
+    g = torch.Generator().manual_seed(11)
+    for dtype, h, block, quant in ((torch.bfloat16, 64, 64, None), (torch.float16, 64, 128, "fp8_per_token"),
+                                   (torch.float32, 64, 16, None), (torch.bfloat16, 64, 32, "fp8_per_token"),
+                                   (torch.bfloat16, 48, 64, None), (torch.float32, 64, 64, "fp8_per_token")):
+        x, residual = (torch.randn(11, h, generator=g).to(dtype) for _ in range(2))
+        weight = torch.randn(h, generator=g).to(dtype)
+        got = {}
+        for programs in (2, 16):
+            for ahead in (False, True):
+                got[programs, ahead] = plan.resolve(
+                    "all_reduce_rms_norm", x, None, "one_shot", config=RmsConfig(block, programs, 4, ahead),
+                    others=(residual, weight), options=(("eps", 1e-6), ("quant", quant))).execute(
+                    x, others=(residual, weight))[:2 + (quant == "fp8_per_token")]
+        what = f"{dtype} H {h} block {block} {quant}"
+        first = got[2, False]
+        for key, out in got.items():
+            for a, b, name in zip(out, first, ("normed", "new residual", "scales")):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{what}: {name} of {key} differs"
+        assert torch.equal(first[1], (x.float() + residual.float()).to(dtype)), f"{what}: new residual"
+        want = reference.all_reduce_rms_norm(x, residual, weight, 1e-6, quant=quant)
+        scale = (lambda out: out[2]) if quant else (lambda out: 1)
+        err = float((first[0].float() * scale(first) - want[0].float() * scale(want)).norm() / want[0].float().norm())
+        assert err < (0.07 if quant else 2e-2), f"{what}: normed, relative error {err:.2e}"
+    return True
+
+
+def test_rms_norm_one_step_and_even_rows_on_one_rank(pools):
+    assert pools(1).run(_rms_one_step_and_even_rows) == [True]
+
+
 def test_shipped_defaults_are_the_tables_picks(monkeypatch):
     """On one GPU rank the defaults of all_reduce_rms_norm, moe_dispatch / moe_combine and the codec
     kernels are, case for case, the configs the shipped H200 table (data/roofline_h200.json) holds;

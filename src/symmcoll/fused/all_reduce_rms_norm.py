@@ -95,9 +95,13 @@ def rms_norm_one_shot_kernel(
     # a row is ROW_BLOCK words in the slots (H values rounded up to a power of 2: BLOCK_H); ROWS rows per
     # step, CHUNK values of each at a time (CHUNK < BLOCK_H: one row, two passes); SLOT_WORDS per source;
     # PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per tensor, 2 fp8 per token;
-    # AHEAD (one rank only): the next step's first chunk is loaded before this step's last is finished
+    # AHEAD (one rank only): the next step's first chunk is loaded before this step's last is finished;
+    # one rank only: ONE_STEP, every program takes one step (the grid covers the rows: no loop, so no
+    # barrier guarding the reduction's shared memory from the previous step's readers), EVEN_H, H ==
+    # BLOCK_H (no column masks; the mean divides by a constant)
     WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
     CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr, AHEAD: tl.constexpr,
+    ONE_STEP: tl.constexpr = False, EVEN_H: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -125,7 +129,10 @@ def rms_norm_one_shot_kernel(
     # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
     budget = max_spins
     check = 1
-    LOAD_AHEAD: tl.constexpr = AHEAD and WORLD == 1
+    LOCAL_STEP: tl.constexpr = ONE_STEP and WORLD == 1  # (nothing ahead of a program's only step)
+    LOAD_AHEAD: tl.constexpr = AHEAD and WORLD == 1 and not LOCAL_STEP
+    if EVEN_H and WORLD == 1:
+        H = BLOCK_H  # a constexpr from here: masks on it fold away, the mean is a multiply
     # The weight: whole rows with loads ahead hold it through their steps (loaded once, after the first
     # step's x and residual: in flight with them); other whole rows load it with each step's, chunked
     # rows with each chunk's where per-token fp8 needs it in pass 1.
@@ -135,9 +142,14 @@ def rms_norm_one_shot_kernel(
         x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, pid * ROWS + in_step,
                                                         pid * ROWS + in_step < rows, H, 0, CHUNK, STEP_WEIGHT)
     held_weight = row_weight(weight_ptr, H, BLOCK_H) if HELD_WEIGHT else tl.zeros([CHUNK], tl.float32)
-    for step in range(pid, steps, nprog):
+    # (a loop of one constant trip when LOCAL_STEP: the compiler removes it)
+    for i in range(0, 1 if LOCAL_STEP else steps - pid, 1 if LOCAL_STEP else nprog):
+        step = pid + i
         row_ids = step * ROWS + in_step
-        row_ok = row_ids < rows
+        if LOCAL_STEP and ROWS == 1:
+            row_ok = tl.full([ROWS], 1, tl.int1)  # the grid is the rows: every program's row exists
+        else:
+            row_ok = row_ids < rows
         squares = tl.zeros([ROWS, CHUNK], tl.float32)
         peaks = tl.zeros([ROWS, CHUNK], tl.int32)
         if not LOAD_AHEAD:
@@ -367,6 +379,9 @@ def _kernel_run(kind: str):
             shard = rows if one_shot else triton.cdiv(rows, world)
             sizes = (rows, h, eps) if one_shot else (rows, shard, h, eps)
             pieces.append((start, (max(1, min(max_programs, triton.cdiv(shard, meta["ROWS"]))),), sizes))
+        if one_shot and world == 1:  # one launch: its grid takes every step, or loops
+            meta.update(ONE_STEP=len(pieces) == 1 and pieces[0][1][0] == triton.cdiv(total, meta["ROWS"]),
+                        EVEN_H=h == meta["BLOCK_H"])
         return quant, meta, pieces
 
     def run(p: plan.Plan, x: torch.Tensor, _out, residual, weight, scale=None):
