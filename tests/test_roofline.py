@@ -100,16 +100,32 @@ def test_dispatch_variant_sweep_on_a_cpu_rank(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
     assert {r["section"] for r in rows} <= {"moe_dispatch", "moe_route", "moe_move"}
-    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3}
+    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3, 4}
     last = proc.stdout.strip().splitlines()[-1].split()
-    # the default (its row names the GPU's untuned variant, 0), 2, 3 and torch timed; no variant 1 candidate here
-    assert last[0] == "20x16x8x3" and len(last) == 6 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
+    # the default (its row names the GPU's untuned variant, 0), 2, 3, 4 and torch timed; no variant 1 candidate here
+    assert last[0] == "20x16x8x3" and len(last) == 7 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
     table = tmp_path / "table.json"
     proc = subprocess.run([*cmd[:2], "--out", str(out), "--write-table", str(table)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [entry] = json.loads(table.read_text())["moe_dispatch"]
-    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3) and "local_slots" in entry
+    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3, 4) and "local_slots" in entry
+
+
+def test_combine_part_on_a_cpu_rank(tmp_path):
+    """benchmarks/roofline.py --smoke --parts combine: moe_dispatch and moe_combine with their default
+    configs only (no candidate), each checked (none wrong) and timed beside torch."""
+    out = tmp_path / "roofline.json"
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "roofline.py"), "--smoke", "--out", str(out),
+           "--parts", "combine"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
+    assert {(r["section"], r["name"]) for r in rows} >= {("moe_combine", "symmcoll:push"),
+                                                        ("moe_combine", "torch gather+sum")}
+    assert {r.get("config") for r in rows if r["name"].startswith("symmcoll")} == {"default"}
 
 
 def _specs_on_cpu():
