@@ -50,31 +50,6 @@ from .moe_kernels import _counts_and_unused_origins, _store_rows
 
 
 @triton.jit
-def _route_totals(ids_ptr, slots_n, first_slot, num_experts, status_ptr, rank, desc, E_P2: tl.constexpr,
-                  CHUNK: tl.constexpr):
-    """(slots of each expert before ``first_slot``, slots of each expert in all) over every slot of
-    topk_ids; program 0 also reports an id outside [-1, E) naming topk_ids."""
-    lanes = tl.arange(0, CHUNK)
-    hist = tl.zeros([2 * E_P2], tl.int32)
-    # (pipelined: the next chunks' ids are copied into shared memory while this one is counted)
-    worst = -(1 << 30)  # the largest bad id (program 0 only: a reduction per chunk)
-    for c0 in tl.range(0, slots_n, CHUNK, num_stages=3):
-        slot = c0 + lanes
-        raw = tl.load(ids_ptr + slot, mask=slot < slots_n, other=-1)
-        used = (raw >= 0) & (raw < num_experts)
-        if tl.program_id(0) == 0:
-            bad = (slot < slots_n) & ((raw < -1) | (raw >= num_experts))
-            worst = tl.maximum(worst, tl.max(tl.where(bad, raw, -(1 << 30)), axis=0).to(tl.int32))
-        # bin 2 e + 1: a slot of expert e from my range on; 2 e: before it
-        key = tl.where(used, raw.to(tl.int32) * 2 + (slot >= first_slot).to(tl.int32), 0)
-        hist += tl.histogram(key, 2 * E_P2, mask=used)
-    if worst > -(1 << 30):
-        record_argument(status_ptr, ARG_TOPK_IDS, worst, num_experts, rank, desc)
-    before, from_mine = tl.split(tl.reshape(hist, (E_P2, 2)))
-    return before, before + from_mine
-
-
-@triton.jit
 def _chunk_ids(ids_ptr, c0, lanes, slots_n, num_experts, worst):
     """A chunk's raw ids (-1 past the end), which are used (in [0, E)), and (program 0) the largest bad id
     so far."""
@@ -85,6 +60,26 @@ def _chunk_ids(ids_ptr, c0, lanes, slots_n, num_experts, worst):
         bad = (slot < slots_n) & ((raw < -1) | (raw >= num_experts))
         worst = tl.maximum(worst, tl.max(tl.where(bad, raw, -(1 << 30)), axis=0).to(tl.int32))
     return raw, used, worst
+
+
+@triton.jit
+def _route_totals(ids_ptr, slots_n, first_slot, num_experts, status_ptr, rank, desc, E_P2: tl.constexpr,
+                  CHUNK: tl.constexpr):
+    """(slots of each expert before ``first_slot``, slots of each expert in all) over every slot of
+    topk_ids; program 0 also reports an id outside [-1, E) naming topk_ids."""
+    lanes = tl.arange(0, CHUNK)
+    hist = tl.zeros([2 * E_P2], tl.int32)
+    # (pipelined: the next chunks' ids are copied into shared memory while this one is counted)
+    worst = -(1 << 30)  # the largest bad id (program 0 only: a reduction per chunk)
+    for c0 in tl.range(0, slots_n, CHUNK, num_stages=3):
+        raw, used, worst = _chunk_ids(ids_ptr, c0, lanes, slots_n, num_experts, worst)
+        # bin 2 e + 1: a slot of expert e from my range on; 2 e: before it
+        key = tl.where(used, raw.to(tl.int32) * 2 + (c0 + lanes >= first_slot).to(tl.int32), 0)
+        hist += tl.histogram(key, 2 * E_P2, mask=used)
+    if worst > -(1 << 30):
+        record_argument(status_ptr, ARG_TOPK_IDS, worst, num_experts, rank, desc)
+    before, from_mine = tl.split(tl.reshape(hist, (E_P2, 2)))
+    return before, before + from_mine
 
 
 @triton.jit
