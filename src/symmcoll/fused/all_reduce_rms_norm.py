@@ -34,7 +34,8 @@ residual the first wrote (fused/rms_rows.py): x, residual and weight read once f
 values, never through words), new residual and normed written once; on one rank no peer code, no
 slots and no launch epoch are compiled in and one launch takes every row ("auto": the one-shot kernel),
 and the one-shot kernel may load the next step's first chunk before finishing a step (``AHEAD``; whole
-rows then hold the weight in registers, loaded once). Launch: ``gpu_config`` (values
+rows then hold the weight in registers, loaded once), or, where its grid covers the rows, take one step
+per program with no loop (``ONE_STEP``; with ``EVEN_H``, rows that fill their block, no masks). Launch: ``gpu_config`` (values
 per step, programs, warps; on one rank the table measured on this GPU model), overridable per call
 (``plan.resolve(..., config=)``) for the roofline sweep.
 
