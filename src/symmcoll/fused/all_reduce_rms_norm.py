@@ -157,13 +157,14 @@ def rms_norm_one_shot_kernel(
             x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, 0,
                                                             CHUNK, STEP_WEIGHT)
         for start in range(0, BLOCK_H, CHUNK):
-            # One rank: no peer reads my words, so x is not sanitised; the sum is rounded, then + 0.0 makes
-            # -0 +0 as the reference's sum over ranks does (own_values(x) + residual, value for value). The
+            # One rank, 16-bit rows: x is not sanitised (no -0 -> +0: no peer reads my words); the sum is
+            # rounded, then + 0.0 makes -0 +0 as the reference's sum over ranks does (own_values(x) +
+            # residual, value for value; fp32 rows keep own_values: the EMPTY pattern reads -0). The
             # compiler then adds 16-bit rows two values an instruction (fptrunc(fpext a + fpext b) is the
             # 16-bit add), and the residual stored is the one narrowed after the + 0.0: 288 -> 216 SASS
             # instructions a row of 4096 (torch.compile's kernel: about 240), at 512 tokens ~1.3 us of
             # instruction issue per SM.
-            total = x_next if WORLD == 1 else own_values(x_next, FORMAT)
+            total = x_next if (WORLD == 1 and FORMAT != 2) else own_values(x_next, FORMAT)
             residual = residual_next
             weight = held_weight if HELD_WEIGHT else weight_next
             if LOAD_AHEAD:
