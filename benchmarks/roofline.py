@@ -2,7 +2,8 @@
 (issue 23): all_reduce_rms_norm, moe_dispatch / moe_combine and the quantized all-reduce's codecs.
 
     PYTHONPATH=src python3 benchmarks/roofline.py --out $OUT/roofline.json [--parts rms moe codecs]
-        [--old-src old_main/src] [--deadline 440]   (parts: also ``dispatch``, below; run in the order given)
+        [--old-src old_main/src] [--deadline 440]   (parts: also ``dispatch``, ``combine``, below; run in the
+        order given)
 
 Every candidate is checked against the fp32 reference (bit-exact where the op is: MoE rows, codecs)
 before it is timed; a wrong one is reported and not timed. Times: median us per call over CUDA-graph
@@ -17,15 +18,17 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   combine with the default config, torch (index_select; gather + weighted sum), at 128, 1024 and 4096
   tokens with 64 experts the (block, programs, warps, tokens per item) candidates, and the dispatch's
   two launches alone (moe_route: routing; moe_move: the row copies).
-* dispatch (not in the default parts): moe_dispatch alone, the default and the variant 2 / 3 candidates at
+* dispatch (not in the default parts): moe_dispatch alone, the default and the variant 3 / 4 candidates at
   every case (every expert count: their routing pass depends on it), then per case the best time of each dispatch
   variant (fused/moe.py: 0 two launches, 1 one launch ranking every slot, 2 one launch routed by ranges,
-  3 the same with the next item's loads ahead).
+  3 the same with the next item's loads ahead, 4 the same with each range's slots routed before its copies).
+* combine (not in the default parts): moe_dispatch and moe_combine with their default configs beside torch at
+  >= 1024 tokens (no sweep: where the issue's bandwidth target holds, on a GPU whose table has none).
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
   every (block, warps) candidate, 32 and 128 with the default.
 * old (``--old-src``: a tree of the code before that has bench/timing.graph_us, e.g. ``git archive
   --prefix=old_main/ 0851bfe src | tar x``):
-  rms at 32, 512 and 8192 tokens and MoE at hidden 7168, 64 experts, 128 and 4096 tokens, through the
+  rms at 32, 138, 512 and 8192 tokens and MoE at hidden 7168, 64 experts, 128 and 4096 tokens, through the
   public API of that tree, in a second process, same GPU.
 
 Sections run in the order of ``--parts`` and stop starting new work past ``--deadline`` seconds (the JSON
@@ -63,9 +66,9 @@ class Sizes:
         # the smoke: the first candidate of each dispatch variant (two launches, every slot, ranges)
         self.moe_configs = MOE_CONFIGS if not smoke else \
             [next(c for c in MOE_CONFIGS if (c[4] > 0, c[5]) == kind) for kind in ((False, 0), (True, 0), (False, 2),
-                                                                                   (False, 3))]
+                                                                                   (False, 3), (False, 4))]
         # the old tree: rms at these tokens, MoE at these cases (the rest is in earlier result files)
-        self.old_tokens = (5,) if smoke else (32, 512, 8192)
+        self.old_tokens = (5,) if smoke else (32, 138, 512, 8192)
         self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
         self.codec_numels = (4096,) if smoke else tuple((mb << 20) // 2 for mb in (1, 4, 16, 64, 256))
         self.group_sizes = (64,) if smoke else (64, 32, 128)
@@ -78,15 +81,18 @@ QUANTS = (None, "fp8_per_token")
 # fused/moe.py's untuned GPU_CONFIG, timed under its own label too (a check of the spread); dispatch
 # variants (fused/moe.py): 0 the routing launch first, or with local > 0 variant 1 (one launch, every
 # program ranks every slot) up to that many slots (T * k); 2 one launch routed by ranges of tokens
-# (fused/moe_dispatch_ranges.py), 3 the same with the next item's loads ahead (combine ignores the
-# variant: those rows are timed for dispatch only)
+# (fused/moe_dispatch_ranges.py), 3 the same with the next item's loads ahead, 4 the same with each
+# range's slots routed before its copies (combine ignores the variant: those rows are timed for dispatch
+# only)
 MOE_CONFIGS = ((8192, 528, 4, 1, 0, 0), (8192, 1024, 4, 1, 0, 0), (4096, 1024, 4, 1, 0, 0), (4096, 528, 4, 1, 0, 0),
                (16384, 528, 8, 1, 0, 0), (8192, 528, 4, 2, 0, 0), (16384, 528, 8, 4, 0, 0),
                (8192, 528, 4, 1, 4096, 0), (8192, 1024, 4, 1, 4096, 0), (8192, 1024, 4, 1, 8192, 0),
                (8192, 528, 4, 1, 0, 2), (8192, 264, 4, 1, 0, 2), (8192, 1024, 4, 1, 0, 2), (16384, 264, 8, 1, 0, 2),
                (16384, 132, 8, 1, 0, 2), (32768, 132, 16, 1, 0, 2), (16384, 132, 8, 2, 0, 2),
                (8192, 528, 4, 1, 0, 3), (8192, 264, 4, 1, 0, 3), (16384, 264, 8, 1, 0, 3), (16384, 132, 8, 1, 0, 3),
-               (32768, 132, 16, 1, 0, 3))
+               (32768, 132, 16, 1, 0, 3),
+               (16384, 132, 8, 1, 0, 4), (16384, 264, 8, 1, 0, 4), (8192, 264, 4, 1, 0, 4), (8192, 528, 4, 1, 0, 4),
+               (32768, 132, 16, 1, 0, 4), (16384, 132, 8, 2, 0, 4))
 # (block, warps, programs) of the codec kernels; the first is bench.roofline's untuned rule (CODEC_*)
 CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048), (4096, 4, 1024),
                  (2048, 4, 2048))
@@ -276,13 +282,20 @@ def _moe_inputs(tokens_n, hidden, experts, k, device):
 
 
 def dispatch_section(res: Results, device):
-    """moe_dispatch alone (the ``dispatch`` part): the default and every one-launch candidate (variants 2
-    and 3; 0 and 1 were swept in run 3: the shipped table holds their picks) at every case, 1024 tokens
-    first, then 4096, then 128 (the deadline cuts the last)."""
+    """moe_dispatch alone (the ``dispatch`` part): the default and every one-launch candidate of variants
+    3 and 4 (0 and 1 were swept in run 3, 2 in the 2026-11-27 H100 run, where it never beat 3: the
+    shipped tables hold their picks) at every case, 1024 tokens first, then 4096, then 128 (the
+    deadline cuts the last)."""
     order = {1024: 0, 4096: 1}
     cases = sorted(SIZES.moe_cases, key=lambda c: order.get(c[0], 2))
-    candidates = [c for c in SIZES.moe_configs if c[5] in (2, 3)]
+    candidates = [c for c in SIZES.moe_configs if c[5] in ((2, 3, 4) if SIZES.smoke else (3, 4))]
     moe_section(res, device, ops=("moe_dispatch",), cases=cases, candidates=candidates)
+
+
+def combine_section(res: Results, device):
+    """The ``combine`` part: moe_dispatch and moe_combine with their default configs (no sweep) beside
+    torch at the cases of >= 1024 tokens (smoke: every case), where issue 23's bandwidth target holds."""
+    moe_section(res, device, sweep_configs=False, cases=[c for c in SIZES.moe_cases if c[0] >= 1024 or SIZES.smoke])
 
 
 def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_dispatch", "moe_combine"),
@@ -595,9 +608,10 @@ def variant_table(res: Results) -> str:
     cell = lambda r: f"{r['us']:.1f} ({r['pct_copy']:.0f}%)" if r and r.get("pct_copy") else (  # noqa: E731
         f"{r['us']:.1f}" if r else "-")
     lines = ["dispatch variants: best us (% of copy) per case", f"{'case':<22}" + "".join(
-        f"{name:>16}" for name in ("v0 two launches", "v1 every slot", "v2 ranges", "v3 ranges ahead", "torch"))]
+        f"{name:>16}" for name in ("v0 two launches", "v1 every slot", "v2 ranges", "v3 ranges ahead",
+                                   "v4 routed first", "torch"))]
     for case, slot in best.items():
-        cells = "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, "torch"))
+        cells = "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, 4, "torch"))
         lines.append(f"{'x'.join(map(str, case)):<22}{cells}")
     return "\n".join(lines)
 
@@ -628,7 +642,8 @@ def _main_rank(args):
     print(f"copy: {res.meta['copy']}", flush=True)
     res.save()
     res.deadline = args.deadline - (OLD_RESERVE_S if args.old_src else 0)  # time kept for the old tree
-    sections = {"rms": rms_section, "moe": moe_section, "dispatch": dispatch_section, "codecs": codec_section}
+    sections = {"rms": rms_section, "moe": moe_section, "dispatch": dispatch_section, "combine": combine_section,
+                "codecs": codec_section}
     for part in args.parts:  # in the order given: the deadline cuts the last
         t0 = time.monotonic()
         sections[part](res, device)
@@ -654,7 +669,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--parts", nargs="+", default=["rms", "moe", "codecs"],
-                        choices=["rms", "moe", "dispatch", "codecs"], help="run in the order given")
+                        choices=["rms", "moe", "dispatch", "combine", "codecs"], help="run in the order given")
     parser.add_argument("--old-src", default=None)
     parser.add_argument("--deadline", type=float, default=440.0, help="seconds after which no new case starts")
     parser.add_argument("--smoke", action="store_true", help="tiny cases on a CPU rank (checks this script)")

@@ -188,6 +188,10 @@ for stage in $stages; do
       # launch table written beside the JSON is the shipped one with the measured cases replaced.
       # rms and dispatch in one call (about 5-6 minutes with the old tree):
       #   ROOFLINE_PARTS="rms dispatch" ROOFLINE_DEADLINE=390 ROOFLINE_TIMEOUT=470
+      # Part "combine": moe_dispatch / moe_combine with their default configs beside torch at >= 1024
+      # tokens (no sweep, ~40 s). Issue 23 round on one H100 (rms, dispatch variants 3 / 4, the codecs
+      # and combine where no H100 number exists; ~6.5 minutes with the old tree = 5e40c8a):
+      #   ROOFLINE_PARTS="rms dispatch codecs combine" ROOFLINE_DEADLINE=350 ROOFLINE_TIMEOUT=410
       old=""; [ -d old_main/src ] && old="--old-src old_main/src"
       timeout ${ROOFLINE_TIMEOUT:-475} python3 benchmarks/roofline.py --out "$OUT/roofline.json" \
         --deadline ${ROOFLINE_DEADLINE:-400} $old ${ROOFLINE_PARTS:+--parts $ROOFLINE_PARTS} 2>&1 | tee "$OUT/roofline.log"

@@ -100,16 +100,32 @@ def test_dispatch_variant_sweep_on_a_cpu_rank(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
     assert {r["section"] for r in rows} <= {"moe_dispatch", "moe_route", "moe_move"}
-    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3}
+    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3, 4}
     last = proc.stdout.strip().splitlines()[-1].split()
-    # the default (its row names the GPU's untuned variant, 0), 2, 3 and torch timed; no variant 1 candidate here
-    assert last[0] == "20x16x8x3" and len(last) == 6 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
+    # the default (its row names the GPU's untuned variant, 0), 2, 3, 4 and torch timed; no variant 1 candidate here
+    assert last[0] == "20x16x8x3" and len(last) == 7 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
     table = tmp_path / "table.json"
     proc = subprocess.run([*cmd[:2], "--out", str(out), "--write-table", str(table)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [entry] = json.loads(table.read_text())["moe_dispatch"]
-    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3) and "local_slots" in entry
+    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3, 4) and "local_slots" in entry
+
+
+def test_combine_part_on_a_cpu_rank(tmp_path):
+    """benchmarks/roofline.py --smoke --parts combine: moe_dispatch and moe_combine with their default
+    configs only (no candidate), each checked (none wrong) and timed beside torch."""
+    out = tmp_path / "roofline.json"
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "roofline.py"), "--smoke", "--out", str(out),
+           "--parts", "combine"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
+    assert {(r["section"], r["name"]) for r in rows} >= {("moe_combine", "symmcoll:push"),
+                                                        ("moe_combine", "torch gather+sum")}
+    assert {r.get("config") for r in rows if r["name"].startswith("symmcoll")} == {"default"}
 
 
 def _specs_on_cpu():
@@ -183,6 +199,48 @@ def _rms_loads_ahead():
 
 def test_rms_norm_loads_ahead_on_one_rank(pools):
     assert pools(1).run(_rms_loads_ahead) == [True]
+
+
+def _rms_one_step_and_even_rows():
+    """all_reduce_rms_norm's one-shot kernel on one rank where the grid takes every step (ONE_STEP: no
+    loop, every row of a program exists) and rows fill their block (EVEN_H: no column masks, the mean a
+    constant division), beside the looped, masked code: 2 programs over 11 rows (several steps each)
+    and 16 (one step each); H 64 (= BLOCK_H) and 48; whole rows, one or two per step, and chunks;
+    bf16, fp16 and fp32, plain and per-token fp8: the same bits either way, the new residual rounded
+    once, normed within tolerance of the reference."""
+    from symmcoll import plan, reference
+    from symmcoll.fused.memory_bound_configs import RmsConfig
+    g = torch.Generator().manual_seed(11)
+    for dtype, h, block, quant in ((torch.bfloat16, 64, 64, None), (torch.float16, 64, 128, "fp8_per_token"),
+                                   (torch.float32, 64, 16, None), (torch.bfloat16, 64, 32, "fp8_per_token"),
+                                   (torch.bfloat16, 48, 64, None), (torch.float32, 64, 64, "fp8_per_token")):
+        x, residual = (torch.randn(11, h, generator=g).to(dtype) for _ in range(2))
+        x[0, :3], residual[0, :3] = -0.0, -0.0  # a sum of -0 and -0: +0, as the reference's sum over ranks
+        x[1, 0], residual[1, 0], residual[2, 1] = -0.0, 0.0, -0.0
+        weight = torch.randn(h, generator=g).to(dtype)
+        got = {}
+        for programs in (2, 16):
+            for ahead in (False, True):
+                got[programs, ahead] = plan.resolve(
+                    "all_reduce_rms_norm", x, None, "one_shot", config=RmsConfig(block, programs, 4, ahead),
+                    others=(residual, weight), options=(("eps", 1e-6), ("quant", quant))).execute(
+                    x, others=(residual, weight))[:2 + (quant == "fp8_per_token")]
+        what = f"{dtype} H {h} block {block} {quant}"
+        first = got[2, False]
+        for key, out in got.items():
+            for a, b, name in zip(out, first, ("normed", "new residual", "scales")):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{what}: {name} of {key} differs"
+        want = reference.all_reduce_rms_norm(x, residual, weight, 1e-6, quant=quant)
+        assert torch.equal(first[1].view(torch.uint8), want[1].to(dtype).view(torch.uint8)), \
+            f"{what}: new residual not the reference's bits (rounded once, -0 + -0 = +0)"
+        scale = (lambda out: out[2]) if quant else (lambda out: 1)
+        err = float((first[0].float() * scale(first) - want[0].float() * scale(want)).norm() / want[0].float().norm())
+        assert err < (0.07 if quant else 2e-2), f"{what}: normed, relative error {err:.2e}"
+    return True
+
+
+def test_rms_norm_one_step_and_even_rows_on_one_rank(pools):
+    assert pools(1).run(_rms_one_step_and_even_rows) == [True]
 
 
 def test_shipped_defaults_are_the_tables_picks(monkeypatch):

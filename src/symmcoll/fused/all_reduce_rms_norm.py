@@ -34,7 +34,8 @@ residual the first wrote (fused/rms_rows.py): x, residual and weight read once f
 values, never through words), new residual and normed written once; on one rank no peer code, no
 slots and no launch epoch are compiled in and one launch takes every row ("auto": the one-shot kernel),
 and the one-shot kernel may load the next step's first chunk before finishing a step (``AHEAD``; whole
-rows then hold the weight in registers, loaded once). Launch: ``gpu_config`` (values
+rows then hold the weight in registers, loaded once), or, where its grid covers the rows, take one step
+per program with no loop (``ONE_STEP``; with ``EVEN_H``, rows that fill their block, no masks). Launch: ``gpu_config`` (values
 per step, programs, warps; on one rank the table measured on this GPU model), overridable per call
 (``plan.resolve(..., config=)``) for the roofline sweep.
 
@@ -95,9 +96,13 @@ def rms_norm_one_shot_kernel(
     # a row is ROW_BLOCK words in the slots (H values rounded up to a power of 2: BLOCK_H); ROWS rows per
     # step, CHUNK values of each at a time (CHUNK < BLOCK_H: one row, two passes); SLOT_WORDS per source;
     # PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per tensor, 2 fp8 per token;
-    # AHEAD (one rank only): the next step's first chunk is loaded before this step's last is finished
+    # AHEAD (one rank only): the next step's first chunk is loaded before this step's last is finished;
+    # one rank only: ONE_STEP, every program takes one step (the grid covers the rows: no loop, so no
+    # barrier guarding the reduction's shared memory from the previous step's readers), EVEN_H, H ==
+    # BLOCK_H (no column masks; the mean divides by a constant)
     WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
     CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr, AHEAD: tl.constexpr,
+    ONE_STEP: tl.constexpr = False, EVEN_H: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -125,7 +130,10 @@ def rms_norm_one_shot_kernel(
     # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
     budget = max_spins
     check = 1
-    LOAD_AHEAD: tl.constexpr = AHEAD and WORLD == 1
+    LOCAL_STEP: tl.constexpr = ONE_STEP and WORLD == 1  # (nothing ahead of a program's only step)
+    LOAD_AHEAD: tl.constexpr = AHEAD and WORLD == 1 and not LOCAL_STEP
+    if EVEN_H and WORLD == 1:
+        H = BLOCK_H  # a constexpr from here: masks on it fold away, the mean is a multiply
     # The weight: whole rows with loads ahead hold it through their steps (loaded once, after the first
     # step's x and residual: in flight with them); other whole rows load it with each step's, chunked
     # rows with each chunk's where per-token fp8 needs it in pass 1.
@@ -135,16 +143,29 @@ def rms_norm_one_shot_kernel(
         x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, pid * ROWS + in_step,
                                                         pid * ROWS + in_step < rows, H, 0, CHUNK, STEP_WEIGHT)
     held_weight = row_weight(weight_ptr, H, BLOCK_H) if HELD_WEIGHT else tl.zeros([CHUNK], tl.float32)
-    for step in range(pid, steps, nprog):
+    # (a loop of one constant trip when LOCAL_STEP: the compiler removes it)
+    for i in range(0, 1 if LOCAL_STEP else steps - pid, 1 if LOCAL_STEP else nprog):
+        step = pid + i
         row_ids = step * ROWS + in_step
-        row_ok = row_ids < rows
+        if LOCAL_STEP and ROWS == 1:
+            row_ok = tl.full([ROWS], 1, tl.int1)  # the grid is the rows: every program's row exists
+        else:
+            row_ok = row_ids < rows
         squares = tl.zeros([ROWS, CHUNK], tl.float32)
         peaks = tl.zeros([ROWS, CHUNK], tl.int32)
         if not LOAD_AHEAD:
             x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, 0,
                                                             CHUNK, STEP_WEIGHT)
         for start in range(0, BLOCK_H, CHUNK):
-            total, residual = own_values(x_next, FORMAT), residual_next
+            # One rank, 16-bit rows: x is not sanitised (no -0 -> +0: no peer reads my words); the sum is
+            # rounded, then + 0.0 makes -0 +0 as the reference's sum over ranks does (own_values(x) +
+            # residual, value for value; fp32 rows keep own_values: the EMPTY pattern reads -0). The
+            # compiler then adds 16-bit rows two values an instruction (fptrunc(fpext a + fpext b) is the
+            # 16-bit add), and the residual stored is the one narrowed after the + 0.0: 288 -> 216 SASS
+            # instructions a row of 4096 (torch.compile's kernel: about 240), at 512 tokens ~1.3 us of
+            # instruction issue per SM.
+            total = x_next if (WORLD == 1 and FORMAT != 2) else own_values(x_next, FORMAT)
+            residual = residual_next
             weight = held_weight if HELD_WEIGHT else weight_next
             if LOAD_AHEAD:
                 # After a step's last chunk, the next step's first: in flight through this step's norm.
@@ -164,7 +185,11 @@ def rms_norm_one_shot_kernel(
                                          desc, headers, epoch, check, WORLD)
                 check = 0
                 total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, WORDS, CHUNK)
-            new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
+            if WORLD == 1:
+                rounded = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
+                new_residual = narrow(rounded + 0.0, residual_out_ptr.dtype.element_ty).to(tl.float32)
+            else:
+                new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
             # WORLD == 1 is a constexpr that decides the `or`: no wait that can fail, so no branch between this
             # chunk and the next one's loads; otherwise the branch is on the budget.
             if WORLD == 1 or budget > 0:
@@ -367,6 +392,9 @@ def _kernel_run(kind: str):
             shard = rows if one_shot else triton.cdiv(rows, world)
             sizes = (rows, h, eps) if one_shot else (rows, shard, h, eps)
             pieces.append((start, (max(1, min(max_programs, triton.cdiv(shard, meta["ROWS"]))),), sizes))
+        if one_shot and world == 1:  # one launch: its grid takes every step, or loops
+            meta.update(ONE_STEP=len(pieces) == 1 and pieces[0][1][0] == triton.cdiv(total, meta["ROWS"]),
+                        EVEN_H=h == meta["BLOCK_H"])
         return quant, meta, pieces
 
     def run(p: plan.Plan, x: torch.Tensor, _out, residual, weight, scale=None):

@@ -83,7 +83,8 @@ TOKENS_PER_ITEM = {"cuda": 1, "cpu": 16}
 #      slots (T * k, rounded up to a power of 2) are at most LOCAL_ROUTE_SLOTS (0: never), variant
 #   1: one launch, every program ranks every slot (moe_dispatch_local_kernel);
 #   2: one launch, each program routes a range of tokens after one histogram pass over every slot
-#      (fused/moe_dispatch_ranges.py); 3: 2 with the next item's loads issued before this item's stores.
+#      (fused/moe_dispatch_ranges.py); 3: 2 with the next item's loads issued before this item's stores;
+#   4: 3 with every slot of a range routed before its copies (and a cheaper histogram pass).
 # On GPU without a table entry: 0 (two launches); on CPU the world-size-1 tests run each.
 LOCAL_ROUTE_SLOTS = {"cuda": 0, "cpu": 4096}
 DISPATCH_VARIANT = {"cuda": 0, "cpu": 0}
@@ -217,14 +218,15 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
     self_rows = torch.empty((tokens_n, k), dtype=torch.int64, device=tokens.device)
     e_p2 = triton.next_power_of_2(experts)
     slots = triton.next_power_of_2(max(tokens_n * k, 1))
-    if world == 1 and variant in (2, 3):  # one launch: each program routes a range of tokens
+    if world == 1 and variant in (2, 3, 4):  # one launch: each program routes a range of tokens
         parts, part_words, hb = _split(row, triton.cdiv(max(tokens_n, 1), tt), cfg, tt * tiles["KP2"])
         range_tokens, programs = moe_dispatch_ranges.ranges_grid(tokens_n, cfg.max_programs, parts, tt)
+        route_slots = moe_dispatch_ranges.route_all_slots(range_tokens, tiles["KP2"], e_p2) if variant == 4 else 0
         launch(moe_dispatch_ranges.moe_dispatch_ranges_kernel, (programs,),
                (*ws.kernel_args, plan.desc, words, topk_ids, out_words, counts, origin, self_rows, tokens_n, row,
                 max_rows, experts, range_tokens, parts, part_words),
                dict(K=k, KP2=tiles["KP2"], E_P2=e_p2, CHUNK=_ranges_chunk(ws.device.type, cfg.num_warps), TT=tt, HB=hb,
-                    AHEAD=variant == 3, num_warps=cfg.num_warps))
+                    AHEAD=variant >= 3, ROUTE_ALL=route_slots > 0, RS=max(route_slots, 1), num_warps=cfg.num_warps))
         return out, counts, origin, self_rows
     if world == 1 and slots <= local_slots:  # one launch: every program routes every slot itself
         parts, part_words, hb = _split(row, triton.cdiv(max(tokens_n, 1), tt), cfg, tt * tiles["KP2"])
@@ -361,14 +363,15 @@ COMBINE = declare_op(OpSpec(
 
 def compile_cases(make_workspace):
     """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push; dispatch
-    variants 0 to 3), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256
+    variants 0 to 4), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256
     experts, an odd hidden size."""
     cases = []
     for world, dtype, experts, k, hidden, local_slots, variant in (
             (1, torch.bfloat16, 256, 8, 7168, 0, 0), (1, torch.bfloat16, 256, 8, 7168, 4096, 0),
             (1, torch.float32, 8, 2, 5, 1024, 0), (1, torch.bfloat16, 256, 8, 7168, 0, 2),
             (1, torch.float32, 8, 2, 5, 0, 3), (1, torch.float8_e4m3fn, 64, 2, 4096, 0, 2),
-            (1, torch.bfloat16, 64, 8, 4096, 0, 3),
+            (1, torch.bfloat16, 64, 8, 4096, 0, 3), (1, torch.bfloat16, 256, 2, 4096, 0, 4),
+            (1, torch.float32, 8, 2, 5, 0, 4),
             (2, torch.bfloat16, 8, 2, 4096, 0, 0), (4, torch.float8_e4m3fn, 64, 8, 7168, 0, 0),
             (3, torch.float32, 6, 3, 5, 0, 0)):
         def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden, local_slots=local_slots,

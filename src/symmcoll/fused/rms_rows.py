@@ -19,7 +19,8 @@ the conversion itself (the reference's clamp) and is stored 8 values to an acces
 16-bit tensors' 16-byte accesses (``store_normed``: no layout conversion through shared memory).
 
 A rank's own rows never make the trip through words: the kernels use them as the peers will read them
-(``own_values``), so the local work is one read of x, residual and weight and one write of each
+(``own_values``; on one rank, with no peer, x as given and the rounded sum + 0.0, the same values), so
+the local work is one read of x, residual and weight and one write of each
 output, with 16-byte accesses (rows start 16-byte aligned when H is a multiple of 8; fp8 8 bytes). Whole
 rows read the weight once per program; chunked rows load the next chunk (``load_chunk``) before the
 current one is summed, stored and reduced.
