@@ -6,6 +6,8 @@ imports another test module."""
 from __future__ import annotations
 
 import math
+import os
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,18 @@ def random_input(numel: int, dtype: torch.dtype, rank: int, call: int) -> torch.
     g = torch.Generator().manual_seed(1000 * call + rank)
     return torch.randn(numel, generator=g).to(dtype).to(device())
 
+
+
+def with_workspace_bytes(nbytes: int, fn, *args):
+    """``fn(*args)`` on this rank with workspaces of ``nbytes`` bytes. SYMMCOLL_WORKSPACE_BYTES is read when
+    a workspace is created, so every rank drops its workspaces before and after (symmcoll.reset, together):
+    a pool's ranks serve the tests that need a small workspace, with no fresh processes (3-4 s each)."""
+    with mock.patch.dict(os.environ, SYMMCOLL_WORKSPACE_BYTES=str(nbytes)):
+        symmcoll.reset()
+        try:
+            return fn(*args)
+        finally:
+            symmcoll.reset()
 
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 

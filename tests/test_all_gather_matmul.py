@@ -12,7 +12,7 @@ import torch.distributed as dist
 import symmcoll
 from symmcoll import launch
 
-from rank_checks import device
+from rank_checks import device, with_workspace_bytes
 
 DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 VARIANTS = sorted(symmcoll.ALGORITHMS["all_gather_matmul"]) + ["nccl", "auto"]
@@ -79,9 +79,8 @@ def _pieces(algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ["naive_remote", "copy_engine_producer", "fused"])
-def test_shards_larger_than_the_workspace(monkeypatch, algorithm):
-    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "2048")
-    assert launch.run(_pieces, 2, algorithm, device=DEVICE) == [True, True]
+def test_shards_larger_than_the_workspace(pools, algorithm):
+    assert pools(2).run(with_workspace_bytes, 2048, _pieces, algorithm) == [True, True]
 
 
 def _errors_and_compile():

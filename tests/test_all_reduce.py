@@ -1,15 +1,13 @@
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import launch, reference
+from symmcoll import reference
 from symmcoll.comm import low_latency, sentinel
 from symmcoll.plan import CPU_CONFIG
 
-from rank_checks import assert_close, assert_pads_zero, device, random_input, rank_coded
+from rank_checks import assert_close, assert_pads_zero, device, random_input, rank_coded, with_workspace_bytes
 
 BLOCK = CPU_CONFIG.block
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -216,10 +214,8 @@ def _larger_than_workspace(workspace_bytes):
                 assert launches >= 2, f"{algorithm}: {launches} launch(es) for {numel * dtype.itemsize} bytes"
 
 
-def test_all_reduce_larger_than_workspace(world_size, monkeypatch):
-    # The workspace size is read when a process creates its first workspace: fresh ranks.
-    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "4096")
-    launch.run(_larger_than_workspace, world_size, 4096, device=os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu"))
+def test_all_reduce_larger_than_workspace(pools, world_size):
+    pools(world_size).run(with_workspace_bytes, 4096, _larger_than_workspace, 4096)
 
 
 def _changing_configs(algorithm, calls):
@@ -269,7 +265,6 @@ def _push_copy_engine_graph(workspace_bytes):
     assert_pads_zero("after push_copy_engine graph replays")
 
 
-def test_push_copy_engine_pieces_and_graphs(world_size, monkeypatch):
-    # Small workspace: the calls are cut into workspace-sized pieces (fresh ranks).
-    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", str(1 << 16))
-    launch.run(_push_copy_engine_graph, world_size, 1 << 16, device=os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu"))
+def test_push_copy_engine_pieces_and_graphs(pools, world_size):
+    # Small workspace: the calls are cut into workspace-sized pieces.
+    pools(world_size).run(with_workspace_bytes, 1 << 16, _push_copy_engine_graph, 1 << 16)

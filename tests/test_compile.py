@@ -4,6 +4,7 @@ atomics or volatile loads only, and no ``@triton.jit`` kernel of the package goe
 The specs are not written by hand: kernel_specs.py records the launches every registered algorithm
 makes (on meta tensors, nothing runs) and compiles exactly those."""
 
+import os
 import re
 
 import pytest
@@ -15,6 +16,15 @@ import kernel_specs
 from symmcoll import launcher
 
 SPECS = kernel_specs.compile_specs()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_filled_on_every_core():
+    """Every core compiles (a cold cache: ~200 s on one core); the tests then read their kernels from
+    Triton's cache and check them. Where the cache is warm this costs the workers' start (~5 s)."""
+    workers = min(len(os.sched_getaffinity(0)), 8)
+    if workers > 1 and os.environ.get("TRITON_INTERPRET") != "1":
+        kernel_specs.compile_in_parallel([s.name for s in SPECS], workers)
 
 
 # The spin count is stored so the compiler cannot delete the loops (a side-effect-free infinite loop

@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import launch, reference
+from symmcoll import reference
 from symmcoll.plan import CPU_CONFIG
 
-from rank_checks import assert_bits_equal, assert_clean_finish, assert_pads_zero, device, dtype_coded
+from rank_checks import (assert_bits_equal, assert_clean_finish, assert_pads_zero, device, dtype_coded,
+                         with_workspace_bytes)
 
 DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 
@@ -251,10 +252,8 @@ def _larger_than_workspace():
     assert launched["all_to_all_kernel"] >= 2 * 2 * 2 + 2 and launched["barrier_kernel"] >= 2 * 2 * 2, launched
 
 
-def test_larger_than_workspace(world_size, monkeypatch):
-    # The workspace size is read when a process creates its first workspace: fresh ranks.
-    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "4096")
-    launch.run(_larger_than_workspace, world_size, device=DEVICE)
+def test_larger_than_workspace(pools, world_size):
+    pools(world_size).run(with_workspace_bytes, 4096, _larger_than_workspace)
 
 
 def test_plan_rounds():

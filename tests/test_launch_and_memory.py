@@ -2,6 +2,7 @@
 
 import os
 import time
+from unittest import mock
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ def _sleep_on(rank_to_hang):
 def test_hard_timeout_names_unfinished_ranks():
     t0 = time.monotonic()
     with pytest.raises(launch.LaunchTimeout, match=r"ranks \[1\] had not finished"):
-        launch.run(_sleep_on, 2, 1, device=DEVICE, timeout=3)
+        launch.run(_sleep_on, 2, 1, device=DEVICE, timeout=1)
     assert time.monotonic() - t0 < 60
 
 
@@ -84,9 +85,20 @@ def test_shm_files_gone_after_mapping_and_after_crash():
 
 
 def _absent_peer(absent_rank, algorithm, patient_rank=None):
+    """On a pool's ranks: fresh workspaces before (the first call creates them together) and after
+    (the failed call leaves them unusable), the timeout as it was."""
     # patient_rank waits 4x longer than the others: anything its peers still send after giving up
     # reaches it before its own timeout.
-    os.environ["SYMMCOLL_TIMEOUT_S"] = "4" if dist.get_rank() == patient_rank else "1"
+    timeout = "4" if dist.get_rank() == patient_rank else "1"
+    with mock.patch.dict(os.environ, SYMMCOLL_TIMEOUT_S=timeout):
+        symmcoll.reset()
+        try:
+            return _absent_peer_call(absent_rank, algorithm)
+        finally:
+            symmcoll.reset()
+
+
+def _absent_peer_call(absent_rank, algorithm):
     x = torch.ones(100, device=rank_checks.device())
     # A first call together: workspaces and algorithm state are created collectively.
     symmcoll.all_reduce(x, algorithm=algorithm)
@@ -125,14 +137,14 @@ def _check_absent_peer_errors(results, absent, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", sorted(symmcoll.ALGORITHMS["all_reduce"]))
-def test_absent_peer_makes_others_raise_not_hang(algorithm):
-    results = launch.run(_absent_peer, 3, 2, algorithm, device=DEVICE, timeout=300)
+def test_absent_peer_makes_others_raise_not_hang(pools, algorithm):
+    results = pools(3).run(_absent_peer, 2, algorithm, timeout=300)
     _check_absent_peer_errors(results, 2, algorithm)
 
 
-def test_tree_absent_leaf_four_ranks_every_rank_raises():
+def test_tree_absent_leaf_four_ranks_every_rank_raises(pools):
     # Rank 3 is a leaf under rank 1 in tree 0 and the root of tree 1: rank 0 waits on it only through
     # ranks 1 and 2, and must still raise rather than return a sum without rank 3, even when (patient)
     # it would outwait its neighbours' timeouts.
-    results = launch.run(_absent_peer, 4, 3, "tree", 0, device=DEVICE, timeout=300)
+    results = pools(4).run(_absent_peer, 3, "tree", 0, timeout=300)
     _check_absent_peer_errors(results, 3, "tree")

@@ -17,11 +17,9 @@ import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import launch, launcher, reference
+from symmcoll import launcher, reference
 
-from rank_checks import assert_clean_finish, assert_pads_zero, device
-
-DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
+from rank_checks import assert_clean_finish, assert_pads_zero, device, with_workspace_bytes
 
 
 def coded_tokens(tokens_n, hidden, rank, call, dtype=torch.bfloat16):
@@ -221,12 +219,11 @@ def test_reports_errors_and_fake_shapes(pools):
     assert pools(2).run(_reports) == [True] * 2
 
 
-def test_rounds_in_a_small_workspace(monkeypatch):
+def test_rounds_in_a_small_workspace(pools):
     # 600 tokens of 16 bytes, top-2: beside 9920 bytes of routing metadata the dispatch stages 276 tokens
     # per round (3 rounds), the combine's landing region (half the buffer) holds 224 tokens' rows per
-    # round (3 rounds). Fresh ranks: the workspace size is read when a process creates its first workspace.
-    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "14336")
-    assert launch.run(_round_trip, 3, 600, 8, 6, 2, 1, ("pull", "push"), device=DEVICE) == [True] * 3
+    # round (3 rounds).
+    assert pools(3).run(with_workspace_bytes, 14336, _round_trip, 600, 8, 6, 2, 1, ("pull", "push")) == [True] * 3
 
 
 def test_bench_script_on_cpu(tmp_path):

@@ -11,13 +11,13 @@ import torch
 import torch.distributed as dist
 
 import symmcoll
-from symmcoll import launch, reference
+from symmcoll import reference
 from symmcoll.comm import sentinel
 from symmcoll.plan import CPU_CONFIG
 
-from rank_checks import assert_clean_finish, assert_close, assert_pads_zero, device, random_input, rank_coded
+from rank_checks import (assert_clean_finish, assert_close, assert_pads_zero, device, random_input, rank_coded,
+                         with_workspace_bytes)
 
-DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
 BLOCK = CPU_CONFIG.block
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 OPS = ["sum", "avg", "max", "min"]
@@ -112,10 +112,8 @@ def _larger_than_workspace():
                 assert launches >= 2, f"{algorithm}: {launches} launch(es) for segments of {4 * shape[0]} bytes"
 
 
-def test_reduce_scatter_larger_than_workspace(world_size, monkeypatch):
-    # The workspace size is read when a process creates its first workspace: fresh ranks.
-    monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "4096")
-    launch.run(_larger_than_workspace, world_size, device=DEVICE)
+def test_reduce_scatter_larger_than_workspace(pools, world_size):
+    pools(world_size).run(with_workspace_bytes, 4096, _larger_than_workspace)
 
 
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------
