@@ -195,7 +195,6 @@ def compile_specs() -> list[CompileSpec]:
     return list(specs)
 
 
-
 def compile_in_parallel(names: list[str], workers: int) -> None:
     """Compile the specs named ``names`` in ``workers`` processes at once, filling Triton's disk cache
     (nothing is checked here: each test compiles its spec again, from the cache, and checks it).
@@ -214,6 +213,7 @@ def _compile_named(names: list[str]) -> None:
                 compile_ptx(spec)
             except Exception:  # noqa: BLE001 - the spec's own test compiles it again and reports
                 pass
+
 
 def package_jit_functions() -> dict[str, object]:
     """Every ``@triton.jit`` function defined in the package, by qualified name (``*_kernel`` is the

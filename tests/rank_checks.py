@@ -32,7 +32,6 @@ def random_input(numel: int, dtype: torch.dtype, rank: int, call: int) -> torch.
     return torch.randn(numel, generator=g).to(dtype).to(device())
 
 
-
 def with_workspace_bytes(nbytes: int, fn, *args):
     """``fn(*args)`` on this rank with workspaces of ``nbytes`` bytes. SYMMCOLL_WORKSPACE_BYTES is read when
     a workspace is created, so every rank drops its workspaces before and after (symmcoll.reset, together):
@@ -43,6 +42,7 @@ def with_workspace_bytes(nbytes: int, fn, *args):
             return fn(*args)
         finally:
             symmcoll.reset()
+
 
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 

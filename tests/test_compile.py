@@ -19,12 +19,15 @@ SPECS = kernel_specs.compile_specs()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cache_filled_on_every_core():
-    """Every core compiles (a cold cache: ~200 s on one core); the tests then read their kernels from
-    Triton's cache and check them. Where the cache is warm this costs the workers' start (~5 s)."""
-    workers = min(len(os.sched_getaffinity(0)), 8)
+def _cache_filled_on_every_core(request):
+    """Every core compiles the specs of the selected tests (a cold cache: ~200 s on one core for all of
+    them); the tests then read their kernels from Triton's cache and check them. Where the cache is warm
+    this costs the workers' start (~5 s); a run of other tests (-k) compiles nothing here."""
+    selected = [item.callspec.params["spec"].name for item in request.session.items
+                if item.module is request.module and "spec" in getattr(getattr(item, "callspec", None), "params", {})]
+    workers = min(len(os.sched_getaffinity(0)), 8, len(selected))
     if workers > 1 and os.environ.get("TRITON_INTERPRET") != "1":
-        kernel_specs.compile_in_parallel([s.name for s in SPECS], workers)
+        kernel_specs.compile_in_parallel(selected, workers)
 
 
 # The spin count is stored so the compiler cannot delete the loops (a side-effect-free infinite loop
