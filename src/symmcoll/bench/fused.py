@@ -104,7 +104,7 @@ def _agmm_torch_fused(inputs, group):
 AGMM = FusedSpec(
     op="all_gather_matmul",
     shapes=((16384, 8192, 8192), (16384, 6656, 16384), (16384, 3584, 8192), (4096, 8192, 8192),
-            (1024, 8192, 8192), (1024, 1024, 1024), (256, 8192, 8192)),
+            (1024, 8192, 8192), (1024, 1024, 1024), (256, 8192, 8192), (64, 8192, 8192), (16, 8192, 8192)),
     inputs=_agmm_inputs,
     reference=_agmm_reference,
     run=lambda algorithm, inputs, group: symmcoll.all_gather_matmul(inputs[0], inputs[1], group, algorithm=algorithm),
