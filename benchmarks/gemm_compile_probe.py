@@ -24,20 +24,7 @@ from symmcoll.fused.gemm_configs import candidates
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import kernel_specs  # noqa: E402  (the compile checks' launch -> signature mapping)
 
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 REGISTERS_PER_SM = 65536
-
-
-def ptxas_usage(ptx: str) -> tuple[int, int]:
-    """(registers per thread, spill bytes stored) of the kernel in ``ptx``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.ptx"
-        path.write_text(ptx)
-        out = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(path), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr
-    regs = int(re.search(r"Used (\d+) registers", out).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", out).group(1))
-    return regs, spills
 
 
 def probe(m: int, n: int, k: int) -> None:
@@ -56,7 +43,7 @@ def probe(m: int, n: int, k: int) -> None:
         # of 128x128x64 w8 p4: 134 registers, not 126)
         compiled = kernel_specs.compile_specialised(recorded[0])
         ptx = compiled.asm["ptx"]
-        regs, spills = ptxas_usage(ptx)
+        regs, spills = kernel_specs.ptxas_usage(ptx)
         threads = 32 * config.num_warps
         fits = regs * threads * config.occupancy <= REGISTERS_PER_SM and \
             compiled.metadata.shared * config.occupancy <= kernel_specs.SHARED_MEMORY_LIMIT

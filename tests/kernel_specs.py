@@ -272,6 +272,23 @@ def compile_ptx(spec: CompileSpec) -> str:
     return compiled.asm["ptx"]
 
 
+def ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers per thread, bytes of spill stores) of the kernel in ``ptx``, from the ptxas the triton
+    wheel bundles (sm_90a, as the GPU's load compiles it)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        out = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(path), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"Used (\d+) registers", out).group(1)), int(re.search(r"(\d+) bytes spill stores",
+                                                                                 out).group(1))
+
+
 def compile_specialised(rec: launcher.Recorded):
     """A recorded launch compiled for sm_90 as the GPU's runtime specialises it (what ``compile_ptx``'s
     specs leave out): tensors 16-byte aligned, integer arguments that are multiples of 16 marked so

@@ -88,6 +88,38 @@ def test_kernel_compiles_for_sm90(spec):
     assert kernel_specs.unordered_cas_in_loops(ptx) == []
 
 
+# The GEMM core's tune candidates for the narrow-N cells at M = 1024-4096 (gemm_configs.candidates): C
+# stored in halves through TMA (128x256, whole and split: 166-254 registers), the deep pipelines (128x128 at
+# five and six stages, 128x256 / 256x128 at four), whole and shared (the wave split, stream-K).
+NARROW_N_TILES = [(8192, 8192, 1024, (128, 256, 64, 16, 1, False, 8, 3, 1, True, True)),
+                  (1024, 2560, 8192, (128, 256, 64, 8, 4, False, 8, 3, 1, True, True)),
+                  (1024, 2560, 8192, (128, 256, 64, 8, 4, False, 8, 3, 1, False, True)),
+                  (2048, 2560, 8192, (128, 256, 64, 8, 4, False, 8, 3, 1, True, True, False, True)),
+                  (1024, 2560, 8192, (128, 128, 64, 8, 4, False, 8, 6, 1, False, False, False, True)),
+                  (1024, 2560, 8192, (128, 128, 64, 8, 4, False, 8, 5, 1, True, True)),
+                  (1024, 2560, 8192, (128, 256, 64, 8, 4, False, 8, 4)),
+                  (1024, 2560, 8192, (256, 128, 64, 8, 4, False, 8, 4))]
+
+
+@pytest.mark.parametrize("m, n, k, fields", NARROW_N_TILES, ids=lambda v: str(v))
+def test_gemm_tiles_of_the_narrow_n_cells_compile_without_spills(m, n, k, fields):
+    """Compiled as the GPU specialises the launch (kernel_specs.compile_specialised; the unspecialised
+    specs above count other registers): ptxas spills nothing, and shared memory stays within
+    GemmConfig.smem_bytes' budget plus the epilogue's layout conversion."""
+    from symmcoll.fused import gemm
+    from symmcoll.fused.gemm_configs import SMEM_BYTES, GemmConfig
+
+    config = GemmConfig(*fields)
+    with launcher.recording() as recorded:
+        a = torch.empty((m, k), dtype=torch.bfloat16, device="meta")
+        b = torch.empty((k, n), dtype=torch.bfloat16, device="meta")
+        gemm.matmul(a, b, config=config, programs=132)
+    compiled = kernel_specs.compile_specialised(recorded[0])
+    registers, spilled = kernel_specs.ptxas_usage(compiled.asm["ptx"])
+    assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
+    assert config.smem_bytes(2) <= SMEM_BYTES and compiled.metadata.shared <= kernel_specs.SHARED_MEMORY_LIMIT
+
+
 @pytest.mark.parametrize("quant", [None, "fp8_per_token"])
 @pytest.mark.parametrize("tokens, hidden, block, warps, ahead", [
     (32, 16384, 16384, 32, False), (32, 4096, 4096, 8, True), (8192, 6144, 8192, 32, False),

@@ -48,6 +48,10 @@ CASES = [
     (12, 208, 64, GemmConfig(16, 16, 16, 1, 4, True, 4, 1, split_wave=True, **STREAM), True, "stream", None),
     # 2 tiles of 2 k-steps: too short to share (each range would be under MIN_PART_STEPS)
     (20, 64, 40, GemmConfig(32, 32, 32, 1, 4, False, 4, 1, **STREAM), False, "", 10),
+    # C stored in two column halves (tma_store, 256 columns: GemmConfig.c_halves; pointer stores on CPU):
+    # the second column block's right half wholly past N, straight and swapped (the wave split, 2 parts)
+    (40, 304, 64, GemmConfig(32, 256, 32, 2, 1, False, 4, 1, tma_store=True), False, "", None),
+    (5, 300, 256, GemmConfig(16, 256, 32, 1, 4, True, 4, 1, tma_store=True), True, "wave", None),
 ]
 
 
@@ -95,6 +99,29 @@ def _matmul_matches_fp32(case, dtype):
     tolerance = 1e-5 if dtype == torch.float32 and _device() == "cpu" else 4e-3 if dtype != torch.float32 else 2e-3
     assert not out.isnan().any(), "an element of C was never written"
     assert _rel_err(out, a, b) < tolerance, f"{case}, {dtype}: {_rel_err(out, a, b)}"
+
+
+def test_halved_c_store_writes_the_bits_of_the_whole_tile_store(pools):
+    pools(1).run(_halved_c_store)
+
+
+def _halved_c_store():
+    """A 256-column tile stored as two halves of 128 (tma_store: GemmConfig.c_halves, the TMA path on
+    the GPU where C's rows are 16-byte aligned) writes exactly what the whole-tile store writes, whole
+    tiles and split ones, and nothing outside C (a guard column past N stays as it was)."""
+    for config, m, n, k in ((GemmConfig(32, 256, 32, 2, 1, False, 4, 1), 40, 304, 64),
+                            (GemmConfig(16, 256, 32, 1, 4, True, 4, 1), 5, 300, 256)):
+        halved = replace(config, tma_store=True)
+        assert (halved.c_halves, config.c_halves) == (2, 1)
+        a, b = _operands(m, n, k, torch.bfloat16, False, _device(), 11)
+        results = []
+        for used in (config, halved):
+            padded = torch.full((m, n + 8), 7.0, dtype=torch.bfloat16, device=_device())
+            gemm.matmul(a, b, out=padded[:, :n], config=used)
+            assert bool((padded[:, n:] == 7.0).all()), f"{used.label} wrote past N"
+            results.append(padded[:, :n])
+        assert torch.equal(results[0], results[1]), f"{halved.label}: halves differ from the whole tile"
+        assert _rel_err(results[1], a, b) < 4e-3
 
 
 def test_split_k_counters_return_to_zero_and_repeat_exactly(pools):
@@ -348,9 +375,29 @@ def test_mid_m_candidates_hold_the_big_tiles_deeper_and_two_part_splits():
     tiles = gemm_configs.tiles_of(two, 256, 5120)
     assert gemm_configs.split_plan(two, tiles, 8192, 132) == gemm_configs.SplitPlan(0, 2, 2)
     assert gemm_configs.split_plan(replace(two, split_k=4), tiles, 8192, 132) == gemm_configs.SplitPlan(0, 3, 3)
-    for m in (64, 1024):
-        assert not any(c.num_stages == 4 and c.block_m * c.block_n == 128 * 256 or c.split_k == 2
-                       or c.num_stages >= 6 and not c.swap_ab for c in gemm_configs.candidates(m, 5120, 8192)), m
+    assert not any(c.num_stages == 4 and c.block_m * c.block_n == 128 * 256 or c.split_k == 2
+                   or c.num_stages >= 6 and not c.swap_ab for c in gemm_configs.candidates(64, 5120, 8192))
+    assert not any(c.split_k == 2 for c in gemm_configs.candidates(1024, 5120, 8192))
+
+
+def test_narrow_n_candidates_above_m_512_hold_the_deep_pipelines_and_halved_c_stores():
+    """M = 1024-4096 at K >= 4096 where 128x128 tiles make <= 3 waves (the round-5 H100 grid's QKV cells at
+    1.19-1.28x): 128x128 at five and six stages (five with the TMA store), 128x256 / 256x128 at four; not at
+    wide N (2048x28672) nor short K; 128x256 with the TMA store keeps three stages (C staged in halves)."""
+    deep = {"N128x128x64/g8/s1/w8/p5", "N128x128x64/g8/s1/w8/p6", "N128x128x64/g8/s1/w8/p5/f/t",
+            "N128x256x64/g8/s1/w8/p4", "N256x128x64/g8/s1/w8/p4"}
+    for m, n in ((1024, 2560), (2048, 1280), (2048, 2560), (4096, 1280), (1024, 5120)):
+        found = gemm_configs.candidates(m, n, 8192)
+        labels = {c.label for c in found}
+        assert deep <= labels, (m, n, deep - labels)
+        assert "N128x256x64/g8/s1/w8/p3/f/t" in labels, "the halved C store keeps three stages"
+        assert len(found) <= 80 and all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
+    for m, n, k in ((2048, 28672, 8192), (1024, 2560, 2048), (8192, 1280, 8192)):
+        assert not deep & {c.label for c in gemm_configs.candidates(m, n, k)}, (m, n, k)
+    halved = GemmConfig(128, 256, 64, 8, 1, False, 8, 3, flatten=True, tma_store=True)
+    assert halved.c_halves == 2 and halved.fitted(2).num_stages == 3
+    assert halved.smem_bytes(2) == 3 * (128 + 256) * 64 * 2 + 128 * 128 * 2
+    assert GemmConfig(128, 128, 64, num_stages=4, tma_store=True).c_halves == 1
 
 
 def test_fp32_halves_the_k_step_and_cpu_gets_small_tiles():

@@ -136,14 +136,28 @@ def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stri
 
 
 @triton.jit
-def store_result(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: tl.constexpr,
-                 TMA_STORE: tl.constexpr):
+def store_piece(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: tl.constexpr,
+                TMA_STORE: tl.constexpr):
     """C[row0:row0+BM, col0:col0+BN] <- acc narrowed: through C's tensor descriptor (TMA_STORE: async,
     clipped at the edges) or masked stores."""
     if TMA_STORE:
         c_dst.store([row0, col0], narrow(acc, c_dst.dtype))
     else:
         store_tile(c_dst, acc, row0 + tl.arange(0, BM), col0 + tl.arange(0, BN), M, N, stride_c)
+
+
+@triton.jit
+def store_result(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: tl.constexpr,
+                 TMA_STORE: tl.constexpr, C_HALVES: tl.constexpr = 1):
+    """The [BM, BN] tile ``acc`` into C at (row0, col0), whole or (C_HALVES = 2) as its left and right
+    column halves one after the other: a TMA store stages only half the tile in shared memory
+    (GemmConfig.c_halves; C's descriptor then has blocks [BM, BN // 2])."""
+    if C_HALVES == 2:
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+        store_piece(c_dst, left, row0, col0, M, N, stride_c, BM, BN // 2, TMA_STORE)
+        store_piece(c_dst, right, row0, col0 + BN // 2, M, N, stride_c, BM, BN // 2, TMA_STORE)
+    else:
+        store_piece(c_dst, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE)
 
 
 # The split plan's counts are not specialised (Triton would compile a kernel per value class of
@@ -161,6 +175,7 @@ def matmul_kernel(
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr,
     PRECISION: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr, STREAM: tl.constexpr,
     REDUCE_LOADS: tl.constexpr = 1,  # partial slots a shared tile's last part loads at once (gemm_split.reduce_loads)
+    C_HALVES: tl.constexpr = 1,  # C's tile stored whole or in two column halves (GemmConfig.c_halves)
 ):
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -212,13 +227,13 @@ def matmul_kernel(
             else:
                 is_last = True
             if is_last:
-                store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE)
+                store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES)
     else:
         for tile in tl.range(program, tiles, tl.num_programs(0), flatten=FLATTEN):
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
             acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
                          SWAP_AB, B_T, PRECISION)
-            store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE)
+            store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES)
 
 
 # ---- host side --------------------------------------------------------------------------------------
@@ -322,21 +337,23 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     tma = use_tma(device_type, a, src, out)
     a_arg, b_arg = host_descriptors(config, a, src, b_t) if tma else (a, src)
     tma_store = tma and config.tma_store
-    c_arg = TensorDescriptor(out, [M, N], [out.stride(0), 1], [config.block_m, config.block_n]) if tma_store else out
+    c_arg = TensorDescriptor(out, [M, N], [out.stride(0), 1], [config.block_m, config.block_n // config.c_halves]
+                             ) if tma_store else out
     launch(matmul_kernel, (max(1, grid),),
            (a_arg, b_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), plan.whole_tiles, plan.sharing,
             plan.slots, partials, counters),
            dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
                 SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps) if plan.shared else 1,
-                **config.meta()))
+                C_HALVES=config.c_halves, **config.meta()))
     return out
 
 
 def compile_cases(make_workspace):
     """The plain GEMM's launches on meta tensors: large-M TMA, swapped decode tiles with the wave split
     and with stream-K, B given transposed, mid-M stream-K (the last wave shared, and the last full wave
-    with it; two programs per SM) and the wave split, odd K and N by pointer loads, fp16 and fp32."""
+    with it; two programs per SM) and the wave split, C stored in halves through TMA (whole and split
+    tiles), the deep pipelines of the narrow-N cells, odd K and N by pointer loads, fp16 and fp32."""
     def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
             a = torch.empty((m, k), dtype=dtype, device="meta")
@@ -352,6 +369,10 @@ def compile_cases(make_workspace):
             case(64, 8192, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 1, False, 4, 4), b_t=True),
             case(8, 4096, 7168, torch.float16, GemmConfig(16, 64, 128, 1, 2, True, 4, 5), b_t=True),
             case(8192, 8192, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 1, False, 8, 3, 1, True, True)),
+            case(8192, 8192, 1024, torch.bfloat16, GemmConfig(128, 256, 64, 16, 1, False, 8, 3, 1, True, True)),
+            case(2048, 2560, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 4, False, 8, 3, 1, True, True)),
+            case(1024, 2560, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 4, False, 8, 6, stream_k=True)),
+            case(2048, 1280, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 4, False, 8, 4)),
             case(2048, 1280, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 8, False, 8, 4, 1, True, True,
                                                               stream_k=True)),
             case(2048, 1280, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 16, False, 8, 3)),

@@ -89,8 +89,15 @@ class GemmConfig:
         return dict(BM=self.block_m, BN=self.block_n, BK=self.block_k, GROUP_M=self.group_m, SWAP_AB=self.swap_ab,
                     num_warps=self.num_warps, num_stages=self.num_stages)
 
+    @property
+    def c_halves(self) -> int:
+        """Pieces C's tile is stored in through its tensor descriptor: tiles 256 columns wide go in two
+        halves of 128 (Triton tutorial 09's epilogue subtiling), so the staging buffer is half the
+        tile and 128x256x64 keeps three stages beside it (a whole 64 KB tile pushed it to two)."""
+        return 2 if self.tma_store and self.block_n >= 256 else 1
+
     def smem_bytes(self, itemsize: int) -> int:
-        staged_c = self.block_m * self.block_n * itemsize if self.tma_store else 0
+        staged_c = self.block_m * self.block_n * itemsize // self.c_halves if self.tma_store else 0
         return self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize + staged_c
 
     def for_itemsize(self, itemsize: int) -> GemmConfig:
@@ -246,6 +253,10 @@ def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -
     return replace(config, split_k=8 if m <= 2048 else 4) if split else config
 
 
+# Deep-pipeline candidates above M = 512 where the tiles of 128x128 make at most this many waves.
+DEEP_MAX_WAVES = 3
+
+
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
     the dimensions each regime cares about (wave splits and stream-K where the last wave of tiles is
@@ -288,10 +299,23 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
             bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
         if m >= 4096:
             bases.append(GemmConfig(128, 256, 64, group_m=16, num_warps=8, num_stages=3))
+            bases.append(GemmConfig(128, 256, 64, group_m=16, num_warps=8, num_stages=3, flatten=True,
+                                    tma_store=True))
         bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, flatten=True, tma_store=True))
         bases.append(GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, tma_store=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True, tma_store=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3, occupancy=2))
+    if 512 < m <= 4096 and k >= 4096 and m * n <= DEEP_MAX_WAVES * sms * 128 * 128:
+        # The narrow-N cells (QKV at K = 8192: 1.19-1.28x on the round-5 H100 grid, 160 tiles of 128x128 or
+        # of 128x256 a cell) are the M = 256-512 cells' regime: at most ~3 tiles per SM, so every k-step's B
+        # comes from DRAM as often as from L2. At M = 512 the deeper pipelines won 9-15% on one H100
+        # (gemm-round4-h100: 512x5120x8192 128x256 p3 92.8 -> p4 78.7 us whole, 128x128/s4 p4 77.0 -> p6
+        # 69.8); at M > 512 they were never candidates.
+        for bm, bn, bk, warps, stages, store in ((128, 128, 64, 8, 5, False), (128, 128, 64, 8, 6, False),
+                                                 (128, 128, 64, 8, 5, True), (128, 256, 64, 8, 4, False),
+                                                 (256, 128, 64, 8, 4, False)):
+            bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages, flatten=store,
+                                    tma_store=store))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
         base = base.fitted(2)
