@@ -61,8 +61,8 @@ def test_variants_at_every_world_size(pools, world_size, algorithm):
 
 
 def test_group_of_one_copies_a_in_the_kernel():
-    # A group of one: the GEMM's tiles write the gathered A, each a slice of the columns (K = 100 over
-    # several column blocks, 45 rows over two row blocks, the last short).
+    # A group of one: the GEMM's K-loops write the gathered A, each tile the k-steps of its column
+    # block's turn (K = 100: 4 k-steps over 3 column blocks, 45 rows over two row blocks, the last short).
     for algorithm in ("naive_remote", "copy_engine_producer", "fused"):
         assert launch.run(_check, 1, algorithm, 45, 100, (70, 8), torch.bfloat16, 1, device=DEVICE) == [True]
 

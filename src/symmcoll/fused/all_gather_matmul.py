@@ -28,8 +28,9 @@ Flags are int64 per chunk of BM rows, tagged with the call's epoch (a per-plan d
 nothing is ever reset and graph replays need no host work. Chunks never straddle two ranks' rows.
 Shards larger than the workspace buffer go in pieces of rows (every shard's rows [j*P, (j+1)*P)).
 A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel alone (no producers,
-barriers or copies; host tensor descriptors), and its tiles write the gathered A as they go (tile
-(m, n) copies its 1/num_n slice of row block m's columns).
+barriers or copies; host tensor descriptors; C stored by descriptor where the config says so), and
+its K-loops write the gathered A as they read A (tile (m, n) copies row block m's k-steps s with
+s % num_n == n, under its tensor cores' work).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ the plain ``matmul`` (C = A @ B) built from them.
     k_loop          fp32 [BM, BN] tile of A[rows, k_lo:k_hi] @ B[k_lo:k_hi, cols]: TMA descriptor or
                     masked pointer loads, straight (acc += A B) or swapped (acc^T += B^T A^T: the
                     tokens on the tensor core's narrow side, for decode), B row-major [K, N] or given as
-                    its transpose W [N, K] (nn.Linear's weight). The only K-loop of the package.
+                    its transpose W [N, K] (nn.Linear's weight); optionally copying A's blocks of
+                    some k-steps elsewhere as it goes (all_gather_matmul alone). The only K-loop of
+                    the package.
     grouped_tile    the persistent scheduler's tile order: GROUP_M row blocks sweep the columns
                     together, so a column block of B is reused from L2 (Triton tutorials 03/09).
     split path      the tiles of the last, partial wave shared along K -- stream-K or the wave
