@@ -2,7 +2,7 @@
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared]
 #                                                            [gemm-tune] [gemm-bench] [gemm-retune]
-#                                                            [fused] [tp_block] [quantized-tests] [quantized-bench]
+#                                                            [fused] [fused-env] [tp_block] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
@@ -98,6 +98,16 @@ for stage in $stages; do
       # Fused ops by shape at the world size of the GPUs here (FUSED_OPS, FUSED_SHAPES narrow it).
       timeout ${FUSED_TIMEOUT:-500} python3 -m symmcoll bench --op ${FUSED_OPS:-all_gather_matmul} --world-size "$ngpu" \
         ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} --out "$OUT" 2>&1 | tee "$OUT/fused_bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    fused-env)
+      # The fused bench again with FUSED_ENV set (VAR=value ...: a measurement switch, e.g.
+      # SYMMCOLL_AGMM_ALONE_COPY=after), FUSED_ENV_OPS (default all_gather_matmul) and
+      # FUSED_ENV_ALGORITHMS narrowing it, into $OUT/fused_env/: side by side with the fused stage's run.
+      mkdir -p "$OUT/fused_env"
+      env ${FUSED_ENV:?fused-env needs FUSED_ENV=VAR=value} timeout ${FUSED_ENV_TIMEOUT:-300} python3 -m symmcoll bench \
+        --op ${FUSED_ENV_OPS:-all_gather_matmul} --world-size "$ngpu" ${FUSED_ENV_ALGORITHMS:+--algorithms $FUSED_ENV_ALGORITHMS} \
+        ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} --out "$OUT/fused_env" 2>&1 | tee "$OUT/fused_env/fused_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     tp_block)

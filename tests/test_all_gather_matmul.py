@@ -61,8 +61,8 @@ def test_variants_at_every_world_size(pools, world_size, algorithm):
 
 
 def test_group_of_one_copies_a_in_the_kernel():
-    # A group of one: the GEMM's tiles write the gathered A, each a slice of the columns (K = 100 over
-    # several column blocks, 45 rows over two row blocks, the last short).
+    # A group of one: the GEMM's K-loops write the gathered A, each tile the k-steps of its column
+    # block's turn (K = 100: 4 k-steps over 3 column blocks, 45 rows over two row blocks, the last short).
     for algorithm in ("naive_remote", "copy_engine_producer", "fused"):
         assert launch.run(_check, 1, algorithm, 45, 100, (70, 8), torch.bfloat16, 1, device=DEVICE) == [True]
 
@@ -148,3 +148,32 @@ def test_gpu_back_to_back_and_graph_replays(pools, ws, algorithm):
         pytest.skip(f"NOT RUN: needs {ws} GPUs")
     worst = pools(ws).run(_gpu_stress, algorithm, 50, 20, timeout=600)
     assert max(worst) < TOLERANCE[torch.bfloat16], worst
+
+
+def _gpu_alone_epilogues():
+    """World size 1 where the table's config stores C through its tensor descriptor and flattens the
+    tile loop (16344x8000x1024: the H100 and H200 tables' 128x128/f/t; rows and columns not multiples
+    of the tile, so the descriptor clips), at 1024^3 (the untuned rule's flattened 64x64x128 tiles) and
+    with K not a multiple of the k-step: C against fp32 and the gathered A exact, twice each."""
+    from symmcoll.fused.gemm_configs import gemm_config
+    configs = []
+    for m, n, k in ((16344, 8000, 1024), (1024, 1024, 1024), (1000, 384, 520)):
+        configs.append(gemm_config(m, n, k, torch.bfloat16, torch.device("cuda"), split=False))
+        for call in range(2):
+            a = _shard(0, call, m, k, torch.bfloat16)
+            b = _weights(call, k, n, torch.bfloat16)
+            for algorithm in ("fused", "copy_engine_producer"):
+                out, gathered = symmcoll.all_gather_matmul(a, b, algorithm=algorithm, return_gathered=True)
+                assert torch.equal(gathered, a), f"{algorithm} {m}x{n}x{k}: gathered A differs"
+                ref = a.float() @ b.float()
+                err = float((out.float() - ref).norm() / ref.norm())
+                assert err < TOLERANCE[torch.bfloat16], f"{algorithm} {m}x{n}x{k}: rel err {err:.2e}"
+                bad = (out.float() - ref).abs() > 0.05 * ref.abs().max() + 1e-3
+                assert not bool(bad.any()), f"{algorithm} {m}x{n}x{k}: wrong rows {bad.any(1).nonzero()[:5].tolist()}"
+    assert any(c.tma_store for c in configs) and any(c.flatten for c in configs), [c.label for c in configs]
+    return True
+
+
+@pytest.mark.gpu
+def test_gpu_world_one_stores_c_by_descriptor_and_copies_a(pools):
+    assert pools(1).run(_gpu_alone_epilogues, timeout=300) == [True]

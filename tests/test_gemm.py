@@ -268,6 +268,24 @@ def test_untuned_rule_covers_the_regimes(m, n, k):
     assert gemm_configs.untuned_config(m, n, k, 132, split=False).split_k == 1
 
 
+@pytest.mark.parametrize("m,n,k,split", [(1024, 1024, 1024, False), (1024, 1024, 1024, True), (2048, 1024, 1024, False),
+                                         (512, 1280, 8192, False), (4096, 1024, 1024, True)])
+def test_untuned_rule_fills_the_sms_where_no_split_shares_a_long_k(m, n, k, split):
+    """Without a split (what every fused op asks for), or with K too short to share, the rule's tiles
+    make at least one wave on 132 SMs where any tile of the ladder does (1024^3 had 32 tiles of
+    128 x 256: 2.8x cuBLAS in all_gather_matmul at world size 1, H100, 2026-11-27)."""
+    config = gemm_configs.untuned_config(m, n, k, 132, split=split)
+    assert gemm_configs.tiles_of(config, m, n) >= 132
+    assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
+
+
+def test_untuned_rule_keeps_the_big_tile_where_it_fills_or_a_split_shares_k():
+    big = gemm_configs.FILLING_TILES[0]
+    for m, n, k, split in ((16384, 8192, 8192, False), (1024, 8192, 8192, False), (512, 1280, 8192, True)):
+        config = gemm_configs.untuned_config(m, n, k, 132, split=split)
+        assert (config.block_m, config.block_n) == (big.block_m, big.block_n), (m, n, k, split)
+
+
 def S(whole_tiles, sharing=0, slots=1):
     """A stream-K plan (a plan that shares nothing is one whatever the config asked for)."""
     return gemm_configs.SplitPlan(whole_tiles, sharing, slots, stream=bool(sharing))

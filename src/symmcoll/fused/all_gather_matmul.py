@@ -28,16 +28,20 @@ Flags are int64 per chunk of BM rows, tagged with the call's epoch (a per-plan d
 nothing is ever reset and graph replays need no host work. Chunks never straddle two ranks' rows.
 Shards larger than the workspace buffer go in pieces of rows (every shard's rows [j*P, (j+1)*P)).
 A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel alone (no producers,
-barriers or copies; host tensor descriptors), and its tiles write the gathered A as they go (tile
-(m, n) copies its 1/num_n slice of row block m's columns).
+barriers or copies; host tensor descriptors; C stored by descriptor where the config says so), and
+its K-loops write the gathered A as they read A (tile (m, n) copies row block m's k-steps s with
+s % num_n == n, under its tensor cores' work).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import ops
 from .. import plan as planner
@@ -89,6 +93,11 @@ def ag_matmul_kernel(
     # the GEMM core's tile config (gemm_configs.GemmConfig.meta, split_k = 1)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
+    # WORLD == 1 only: c_ptr is C's host tensor descriptor (TMA_STORE); the tile loop flattened (FLATTEN:
+    # the next tile's loads under this tile's epilogue), as the GEMM core's matmul_kernel runs them
+    TMA_STORE: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    # WORLD == 1 only: how the tiles copy A into the gathered A (see the consumer loop)
+    TEE_COPY: tl.constexpr = True, SLICE_COLS: tl.constexpr = 64,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -130,14 +139,15 @@ def ag_matmul_kernel(
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
             else:
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
-        for tile in range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
+        for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS, flatten=FLATTEN):
             logical, pid_n = gemm.grouped_tile(tile, WORLD * blocks_per_shard, num_n, GROUP_M)
             owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
             local_first = first - owner * rows
-            if owner != rank:
-                if SOURCE != PEER_BUFFERS:
-                    budget = wait_tile_flag(flags_ptr + owner * blocks_per_shard + local_first // BM, ready, budget,
-                                            status_ptr, rank, owner, desc)
+            if WORLD > 1:
+                if owner != rank:
+                    if SOURCE != PEER_BUFFERS:
+                        budget = wait_tile_flag(flags_ptr + owner * blocks_per_shard + local_first // BM, ready,
+                                                budget, status_ptr, rank, owner, desc)
             # One k-loop with unconditional loads (loads under a branch inside the pipelined loop gave
             # wrong results on an H200; one loop per source doubles the pipeline's shared memory): pick
             # the source per tile, and with TMA build its descriptor per tile (a few hundred ns against
@@ -163,23 +173,33 @@ def ag_matmul_kernel(
                 else:
                     a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1],
                                                       block_shape=[BM, BK])
-                acc = gemm.k_loop(a_src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK,
-                                  TMA, SWAP_AB, B_T, PRECISION)
+                src = a_src
             else:
-                acc = gemm.k_loop(base, b_src, row, pid_n * BN, 0, K, row + count, N, K, stride, stride_b, BM, BN, BK,
-                                  TMA, SWAP_AB, B_T, PRECISION)
-            if budget > 0:
+                src = base
+                src_rows = row + count
+            # Alone (WORLD == 1) the gathered A is a copy of A that the tiles make, each once: TEE_COPY, in
+            # the K-loop -- tile (m, n) copies row block m's A blocks of the k-steps s with s % num_n == n,
+            # while its tensor cores work; else after the K-loop -- tile (m, n) copies its 1/num_n slice of
+            # row block m's columns in one round trip (chunks of SLICE_COLS). (Copied after the K-loop
+            # in [BM, 64] chunks, one round trip each, it cost 5-7% at M >= 256 on an H100, 2026-11-27.)
+            acc = gemm.k_loop(src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK, TMA,
+                              SWAP_AB, B_T, PRECISION, WORLD == 1 and TEE_COPY, a_ptr, g_ptr, stride_g,
+                              local_first + count, num_n, pid_n)
+            if TMA_STORE:  # WORLD == 1: C's descriptor clips at its last row
+                gemm.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True)
+            elif WORLD == 1:  # (nothing waited: no budget test, which Triton 3.6 cannot flatten around)
+                gemm.store_tile(c_ptr + tl.cast(local_first, tl.int64) * stride_c, acc, tl.arange(0, BM),
+                                pid_n * BN + tl.arange(0, BN), count, N, stride_c)
+            elif budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
                                 tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
-            if WORLD == 1:
-                # The gathered A is a copy of A: each tile (m, n) copies its 1/num_n slice of the columns of
-                # row block m (just read, so from L2), spreading the copy evenly over the GEMM's programs.
-                width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS
+            if WORLD == 1 and not TEE_COPY:
+                width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS  # (whole vectors: aligned slices)
                 c_lo = pid_n * width
                 if c_lo < K:
                     _copy_rows(a_ptr + tl.cast(local_first, tl.int64) * stride_a + c_lo,
                                g_ptr + tl.cast(local_first, tl.int64) * stride_g + c_lo, g_ptr, count,
-                               tl.minimum(width, K - c_lo), stride_a, stride_g, stride_g, BM, COPY_COLS, False)
+                               tl.minimum(width, K - c_lo), stride_a, stride_g, stride_g, BM, SLICE_COLS, False)
     if SOURCE == PRODUCERS:
         end_launch(epoch_ptr, epoch)
 
@@ -285,6 +305,22 @@ def _state(plan: Plan, chunks: int, device: torch.device):
     return plan.cache["flags"], plan.cache["epoch"], plan.cache["ready"]
 
 
+# How a group of one copies A into the gathered A inside the kernel: "tee" (in the K-loop) or "after"
+# (after each tile's K-loop). SYMMCOLL_AGMM_ALONE_COPY picks the other for a side-by-side measurement.
+ALONE_COPY = os.environ.get("SYMMCOLL_AGMM_ALONE_COPY", "tee")
+if ALONE_COPY not in ("tee", "after"):
+    raise ValueError(f"SYMMCOLL_AGMM_ALONE_COPY must be 'tee' or 'after', got {ALONE_COPY!r}")
+
+
+def _slice_cols(config, k: int, n: int) -> int:
+    """Columns a tile copies at once after its K-loop (ALONE_COPY "after"): its whole slice of
+    ceil(K / column blocks) columns where at most 256 bytes a thread hold it, so the slice's loads are
+    all in flight together (one round trip)."""
+    width = triton.cdiv(k, triton.cdiv(n, config.block_n))
+    cap = max(64, 128 * 32 * config.num_warps // config.block_m)
+    return min(triton.next_power_of_2(max(64, width)), cap, 512)
+
+
 def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     """naive_remote, copy_engine_producer and fused: the first B through the variant's kernel (pieces of
     rows if the shard exceeds the buffer), the gathered A completed, further Bs by the GEMM core over
@@ -316,13 +352,23 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
             _copy_engine_gather(plan, a, g, flags, ready, start, rows, config.block_m)
         host_desc = alone and tma
         a_desc, b_desc = gemm.host_descriptors(config, a_piece, b, b_t) if host_desc else (a_piece, b)
+        # Alone, C's rows are one shard's: its descriptor's clipping is the row limit (with peers a
+        # shard's short last block would write into the next shard's rows).
+        tma_store = host_desc and config.tma_store
+        tee = ALONE_COPY == "tee"
+        c = outs[0][start:]
+        c_arg = TensorDescriptor(c, [rows, c.shape[1]], [c.stride(0), 1], [config.block_m, config.block_n]) \
+            if tma_store else c
         launch(ag_matmul_kernel, (producers + consumers,),
-               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, outs[0][start:], g[start:],
+               (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, c_arg, g[start:],
                 rows, bs[0].shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
                 b_desc),
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
-                    COPY_COLS=(64 if alone else 128) if on_gpu else 32, **config.meta()))
+                    COPY_COLS=(64 if alone else 128) if on_gpu else 32, TMA_STORE=tma_store,
+                    # (Triton 3.6 cannot flatten the tile loop around the copy's own loop)
+                    FLATTEN=alone and config.flatten and tee, TEE_COPY=tee,
+                    SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
         if source == PEER_BUFFERS.value:  # the gathered A was not needed by the GEMM: pull it now
@@ -433,4 +479,8 @@ def compile_cases(make_workspace):
                                               (8, 3, torch.bfloat16, 100, 96, 200),
                                               (1, 0, torch.bfloat16, 4096, 8192, 8192))),
             case(2, 0, "fused", torch.bfloat16, 1024, 8192, 1280, b_t=True),
-            case(1, 0, "fused", torch.bfloat16, 2048, 8192, 1280, b_t=True)]  # host descriptors of A and W
+            case(1, 0, "fused", torch.bfloat16, 2048, 8192, 1280, b_t=True),  # host descriptors of A and W
+            # alone: C's host descriptor and the flattened tile loop (the table's 128x128/f/t), the
+            # untuned rule's flattened 64x64x128 tiles at 1024^3
+            case(1, 0, "fused", torch.bfloat16, 16344, 1024, 8000),
+            case(1, 0, "copy_engine_producer", torch.bfloat16, 1024, 1024, 1024)]

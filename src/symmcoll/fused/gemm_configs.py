@@ -9,7 +9,9 @@ else from ``untuned_config``, a rule that follows from what bounds each regime:
   side of the tile (``swap_ab``: C^T = B^T A^T, so B's columns fill the tensor core's 64-row side and
   the tokens its 8..256-wide side), B's columns are cut into narrow column tiles.
 * mid M (<= 512): 64-row tiles (one warpgroup's wgmma).
-* large M: 128 x 256 tiles, grouped order, persistent over the SMs (compute-bound).
+* large M: 128 x 256 tiles, grouped order, persistent over the SMs (compute-bound); where they would
+  not fill one wave of the SMs and no split along a long K can share them, smaller tiles that do
+  (``FILLING_TILES``: 1024^3 runs 256 tiles of 64 x 64, not 32 of 128 x 256).
 
 In every regime the tiles of the last, partial wave (all tiles, where they are fewer than the
 programs) may be split along K so that no SM idles while a few finish the product; the parts of a tile
@@ -246,15 +248,38 @@ def untuned_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -
                             num_stages=5 if m <= 64 else 4)
     elif m <= 256:
         config = GemmConfig(256, 64, 64, group_m=1, swap_ab=True, num_warps=8, num_stages=4)
-    elif m <= 1024:
-        config = GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3)
     else:
-        config = GemmConfig(128, 256 if n >= 2048 else 128, 64, group_m=8, num_warps=8, num_stages=3)
+        config = _filling_tile(m, n, k, sms, split)
     return replace(config, split_k=8 if m <= 2048 else 4) if split else config
 
 
 # Deep-pipeline candidates above M = 512 where the tiles of 128x128 make at most this many waves.
 DEEP_MAX_WAVES = 3
+
+# Tiles of the compute-bound regime, largest first: each loads less per flop than the next, which
+# gives the SMs more tiles. The last is the H200 table's pick at 1024^3 (64 x 64 x 128, flattened:
+# 7.9 us, where 128 x 256 without a split ran 32 tiles on 132 SMs).
+FILLING_TILES = (GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+                 GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4),
+                 GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4),
+                 GemmConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4, flatten=True))
+# K up to which a split along K is no way to fill the SMs (parts of >= MIN_PART_STEPS k-steps of 64,
+# each writing and reading back a whole fp32 tile): smaller tiles instead.
+SHORT_K = 2048
+
+
+def _filling_tile(m: int, n: int, k: int, sms: int, split: bool) -> GemmConfig:
+    """M > 256: 128 x 256 tiles (128 x 128 where N < 2048 and M > 1024) where they make at least one
+    wave on the SMs, otherwise the largest tile of FILLING_TILES that does (the smallest if none) --
+    always without a split (fused ops: a tile is finished in one program), and with one where K is
+    short. Where a split may share a long K, the big tile stays (its last wave is split)."""
+    first = 0 if n >= 2048 or m <= 1024 else 1
+    if split and k > SHORT_K:
+        return FILLING_TILES[first]
+    for config in FILLING_TILES[first:]:
+        if tiles_of(config, m, n) >= sms:
+            return config
+    return FILLING_TILES[-1]
 
 
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
