@@ -361,3 +361,25 @@ def test_table_merge_keeps_the_cases_a_run_did_not_measure():
     assert [e["label"] for e in merged["moe_dispatch"]] == ["v2", "v3"]
     assert [e["label"] for e in merged["moe_combine"]] == ["combine"] and [e["label"] for e in merged["codec"]] == ["codec"]
     assert base["rms"][1] == rms(512, "old 512"), "the base table is not changed"
+
+
+def test_rms_table_entry_carries_every_step():
+    """An rms entry with ``every_step`` gives a launch whose one-shot grid covers every row past the cap
+    (the H100 table's 8192 x 4096 bf16 case), entries without it the capped, looped grid."""
+    from symmcoll import launcher, plan
+    from symmcoll.fused import all_reduce_rms_norm as arn
+    from symmcoll.fused import memory_bound_configs as mbc
+    import kernel_specs
+    entry = mbc.rms_entry(mbc.load_table("h100"), 8192, 4096, None)
+    assert entry["every_step"] and mbc.rms_config(entry, 4096).every_step
+    assert not mbc.rms_config(dict(entry, every_step=False), 4096).every_step
+    assert not mbc.rms_config({k: v for k, v in entry.items() if k != "every_step"}, 4096).every_step
+    x = torch.empty((8192, 4096), dtype=torch.bfloat16, device="meta")
+    request = plan.Request(arn.OP, x.shape, x.dtype, torch.device("cuda"), options=(("eps", 1e-6), ("quant", None)))
+    for every_step, grid in ((True, 8192), (False, 1024)):
+        p = plan.Plan(request, "kernel", plan.algorithms(arn.OP)["one_shot"], None, 1, 0,
+                      kernel_specs.FakeWorkspace(1, 0), mbc.rms_config(dict(entry, every_step=every_step), 4096), 3,
+                      None)
+        with launcher.recording() as launches:
+            p.algorithm.run(p, x, None, torch.empty_like(x), torch.empty((4096,), dtype=x.dtype, device="meta"))
+        assert [(r.grid, r.meta["ONE_STEP"]) for r in launches] == [((grid,), every_step)], launches
