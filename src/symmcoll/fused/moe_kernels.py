@@ -167,12 +167,14 @@ def _own_prefixes(meta, ids, mine, item, t0, tq, parts, num_experts, hist_off, K
 
 
 @triton.jit
-def _pull_own_ahead(meta, first, tokens_ptr, out_ptr, origin_ptr, self_ptr, pid, nprog, row_words, max_rows,
-                    num_experts, rank_off, hist_off, t0, tq, parts, part_words, K: tl.constexpr, KP2: tl.constexpr,
-                    TB: tl.constexpr, TT: tl.constexpr, HB: tl.constexpr):
-    """One rank, the pull's items (dispatch variant 5): the next item's row, ids and in-block ranks are
-    loaded before this item's stores and its block prefixes right after them, so an item's stores wait
-    for no metadata round trip of their own (the per-item loop below waits for two: ids, then prefixes)."""
+def _pull_own_ahead(meta, tokens_ptr, out_ptr, counts_ptr, origin_ptr, self_ptr, status_ptr, rank, desc, pid, nprog,
+                    row_words, max_rows, num_experts, rank_off, hist_off, totals_off, t0, tq, parts, part_words,
+                    K: tl.constexpr, KP2: tl.constexpr, ELP2: tl.constexpr, TB: tl.constexpr, TT: tl.constexpr,
+                    HB: tl.constexpr):
+    """One rank, the pull (dispatch variant 5): the first item's loads are in flight with the experts'
+    totals (the loop below loads its first item after them), and the next item's row, ids and in-block
+    ranks are loaded before this item's stores, its block prefixes right after them, so an item's stores
+    wait for no metadata round trip of their own (the per-item loop waits for two: ids, then prefixes)."""
     slot = tl.arange(0, TT * KP2)
     j = slot % KP2
     in_group = tl.arange(0, TT)
@@ -180,6 +182,12 @@ def _pull_own_ahead(meta, first, tokens_ptr, out_ptr, origin_ptr, self_ptr, pid,
     groups = tl.cdiv(tq, TT)
     rows, values, ids, ranks, mine = _own_item(meta, tokens_ptr, pid, t0, tq, parts, part_words, row_words,
                                                num_experts, rank_off, K, KP2, TT, HB)
+    experts = tl.arange(0, ELP2)
+    totals = tl.load(meta + totals_off + experts, mask=experts < num_experts, other=0)
+    first = tl.cumsum(totals, axis=0) - totals  # each expert's first row
+    if t0 == 0:
+        _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, totals, experts, num_experts,
+                                   tl.sum(totals, axis=0), max_rows, rank, desc)
     prefix = _own_prefixes(meta, ids, mine, pid, t0, tq, parts, num_experts, hist_off, KP2, TB, TT)
     for item in range(pid, groups * parts, nprog):
         next_rows, next_values, next_ids, next_ranks, next_mine = _own_item(
@@ -222,29 +230,29 @@ def moe_dispatch_kernel(
 ):
     pid, nprog = open_call(signal_pad_ptrs_dev, desc, rank, WORLD)
     if block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD) == 0:
-        # Where each local expert's rows start, and each source's share before them.
-        ranks = tl.arange(0, PEERS)
-        local = tl.arange(0, ELP2)
-        table = buffer_ptrs_dev.to(tl.pointer_type(tl.uint64))
-        metas = tl.load(table + tl.where(ranks < WORLD, ranks, 0)).to(tl.pointer_type(tl.int32))
-        totals = tl.load(metas[:, None] + totals_off + rank * EL + local[None, :],
-                         mask=(ranks[:, None] < WORLD) & (local[None, :] < EL), other=0)
-        expert_total = tl.sum(totals, axis=0)
-        starts = tl.cumsum(totals, axis=0) - totals + (tl.cumsum(expert_total, axis=0) - expert_total)[None, :]
-        received = tl.sum(expert_total, axis=0)
-        if t0 == 0:
-            _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, expert_total, local, EL, received, max_rows,
-                                       rank, desc)
-        slot = tl.arange(0, TT * KP2)
-        j = slot % KP2
-        in_group = tl.arange(0, TT)
-        lane = tl.arange(0, HB)
-        groups = tl.cdiv(tq, TT)
         if WORLD == 1 and AHEAD:
-            _pull_own_ahead(peer_ptr(buffer_ptrs_dev, rank, tl.int32), tl.reshape(starts, [ELP2]), tokens_ptr, out_ptr,
-                            origin_ptr, self_ptr, pid, nprog, row_words, max_rows, num_experts, rank_off, hist_off, t0,
-                            tq, parts, part_words, K, KP2, TB, TT, HB)
+            _pull_own_ahead(peer_ptr(buffer_ptrs_dev, rank, tl.int32), tokens_ptr, out_ptr, counts_ptr, origin_ptr,
+                            self_ptr, status_ptr, rank, desc, pid, nprog, row_words, max_rows, num_experts, rank_off,
+                            hist_off, totals_off, t0, tq, parts, part_words, K, KP2, ELP2, TB, TT, HB)
         else:
+            # Where each local expert's rows start, and each source's share before them.
+            ranks = tl.arange(0, PEERS)
+            local = tl.arange(0, ELP2)
+            table = buffer_ptrs_dev.to(tl.pointer_type(tl.uint64))
+            metas = tl.load(table + tl.where(ranks < WORLD, ranks, 0)).to(tl.pointer_type(tl.int32))
+            totals = tl.load(metas[:, None] + totals_off + rank * EL + local[None, :],
+                             mask=(ranks[:, None] < WORLD) & (local[None, :] < EL), other=0)
+            expert_total = tl.sum(totals, axis=0)
+            starts = tl.cumsum(totals, axis=0) - totals + (tl.cumsum(expert_total, axis=0) - expert_total)[None, :]
+            received = tl.sum(expert_total, axis=0)
+            if t0 == 0:
+                _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, expert_total, local, EL, received,
+                                           max_rows, rank, desc)
+            slot = tl.arange(0, TT * KP2)
+            j = slot % KP2
+            in_group = tl.arange(0, TT)
+            lane = tl.arange(0, HB)
+            groups = tl.cdiv(tq, TT)
             for item in range(pid, WORLD * groups * parts, nprog):
                 # Sources in the order rank+1, rank+2, ...: the ranks do not all read rank 0 first.
                 src = (rank + 1 + item // (groups * parts)) % WORLD
