@@ -18,10 +18,11 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   combine with the default config, torch (index_select; gather + weighted sum), at 128, 1024 and 4096
   tokens with 64 experts the (block, programs, warps, tokens per item) candidates, and the dispatch's
   two launches alone (moe_route: routing; moe_move: the row copies).
-* dispatch (not in the default parts): moe_dispatch alone, the default and the variant 3 / 4 candidates at
-  every case (every expert count: their routing pass depends on it), then per case the best time of each dispatch
-  variant (fused/moe.py: 0 two launches, 1 one launch ranking every slot, 2 one launch routed by ranges,
-  3 the same with the next item's loads ahead, 4 the same with each range's slots routed before its copies).
+* dispatch (not in the default parts): moe_dispatch alone, the default and the variant 0 / 4 / 5
+  candidates at every case (every expert count: their routing pass depends on it), then per case the best
+  time of each dispatch variant (fused/moe.py: 0 two launches, 1 one launch ranking every slot, 2 one launch
+  routed by ranges, 3 the same with the next item's loads ahead, 4 the same with each range's slots routed
+  before its copies, 5 two launches, the pull's next item ahead).
 * combine (not in the default parts): moe_dispatch and moe_combine with their default configs beside torch at
   >= 1024 tokens (no sweep: where the issue's bandwidth target holds, on a GPU whose table has none).
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
@@ -66,14 +67,25 @@ class Sizes:
         # the smoke: the first candidate of each dispatch variant (two launches, every slot, ranges)
         self.moe_configs = MOE_CONFIGS if not smoke else \
             [next(c for c in MOE_CONFIGS if (c[4] > 0, c[5]) == kind) for kind in ((False, 0), (True, 0), (False, 2),
-                                                                                   (False, 3), (False, 4))]
+                                                                                   (False, 3), (False, 4), (False, 5))]
         # the old tree: rms at these tokens, MoE at these cases (the rest is in earlier result files)
         self.old_tokens = (5,) if smoke else (32, 138, 512, 8192)
         self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
         self.codec_numels = (4096,) if smoke else tuple((mb << 20) // 2 for mb in (1, 4, 16, 64, 256))
         self.group_sizes = (64,) if smoke else (64, 32, 128)
         self.codec_formats = ("int4",) if smoke else ("int8", "fp8", "int4")
+        self.quants = QUANTS
         self.smoke = smoke
+
+    def narrow(self, rms_tokens=None, quants=None, moe_tokens=None):
+        """Only these rms token counts and output formats ("bf16", "fp8_per_token") and MoE token counts
+        (a GPU call that measures what decides, the neighbours of a changed cell included)."""
+        if rms_tokens:
+            self.tokens = self.sweep_tokens = self.old_tokens = tuple(rms_tokens)
+        if quants:
+            self.quants = tuple(None if q == "bf16" else q for q in quants)
+        if moe_tokens:
+            self.moe_cases = self.old_moe = [c for c in self.moe_cases if c[0] in moe_tokens]
 
 
 QUANTS = (None, "fp8_per_token")
@@ -82,8 +94,8 @@ QUANTS = (None, "fp8_per_token")
 # variants (fused/moe.py): 0 the routing launch first, or with local > 0 variant 1 (one launch, every
 # program ranks every slot) up to that many slots (T * k); 2 one launch routed by ranges of tokens
 # (fused/moe_dispatch_ranges.py), 3 the same with the next item's loads ahead, 4 the same with each
-# range's slots routed before its copies (combine ignores the variant: those rows are timed for dispatch
-# only)
+# range's slots routed before its copies, 5 the routing launch, then the pull with its next item loaded
+# ahead (combine ignores the variant: those rows are timed for dispatch only)
 MOE_CONFIGS = ((8192, 528, 4, 1, 0, 0), (8192, 1024, 4, 1, 0, 0), (4096, 1024, 4, 1, 0, 0), (4096, 528, 4, 1, 0, 0),
                (16384, 528, 8, 1, 0, 0), (8192, 528, 4, 2, 0, 0), (16384, 528, 8, 4, 0, 0),
                (8192, 528, 4, 1, 4096, 0), (8192, 1024, 4, 1, 4096, 0), (8192, 1024, 4, 1, 8192, 0),
@@ -92,7 +104,9 @@ MOE_CONFIGS = ((8192, 528, 4, 1, 0, 0), (8192, 1024, 4, 1, 0, 0), (4096, 1024, 4
                (8192, 528, 4, 1, 0, 3), (8192, 264, 4, 1, 0, 3), (16384, 264, 8, 1, 0, 3), (16384, 132, 8, 1, 0, 3),
                (32768, 132, 16, 1, 0, 3),
                (16384, 132, 8, 1, 0, 4), (16384, 264, 8, 1, 0, 4), (8192, 264, 4, 1, 0, 4), (8192, 528, 4, 1, 0, 4),
-               (32768, 132, 16, 1, 0, 4), (16384, 132, 8, 2, 0, 4))
+               (32768, 132, 16, 1, 0, 4), (16384, 132, 8, 2, 0, 4),
+               (8192, 528, 4, 1, 0, 5), (8192, 1024, 4, 1, 0, 5), (4096, 1024, 4, 1, 0, 5), (16384, 528, 8, 1, 0, 5),
+               (16384, 264, 8, 1, 0, 5), (8192, 528, 4, 2, 0, 5))
 # (block, warps, programs) of the codec kernels; the first is bench.roofline's untuned rule (CODEC_*)
 CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048), (4096, 4, 1024),
                  (2048, 4, 2048))
@@ -171,7 +185,7 @@ class Results:
 
 def _rms_cases(res: Results, tokens_list):
     """(quant, hidden, tokens) of every rms case, until the deadline."""
-    for quant in QUANTS:
+    for quant in SIZES.quants:
         for hidden in SIZES.hidden:
             for tokens in tokens_list:
                 if not res.late(f"rms {tokens}x{hidden} {quant}"):
@@ -239,8 +253,11 @@ def _rms_candidates(hidden, tokens):
     step's loads issued ahead (``ahead``; whole rows then hold the weight): whole rows at 8 and 16 per
     thread at 132, 264 and 528 programs, chunks of 2048 at 264 and 528. At <= 32 tokens (a row a
     program, no chunk runs in parallel) whole rows at 1024 programs, loads ahead at 8 and 16 per thread
-    (one row a program: every load of the row, the weight's too, in one wait)."""
+    (one row a program: every load of the row, the weight's too, in one wait). Past MAX_PROGRAMS rows, a
+    program per row (``every_step``: the grid covers the rows, as torch.compile's launch does) at 4-32
+    values per thread and two rows at 16."""
     from symmcoll.fused.memory_bound_configs import RmsConfig
+    from symmcoll.memory.layout import MAX_PROGRAMS
     block_h = 1 << (hidden - 1).bit_length()
     shapes = [(block_h, block_h // (32 * per_thread)) for per_thread in (4, 8, 16, 32)]
     shapes += [(2 * block_h, block_h // 256)] if block_h <= 4096 else []
@@ -254,6 +271,10 @@ def _rms_candidates(hidden, tokens):
                 for p in ahead_programs]
     if tokens > 32 and 2048 < block_h:
         configs += [RmsConfig(2048, p, 8, True) for p in (264, 528)]
+    if tokens > MAX_PROGRAMS:  # a program per step (torch.compile's launch): whole rows, 4-32 values per thread
+        configs += [RmsConfig(block, MAX_PROGRAMS, warps, False, True) for block, warps in shapes[:4]
+                    if 4 <= warps <= 32]
+        configs += [RmsConfig(2 * block_h, MAX_PROGRAMS, block_h // 256, False, True)] if block_h <= 4096 else []
     return configs
 
 
@@ -263,13 +284,14 @@ def rms_fields(config, hidden) -> dict:
     block_h = 1 << (hidden - 1).bit_length()
     shape = {"rows": config.block // block_h} if config.block >= block_h else {"chunk": config.block}
     return dict(shape, per_thread=config.block // (32 * config.num_warps), programs=config.max_programs,
-                ahead=bool(getattr(config, "ahead", False)))
+                ahead=bool(getattr(config, "ahead", False)), every_step=bool(getattr(config, "every_step", False)))
 
 
 def _rms_label(config, hidden) -> str:
     fields = rms_fields(config, hidden)
     shape = f"rows{fields['rows']}" if "rows" in fields else f"chunk{fields['chunk']}"
-    return f"{shape}/w{config.num_warps}/p{config.max_programs}" + ("/ahead" if fields["ahead"] else "")
+    programs = "every" if fields["every_step"] else config.max_programs
+    return f"{shape}/w{config.num_warps}/p{programs}" + ("/ahead" if fields["ahead"] else "")
 
 
 def _moe_inputs(tokens_n, hidden, experts, k, device):
@@ -282,13 +304,14 @@ def _moe_inputs(tokens_n, hidden, experts, k, device):
 
 
 def dispatch_section(res: Results, device):
-    """moe_dispatch alone (the ``dispatch`` part): the default and every one-launch candidate of variants
-    3 and 4 (0 and 1 were swept in run 3, 2 in the 2026-11-27 H100 run, where it never beat 3: the
-    shipped tables hold their picks) at every case, 1024 tokens first, then 4096, then 128 (the
-    deadline cuts the last)."""
+    """moe_dispatch alone (the ``dispatch`` part): the default and every candidate of variants 0 (two
+    launches), 4 (one launch) and 5 (two launches, the pull's next item ahead) at every case (1 was swept
+    in run 3, 2 and 3 in the 2026-11-27 H100 runs: the shipped tables hold their picks, which are the
+    default rows), 1024 tokens first, then 4096, then 128 (the deadline cuts the last)."""
     order = {1024: 0, 4096: 1}
     cases = sorted(SIZES.moe_cases, key=lambda c: order.get(c[0], 2))
-    candidates = [c for c in SIZES.moe_configs if c[5] in ((2, 3, 4) if SIZES.smoke else (3, 4))]
+    candidates = [c for c in SIZES.moe_configs if c[4] == 0 and c[5] in ((0, 2, 3, 4, 5) if SIZES.smoke else
+                                                                          (0, 4, 5))]
     moe_section(res, device, ops=("moe_dispatch",), cases=cases, candidates=candidates)
 
 
@@ -449,7 +472,7 @@ def codec_section(res: Results, device):
     res.save()
 
 
-def old_section(res: Results, old_src: str, parts, smoke: bool):
+def old_section(res: Results, old_src: str, parts, smoke: bool, narrowing=()):
     """The same rms and moe cases through the public API of the tree at ``old_src`` (a second process)."""
     remaining = res.deadline - (time.monotonic() - START) - 10
     if remaining < 30:
@@ -458,7 +481,7 @@ def old_section(res: Results, old_src: str, parts, smoke: bool):
     out = res.out + ".old.json"
     env = dict(os.environ, PYTHONPATH=old_src)
     cmd = [sys.executable, __file__, "--old-worker", "--out", out, "--deadline", str(int(remaining)),
-           "--parts", *[p for p in parts if p in ("rms", "moe")], *(["--smoke"] if smoke else [])]
+           "--parts", *[p for p in parts if p in ("rms", "moe")], *(["--smoke"] if smoke else []), *narrowing]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=remaining + 30)
     if proc.returncode:
         res.skipped.append(f"old: exit {proc.returncode}: {proc.stderr[-300:]}")
@@ -609,9 +632,9 @@ def variant_table(res: Results) -> str:
         f"{r['us']:.1f}" if r else "-")
     lines = ["dispatch variants: best us (% of copy) per case", f"{'case':<22}" + "".join(
         f"{name:>16}" for name in ("v0 two launches", "v1 every slot", "v2 ranges", "v3 ranges ahead",
-                                   "v4 routed first", "torch"))]
+                                   "v4 routed first", "v5 pull ahead", "torch"))]
     for case, slot in best.items():
-        cells = "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, 4, "torch"))
+        cells = "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, 4, 5, "torch"))
         lines.append(f"{'x'.join(map(str, case)):<22}{cells}")
     return "\n".join(lines)
 
@@ -631,6 +654,7 @@ def markdown(path: str) -> str:
 def _main_rank(args):
     global SIZES
     SIZES = Sizes(args.smoke)
+    SIZES.narrow(args.rms_tokens, args.quants, args.moe_tokens)
     device = torch.device("cuda", torch.cuda.current_device()) if not args.smoke else torch.device("cpu")
     res = Results(args.out, args.deadline)
     if args.old_worker:
@@ -650,7 +674,11 @@ def _main_rank(args):
         print(f"{part}: {time.monotonic() - t0:.0f} s", flush=True)
     if args.old_src:
         res.deadline = args.deadline
-        old_section(res, args.old_src, args.parts, args.smoke)
+        narrowing = [*(["--rms-tokens", *map(str, args.rms_tokens)] if args.rms_tokens else []),
+                     *(["--quants", *args.quants] if args.quants else []),
+                     *(["--moe-tokens", *map(str, args.moe_tokens)] if args.moe_tokens else [])]
+        old_section(res, args.old_src, [("moe" if p in ("dispatch", "combine") else p) for p in args.parts],
+                    args.smoke, narrowing)
     res.save()
     print(table(res), flush=True)
     if "dispatch" in args.parts:
@@ -674,6 +702,9 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=440.0, help="seconds after which no new case starts")
     parser.add_argument("--smoke", action="store_true", help="tiny cases on a CPU rank (checks this script)")
     parser.add_argument("--old-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rms-tokens", type=int, nargs="+", help="only these rms token counts")
+    parser.add_argument("--quants", nargs="+", choices=["bf16", "fp8_per_token"], help="only these rms outputs")
+    parser.add_argument("--moe-tokens", type=int, nargs="+", help="only the MoE cases of these token counts")
     parser.add_argument("--markdown", action="store_true", help="print --out's table as markdown and exit")
     parser.add_argument("--write-table", metavar="TABLE", help="write the launch table of the result --out "
                         "(fused/memory_bound_configs.py's format) to TABLE and exit")

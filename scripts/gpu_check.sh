@@ -202,9 +202,13 @@ for stage in $stages; do
       # tokens (no sweep, ~40 s). Issue 23 round on one H100 (rms, dispatch variants 3 / 4, the codecs
       # and combine where no H100 number exists; ~6.5 minutes with the old tree = 5e40c8a):
       #   ROOFLINE_PARTS="rms dispatch codecs combine" ROOFLINE_DEADLINE=350 ROOFLINE_TIMEOUT=410
+      # ROOFLINE_ARGS narrows the cases (benchmarks/roofline.py --rms-tokens / --quants / --moe-tokens;
+      # the old tree's cases too), e.g. the issue-23 H100 cells and their neighbours (branch mem4):
+      #   ROOFLINE_PARTS="dispatch rms" ROOFLINE_ARGS="--rms-tokens 2048 8192 --quants bf16 --moe-tokens 1024"
       old=""; [ -d old_main/src ] && old="--old-src old_main/src"
       timeout ${ROOFLINE_TIMEOUT:-475} python3 benchmarks/roofline.py --out "$OUT/roofline.json" \
-        --deadline ${ROOFLINE_DEADLINE:-400} $old ${ROOFLINE_PARTS:+--parts $ROOFLINE_PARTS} 2>&1 | tee "$OUT/roofline.log"
+        --deadline ${ROOFLINE_DEADLINE:-400} $old ${ROOFLINE_PARTS:+--parts $ROOFLINE_PARTS} ${ROOFLINE_ARGS:-} 2>&1 \
+        | tee "$OUT/roofline.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     roofline-bench)

@@ -128,19 +128,27 @@ def _one_rank():
     slot of a token on the rank; each dispatch variant (fused/moe.py): 1 (one launch, every program
     routes every slot), 0 (the routing launch first, LOCAL_ROUTE_SLOTS 0), 2 (one launch routed by
     ranges of tokens: several ranges, a routing pass of several chunks that end inside a range, rows in
-    two parts), 3 (2 with the next item's loads ahead) and 4 (3 with each range's slots routed at once,
-    before its copies, the histogram pass split at the range), each reporting max_recv_rows too small and
-    a bad id."""
+    two parts), 3 (2 with the next item's loads ahead), 4 (3 with each range's slots routed at once,
+    before its copies, the histogram pass split at the range) and 5 (0 with the pull's next item loaded
+    ahead: items of 16 tokens over several routing blocks, several items a program, rows in two parts),
+    each reporting max_recv_rows too small and a bad id."""
     from symmcoll.fused import moe
     saved = moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"]
     try:
         for local_slots, variant, shapes in ((4096, 0, ((300, 5, 8, 3), (24, 16, 16, 8))), (0, 0, ((300, 5, 8, 3),)),
                                              (0, 2, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
                                              (0, 3, ((300, 5, 8, 3), (20, 1024, 8, 2))),
-                                             (0, 4, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2)))):
+                                             (0, 4, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
+                                             (0, 5, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2)))):
             moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"] = local_slots, variant
             kernel = {0: "moe_route_kernel", 1: "moe_dispatch_local_kernel", 2: "moe_dispatch_ranges_kernel",
-                      3: "moe_dispatch_ranges_kernel", 4: "moe_dispatch_ranges_kernel"}[variant or (local_slots > 0)]
+                      3: "moe_dispatch_ranges_kernel", 4: "moe_dispatch_ranges_kernel",
+                      5: "moe_dispatch_kernel"}[variant or (local_slots > 0)]
+            if variant == 5:  # the pull with its next item ahead is the one launched
+                with launcher.recording() as launches:
+                    symmcoll.moe_dispatch(coded_tokens(16, 4, 0, 0), torch.zeros(16, 2, dtype=torch.int64,
+                                                                                 device=device()), 2)
+                assert [r.meta.get("AHEAD") for r in launches if r.kernel.__name__ == kernel] == [True], launches
             launched = launcher.LAUNCH_COUNTS[kernel]
             for shape in shapes:
                 _round_trip(*shape, 2 if local_slots or variant else 1, ("pull", "push"))

@@ -100,16 +100,16 @@ def test_dispatch_variant_sweep_on_a_cpu_rank(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
     assert {r["section"] for r in rows} <= {"moe_dispatch", "moe_route", "moe_move"}
-    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3, 4}
+    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3, 4, 5}
     last = proc.stdout.strip().splitlines()[-1].split()
-    # the default (its row names the GPU's untuned variant, 0), 2, 3, 4 and torch timed; no variant 1 candidate here
-    assert last[0] == "20x16x8x3" and len(last) == 7 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
+    # the default (its row names the GPU's untuned variant, 0), 2, 3, 4, 5 and torch timed; no variant 1 candidate
+    assert last[0] == "20x16x8x3" and len(last) == 8 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
     table = tmp_path / "table.json"
     proc = subprocess.run([*cmd[:2], "--out", str(out), "--write-table", str(table)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [entry] = json.loads(table.read_text())["moe_dispatch"]
-    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3, 4) and "local_slots" in entry
+    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3, 4, 5) and "local_slots" in entry
 
 
 def test_combine_part_on_a_cpu_rank(tmp_path):
@@ -204,11 +204,12 @@ def test_rms_norm_loads_ahead_on_one_rank(pools):
 def _rms_one_step_and_even_rows():
     """all_reduce_rms_norm's one-shot kernel on one rank where the grid takes every step (ONE_STEP: no
     loop, every row of a program exists) and rows fill their block (EVEN_H: no column masks, the mean a
-    constant division), beside the looped, masked code: 2 programs over 11 rows (several steps each)
-    and 16 (one step each); H 64 (= BLOCK_H) and 48; whole rows, one or two per step, and chunks;
+    constant division), beside the looped, masked code: 2 programs over 11 rows (several steps each),
+    16 (one step each) and a cap of 2 with ``every_step`` (a program per step past the cap); H 64
+    (= BLOCK_H) and 48; whole rows, one or two per step, and chunks;
     bf16, fp16 and fp32, plain and per-token fp8: the same bits either way, the new residual rounded
     once, normed within tolerance of the reference."""
-    from symmcoll import plan, reference
+    from symmcoll import launcher, plan, reference
     from symmcoll.fused.memory_bound_configs import RmsConfig
     g = torch.Generator().manual_seed(11)
     for dtype, h, block, quant in ((torch.bfloat16, 64, 64, None), (torch.float16, 64, 128, "fp8_per_token"),
@@ -219,14 +220,20 @@ def _rms_one_step_and_even_rows():
         x[1, 0], residual[1, 0], residual[2, 1] = -0.0, 0.0, -0.0
         weight = torch.randn(h, generator=g).to(dtype)
         got = {}
-        for programs in (2, 16):
-            for ahead in (False, True):
-                got[programs, ahead] = plan.resolve(
-                    "all_reduce_rms_norm", x, None, "one_shot", config=RmsConfig(block, programs, 4, ahead),
-                    others=(residual, weight), options=(("eps", 1e-6), ("quant", quant))).execute(
-                    x, others=(residual, weight))[:2 + (quant == "fp8_per_token")]
+        for programs, ahead, every_step in ((2, False, False), (2, True, False), (16, False, False),
+                                            (16, True, False), (2, False, True)):
+            config = RmsConfig(block, programs, 4, ahead, every_step)
+            run = lambda: plan.resolve(  # noqa: E731
+                "all_reduce_rms_norm", x, None, "one_shot", config=config, others=(residual, weight),
+                options=(("eps", 1e-6), ("quant", quant))).execute(x, others=(residual, weight))
+            got[programs, ahead, every_step] = run()[:2 + (quant == "fp8_per_token")]
+            if every_step:  # a program per step past the cap of 2, no loop
+                with launcher.recording() as launches:
+                    run()
+                steps = -(-11 // max(1, block // 64))
+                assert [(r.grid, r.meta["ONE_STEP"]) for r in launches] == [((steps,), True)], launches
         what = f"{dtype} H {h} block {block} {quant}"
-        first = got[2, False]
+        first = got[2, False, False]
         for key, out in got.items():
             for a, b, name in zip(out, first, ("normed", "new residual", "scales")):
                 assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{what}: {name} of {key} differs"
@@ -354,3 +361,25 @@ def test_table_merge_keeps_the_cases_a_run_did_not_measure():
     assert [e["label"] for e in merged["moe_dispatch"]] == ["v2", "v3"]
     assert [e["label"] for e in merged["moe_combine"]] == ["combine"] and [e["label"] for e in merged["codec"]] == ["codec"]
     assert base["rms"][1] == rms(512, "old 512"), "the base table is not changed"
+
+
+def test_rms_table_entry_carries_every_step():
+    """An rms entry with ``every_step`` gives a launch whose one-shot grid covers every row past the cap
+    (the H100 table's 8192 x 4096 bf16 case), entries without it the capped, looped grid."""
+    from symmcoll import launcher, plan
+    from symmcoll.fused import all_reduce_rms_norm as arn
+    from symmcoll.fused import memory_bound_configs as mbc
+    import kernel_specs
+    entry = mbc.rms_entry(mbc.load_table("h100"), 8192, 4096, None)
+    assert entry["every_step"] and mbc.rms_config(entry, 4096).every_step
+    assert not mbc.rms_config(dict(entry, every_step=False), 4096).every_step
+    assert not mbc.rms_config({k: v for k, v in entry.items() if k != "every_step"}, 4096).every_step
+    x = torch.empty((8192, 4096), dtype=torch.bfloat16, device="meta")
+    request = plan.Request(arn.OP, x.shape, x.dtype, torch.device("cuda"), options=(("eps", 1e-6), ("quant", None)))
+    for every_step, grid in ((True, 8192), (False, 1024)):
+        p = plan.Plan(request, "kernel", plan.algorithms(arn.OP)["one_shot"], None, 1, 0,
+                      kernel_specs.FakeWorkspace(1, 0), mbc.rms_config(dict(entry, every_step=every_step), 4096), 3,
+                      None)
+        with launcher.recording() as launches:
+            p.algorithm.run(p, x, None, torch.empty_like(x), torch.empty((4096,), dtype=x.dtype, device="meta"))
+        assert [(r.grid, r.meta["ONE_STEP"]) for r in launches] == [((grid,), every_step)], launches

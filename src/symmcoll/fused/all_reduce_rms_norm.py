@@ -35,7 +35,8 @@ values, never through words), new residual and normed written once; on one rank 
 slots and no launch epoch are compiled in and one launch takes every row ("auto": the one-shot kernel),
 and the one-shot kernel may load the next step's first chunk before finishing a step (``AHEAD``; whole
 rows then hold the weight in registers, loaded once), or, where its grid covers the rows, take one step
-per program with no loop (``ONE_STEP``; with ``EVEN_H``, rows that fill their block, no masks). Launch: ``gpu_config`` (values
+per program with no loop (``ONE_STEP``; with ``EVEN_H``, rows that fill their block, no masks; a config
+with ``every_step`` makes the grid cover the rows past the programs' cap). Launch: ``gpu_config`` (values
 per step, programs, warps; on one rank the table measured on this GPU model), overridable per call
 (``plan.resolve(..., config=)``) for the roofline sweep.
 
@@ -368,6 +369,10 @@ def _ahead(config: LaunchConfig) -> bool:
     return bool(getattr(config, "ahead", False))
 
 
+def _every_step(config: LaunchConfig) -> bool:
+    return bool(getattr(config, "every_step", False))
+
+
 def _kernel_run(kind: str):
     one_shot = kind == "one_shot"
     kernel = rms_norm_one_shot_kernel if one_shot else rms_norm_two_shot_kernel
@@ -386,6 +391,8 @@ def _kernel_run(kind: str):
         # Rows per launch: a slot row holds every row of a piece (one-shot) or of a piece's shard; one
         # launch on one rank (nothing goes through the slots).
         piece = slot_words // meta["ROW_BLOCK"] * (1 if one_shot else world) if world > 1 else max(total, 1)
+        if one_shot and world == 1 and _every_step(p.config):
+            max_programs = max(total, 1)  # a program per step (RmsConfig.every_step: no slots to size)
         pieces = []
         for start in range(0, total, piece):
             rows = min(piece, total - start)

@@ -19,7 +19,8 @@ count of the issue, so those are exact).
 
 * rms: ``rows`` whole rows per step, or one row in chunks of ``chunk`` values; ``per_thread`` values
   per thread (warps = values of a step / 32 / per_thread, 4 to 32); ``programs`` (the cap);
-  ``ahead``: the next step's loads issued before this step's arithmetic (world size 1).
+  ``ahead``: the next step's loads issued before this step's arithmetic (world size 1); ``every_step``:
+  one program per step, the programs' cap ignored (world size 1).
 * moe: ``block`` elements per step over a token's rows, ``programs``, ``warps``, ``tt`` tokens per item;
   dispatch: ``local_slots``, the most slots (T * k) routed inside the one dispatch launch by variant 1
   (0: never), ``variant`` (fused/moe.py's DISPATCH_VARIANT; absent: 0).
@@ -48,6 +49,12 @@ class RmsConfig(LaunchConfig):
     the next row otherwise)."""
 
     ahead: bool = False
+    # World size 1: one program per step, past max_programs (no slots or epoch table to size): the
+    # hardware hands rows to SMs as programs finish. The persistent grid of 1024 programs (8 warps, 46
+    # registers at hidden 4096, sm_90 compile) fits 5 programs an SM: 660 run their 8 rows of 8192 while
+    # 364 wait, then those 364 run with about half as many warps in flight; one row a program takes 40
+    # registers (6 an SM) and no loop, as torch.compile's add + RMSNorm launches it.
+    every_step: bool = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,7 +102,8 @@ def rms_config(entry: dict, block_h: int) -> RmsConfig:
     """An rms entry as the launch of rows of BLOCK_H values (a chunk of a row or more is whole rows)."""
     block = entry["rows"] * block_h if "rows" in entry else min(entry["chunk"], block_h)
     warps = max(4, min(32, block // (32 * max(1, entry["per_thread"]))))
-    return RmsConfig(block, entry["programs"], warps, bool(entry.get("ahead", False)))
+    return RmsConfig(block, entry["programs"], warps, bool(entry.get("ahead", False)),
+                     bool(entry.get("every_step", False)))
 
 
 def _closest(entries: list[dict], field: str, value: int) -> list[dict]:
@@ -135,14 +143,14 @@ _SECTIONS = (("rms", "rms", "symmcoll:one_shot", ("tokens", "hidden", "quant")),
              ("moe_combine", "moe_combine", "symmcoll:push", ("tokens", "hidden", "experts", "k")),
              ("codec", "codec", None, ("fmt", "direction", "group", "size")))
 # Fields of a row's config in each table.
-CONFIG_FIELDS = {"rms": ("rows", "chunk", "per_thread", "programs", "ahead"),
+CONFIG_FIELDS = {"rms": ("rows", "chunk", "per_thread", "programs", "ahead", "every_step"),
                  "moe_dispatch": ("block", "programs", "warps", "tt", "local_slots", "variant"),
                  "moe_combine": ("block", "programs", "warps", "tt"),
                  "codec": ("block", "warps", "programs")}
 
 
 # Config fields a row may lack (rms: whole rows or a chunk; fields added after earlier result files).
-_OPTIONAL_FIELDS = ("rows", "chunk", "ahead", "local_slots", "variant")
+_OPTIONAL_FIELDS = ("rows", "chunk", "ahead", "every_step", "local_slots", "variant")
 
 
 def _mb(size: str) -> float:

@@ -84,7 +84,8 @@ TOKENS_PER_ITEM = {"cuda": 1, "cpu": 16}
 #   1: one launch, every program ranks every slot (moe_dispatch_local_kernel);
 #   2: one launch, each program routes a range of tokens after one histogram pass over every slot
 #      (fused/moe_dispatch_ranges.py); 3: 2 with the next item's loads issued before this item's stores;
-#   4: 3 with every slot of a range routed before its copies (and a cheaper histogram pass).
+#   4: 3 with every slot of a range routed before its copies (and a cheaper histogram pass);
+#   5: 0 with the pull's next item (row, ids, in-block ranks) loaded before this item's stores.
 # On GPU without a table entry: 0 (two launches); on CPU the world-size-1 tests run each.
 LOCAL_ROUTE_SLOTS = {"cuda": 0, "cpu": 4096}
 DISPATCH_VARIANT = {"cuda": 0, "cpu": 0}
@@ -95,6 +96,25 @@ def _ranges_chunk(device_type: str, num_warps: int) -> int:
     thread on GPU (pipelined in 3 stages through shared memory: <= 128 registers at 4 warps, ptxas sm_90a;
     8 per thread took 150-200: fewer programs per SM); on CPU chunks that end inside the tests' ranges."""
     return 4 * 32 * num_warps if device_type == "cuda" else 256
+
+
+# The route kernel's scan: its steps are dependent (load, cumsum, store: ~0.5-1 us each on an H100:
+# moe_route took 5.0 us with one step of [64, 64] at 1024 tokens, 6.3 with four of [16, 256], 13.6 with
+# sixteen at 4096 tokens), so every block goes in one step where they fit SCAN_MAX_ROWS rows of at most
+# SCAN_TILE counts; else steps of 4096 counts as before. (sm_90 compiles: one step of [64, 256] takes
+# 255 registers, no spill: one route program an SM, which the <= 64 programs of such a grid can afford
+# on one rank; with peers the same programs also stage the tokens (a grid of up to max_programs), so
+# there the steps stay as they were. [256, 64] spilled 408 bytes and took 64 KB of shared memory.)
+SCAN_TILE = 16384
+SCAN_MAX_ROWS = 64
+
+
+def _scan_rows(blocks: int, e_p2: int, world: int) -> int:
+    """SCAN_ROWS of the route kernel (blocks per step of its scan) for ``blocks`` routing blocks of E_P2
+    experts."""
+    rows = triton.next_power_of_2(max(blocks, 1))
+    one_step = world == 1 and rows <= SCAN_MAX_ROWS and rows * e_p2 <= SCAN_TILE
+    return max(rows if one_step else 1, 4096 // e_p2, 1)
 
 
 def _option(request: Request, name: str):
@@ -262,14 +282,14 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, ws.local_state(COUNTER.name), words[t0 * row:],
                 n * row if world > 1 else 0, topk_ids, tokens_n, experts, rank_off, hist_off, totals_off,
                 meta_bytes // words.element_size()),
-               dict(WORLD=world, K=k, KP2=tiles["KP2"], TB=tb, E_P2=e_p2, SCAN_ROWS=max(1, 4096 // e_p2),
+               dict(WORLD=world, K=k, KP2=tiles["KP2"], TB=tb, E_P2=e_p2, SCAN_ROWS=_scan_rows(blocks, e_p2, world),
                     BLOCK=4096, ROUTE=t0 == 0, STAGE=world > 1, num_warps=8))
         launch(moe_dispatch_kernel, cfg.grid(world * triton.cdiv(max(n, 1), tt) * parts),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, words[t0 * row:], out_words, counts, origin,
                 self_rows, tokens_n, row, max_rows, experts, rank_off, hist_off, totals_off,
                 meta_bytes // words.element_size(), t0, n, parts, part_words),
                dict(WORLD=world, K=k, EL=local_experts, PEERS=triton.next_power_of_2(world), TT=tt, HB=hb,
-                    num_warps=cfg.num_warps, **tiles))
+                    AHEAD=world == 1 and variant == 5, num_warps=cfg.num_warps, **tiles))
     return out, counts, origin, self_rows
 
 
@@ -363,7 +383,7 @@ COMBINE = declare_op(OpSpec(
 
 def compile_cases(make_workspace):
     """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push; dispatch
-    variants 0 to 4), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256
+    variants 0 to 5), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256
     experts, an odd hidden size."""
     cases = []
     for world, dtype, experts, k, hidden, local_slots, variant in (
@@ -371,7 +391,8 @@ def compile_cases(make_workspace):
             (1, torch.float32, 8, 2, 5, 1024, 0), (1, torch.bfloat16, 256, 8, 7168, 0, 2),
             (1, torch.float32, 8, 2, 5, 0, 3), (1, torch.float8_e4m3fn, 64, 2, 4096, 0, 2),
             (1, torch.bfloat16, 64, 8, 4096, 0, 3), (1, torch.bfloat16, 256, 2, 4096, 0, 4),
-            (1, torch.float32, 8, 2, 5, 0, 4),
+            (1, torch.float32, 8, 2, 5, 0, 4), (1, torch.bfloat16, 256, 8, 4096, 0, 5),
+            (1, torch.float32, 8, 2, 5, 0, 5),
             (2, torch.bfloat16, 8, 2, 4096, 0, 0), (4, torch.float8_e4m3fn, 64, 8, 7168, 0, 0),
             (3, torch.float32, 6, 3, 5, 0, 0)):
         def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden, local_slots=local_slots,

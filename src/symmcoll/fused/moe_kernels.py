@@ -133,6 +133,83 @@ def moe_route_kernel(
             tl.store(meta + totals_off + experts, carry, mask=experts < num_experts)
 
 
+@triton.jit
+def _own_item(meta, tokens_ptr, item, t0, tq, parts, part_words, row_words, num_experts, rank_off, K: tl.constexpr,
+              KP2: tl.constexpr, TT: tl.constexpr, HB: tl.constexpr):
+    """One rank, item ``item`` of the pull (past the last: every load masked off): (its rows [TT, 1], their
+    first HB words of the part, its slots' ids, their in-block ranks, whether a slot has an expert), all
+    loads issued at once; the block prefixes, which wait for the ids, are ``_own_prefixes``."""
+    groups = tl.cdiv(tq, TT)
+    first_token = t0 + item // parts % groups * TT
+    part_start = item % parts * part_words
+    part_end = tl.minimum(part_start + part_words, row_words)
+    live = item < groups * parts
+    in_group = tl.arange(0, TT)
+    lane = tl.arange(0, HB)
+    slot = tl.arange(0, TT * KP2)
+    rows = tokens_ptr + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
+    words = part_start + lane
+    values = tl.load(rows + words[None, :], mask=(live & (first_token + in_group < t0 + tq))[:, None] &
+                     (words[None, :] < part_end))
+    token = first_token + slot // KP2
+    valid = live & (slot % KP2 < K) & (token < t0 + tq)
+    ids = tl.load(meta + token * K + slot % KP2, mask=valid, other=-1)
+    ranks = tl.load(meta + rank_off + token * K + slot % KP2, mask=valid, other=0)
+    return rows, values, ids, ranks, valid & (ids >= 0) & (ids < num_experts)
+
+
+@triton.jit
+def _own_prefixes(meta, ids, mine, item, t0, tq, parts, num_experts, hist_off, KP2: tl.constexpr, TB: tl.constexpr,
+                  TT: tl.constexpr):
+    """The block prefix (rows of the slot's expert in earlier routing blocks) of each slot of ``item``."""
+    token = t0 + item // parts % tl.cdiv(tq, TT) * TT + tl.arange(0, TT * KP2) // KP2
+    return tl.load(meta + hist_off + token // TB * num_experts + ids, mask=mine, other=0)
+
+
+@triton.jit
+def _pull_own_ahead(meta, tokens_ptr, out_ptr, counts_ptr, origin_ptr, self_ptr, status_ptr, rank, desc, pid, nprog,
+                    row_words, max_rows, num_experts, rank_off, hist_off, totals_off, t0, tq, parts, part_words,
+                    K: tl.constexpr, KP2: tl.constexpr, ELP2: tl.constexpr, TB: tl.constexpr, TT: tl.constexpr,
+                    HB: tl.constexpr):
+    """One rank, the pull (dispatch variant 5): the first item's loads are in flight with the experts'
+    totals (the loop below loads its first item after them), and the next item's row, ids and in-block
+    ranks are loaded before this item's stores, its block prefixes right after them, so an item's stores
+    wait for no metadata round trip of their own (the per-item loop waits for two: ids, then prefixes)."""
+    slot = tl.arange(0, TT * KP2)
+    j = slot % KP2
+    in_group = tl.arange(0, TT)
+    lane = tl.arange(0, HB)
+    groups = tl.cdiv(tq, TT)
+    rows, values, ids, ranks, mine = _own_item(meta, tokens_ptr, pid, t0, tq, parts, part_words, row_words,
+                                               num_experts, rank_off, K, KP2, TT, HB)
+    experts = tl.arange(0, ELP2)
+    totals = tl.load(meta + totals_off + experts, mask=experts < num_experts, other=0)
+    first = tl.cumsum(totals, axis=0) - totals  # each expert's first row
+    if t0 == 0:
+        _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, totals, experts, num_experts,
+                                   tl.sum(totals, axis=0), max_rows, rank, desc)
+    prefix = _own_prefixes(meta, ids, mine, pid, t0, tq, parts, num_experts, hist_off, KP2, TB, TT)
+    for item in range(pid, groups * parts, nprog):
+        next_rows, next_values, next_ids, next_ranks, next_mine = _own_item(
+            meta, tokens_ptr, item + nprog, t0, tq, parts, part_words, row_words, num_experts, rank_off, K, KP2, TT, HB)
+        first_token = t0 + item // parts % groups * TT
+        part_start = item % parts * part_words
+        part_end = tl.minimum(part_start + part_words, row_words)
+        token = first_token + slot // KP2
+        valid = (j < K) & (token < t0 + tq)
+        dest = tl.gather(first, tl.where(mine, ids, 0), 0) + prefix + ranks
+        kept = mine & (dest < max_rows)
+        if part_start == 0:
+            tl.store(origin_ptr + dest, (token * K + j).to(tl.int64), mask=kept)
+            tl.store(self_ptr + token * K + j, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
+        if tl.max(kept.to(tl.int32), axis=0) > 0:
+            _store_rows(values, rows, out_ptr + dest.to(tl.int64)[:, None] * row_words, kept,
+                        (first_token + in_group < t0 + tq)[:, None], part_start, part_end, lane, TT, KP2, HB)
+        prefix = _own_prefixes(meta, next_ids, next_mine, item + nprog, t0, tq, parts, num_experts, hist_off, KP2, TB,
+                               TT)
+        rows, values, ids, ranks, mine = next_rows, next_values, next_ids, next_ranks, next_mine
+
+
 @triton.jit(do_not_specialize=["tokens_n", "max_rows", "num_experts", "rank_off", "hist_off", "totals_off", "t0", "tq",
                                      "parts"])
 def moe_dispatch_kernel(
@@ -147,71 +224,77 @@ def moe_dispatch_kernel(
     # this round: tokens [t0, t0 + tq) of every source (rows staged from t0 on in every buffer); each
     # row is moved in `parts` parts of part_words words (programs take (source, TT tokens, part) items)
     t0, tq, parts, part_words,
+    # AHEAD (one rank only: dispatch variant 5): the next item's loads before this item's stores
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, EL: tl.constexpr, ELP2: tl.constexpr,
-    TB: tl.constexpr, TT: tl.constexpr, HB: tl.constexpr, PEERS: tl.constexpr,
+    TB: tl.constexpr, TT: tl.constexpr, HB: tl.constexpr, PEERS: tl.constexpr, AHEAD: tl.constexpr = False,
 ):
     pid, nprog = open_call(signal_pad_ptrs_dev, desc, rank, WORLD)
     if block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD) == 0:
-        # Where each local expert's rows start, and each source's share before them.
-        ranks = tl.arange(0, PEERS)
-        local = tl.arange(0, ELP2)
-        table = buffer_ptrs_dev.to(tl.pointer_type(tl.uint64))
-        metas = tl.load(table + tl.where(ranks < WORLD, ranks, 0)).to(tl.pointer_type(tl.int32))
-        totals = tl.load(metas[:, None] + totals_off + rank * EL + local[None, :],
-                         mask=(ranks[:, None] < WORLD) & (local[None, :] < EL), other=0)
-        expert_total = tl.sum(totals, axis=0)
-        starts = tl.cumsum(totals, axis=0) - totals + (tl.cumsum(expert_total, axis=0) - expert_total)[None, :]
-        received = tl.sum(expert_total, axis=0)
-        if t0 == 0:
-            _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, expert_total, local, EL, received, max_rows,
-                                       rank, desc)
-        slot = tl.arange(0, TT * KP2)
-        j = slot % KP2
-        in_group = tl.arange(0, TT)
-        lane = tl.arange(0, HB)
-        groups = tl.cdiv(tq, TT)
-        for item in range(pid, WORLD * groups * parts, nprog):
-            # Sources in the order rank+1, rank+2, ...: the ranks do not all read rank 0 first.
-            src = (rank + 1 + item // (groups * parts)) % WORLD
-            first_token = t0 + item // parts % groups * TT
-            part_start = item % parts * part_words
-            part_end = tl.minimum(part_start + part_words, row_words)
-            token_ok = (first_token + in_group < t0 + tq)[:, None]
-            if WORLD == 1:
-                # Every row is needed here: its first HB words are loaded before the three dependent
-                # loads of routing metadata that say where it goes.
-                rows = tokens_ptr + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
-                values = tl.load(rows + (part_start + lane)[None, :],
-                                 mask=token_ok & ((part_start + lane)[None, :] < part_end))
-            meta = peer_ptr(buffer_ptrs_dev, src, tl.int32)
-            # Each slot's row: start of (expert, source) + rows of earlier blocks + rank in its block.
-            token = first_token + slot // KP2
-            valid = (j < K) & (token < t0 + tq)
-            ids = tl.load(meta + token * K + j, mask=valid, other=-1)
-            mine = valid & (ids >= rank * EL) & (ids < (rank + 1) * EL)
-            first = tl.sum(tl.where(ranks[:, None] == src, starts, 0), axis=0)
-            dest = tl.gather(first, tl.where(mine, ids - rank * EL, 0), 0) + \
-                tl.load(meta + hist_off + token // TB * num_experts + ids, mask=mine, other=0) + \
-                tl.load(meta + rank_off + token * K + j, mask=mine, other=0)
-            kept = mine & (dest < max_rows)
-            if part_start == 0:
-                tl.store(origin_ptr + dest, (src * tokens_n + token).to(tl.int64) * K + j, mask=kept)
-                if src == rank:
-                    tl.store(self_ptr + token * K + j, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
-            # Each row is read once (mine: from my tokens; a peer's: from its staged copy, only if one of
-            # my experts needs it) and stored into each of its local experts' rows; the next HB words
-            # are in flight while these are stored.
-            if tl.max(kept.to(tl.int32), axis=0) > 0:
-                if WORLD > 1:
-                    if src == rank:
-                        rows = tokens_ptr
-                    else:
-                        rows = peer_ptr(buffer_ptrs_dev, src, out_ptr.dtype.element_ty) + tokens_off
-                    rows = rows + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
+        if WORLD == 1 and AHEAD:
+            _pull_own_ahead(peer_ptr(buffer_ptrs_dev, rank, tl.int32), tokens_ptr, out_ptr, counts_ptr, origin_ptr,
+                            self_ptr, status_ptr, rank, desc, pid, nprog, row_words, max_rows, num_experts, rank_off,
+                            hist_off, totals_off, t0, tq, parts, part_words, K, KP2, ELP2, TB, TT, HB)
+        else:
+            # Where each local expert's rows start, and each source's share before them.
+            ranks = tl.arange(0, PEERS)
+            local = tl.arange(0, ELP2)
+            table = buffer_ptrs_dev.to(tl.pointer_type(tl.uint64))
+            metas = tl.load(table + tl.where(ranks < WORLD, ranks, 0)).to(tl.pointer_type(tl.int32))
+            totals = tl.load(metas[:, None] + totals_off + rank * EL + local[None, :],
+                             mask=(ranks[:, None] < WORLD) & (local[None, :] < EL), other=0)
+            expert_total = tl.sum(totals, axis=0)
+            starts = tl.cumsum(totals, axis=0) - totals + (tl.cumsum(expert_total, axis=0) - expert_total)[None, :]
+            received = tl.sum(expert_total, axis=0)
+            if t0 == 0:
+                _counts_and_unused_origins(counts_ptr, origin_ptr, status_ptr, expert_total, local, EL, received,
+                                           max_rows, rank, desc)
+            slot = tl.arange(0, TT * KP2)
+            j = slot % KP2
+            in_group = tl.arange(0, TT)
+            lane = tl.arange(0, HB)
+            groups = tl.cdiv(tq, TT)
+            for item in range(pid, WORLD * groups * parts, nprog):
+                # Sources in the order rank+1, rank+2, ...: the ranks do not all read rank 0 first.
+                src = (rank + 1 + item // (groups * parts)) % WORLD
+                first_token = t0 + item // parts % groups * TT
+                part_start = item % parts * part_words
+                part_end = tl.minimum(part_start + part_words, row_words)
+                token_ok = (first_token + in_group < t0 + tq)[:, None]
+                if WORLD == 1:
+                    # Every row is needed here: its first HB words are loaded before the three dependent
+                    # loads of routing metadata that say where it goes.
+                    rows = tokens_ptr + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
                     values = tl.load(rows + (part_start + lane)[None, :],
                                      mask=token_ok & ((part_start + lane)[None, :] < part_end))
-                _store_rows(values, rows, out_ptr + dest.to(tl.int64)[:, None] * row_words, kept, token_ok,
-                            part_start, part_end, lane, TT, KP2, HB)
+                meta = peer_ptr(buffer_ptrs_dev, src, tl.int32)
+                # Each slot's row: start of (expert, source) + rows of earlier blocks + rank in its block.
+                token = first_token + slot // KP2
+                valid = (j < K) & (token < t0 + tq)
+                ids = tl.load(meta + token * K + j, mask=valid, other=-1)
+                mine = valid & (ids >= rank * EL) & (ids < (rank + 1) * EL)
+                first = tl.sum(tl.where(ranks[:, None] == src, starts, 0), axis=0)
+                dest = tl.gather(first, tl.where(mine, ids - rank * EL, 0), 0) + \
+                    tl.load(meta + hist_off + token // TB * num_experts + ids, mask=mine, other=0) + \
+                    tl.load(meta + rank_off + token * K + j, mask=mine, other=0)
+                kept = mine & (dest < max_rows)
+                if part_start == 0:
+                    tl.store(origin_ptr + dest, (src * tokens_n + token).to(tl.int64) * K + j, mask=kept)
+                    if src == rank:
+                        tl.store(self_ptr + token * K + j, tl.where(kept, dest, -1).to(tl.int64), mask=valid)
+                # Each row is read once (mine: from my tokens; a peer's: from its staged copy, only if one of
+                # my experts needs it) and stored into each of its local experts' rows; the next HB words
+                # are in flight while these are stored.
+                if tl.max(kept.to(tl.int32), axis=0) > 0:
+                    if WORLD > 1:
+                        if src == rank:
+                            rows = tokens_ptr
+                        else:
+                            rows = peer_ptr(buffer_ptrs_dev, src, out_ptr.dtype.element_ty) + tokens_off
+                        rows = rows + (first_token - t0 + in_group).to(tl.int64)[:, None] * row_words
+                        values = tl.load(rows + (part_start + lane)[None, :],
+                                         mask=token_ok & ((part_start + lane)[None, :] < part_end))
+                    _store_rows(values, rows, out_ptr + dest.to(tl.int64)[:, None] * row_words, kept, token_ok,
+                                part_start, part_end, lane, TT, KP2, HB)
         # Nobody restages its buffer (next round or call) until every peer has read it.
         block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
 
