@@ -151,9 +151,9 @@ def test_gpu_back_to_back_and_graph_replays(pools, ws, algorithm):
 
 
 def _gpu_alone_epilogues():
-    """World size 1 where the table's config stores C through its tensor descriptor and flattens the
-    tile loop (16344x8000x1024: the H100 and H200 tables' 128x128/f/t; rows and columns not multiples
-    of the tile, so the descriptor clips), at 1024^3 (the untuned rule's flattened 64x64x128 tiles) and
+    """World size 1 where the table's config stores C through its tensor descriptor (16344x8000x1024:
+    the H100 and H200 tables' 128x128/f/t; rows and columns not multiples of the tile, so the
+    descriptor clips), at 1024^3 (the untuned rule's 64x64x128 tiles) and
     with K not a multiple of the k-step: C against fp32 and the gathered A exact, twice each."""
     from symmcoll.fused.gemm_configs import gemm_config
     configs = []
@@ -170,7 +170,7 @@ def _gpu_alone_epilogues():
                 assert err < TOLERANCE[torch.bfloat16], f"{algorithm} {m}x{n}x{k}: rel err {err:.2e}"
                 bad = (out.float() - ref).abs() > 0.05 * ref.abs().max() + 1e-3
                 assert not bool(bad.any()), f"{algorithm} {m}x{n}x{k}: wrong rows {bad.any(1).nonzero()[:5].tolist()}"
-    assert any(c.tma_store for c in configs) and any(c.flatten for c in configs), [c.label for c in configs]
+    assert any(c.tma_store for c in configs), [c.label for c in configs]
     return True
 
 

@@ -35,7 +35,6 @@ s % num_n == n, under its tensor cores' work).
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.distributed as dist
@@ -93,11 +92,11 @@ def ag_matmul_kernel(
     # the GEMM core's tile config (gemm_configs.GemmConfig.meta, split_k = 1)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
-    # WORLD == 1 only: c_ptr is C's host tensor descriptor (TMA_STORE); the tile loop flattened (FLATTEN:
-    # the next tile's loads under this tile's epilogue), as the GEMM core's matmul_kernel runs them
-    TMA_STORE: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-    # WORLD == 1 only: how the tiles copy A into the gathered A (see the consumer loop)
-    TEE_COPY: tl.constexpr = True, SLICE_COLS: tl.constexpr = 64,
+    # WORLD == 1 only: c_ptr is C's host tensor descriptor (TMA_STORE), as the GEMM core's matmul_kernel
+    # stores C (the tile loop is not flattened: Triton 3.6 cannot flatten it around the copy's own loop)
+    TMA_STORE: tl.constexpr = False,
+    # WORLD == 1 only: columns a tile's copy of A into the gathered A loads at once (see the consumer loop)
+    SLICE_COLS: tl.constexpr = 64,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -139,7 +138,7 @@ def ag_matmul_kernel(
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
             else:
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
-        for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS, flatten=FLATTEN):
+        for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
             logical, pid_n = gemm.grouped_tile(tile, WORLD * blocks_per_shard, num_n, GROUP_M)
             owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
             local_first = first - owner * rows
@@ -177,14 +176,8 @@ def ag_matmul_kernel(
             else:
                 src = base
                 src_rows = row + count
-            # Alone (WORLD == 1) the gathered A is a copy of A that the tiles make, each once: TEE_COPY, in
-            # the K-loop -- tile (m, n) copies row block m's A blocks of the k-steps s with s % num_n == n,
-            # while its tensor cores work; else after the K-loop -- tile (m, n) copies its 1/num_n slice of
-            # row block m's columns in one round trip (chunks of SLICE_COLS). (Copied after the K-loop
-            # in [BM, 64] chunks, one round trip each, it cost 5-7% at M >= 256 on an H100, 2026-11-27.)
             acc = gemm.k_loop(src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK, TMA,
-                              SWAP_AB, B_T, PRECISION, WORLD == 1 and TEE_COPY, a_ptr, g_ptr, stride_g,
-                              local_first + count, num_n, pid_n)
+                              SWAP_AB, B_T, PRECISION)
             if TMA_STORE:  # WORLD == 1: C's descriptor clips at its last row
                 gemm.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True)
             elif WORLD == 1:  # (nothing waited: no budget test, which Triton 3.6 cannot flatten around)
@@ -193,7 +186,12 @@ def ag_matmul_kernel(
             elif budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
                                 tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
-            if WORLD == 1 and not TEE_COPY:
+            # Alone (WORLD == 1) the gathered A is a copy of A that the tiles make after their K-loops:
+            # tile (m, n) copies its 1/num_n slice of row block m's columns in one round trip (chunks
+            # of SLICE_COLS). Measured on one H100 (2026-11-27): a copy of A's blocks inside the K-loop
+            # (extra loads beside the pipeline, 248 registers) ran 1.16-1.24x cuBLAS at M >= 1024
+            # against 1.04-1.13x this way; [BM, 64] chunks, a round trip each, ran 1.06-1.19x.
+            if WORLD == 1:
                 width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS  # (whole vectors: aligned slices)
                 c_lo = pid_n * width
                 if c_lo < K:
@@ -305,15 +303,8 @@ def _state(plan: Plan, chunks: int, device: torch.device):
     return plan.cache["flags"], plan.cache["epoch"], plan.cache["ready"]
 
 
-# How a group of one copies A into the gathered A inside the kernel: "tee" (in the K-loop) or "after"
-# (after each tile's K-loop). SYMMCOLL_AGMM_ALONE_COPY picks the other for a side-by-side measurement.
-ALONE_COPY = os.environ.get("SYMMCOLL_AGMM_ALONE_COPY", "tee")
-if ALONE_COPY not in ("tee", "after"):
-    raise ValueError(f"SYMMCOLL_AGMM_ALONE_COPY must be 'tee' or 'after', got {ALONE_COPY!r}")
-
-
 def _slice_cols(config, k: int, n: int) -> int:
-    """Columns a tile copies at once after its K-loop (ALONE_COPY "after"): its whole slice of
+    """Columns a tile copies at once after its K-loop (a group of one): its whole slice of
     ceil(K / column blocks) columns where at most 256 bytes a thread hold it, so the slice's loads are
     all in flight together (one round trip)."""
     width = triton.cdiv(k, triton.cdiv(n, config.block_n))
@@ -355,7 +346,6 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
         # Alone, C's rows are one shard's: its descriptor's clipping is the row limit (with peers a
         # shard's short last block would write into the next shard's rows).
         tma_store = host_desc and config.tma_store
-        tee = ALONE_COPY == "tee"
         c = outs[0][start:]
         c_arg = TensorDescriptor(c, [rows, c.shape[1]], [c.stride(0), 1], [config.block_m, config.block_n]) \
             if tma_store else c
@@ -366,8 +356,6 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
                     COPY_COLS=(64 if alone else 128) if on_gpu else 32, TMA_STORE=tma_store,
-                    # (Triton 3.6 cannot flatten the tile loop around the copy's own loop)
-                    FLATTEN=alone and config.flatten and tee, TEE_COPY=tee,
                     SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
@@ -480,7 +468,7 @@ def compile_cases(make_workspace):
                                               (1, 0, torch.bfloat16, 4096, 8192, 8192))),
             case(2, 0, "fused", torch.bfloat16, 1024, 8192, 1280, b_t=True),
             case(1, 0, "fused", torch.bfloat16, 2048, 8192, 1280, b_t=True),  # host descriptors of A and W
-            # alone: C's host descriptor and the flattened tile loop (the table's 128x128/f/t), the
-            # untuned rule's flattened 64x64x128 tiles at 1024^3
+            # alone: C's host descriptor (the table's 128x128/f/t; the tile loop stays unflattened), the
+            # untuned rule's 64x64x128 tiles at 1024^3
             case(1, 0, "fused", torch.bfloat16, 16344, 1024, 8000),
             case(1, 0, "copy_engine_producer", torch.bfloat16, 1024, 1024, 1024)]

@@ -97,18 +97,11 @@ def operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM: tl.constexpr,
 @triton.jit
 def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stride_b,
            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
-           B_T: tl.constexpr, PRECISION: tl.constexpr,
-           TEE: tl.constexpr = False, tee_src=None, tee_ptr=None, tee_stride=0, tee_row_limit=0, tee_every=1,
-           tee_phase=0):
+           B_T: tl.constexpr, PRECISION: tl.constexpr):
     """fp32 [BM, BN] = A[row0:row0+BM, k_lo:k_hi] @ B[k_lo:k_hi, col0:col0+BN] (k_lo a multiple of BK;
     k_hi a multiple of BK or K). Pointer loads read A rows below ``row_limit`` only (zeros beyond);
     TMA loads read whole blocks of A (rows past ``row_limit`` but inside A come in too: callers mask
-    what they store). TEE: the blocks of k-steps s with s % tee_every == tee_phase are copied from
-    ``tee_src`` (A's pointer, row stride ``stride_a``: read again with pointer loads, from L2 where TMA
-    just read it) to the same rows and columns of ``tee_ptr`` (row stride ``tee_stride``), rows below
-    ``tee_row_limit``: a copy of A made while the tensor cores work. (Storing the loaded ``a`` itself
-    was not safe: with that register use of its TMA load, Triton 3.6's pipeliner gave A two buffers
-    for B's three and refilled the one an asynchronous wgmma may still read -- seen in the TTGIR.)"""
+    what they store)."""
     rows = row0 + tl.arange(0, BM)
     cols = col0 + tl.arange(0, BN)
     if SWAP_AB:
@@ -129,10 +122,6 @@ def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stri
                 w = load_tile(b_src, cols, ks, N, k_hi, stride_b)
             else:
                 b = load_tile(b_src, ks, cols, k_hi, N, stride_b)
-        if TEE:  # loaded before the mma is issued and stored after it: the load's latency passes under it
-            tee_cols = k + tl.arange(0, BK)
-            mine = (rows[:, None] < tee_row_limit) & (tee_cols[None, :] < k_hi) & ((k // BK) % tee_every == tee_phase)
-            block = tl.load(tee_src + rows[:, None].to(tl.int64) * stride_a + tee_cols[None, :], mask=mine)
         if SWAP_AB:
             if B_T:
                 acc_t = mma(w, tl.trans(a), acc_t, PRECISION)
@@ -143,8 +132,6 @@ def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stri
                 acc = mma(a, tl.trans(w), acc, PRECISION)
             else:
                 acc = mma(a, b, acc, PRECISION)
-        if TEE:
-            tl.store(tee_ptr + rows[:, None].to(tl.int64) * tee_stride + tee_cols[None, :], block, mask=mine)
     if SWAP_AB:
         acc = tl.trans(acc_t)
     return acc
