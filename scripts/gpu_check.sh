@@ -101,8 +101,8 @@ for stage in $stages; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     fused-env)
-      # The fused bench again with FUSED_ENV set (VAR=value ...: a measurement switch, e.g.
-      # SYMMCOLL_AGMM_ALONE_COPY=after), FUSED_ENV_OPS (default all_gather_matmul) and
+      # The fused bench again with FUSED_ENV set (VAR=value ...: an environment switch to compare),
+      # FUSED_ENV_OPS (default all_gather_matmul) and
       # FUSED_ENV_ALGORITHMS narrowing it, into $OUT/fused_env/: side by side with the fused stage's run.
       mkdir -p "$OUT/fused_env"
       env ${FUSED_ENV:?fused-env needs FUSED_ENV=VAR=value} timeout ${FUSED_ENV_TIMEOUT:-300} python3 -m symmcoll bench \
