@@ -213,4 +213,9 @@ def test_bench_cases_and_kernel_classes():
     got = kernel_share.shares(events)
     assert (got["comm_us"], got["fused_us"], got["compute_us"]) == (38, 40, 153)
     assert got["comm_share"] == pytest.approx(38 / 231) and got["fused_share"] == pytest.approx(40 / 231)
+    # the longest activities by name, the two local and side-stream copies of one name summed
+    assert got["top_kernels"][:3] == [["sm90_xmma_gemm_bf16bf16_bf16f32", 100], ["matmul_kernel", 50],
+                                      ["ag_matmul_kernel", 40]]
+    assert ["Memcpy DtoD (Device -> Device)", 8] in got["top_kernels"]
+    assert all(name != "cudaLaunchKernel" for name, _ in got["top_kernels"])
     assert kernel_share.shares([])["comm_share"] is None

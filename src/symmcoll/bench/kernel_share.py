@@ -26,6 +26,10 @@ import tempfile
 
 COMM_NAME_PARTS = ("nccl", "symmetric_memory", "symm_mem")
 KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# The GPU activities that took longest, by name (cut to this many characters), as shares() lists them:
+# where two modes of a step differ (the TP block bench keeps them per row).
+TOP_KERNELS = 12
+TOP_NAME_CHARS = 90
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,18 +82,23 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
             per_stream[stream] = per_stream.get(stream, 0.0) + float(e.get("dur", 0))
     main_stream = max(per_stream, key=per_stream.get) if per_stream else None
     totals = {"comm": 0.0, "fused": 0.0, "compute": 0.0}
+    by_name: dict[str, float] = {}
     for e in events:
         kind = classify(e, main_stream, comm_kernels, fused_kernels)
         if kind:
             totals[kind] += float(e.get("dur", 0))
+            name = e.get("name", "")[:TOP_NAME_CHARS]
+            by_name[name] = by_name.get(name, 0.0) + float(e.get("dur", 0))
     busy = sum(totals.values())
+    top = sorted(by_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]
     return {"comm_us": totals["comm"], "fused_us": totals["fused"], "compute_us": totals["compute"],
             "comm_share": totals["comm"] / busy if busy else None,
-            "fused_share": totals["fused"] / busy if busy else None}
+            "fused_share": totals["fused"] / busy if busy else None,
+            "top_kernels": [[name, round(us, 2)] for name, us in top]}
 
 
 def profile(run, calls: int = 2) -> dict:
-    """Shares of ``calls`` calls of ``run`` (CUDA activities only)."""
+    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels in microseconds a call."""
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -106,4 +115,6 @@ def profile(run, calls: int = 2) -> dict:
             events = json.load(f).get("traceEvents", [])
     finally:
         os.unlink(path)
-    return shares(events)
+    result = shares(events)
+    result["top_kernels"] = [[name, round(us / calls, 2)] for name, us in result["top_kernels"]]
+    return result

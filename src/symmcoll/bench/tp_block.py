@@ -165,7 +165,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
         row = {"case": case_name, "phase": case["phase"], "batch": case["batch"], "seq": case["seq"],
                "cache_tokens": CACHE_TOKENS if case["phase"] == "decode" else 0, "timing": case["timing"],
                "mode": mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
-               "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None, "error": None}
+               "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None, "top_kernels": None, "error": None}
         error, ms, shares, diff = None, None, None, None
         try:
             step = make(blocks[mode])
@@ -198,7 +198,8 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
             row.update(ms_per_step=ms, tokens_per_s=tokens / ms * 1e3, rel_diff_vs_nccl=max(diffs) if diffs else None,
                        comm_share=_mean(s["comm_share"] for s in per_rank),
                        fused_share=_mean(s["fused_share"] for s in per_rank),
-                       profiled=per_rank[0].get("profiled", "timed runs"))
+                       profiled=per_rank[0].get("profiled", "timed runs"),
+                       top_kernels=per_rank[0].get("top_kernels"))  # rank 0's, us a step
         else:
             row["error"] = error
             if mode == "nccl":
