@@ -18,11 +18,12 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   combine with the default config, torch (index_select; gather + weighted sum), at 128, 1024 and 4096
   tokens with 64 experts the (block, programs, warps, tokens per item) candidates, and the dispatch's
   two launches alone (moe_route: routing; moe_move: the row copies).
-* dispatch (not in the default parts): moe_dispatch alone, the default and the variant 0 / 4 / 5
+* dispatch (not in the default parts): moe_dispatch alone, the default and the variant 0 / 4 / 5 / 6
   candidates at every case (every expert count: their routing pass depends on it), then per case the best
   time of each dispatch variant (fused/moe.py: 0 two launches, 1 one launch ranking every slot, 2 one launch
   routed by ranges, 3 the same with the next item's loads ahead, 4 the same with each range's slots routed
-  before its copies, 5 two launches, the pull's next item ahead).
+  before its copies, 5 two launches, the pull's next item ahead, 6 two launches, prefixes folded, the pull
+  two items ahead); the launches of the default and of the first variant 5 and 6 candidates also alone.
 * combine (not in the default parts): moe_dispatch and moe_combine with their default configs beside torch at
   >= 1024 tokens (no sweep: where the issue's bandwidth target holds, on a GPU whose table has none).
 * codecs: int8 / fp8 / int4 quantize and dequantize kernels at 1-256 MB of bf16, group size 64 with
@@ -67,7 +68,8 @@ class Sizes:
         # the smoke: the first candidate of each dispatch variant (two launches, every slot, ranges)
         self.moe_configs = MOE_CONFIGS if not smoke else \
             [next(c for c in MOE_CONFIGS if (c[4] > 0, c[5]) == kind) for kind in ((False, 0), (True, 0), (False, 2),
-                                                                                   (False, 3), (False, 4), (False, 5))]
+                                                                                   (False, 3), (False, 4), (False, 5),
+                                                                                   (False, 6))]
         # the old tree: rms at these tokens, MoE at these cases (the rest is in earlier result files)
         self.old_tokens = (5,) if smoke else (32, 138, 512, 8192)
         self.old_moe = self.moe_cases[:1] if smoke else [(t, 7168, 64, k) for t in (128, 4096) for k in (2, 8)]
@@ -95,7 +97,8 @@ QUANTS = (None, "fp8_per_token")
 # program ranks every slot) up to that many slots (T * k); 2 one launch routed by ranges of tokens
 # (fused/moe_dispatch_ranges.py), 3 the same with the next item's loads ahead, 4 the same with each
 # range's slots routed before its copies, 5 the routing launch, then the pull with its next item loaded
-# ahead (combine ignores the variant: those rows are timed for dispatch only)
+# ahead, 6 the routing launch with folded prefixes, then a pull two items ahead (combine ignores the
+# variant: those rows are timed for dispatch only)
 MOE_CONFIGS = ((8192, 528, 4, 1, 0, 0), (8192, 1024, 4, 1, 0, 0), (4096, 1024, 4, 1, 0, 0), (4096, 528, 4, 1, 0, 0),
                (16384, 528, 8, 1, 0, 0), (8192, 528, 4, 2, 0, 0), (16384, 528, 8, 4, 0, 0),
                (8192, 528, 4, 1, 4096, 0), (8192, 1024, 4, 1, 4096, 0), (8192, 1024, 4, 1, 8192, 0),
@@ -106,7 +109,9 @@ MOE_CONFIGS = ((8192, 528, 4, 1, 0, 0), (8192, 1024, 4, 1, 0, 0), (4096, 1024, 4
                (16384, 132, 8, 1, 0, 4), (16384, 264, 8, 1, 0, 4), (8192, 264, 4, 1, 0, 4), (8192, 528, 4, 1, 0, 4),
                (32768, 132, 16, 1, 0, 4), (16384, 132, 8, 2, 0, 4),
                (8192, 528, 4, 1, 0, 5), (8192, 1024, 4, 1, 0, 5), (4096, 1024, 4, 1, 0, 5), (16384, 528, 8, 1, 0, 5),
-               (16384, 264, 8, 1, 0, 5), (8192, 528, 4, 2, 0, 5))
+               (16384, 264, 8, 1, 0, 5), (8192, 528, 4, 2, 0, 5),
+               (8192, 528, 4, 1, 0, 6), (4096, 528, 4, 1, 0, 6), (8192, 1024, 4, 1, 0, 6), (16384, 264, 8, 1, 0, 6),
+               (4096, 660, 4, 1, 0, 6), (4096, 1024, 4, 1, 0, 6))
 # (block, warps, programs) of the codec kernels; the first is bench.roofline's untuned rule (CODEC_*)
 CODEC_CONFIGS = ((2048, 8, 1024), (4096, 8, 1024), (8192, 8, 528), (8192, 16, 1024), (4096, 4, 2048), (4096, 4, 1024),
                  (2048, 4, 2048))
@@ -305,13 +310,14 @@ def _moe_inputs(tokens_n, hidden, experts, k, device):
 
 def dispatch_section(res: Results, device):
     """moe_dispatch alone (the ``dispatch`` part): the default and every candidate of variants 0 (two
-    launches), 4 (one launch) and 5 (two launches, the pull's next item ahead) at every case (1 was swept
+    launches), 4 (one launch), 5 (two launches, the pull's next item ahead) and 6 (two launches, folded
+    prefixes, the pull two items ahead) at every case (1 was swept
     in run 3, 2 and 3 in the 2026-11-27 H100 runs: the shipped tables hold their picks, which are the
     default rows), 1024 tokens first, then 4096, then 128 (the deadline cuts the last)."""
     order = {1024: 0, 4096: 1}
     cases = sorted(SIZES.moe_cases, key=lambda c: order.get(c[0], 2))
-    candidates = [c for c in SIZES.moe_configs if c[4] == 0 and c[5] in ((0, 2, 3, 4, 5) if SIZES.smoke else
-                                                                          (0, 4, 5))]
+    candidates = [c for c in SIZES.moe_configs if c[4] == 0 and c[5] in ((0, 2, 3, 4, 5, 6) if SIZES.smoke else
+                                                                          (0, 4, 5, 6))]
     moe_section(res, device, ops=("moe_dispatch",), cases=cases, candidates=candidates)
 
 
@@ -370,6 +376,7 @@ def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_disp
                          LaunchConfig(b, p, w), tt, ls, v) for b, p, w, tt, ls, v in
                         (SIZES.moe_configs if candidates is None else candidates)]
         dispatch_options = (("num_experts", experts), ("max_rows", tokens_n * k))
+        alone = set()  # the variants whose launches were timed alone at this case
         for label, cfg, tt, local_slots, variant in configs:
             moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"] = \
                 tt, local_slots, variant
@@ -394,8 +401,10 @@ def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_disp
             if "out" in handle and "moe_combine" in ops and (variant == 0 or cfg is None):
                 res.add("moe_combine", "symmcoll:push", case, combine, check_combine, combine_bytes, config=label,
                         **fields["moe_combine"])
-            if cfg is None and "out" in handle:
-                _moe_kernels_alone(res, case, dispatch, dispatch_bytes)
+            # the default's launches alone, and those of the first candidate of variants 5 and 6 (two launches)
+            if "out" in handle and (cfg is None or (variant in (5, 6) and variant not in alone)):
+                _moe_kernels_alone(res, case, dispatch, dispatch_bytes, label)
+                alone.add(variant if cfg is not None else None)
         moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"] = untuned
         symmcoll.check()
     res.save()
@@ -415,7 +424,7 @@ def _moe_fields(op, case, device, cfg, tt, local_slots, variant) -> dict:
     return dict(fields, local_slots=local_slots, variant=variant) if op == "moe_dispatch" else fields
 
 
-def _moe_kernels_alone(res: Results, case, dispatch, dispatch_bytes):
+def _moe_kernels_alone(res: Results, case, dispatch, dispatch_bytes, label="default"):
     """The launches of a dispatch timed alone (section moe_route: routing, the fixed cost; moe_move: the
     row copies, over the dispatch's bytes; a dispatch in one launch: moe_move only), replayed with the
     arguments of the call just checked: where the time that is not bandwidth goes."""
@@ -425,7 +434,7 @@ def _moe_kernels_alone(res: Results, case, dispatch, dispatch_bytes):
     for section, rec in zip(("moe_route", "moe_move")[2 - len(launches):], launches):
         res.add(section, "symmcoll:" + rec.kernel.__name__, case,
                 lambda rec=rec: launcher.launch(rec.kernel, rec.grid, rec.args, rec.meta), lambda _: 0.0,
-                dispatch_bytes if section == "moe_move" else None, config="default")
+                dispatch_bytes if section == "moe_move" else None, config=label)
 
 
 def codec_section(res: Results, device):
@@ -632,9 +641,9 @@ def variant_table(res: Results) -> str:
         f"{r['us']:.1f}" if r else "-")
     lines = ["dispatch variants: best us (% of copy) per case", f"{'case':<22}" + "".join(
         f"{name:>16}" for name in ("v0 two launches", "v1 every slot", "v2 ranges", "v3 ranges ahead",
-                                   "v4 routed first", "v5 pull ahead", "torch"))]
+                                   "v4 routed first", "v5 pull ahead", "v6 folded", "torch"))]
     for case, slot in best.items():
-        cells = "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, 4, 5, "torch"))
+        cells = "".join(f"{cell(slot.get(key)):>16}" for key in (0, 1, 2, 3, 4, 5, 6, "torch"))
         lines.append(f"{'x'.join(map(str, case)):<22}{cells}")
     return "\n".join(lines)
 

@@ -205,6 +205,8 @@ for stage in $stages; do
       # ROOFLINE_ARGS narrows the cases (benchmarks/roofline.py --rms-tokens / --quants / --moe-tokens;
       # the old tree's cases too), e.g. the issue-23 H100 cells and their neighbours (branch mem4):
       #   ROOFLINE_PARTS="dispatch rms" ROOFLINE_ARGS="--rms-tokens 2048 8192 --quants bf16 --moe-tokens 1024"
+      # Dispatch variant 6 at 1024 tokens (branch mem5, ~4-5 minutes, no old tree):
+      #   ROOFLINE_PARTS=dispatch ROOFLINE_DEADLINE=300 ROOFLINE_TIMEOUT=380 ROOFLINE_ARGS="--moe-tokens 1024"
       old=""; [ -d old_main/src ] && old="--old-src old_main/src"
       timeout ${ROOFLINE_TIMEOUT:-475} python3 benchmarks/roofline.py --out "$OUT/roofline.json" \
         --deadline ${ROOFLINE_DEADLINE:-400} $old ${ROOFLINE_PARTS:+--parts $ROOFLINE_PARTS} ${ROOFLINE_ARGS:-} 2>&1 \

@@ -129,9 +129,10 @@ def _one_rank():
     routes every slot), 0 (the routing launch first, LOCAL_ROUTE_SLOTS 0), 2 (one launch routed by
     ranges of tokens: several ranges, a routing pass of several chunks that end inside a range, rows in
     two parts), 3 (2 with the next item's loads ahead), 4 (3 with each range's slots routed at once,
-    before its copies, the histogram pass split at the range) and 5 (0 with the pull's next item loaded
-    ahead: items of 16 tokens over several routing blocks, several items a program, rows in two parts),
-    each reporting max_recv_rows too small and a bad id."""
+    before its copies, the histogram pass split at the range), 5 (0 with the pull's next item loaded
+    ahead: items of 16 tokens over several routing blocks, several items a program, rows in two parts)
+    and 6 (the folded prefixes and the pull two items ahead: the same shapes), each reporting
+    max_recv_rows too small and a bad id."""
     from symmcoll.fused import moe
     saved = moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"]
     try:
@@ -139,16 +140,23 @@ def _one_rank():
                                              (0, 2, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
                                              (0, 3, ((300, 5, 8, 3), (20, 1024, 8, 2))),
                                              (0, 4, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
-                                             (0, 5, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2)))):
+                                             (0, 5, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
+                                             (0, 6, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2)))):
             moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"] = local_slots, variant
             kernel = {0: "moe_route_kernel", 1: "moe_dispatch_local_kernel", 2: "moe_dispatch_ranges_kernel",
                       3: "moe_dispatch_ranges_kernel", 4: "moe_dispatch_ranges_kernel",
-                      5: "moe_dispatch_kernel"}[variant or (local_slots > 0)]
+                      5: "moe_dispatch_kernel", 6: "moe_pull_folded_kernel"}[variant or (local_slots > 0)]
             if variant == 5:  # the pull with its next item ahead is the one launched
                 with launcher.recording() as launches:
                     symmcoll.moe_dispatch(coded_tokens(16, 4, 0, 0), torch.zeros(16, 2, dtype=torch.int64,
                                                                                  device=device()), 2)
                 assert [r.meta.get("AHEAD") for r in launches if r.kernel.__name__ == kernel] == [True], launches
+            if variant == 6:  # the route kernel folds, and the folded pull is the one launched
+                with launcher.recording() as launches:
+                    symmcoll.moe_dispatch(coded_tokens(16, 4, 0, 0), torch.zeros(16, 2, dtype=torch.int64,
+                                                                                 device=device()), 2)
+                assert [(r.kernel.__name__, r.meta.get("FOLD")) for r in launches] == \
+                    [("moe_route_kernel", True), (kernel, None)], launches
             launched = launcher.LAUNCH_COUNTS[kernel]
             for shape in shapes:
                 _round_trip(*shape, 2 if local_slots or variant else 1, ("pull", "push"))
@@ -324,3 +332,13 @@ def test_moe_cuda_graph(pools, ws):
     if ws > torch.cuda.device_count():
         pytest.skip(f"NOT RUN: needs {ws} GPUs")
     assert pools(ws).run(_graph, 512, 4096, 8 * ws, 2, 10) == [10] * ws
+
+
+def test_dispatch_variant_6_folds_only_where_the_scan_is_one_step():
+    """Variant 6 needs every routing block in the route kernel's one scan step (the totals before the
+    folded prefixes); elsewhere (more blocks at many experts, or peers) the dispatch runs as variant 5."""
+    from symmcoll.fused import moe
+    assert moe._folds(6, 64, 256, 1)  # 1024 tokens, top-8 of 256 experts: the cell it is for
+    assert moe._folds(6, 512, 8, 1)  # 4096 tokens, top-8 of 8: one step of [512, 8]
+    assert not moe._folds(6, 256, 256, 1)  # 4096 tokens, top-8 of 256: sixteen steps
+    assert not moe._folds(6, 10, 8, 2) and not moe._folds(5, 10, 8, 1)

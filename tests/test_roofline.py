@@ -100,16 +100,20 @@ def test_dispatch_variant_sweep_on_a_cpu_rank(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
     assert {r["section"] for r in rows} <= {"moe_dispatch", "moe_route", "moe_move"}
-    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3, 4, 5}
+    assert {r.get("variant") for r in rows if r["name"] == "symmcoll:pull"} == {0, 2, 3, 4, 5, 6}
+    # the launches alone: the default's, then variant 5's and 6's first candidate's (on a CPU rank every
+    # candidate launches the CPU's dispatch: its one launch)
+    alone = [r["config"] for r in rows if r["section"] == "moe_move"]
+    assert alone == ["default", "b8192/p528/w4/tt1/v5", "b8192/p528/w4/tt1/v6"], alone
     last = proc.stdout.strip().splitlines()[-1].split()
-    # the default (its row names the GPU's untuned variant, 0), 2, 3, 4, 5 and torch timed; no variant 1 candidate
-    assert last[0] == "20x16x8x3" and len(last) == 8 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
+    # the default (its row names the GPU's untuned variant, 0), 2-6 and torch timed; no variant 1 candidate
+    assert last[0] == "20x16x8x3" and len(last) == 9 and last[2] == "-" and "-" not in last[3:] + [last[1]], last
     table = tmp_path / "table.json"
     proc = subprocess.run([*cmd[:2], "--out", str(out), "--write-table", str(table)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [entry] = json.loads(table.read_text())["moe_dispatch"]
-    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3, 4, 5) and "local_slots" in entry
+    assert entry["experts"] == 8 and entry["variant"] in (0, 2, 3, 4, 5, 6) and "local_slots" in entry
 
 
 def test_combine_part_on_a_cpu_rank(tmp_path):

@@ -59,6 +59,7 @@ from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, Request, resolve
 from . import memory_bound_configs, moe_dispatch_ranges
 from .moe_kernels import (moe_combine_kernel, moe_dispatch_kernel, moe_dispatch_local_kernel, moe_push_kernel,
                           moe_route_kernel)
+from .moe_pull_folded import moe_pull_folded_kernel
 
 LANDING = declare(RegionSpec(
     "moe.landing", "moe", lambda g: g.buffer_bytes // 2,
@@ -85,7 +86,10 @@ TOKENS_PER_ITEM = {"cuda": 1, "cpu": 16}
 #   2: one launch, each program routes a range of tokens after one histogram pass over every slot
 #      (fused/moe_dispatch_ranges.py); 3: 2 with the next item's loads issued before this item's stores;
 #   4: 3 with every slot of a range routed before its copies (and a cheaper histogram pass);
-#   5: 0 with the pull's next item (row, ids, in-block ranks) loaded before this item's stores.
+#   5: 0 with the pull's next item (row, ids, in-block ranks) loaded before this item's stores;
+#   6: the routing launch with each block's prefixes folded with the experts' starts, then a pull with
+#      no metadata round trip between two items' stores (fused/moe_pull_folded.py); where the route
+#      kernel's scan takes more than one step (> SCAN_MAX_ROWS blocks at many experts), 5.
 # On GPU without a table entry: 0 (two launches); on CPU the world-size-1 tests run each.
 LOCAL_ROUTE_SLOTS = {"cuda": 0, "cpu": 4096}
 DISPATCH_VARIANT = {"cuda": 0, "cpu": 0}
@@ -115,6 +119,12 @@ def _scan_rows(blocks: int, e_p2: int, world: int) -> int:
     rows = triton.next_power_of_2(max(blocks, 1))
     one_step = world == 1 and rows <= SCAN_MAX_ROWS and rows * e_p2 <= SCAN_TILE
     return max(rows if one_step else 1, 4096 // e_p2, 1)
+
+
+def _folds(variant: int, blocks: int, e_p2: int, world: int) -> bool:
+    """Whether dispatch variant 6 runs as itself: one rank, and the route kernel's scan of ``blocks``
+    routing blocks in one step (the folded prefixes need the totals before any prefix is stored)."""
+    return variant == 6 and world == 1 and _scan_rows(blocks, e_p2, world) >= blocks
 
 
 def _option(request: Request, name: str):
@@ -257,11 +267,12 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
         return out, counts, origin, self_rows
     tb = tiles["TB"]
     blocks = triton.cdiv(tokens_n, tb)
-    # My buffer: sanitised ids [T, k], in-block ranks [T, k], block prefixes [blocks, E], totals [E]
-    # (int32), then this round's token rows for the peers.
+    fold = _folds(variant, blocks, e_p2, world)
+    # My buffer: sanitised ids [T, k], in-block ranks [T, k], block prefixes [blocks, E] (variant 6:
+    # [blocks, E_P2]), totals [E] (int32), then this round's token rows for the peers.
     rank_off = _ceil16(tokens_n * k)
     hist_off = rank_off + _ceil16(tokens_n * k)
-    totals_off = hist_off + _ceil16(blocks * experts)
+    totals_off = hist_off + _ceil16(blocks * (e_p2 if fold else experts))
     meta_bytes = (totals_off + _ceil16(experts)) * 4
     if meta_bytes > ws.buffer_bytes:
         raise ValueError(f"tokens: the routing metadata of {tokens_n} tokens ({meta_bytes} bytes) does not fit the "
@@ -283,13 +294,19 @@ def _dispatch(plan: Plan, tokens: torch.Tensor, out: torch.Tensor, topk_ids: tor
                 n * row if world > 1 else 0, topk_ids, tokens_n, experts, rank_off, hist_off, totals_off,
                 meta_bytes // words.element_size()),
                dict(WORLD=world, K=k, KP2=tiles["KP2"], TB=tb, E_P2=e_p2, SCAN_ROWS=_scan_rows(blocks, e_p2, world),
-                    BLOCK=4096, ROUTE=t0 == 0, STAGE=world > 1, num_warps=8))
+                    BLOCK=4096, ROUTE=t0 == 0, STAGE=world > 1, FOLD=fold, num_warps=8))
+        if fold:  # one rank, one round; my buffer's words directly (no address table to load first)
+            launch(moe_pull_folded_kernel, cfg.grid(triton.cdiv(max(n, 1), tt) * parts),
+                   (*ws.kernel_args, plan.desc, ws.buffer.view(torch.int32), words, out_words, counts, origin,
+                    self_rows, tokens_n, row, max_rows, experts, rank_off, hist_off, totals_off, parts, part_words),
+                   dict(K=k, KP2=tiles["KP2"], E_P2=e_p2, TB=tb, TT=tt, HB=hb, num_warps=cfg.num_warps))
+            continue
         launch(moe_dispatch_kernel, cfg.grid(world * triton.cdiv(max(n, 1), tt) * parts),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, words[t0 * row:], out_words, counts, origin,
                 self_rows, tokens_n, row, max_rows, experts, rank_off, hist_off, totals_off,
                 meta_bytes // words.element_size(), t0, n, parts, part_words),
                dict(WORLD=world, K=k, EL=local_experts, PEERS=triton.next_power_of_2(world), TT=tt, HB=hb,
-                    AHEAD=world == 1 and variant == 5, num_warps=cfg.num_warps, **tiles))
+                    AHEAD=world == 1 and variant in (5, 6), num_warps=cfg.num_warps, **tiles))
     return out, counts, origin, self_rows
 
 
@@ -383,7 +400,7 @@ COMBINE = declare_op(OpSpec(
 
 def compile_cases(make_workspace):
     """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push; dispatch
-    variants 0 to 5), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256
+    variants 0 to 6), 2, 3 and 4 ranks, bf16, fp8 and fp32, top-2 of 8, top-8 of 64 and 256
     experts, an odd hidden size."""
     cases = []
     for world, dtype, experts, k, hidden, local_slots, variant in (
@@ -392,7 +409,8 @@ def compile_cases(make_workspace):
             (1, torch.float32, 8, 2, 5, 0, 3), (1, torch.float8_e4m3fn, 64, 2, 4096, 0, 2),
             (1, torch.bfloat16, 64, 8, 4096, 0, 3), (1, torch.bfloat16, 256, 2, 4096, 0, 4),
             (1, torch.float32, 8, 2, 5, 0, 4), (1, torch.bfloat16, 256, 8, 4096, 0, 5),
-            (1, torch.float32, 8, 2, 5, 0, 5),
+            (1, torch.float32, 8, 2, 5, 0, 5), (1, torch.bfloat16, 256, 8, 4096, 0, 6),
+            (1, torch.float32, 8, 2, 5, 0, 6),
             (2, torch.bfloat16, 8, 2, 4096, 0, 0), (4, torch.float8_e4m3fn, 64, 8, 7168, 0, 0),
             (3, torch.float32, 6, 3, 5, 0, 0)):
         def thunk(world=world, dtype=dtype, experts=experts, k=k, hidden=hidden, local_slots=local_slots,

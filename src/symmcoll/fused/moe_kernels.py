@@ -86,9 +86,12 @@ def moe_route_kernel(
     # token rows (token words)
     rank_off, hist_off, totals_off, tokens_off,
     # ROUTE: the first round (routes); STAGE: peers read my rows (more than one rank); TB tokens per
-    # routing block; E_P2 >= num_experts; SCAN_ROWS blocks per step of the scan
+    # routing block; E_P2 >= num_experts; SCAN_ROWS blocks per step of the scan; FOLD (one rank, every
+    # block in one step: dispatch variant 6): block prefixes in rows of E_P2 (not num_experts), each
+    # stored with its expert's start added
     WORLD: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr, TB: tl.constexpr, E_P2: tl.constexpr,
     SCAN_ROWS: tl.constexpr, BLOCK: tl.constexpr, ROUTE: tl.constexpr, STAGE: tl.constexpr,
+    FOLD: tl.constexpr = False,
 ):
     pid, nprog = open_call(signal_pad_ptrs_dev, desc, rank, WORLD)
     if STAGE:
@@ -108,7 +111,10 @@ def moe_route_kernel(
             index = (b * TB + slot // KP2) * K + slot % KP2
             tl.store(meta + index, ids, mask=valid)
             counts = tl.histogram(ids, E_P2, mask=ids >= 0)
-            tl.store(meta + hist_off + b * num_experts + experts, counts, mask=experts < num_experts)
+            if FOLD:  # rows of E_P2 counts (the padding's zeros too): the scan's loads are whole 16-byte words
+                tl.store(meta + hist_off + b * E_P2 + experts, counts)
+            else:
+                tl.store(meta + hist_off + b * num_experts + experts, counts, mask=experts < num_experts)
             # Each slot's rank among the block's earlier slots of its expert (token, then slot order).
             ranks = tl.zeros([TB * KP2], tl.int32)
             for c in tl.static_range(0, TB * KP2, RANK_CHUNK):
@@ -122,15 +128,26 @@ def moe_route_kernel(
         tl.debug_barrier()
         if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == nprog - 1:
             tl.store(counter_ptr, 0)  # ready for the next call
-            carry = tl.zeros([E_P2], tl.int32)
             rows = tl.arange(0, SCAN_ROWS)
-            for b0 in range(0, blocks, SCAN_ROWS):
-                at = meta + hist_off + (b0 + rows)[:, None] * num_experts + experts[None, :]
-                valid = ((b0 + rows)[:, None] < blocks) & (experts[None, :] < num_experts)
-                counts = tl.load(at, mask=valid, other=0, volatile=True)
-                tl.store(at, tl.cumsum(counts, axis=0) - counts + carry[None, :], mask=valid)
-                carry += tl.sum(counts, axis=0)
-            tl.store(meta + totals_off + experts, carry, mask=experts < num_experts)
+            if FOLD:  # every block in this one tile (the host checks): the totals come first
+                # (my buffer and hist_off are 16-byte aligned: the host's layout)
+                at = tl.multiple_of(meta, 16) + tl.multiple_of(hist_off, 4) + rows[:, None] * E_P2 + experts[None, :]
+                counts = tl.load(at, mask=rows[:, None] < blocks, other=0, volatile=True)
+                totals = tl.sum(counts, axis=0)
+                # The first row of each block's slots of each expert: the pull's row of a slot is this + its
+                # in-block rank, one load where it was the expert's start (a cumsum of the totals) + this.
+                tl.store(at, tl.cumsum(counts, axis=0) - counts + (tl.cumsum(totals, axis=0) - totals)[None, :],
+                         mask=rows[:, None] < blocks)
+                tl.store(meta + totals_off + experts, totals, mask=experts < num_experts)
+            else:
+                carry = tl.zeros([E_P2], tl.int32)
+                for b0 in range(0, blocks, SCAN_ROWS):
+                    at = meta + hist_off + (b0 + rows)[:, None] * num_experts + experts[None, :]
+                    valid = ((b0 + rows)[:, None] < blocks) & (experts[None, :] < num_experts)
+                    counts = tl.load(at, mask=valid, other=0, volatile=True)
+                    tl.store(at, tl.cumsum(counts, axis=0) - counts + carry[None, :], mask=valid)
+                    carry += tl.sum(counts, axis=0)
+                tl.store(meta + totals_off + experts, carry, mask=experts < num_experts)
 
 
 @triton.jit
