@@ -29,18 +29,16 @@ nothing is ever reset and graph replays need no host work. Chunks never straddle
 Shards larger than the workspace buffer go in pieces of rows (every shard's rows [j*P, (j+1)*P)).
 A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel alone (no producers,
 barriers or copies; host tensor descriptors; C stored by descriptor where the config says so), and
-its K-loops write the gathered A as they read A (tile (m, n) copies row block m's k-steps s with
-s % num_n == n, under its tensor cores' work).
+its tiles write the gathered A after their K-loops (tile (m, n) copies its 1/num_n slice of row block
+m's columns).
 """
 
 from __future__ import annotations
-
 
 import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import ops
 from .. import plan as planner
@@ -94,7 +92,7 @@ def ag_matmul_kernel(
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr, COPY_COLS: tl.constexpr,
     # WORLD == 1 only: c_ptr is C's host tensor descriptor (TMA_STORE), as the GEMM core's matmul_kernel
     # stores C (the tile loop is not flattened: Triton 3.6 cannot flatten it around the copy's own loop)
-    TMA_STORE: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = False, C_HALVES: tl.constexpr = 1,
     # WORLD == 1 only: columns a tile's copy of A into the gathered A loads at once (see the consumer loop)
     SLICE_COLS: tl.constexpr = 64,
 ):
@@ -179,10 +177,7 @@ def ag_matmul_kernel(
             acc = gemm.k_loop(src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK, TMA,
                               SWAP_AB, B_T, PRECISION)
             if TMA_STORE:  # WORLD == 1: C's descriptor clips at its last row
-                gemm.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True)
-            elif WORLD == 1:  # (nothing waited: no budget test, which Triton 3.6 cannot flatten around)
-                gemm.store_tile(c_ptr + tl.cast(local_first, tl.int64) * stride_c, acc, tl.arange(0, BM),
-                                pid_n * BN + tl.arange(0, BN), count, N, stride_c)
+                gemm.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True, C_HALVES)
             elif budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
                                 tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
@@ -347,15 +342,14 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
         # shard's short last block would write into the next shard's rows).
         tma_store = host_desc and config.tma_store
         c = outs[0][start:]
-        c_arg = TensorDescriptor(c, [rows, c.shape[1]], [c.stride(0), 1], [config.block_m, config.block_n]) \
-            if tma_store else c
+        c_arg = gemm.c_descriptor(c, rows, config) if tma_store else c
         launch(ag_matmul_kernel, (producers + consumers,),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, c_arg, g[start:],
                 rows, bs[0].shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
                 b_desc),
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
-                    COPY_COLS=(64 if alone else 128) if on_gpu else 32, TMA_STORE=tma_store,
+                    COPY_COLS=(64 if alone else 128) if on_gpu else 32, TMA_STORE=tma_store, C_HALVES=config.c_halves,
                     SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])

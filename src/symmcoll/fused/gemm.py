@@ -4,9 +4,7 @@ the plain ``matmul`` (C = A @ B) built from them.
     k_loop          fp32 [BM, BN] tile of A[rows, k_lo:k_hi] @ B[k_lo:k_hi, cols]: TMA descriptor or
                     masked pointer loads, straight (acc += A B) or swapped (acc^T += B^T A^T: the
                     tokens on the tensor core's narrow side, for decode), B row-major [K, N] or given as
-                    its transpose W [N, K] (nn.Linear's weight); optionally copying A's blocks of
-                    some k-steps elsewhere as it goes (all_gather_matmul alone). The only K-loop of
-                    the package.
+                    its transpose W [N, K] (nn.Linear's weight). The only K-loop of the package.
     grouped_tile    the persistent scheduler's tile order: GROUP_M row blocks sweep the columns
                     together, so a column block of B is reused from L2 (Triton tutorials 03/09).
     split path      the tiles of the last, partial wave shared along K -- stream-K or the wave
@@ -309,6 +307,13 @@ def host_descriptors(config: GemmConfig, a: torch.Tensor, b: torch.Tensor, b_t: 
             TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [bn, bk] if b_t else [bk, bn]))
 
 
+def c_descriptor(c: torch.Tensor, rows: int, config: GemmConfig) -> TensorDescriptor:
+    """C's tensor descriptor for ``store_result`` with TMA_STORE: ``rows`` rows (its clipping is the
+    row limit), blocks of a tile's C_HALVES piece (GemmConfig.c_halves)."""
+    return TensorDescriptor(c, [rows, c.shape[1]], [c.stride(0), 1],
+                            [config.block_m, config.block_n // config.c_halves])
+
+
 def programs_for(config: GemmConfig, device: torch.device) -> int:
     """Persistent programs of a GEMM-core kernel: ``occupancy`` per SM."""
     return num_sms(device) * config.occupancy
@@ -348,8 +353,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     tma = use_tma(device_type, a, src, out)
     a_arg, b_arg = host_descriptors(config, a, src, b_t) if tma else (a, src)
     tma_store = tma and config.tma_store
-    c_arg = TensorDescriptor(out, [M, N], [out.stride(0), 1], [config.block_m, config.block_n // config.c_halves]
-                             ) if tma_store else out
+    c_arg = c_descriptor(out, M, config) if tma_store else out
     launch(matmul_kernel, (max(1, grid),),
            (a_arg, b_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), plan.whole_tiles, plan.sharing,
             plan.slots, partials, counters),
