@@ -179,11 +179,13 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
         if error is None:
             try:
                 ms = _time_ms(run, per, replays, group)
-                shares = kernel_share.profile(run)
+                shares, steps = kernel_share.profile(run), per
                 if shares["comm_share"] is None and captured is not None:
                     # No kernels seen inside graph replays (CUPTI without graph-node tracing): the same
                     # kernels, launched eagerly.
-                    shares = dict(kernel_share.profile(step), profiled="eager steps")
+                    shares, steps = dict(kernel_share.profile(step), profiled="eager steps"), 1
+                # profile() gives microseconds a call of what it ran: a graph replay is `per` steps
+                shares["top_kernels"] = [[name, round(us / steps, 2)] for name, us in shares["top_kernels"]]
                 # What the timed runs compute (a graph's replayed output; nccl's against its first).
                 last = captured if captured is not None else step()
                 after = _rel_diff(last - x, reference)
