@@ -414,4 +414,11 @@ for stage in $stages; do
     *) echo "unknown stage $stage" >&2; status=2 ;;
   esac
 done
+# The device tool brings back only a few files per call: past 7, everything under $OUT (logs and result
+# JSONs) travels in one archive beside env.txt; unpack it into benchmarks/results/<dir>/.
+nfiles=$(find "$OUT" -type f | wc -l)
+if [ "$nfiles" -gt 7 ]; then
+  tar czf "$OUT.bundle.tgz" -C "$OUT" . && find "$OUT" -mindepth 1 ! -name env.txt -delete \
+    && mv "$OUT.bundle.tgz" "$OUT/bundle.tgz" && echo "$nfiles files bundled into $OUT/bundle.tgz"
+fi
 exit $status
