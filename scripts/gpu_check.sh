@@ -2,7 +2,7 @@
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared]
 #                                                            [gemm-tune] [gemm-bench] [gemm-retune]
-#                                                            [fused] [fused-env] [tp_block] [quantized-tests] [quantized-bench]
+#                                                            [fused] [fused-env] [tp_block] [pdl] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
@@ -116,6 +116,42 @@ for stage in $stages; do
       timeout ${TP_BLOCK_TIMEOUT:-560} python3 -m symmcoll bench --op tp_block --world-size "${TP_BLOCK_WORLD:-$ngpu}" \
         ${TP_BLOCK_CASES:+--shapes $TP_BLOCK_CASES} --out "$OUT" 2>&1 | tee "$OUT/tp_block_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    pdl)
+      # Issue 22 point 4 on one GPU: programmatic dependent launch (SYMMCOLL_PDL) off against on, one call
+      # (~5 min typical, 8 at most under its timeouts). 1: tests/test_pdl.py -- the decode chain (rms ->
+      # GEMM -> stream-K GEMM -> matmul_all_reduce -> rms) gives the same bits with PDL as without, eager,
+      # fast path and CUDA-graph replays; launch_pdl in the compiled kernels' metadata. Nothing is timed if
+      # it fails. 2: tp_block at world size 1, PDL_TP_CASES (default "decode:1 decode:8 decode:64"), modes
+      # nccl and symmcoll (each checked against nccl's output), PDL_REPEATS (default 2) rounds of off then
+      # on, into $OUT/pdl/tp_{off,on}_<round>/.
+      # 3: the GEMM grid at PDL_GEMM_M (default "1 16 64") x PDL_GEMM_SHAPES (default "70b-tp8 70b-tp2"),
+      # every cell checked against fp32 first, off then on, into $OUT/pdl/gemm_{off,on}/.
+      # Then benchmarks/pdl_compare.py prints both side by side ($OUT/pdl/pdl_compare.json).
+      mkdir -p "$OUT/pdl"
+      timeout ${PDL_TESTS_TIMEOUT:-120} python3 -m pytest -v -rA -p no:cacheprovider tests/test_pdl.py 2>&1 \
+        | tee "$OUT/pdl/tests.log"
+      if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+        status=1; echo "pdl: tests/test_pdl.py failed: nothing timed" | tee -a "$OUT/pdl/tests.log"
+      else
+        for round in $(seq ${PDL_REPEATS:-2}); do
+          for pdl in 0 1; do
+            tag=$([ "$pdl" = 1 ] && echo on || echo off)_$round
+            SYMMCOLL_PDL=$pdl timeout ${PDL_TP_TIMEOUT:-60} python3 -m symmcoll bench --op tp_block --world-size 1 \
+              --shapes ${PDL_TP_CASES:-decode:1 decode:8 decode:64} --algorithms nccl symmcoll --out "$OUT/pdl/tp_$tag" 2>&1 \
+              | tee "$OUT/pdl/tp_$tag.log"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+          done
+        done
+        for pdl in 0 1; do
+          tag=$([ "$pdl" = 1 ] && echo on || echo off)
+          SYMMCOLL_PDL=$pdl timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench --op gemm --dtype bf16 \
+            --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} --out "$OUT/pdl/gemm_$tag" 2>&1 \
+            | tee "$OUT/pdl/gemm_$tag.log"
+          [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        done
+        python3 benchmarks/pdl_compare.py "$OUT/pdl" 2>&1 | tee "$OUT/pdl/compare.log"
+      fi
       ;;
     gemm-tune)
       # The GEMM core's tile table for this GPU model (symmcoll tune --op gemm): $OUT/gemm_<gpu>.json and its

@@ -301,7 +301,8 @@ def compile_specialised(rec: launcher.Recorded):
                                                     and not param.do_not_specialize)}
     src = ASTSource(spec.kernel, dict(spec.signature), dict(spec.constexprs), attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+                          options={"num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                                   "launch_pdl": bool(rec.meta.get("launch_pdl", False))})
 
 
 _LABEL = re.compile(r"^(\$L__\w+):")

@@ -187,3 +187,93 @@ def test_rms_fp8_tiny_rows_compile(dtype, hidden, quant):
     with launcher.recording() as launches:
         p.algorithm.run(p, x, None, torch.empty_like(x), torch.empty((hidden,), dtype=dtype, device="meta"))
     assert ".target sm_90" in kernel_specs.compile_specialised(launches[0]).asm["ptx"]
+
+
+def _pdl_cases():
+    """(label, thunk) of the decode path's PDL kernels (launcher.pdl_meta) on meta tensors: the GEMM core
+    (decode tiles whole, by the wave split and stream-K; B^T; the large-M TMA tile with its flattened
+    loop and C stored in halves; pointer loads), matmul_all_reduce's one-shot kernel at the tensor-parallel
+    block's world-1 down projection and at two ranks, all_reduce_rms_norm's one-shot kernel at decode
+    sizes on one rank and at two."""
+    from symmcoll import plan
+    from symmcoll.fused import all_reduce_rms_norm as arn
+    from symmcoll.fused import gemm
+    from symmcoll.fused import matmul_all_reduce as mar
+    from symmcoll.fused.gemm_configs import GemmConfig
+
+    def matmul(m, n, k, config=None, b_t=False):
+        a = torch.empty((m, k), dtype=torch.bfloat16, device="meta")
+        b = torch.empty((n, k) if b_t else (k, n), dtype=torch.bfloat16, device="meta")
+        gemm.matmul(a, b.t() if b_t else b, config=config, programs=132)
+
+    def one_shot(world, m, n, k):
+        a = torch.empty((m, k), dtype=torch.bfloat16, device="meta")
+        b = torch.empty((n, k), dtype=torch.bfloat16, device="meta").t()
+        request = plan.Request(mar.OP, (m, k), a.dtype, torch.device("cuda"), others=(((k, n), a.dtype, a.device),))
+        p = plan.Plan(request, "kernel", plan.algorithms(mar.OP)["one_shot"], None, world, 0,
+                      kernel_specs.FakeWorkspace(world, 0), None, 3, (m, n))
+        mar._one_shot(p, a, torch.empty((m, n), dtype=a.dtype, device="meta"), b)
+
+    def rms(world, tokens, hidden):
+        x = torch.empty((tokens, hidden), dtype=torch.bfloat16, device="meta")
+        request = plan.Request(arn.OP, x.shape, x.dtype, torch.device("cuda"), options=(("eps", 1e-6), ("quant", None)))
+        chosen = plan.algorithms(arn.OP)["one_shot"]
+        p = plan.Plan(request, "kernel", chosen, None, world, 0, kernel_specs.FakeWorkspace(world, 0),
+                      chosen.gpu_configs(request, world), 3, None)
+        p.algorithm.run(p, x, None, torch.empty_like(x), torch.empty((hidden,), dtype=x.dtype, device="meta"))
+
+    return [("gemm 16x1280x8192 auto", lambda: matmul(16, 1280, 8192)),
+            ("gemm 16x1280x8192 stream-K", lambda: matmul(16, 1280, 8192, GemmConfig(16, 64, 128, 1, 4, True, 4, 6,
+                                                                                     stream_k=True))),
+            ("gemm 64x8192x8192 B^T", lambda: matmul(64, 8192, 8192, GemmConfig(64, 128, 64, 8, 1, False, 4, 4), True)),
+            ("gemm 8192^3 flattened, C halves", lambda: matmul(8192, 8192, 8192, GemmConfig(128, 256, 64, 8, 1, False, 8,
+                                                                                            3, 1, True, True))),
+            ("gemm 33x100x72 pointers", lambda: matmul(33, 100, 72)),
+            ("matmul_all_reduce ws1 1x8192x28672", lambda: one_shot(1, 1, 8192, 28672)),
+            ("matmul_all_reduce ws2 8x8192x14336", lambda: one_shot(2, 8, 8192, 14336)),
+            ("rms ws1 1x8192", lambda: rms(1, 1, 8192)),
+            ("rms ws1 8x8192", lambda: rms(1, 8, 8192)),
+            ("rms ws1 2048x4096", lambda: rms(1, 2048, 4096)),
+            ("rms ws2 6x8192", lambda: rms(2, 6, 8192))]
+
+
+# Instructions that touch global memory (or may: generic addresses): everything but the state spaces a
+# kernel owns (.param, .shared, .local, .const).
+_MEMORY_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|atom|red|cp\.async|cp\.reduce|tensormap|prefetch|multimem)\S*)")
+_OWN_SPACE = re.compile(r"^(?:ld|st)\.(?:param|shared|local|const)")
+
+
+@pytest.mark.parametrize("case", _pdl_cases(), ids=lambda c: c[0])
+def test_pdl_kernels_wait_before_any_global_access(monkeypatch, case):
+    """With SYMMCOLL_PDL on, each decode-path kernel compiled for sm_90 as the GPU specialises it: one
+    unpredicated griddepcontrol.wait in the entry block (every thread passes it, before any branch) and
+    no instruction that touches global memory before it (device-side descriptors are written there too);
+    griddepcontrol.launch_dependents present; Triton's launch_pdl in the compiled metadata (what the
+    launcher's fast path launches with). The same launch without PDL: no griddepcontrol at all, and the
+    PDL build costs at most 2 registers more and spills nothing more."""
+    label, thunk = case
+    monkeypatch.setattr(launcher, "PDL", True)
+    with launcher.recording() as launches:
+        thunk()
+    assert launches and all(r.meta.get("PDL") and r.meta.get("launch_pdl") for r in launches), label
+    for rec in launches:
+        on = kernel_specs.compile_specialised(rec)
+        off_meta = {k: v for k, v in rec.meta.items() if k not in ("PDL", "launch_pdl")}
+        off = kernel_specs.compile_specialised(launcher.Recorded(rec.kernel, rec.grid, rec.args, off_meta))
+        ptx = on.asm["ptx"]
+        assert on.metadata.launch_pdl and not off.metadata.launch_pdl
+        assert "griddepcontrol" not in off.asm["ptx"]
+        assert ptx.count("griddepcontrol.wait") == 1, f"{label}: {ptx.count('griddepcontrol.wait')} waits"
+        assert "griddepcontrol.launch_dependents" in ptx
+        body = ptx[ptx.index(".entry"):].splitlines()
+        wait = next(i for i, line in enumerate(body) if "griddepcontrol.wait" in line)
+        assert not re.match(r"^\s*@", body[wait]), f"{label}: the wait is predicated"
+        before = body[:wait]
+        assert not [line for line in before if re.match(r"^\s*\$L__BB\w+:", line) or re.search(r"\bbra\b", line)], \
+            f"{label}: the wait is not in the entry block"
+        touching = [m.group(1) for m in map(_MEMORY_OP.match, before) if m and not _OWN_SPACE.match(m.group(1))]
+        assert touching == [], f"{label}: {touching} before griddepcontrol.wait"
+        (regs_on, spill_on), (regs_off, spill_off) = kernel_specs.ptxas_usage(ptx), kernel_specs.ptxas_usage(
+            off.asm["ptx"])
+        assert regs_on <= regs_off + 2 and spill_on <= spill_off, \
+            f"{label}: {regs_on} registers ({spill_on} B spilled) with PDL, {regs_off} ({spill_off} B) without"

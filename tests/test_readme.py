@@ -113,3 +113,12 @@ def test_summary_table_is_what_the_committed_results_say():
     table = summary.table(summary.points([(p, results.load(p)) for p in files]))
     assert table in README
     assert (ROOT / "docs" / "summary.png").stat().st_size > 10_000
+
+
+def test_the_installed_version_is_the_one_in_the_source():
+    """pyproject.toml takes its version from symmcoll.__version__ (what result files record): an
+    installed symmcoll reports the same."""
+    import importlib.metadata
+
+    import symmcoll
+    assert importlib.metadata.version("symmcoll") == symmcoll.__version__

@@ -12,6 +12,14 @@
 * Warming (``warming()``): nothing runs; every launch is compiled into Triton's cache as the same
   launch would be (``JITFunction.warmup``), so a later real launch loads it. The GEMM tuner's
   compile workers use it on meta tensors: no kernel of theirs runs on the GPU being timed.
+* Programmatic dependent launch (``SYMMCOLL_PDL=1``, read once at import; default off): the decode
+  path's kernels -- the GEMM core's ``matmul_kernel``, ``matmul_all_reduce_kernel`` and
+  ``rms_norm_one_shot_kernel`` -- take ``pdl_meta(device)`` in their meta: their ``PDL`` constexpr
+  (language/pdl.py: ``griddepcontrol.wait`` before any global access, ``launch_dependents`` after the
+  main loop) and Triton's ``launch_pdl`` option, which the compiled kernel keeps in its metadata, so
+  the fast path's ``compiled.run`` and CUDA-graph capture (the launch attribute becomes a
+  programmatic edge of the graph) launch it with PDL too. GPUs below sm_90 never get it; the
+  interpreter runs the kernels with ``PDL`` set (a no-op there) and ignores ``launch_pdl``.
 """
 
 from __future__ import annotations
@@ -43,8 +51,31 @@ _WARMING = False
 _COMPILED: dict = {}
 # SYMMCOLL_FAST_LAUNCH=0 sends every launch through Triton's JIT (for comparing the two paths).
 FAST = os.environ.get("SYMMCOLL_FAST_LAUNCH", "1") != "0"
+# SYMMCOLL_PDL=1 launches the decode path's kernels with programmatic dependent launch (``pdl_meta``).
+PDL = os.environ.get("SYMMCOLL_PDL", "0") == "1"
 # Launches per kernel name in this process (tests use it to prove that chunked paths ran).
 LAUNCH_COUNTS: collections.Counter = collections.Counter()
+
+
+_PDL_META = {"PDL": True, "launch_pdl": True}
+_NO_PDL_META: dict = {}
+_PDL_CAPABLE: dict = {}
+
+
+def pdl_meta(device: torch.device) -> dict:
+    """The meta entries that launch a PDL-aware kernel with programmatic dependent launch: ``PDL`` (the
+    kernel's constexpr) and ``launch_pdl`` (Triton's launch option), where ``PDL`` is on and the device
+    has it (sm_90+; meta tensors stand for the sm_90 compile checks; CPU runs the no-op twin). Empty
+    otherwise: the kernels' defaults (off). Do not mutate the returned dict."""
+    if not PDL:
+        return _NO_PDL_META
+    if device.type != "cuda" or not torch.cuda.is_available():  # (no GPU: recording for the sm_90 checks)
+        return _PDL_META
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    capable = _PDL_CAPABLE.get(index)
+    if capable is None:
+        capable = _PDL_CAPABLE[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _PDL_META if capable else _NO_PDL_META
 
 
 @contextlib.contextmanager

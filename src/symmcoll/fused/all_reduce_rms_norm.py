@@ -39,6 +39,9 @@ per program with no loop (``ONE_STEP``; with ``EVEN_H``, rows that fill their bl
 with ``every_step`` makes the grid cover the rows past the programs' cap). Launch: ``gpu_config`` (values
 per step, programs, warps; on one rank the table measured on this GPU model), overridable per call
 (``plan.resolve(..., config=)``) for the roofline sweep.
+With SYMMCOLL_PDL=1 (launcher.pdl_meta) the one-shot kernel is launched with programmatic dependent
+launch: it waits for the previous kernel (language/pdl.py) before any global access and lets the next
+one launch at once (its loads are the kernel).
 
 nccl / unfused
     The process group's all-reduce / symmcoll.all_reduce ("auto"), then torch: residual + sum (rounded),
@@ -55,8 +58,9 @@ import triton.language as tl
 
 from .. import ops, plan
 from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, open_two_stage_slots, own_shard,
-                        peer_rows, post_call, sanitize_values, take_rows, words_of)
-from ..launcher import launch
+                        peer_rows, post_call, release_dependents, sanitize_values, take_rows, wait_prior_grid,
+                        words_of)
+from ..launcher import launch, pdl_meta
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig
 from . import memory_bound_configs
@@ -104,9 +108,17 @@ def rms_norm_one_shot_kernel(
     WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
     CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr, AHEAD: tl.constexpr,
     ONE_STEP: tl.constexpr = False, EVEN_H: tl.constexpr = False,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    # PDL: the previous kernel (the matmul that made x) done before anything global: rows, slots, epochs
+    wait_prior_grid(PDL)
+    # ... and the next PDL kernel may launch once every program of ours is here: it overlaps all of this
+    # (a memory-bound pass: its loads are the whole kernel) and waits for our completion before it
+    # touches memory; our programs are all resident by then, so no wait of ours loses an SM to it.
+    # (Issued after the step's loads instead, it cost 9 registers at 2048 x 4096.)
+    release_dependents(PDL)
     if WORLD > 1:  # one rank: nothing goes through the slots, no epoch to keep
         epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev,
                                                                       desc, rank, WORLD, 1, SLOT_WORDS)
@@ -386,7 +398,8 @@ def _kernel_run(kind: str):
         h = x.shape[-1]
         meta, max_programs = _launch_config(p, h, x.element_size())
         slot_words = words(p.ws.device.type, world)
-        meta = dict(meta, SLOT_WORDS=slot_words, **({"AHEAD": _ahead(p.config)} if one_shot else {}))
+        meta = dict(meta, SLOT_WORDS=slot_words, **({"AHEAD": _ahead(p.config)} if one_shot else {}),
+                    **(pdl_meta(p.ws.device) if one_shot else {}))
         total = x.numel() // h if h else 0
         # Rows per launch: a slot row holds every row of a piece (one-shot) or of a piece's shard; one
         # launch on one rank (nothing goes through the slots).

@@ -15,6 +15,10 @@ the plain ``matmul`` (C = A @ B) built from them.
                     stream-K range or wave-split parts; fused ops run their own kernels on ``k_loop``
                     and ``grouped_tile`` with whole tiles only.
 
+With SYMMCOLL_PDL=1 (launcher.pdl_meta) ``matmul_kernel`` is launched with programmatic dependent
+launch: it waits for the previous kernel (language/pdl.py) before building descriptors or touching
+memory, and lets the next one launch once its first tile's K-loop is done.
+
 Configs (tile shape, swap, split, warps, stages) come from gemm_configs.gemm_config: a table measured
 per GPU model by ``symmcoll tune --op gemm``, or the untuned rule. Under the interpreter ``mma``
 upcasts to fp32 first (triton 3.6's interpreter adds bf16 bit patterns); the GPU path never does.
@@ -27,8 +31,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..language import INTERPRETED, narrow
-from ..launcher import launch
+from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
+from ..launcher import launch, pdl_meta
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config, split_plan
 from .gemm_split import reduce_loads, split_counters, split_reduce, stream_owner, stream_range, wave_part
 
@@ -178,11 +182,14 @@ def matmul_kernel(
     PRECISION: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr, STREAM: tl.constexpr,
     REDUCE_LOADS: tl.constexpr = 1,  # partial slots a shared tile's last part loads at once (gemm_split.reduce_loads)
     C_HALVES: tl.constexpr = 1,  # C's tile stored whole or in two column halves (GemmConfig.c_halves)
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
 ):
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     tiles = num_m * num_n
     program = tl.program_id(0)
+    # PDL: nothing global before this (a device-side descriptor is written to global scratch)
+    wait_prior_grid(PDL)
     a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
     if SPLIT:
         # one loop over my work: whole tiles program, program + P, ... below whole_tiles, then my parts
@@ -218,6 +225,7 @@ def matmul_kernel(
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
             acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, lo * BK, tl.minimum(K, hi * BK), M, N, K, stride_a,
                          stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION)
+            release_dependents(PDL)  # (the first call counts: the next kernel's launch overlaps what follows)
             if STREAM:
                 opener = stream_owner(t_first, least, longer)
                 parts = tl.where(in_whole, 1, stream_owner(t_first + steps - 1, least, longer) - opener + 1)
@@ -236,6 +244,7 @@ def matmul_kernel(
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
             acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
                          SWAP_AB, B_T, PRECISION)
+            release_dependents(PDL)  # (the first call counts: the next kernel's launch overlaps what follows)
             store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES)
 
 
@@ -348,7 +357,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
            dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
                 SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps) if plan.shared else 1,
-                C_HALVES=config.c_halves, **config.meta()))
+                C_HALVES=config.c_halves, **config.meta(), **pdl_meta(a.device)))
     return out
 
 

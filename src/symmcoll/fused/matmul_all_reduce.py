@@ -22,6 +22,10 @@ one_shot (one persistent kernel, barrier-free; for decode-sized M)
     larger than a slot row go in pieces of whole tiles (one launch each). Traffic: (W-1) x the product
     per rank, all stores issued while later tiles are still being computed.
 
+    With SYMMCOLL_PDL=1 (launcher.pdl_meta) the kernel is launched with programmatic dependent launch:
+    every program waits for the previous kernel's completion (language/pdl.py) before its first global
+    access, so nothing a peer sees moves earlier; it lets the next kernel launch after stage 1.
+
 two_shot (for large M)
     matmul_reduce_scatter's fused kernel over row shards of ceil(M / W) rows (the last may be short or
     empty), then symmcoll.all_gather of the shards: 2 (W-1)/W of the product per rank.
@@ -38,9 +42,9 @@ import triton
 import triton.language as tl
 
 from .. import ops, plan
-from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer_ptr, post_call, take, tile_values,
-                        tile_words, values_of)
-from ..launcher import launch
+from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer_ptr, post_call, release_dependents,
+                        take, tile_values, tile_words, values_of, wait_prior_grid)
+from ..launcher import launch, pdl_meta
 from ..plan import Algorithm
 from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision,
                    programs_for, store_tile, use_tma)
@@ -70,9 +74,13 @@ def matmul_all_reduce_kernel(
     WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr, B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr,
     FORMAT: tl.constexpr, TILE_WORDS: tl.constexpr, SLOT_WORDS: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    # PDL: the previous kernel done before anything global (epochs, slots, pads, operands): no peer sees
+    # anything of this launch earlier than without PDL
+    wait_prior_grid(PDL)
     epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc,
                                                                   rank, WORLD, 1, SLOT_WORDS)
     num_m = tl.cdiv(M, BM)
@@ -96,6 +104,9 @@ def matmul_all_reduce_kernel(
         store_tile(out_ptr, tile_values(words, FORMAT), pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), M,
                    N, stride_out)
     post_call(pads, peer_headers, epoch, desc, rank, WORLD)
+    # The next PDL kernel may launch now: it waits for our completion before it touches memory, and all
+    # of our programs are resident by then (each issued this), so our stage-2 waits lose no SM to it.
+    release_dependents(PDL)
     tl.debug_barrier()  # stage 2 reads back what other threads of this program parked in out
 
     # Stage 2: each of my tiles summed over ranks in rank order.
@@ -136,7 +147,8 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
     tma = use_tma(device_type, a, b)
     a_arg, b_arg = host_descriptors(cfg, a, b, b_t) if tma else (a, b)
     meta = dict(WORLD=world, B_T=b_t, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype),
-                FORMAT=WORD_FORMAT[out.dtype], TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta())
+                FORMAT=WORD_FORMAT[out.dtype], TILE_WORDS=tile_words, SLOT_WORDS=SLOT_WORDS[device_type], **cfg.meta(),
+                **pdl_meta(ws.device))
     for first in range(0, tiles, per_piece):
         n = min(per_piece, tiles - first)
         launch(matmul_all_reduce_kernel, (max(1, min(programs_for(cfg, a.device), n)),),

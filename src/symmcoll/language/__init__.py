@@ -3,7 +3,8 @@ and fp32 reductions (blocks.py), word formats of the barrier-free protocols (wor
 messages (tiles.py: rows and GEMM tiles as sentinel words, per-tile ready flags), epoch-tagged counts,
 escaped words and device-side splits (tagged.py), a call's prologue and the one-program barrier kernel
 (barrier.py), group quantization codecs (codecs.py), the sentinel slot layout and its take helpers
-(slots.py), and the acquire / release pair every flag that guards data goes through (flags.py)."""
+(slots.py), the acquire / release pair every flag that guards data goes through (flags.py), and programmatic
+dependent launch's wait / release (pdl.py)."""
 
 from .blocks import (INTERPRETED, OP_AVG, OP_MAX, OP_MIN, OP_SUM, REDUCE_OPS, combine, copy_blocks, finalize,
                      move_block, nan_max, nan_maximum, nan_min, nan_minimum, narrow, own_shard, reduce_rows,
@@ -19,6 +20,7 @@ from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, sanitize_va
 from .flags import acquire_flag, release_flag
 from .tiles import send_tile_flag, tile_values, tile_words, values_of, wait_tile_flag, words_of
 from .barrier import barrier_kernel, open_call
+from .pdl import release_dependents, wait_prior_grid
 from .codecs import FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, unpack_words
 
 __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", "combine", "copy_blocks",
@@ -33,3 +35,4 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "FORMATS", "dequantize_groups", "pack_words", "quantize_groups", "unpack_words", "send_tile_flag",
            "tile_values", "tile_words", "values_of", "wait_tile_flag", "words_of"]
 __all__ += ["announce_at", "post_header_at", "program0_peer_bases", "checks_headers", "post_call", "nan_max", "nan_maximum", "nan_min", "nan_minimum", "acquire_flag", "release_flag"]
+__all__ += ["release_dependents", "wait_prior_grid"]

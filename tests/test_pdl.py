@@ -1,0 +1,168 @@
+"""Programmatic dependent launch (SYMMCOLL_PDL; launcher.pdl_meta, language/pdl.py) on the decode path's
+kernels: a chain in which each kernel reads what the one before wrote -- all_reduce_rms_norm's one-shot
+kernel, the GEMM core (whole tiles, then stream-K), matmul_all_reduce's one-shot kernel, the norm
+again -- gives the same bits with the switch on as off, and with it on every launch carries
+the kernel's PDL constexpr and Triton's launch_pdl option (off: neither). CPU: the interpreter at world
+sizes 1 and 2 (the wait and release are no-ops there; the launches and constexpr paths are what is
+checked). GPU: also the compiled kernels' metadata (the fast path launches with it) and CUDA-graph
+replays of the chain with changing data, against the switch off: a wait placed after a dependent
+access would show here as a race. The PTX of the compiled kernels is checked in test_compile.py."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import pytest
+
+import symmcoll
+from symmcoll import launcher, plan
+from symmcoll.fused import gemm, gemm_configs
+from symmcoll.fused.gemm_configs import GemmConfig
+
+from conftest import DEVICE
+
+PDL_KERNELS = {"matmul_kernel", "matmul_all_reduce_kernel", "rms_norm_one_shot_kernel"}
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _dims():
+    """(tokens, hidden, ffn, stream-K config of the down projection [ffn -> hidden], its programs):
+    decode-sized on the GPU, tiny for the interpreter."""
+    if torch.cuda.is_available():
+        return 8, 2048, 8192, GemmConfig(16, 64, 128, 1, 4, True, 4, 6, stream_k=True), None
+    return 3, 64, 256, GemmConfig(16, 32, 32, 1, 3, True, 4, 1, stream_k=True), 10
+
+
+def _weights(seed: int):
+    tokens, hidden, ffn, config, programs = _dims()
+    g = torch.Generator().manual_seed(seed)
+    scale = hidden ** -0.5
+    w_up = (torch.randn(ffn, hidden, generator=g) * scale).bfloat16().to(_device()).t()  # nn.Linear's W.t()
+    w_down = (torch.randn(ffn, hidden, generator=g) * ffn ** -0.5).bfloat16().to(_device())
+    w_mix = (torch.randn(hidden, hidden, generator=g) * scale).bfloat16().to(_device())
+    norm = (1 + 0.1 * torch.randn(hidden, generator=g)).bfloat16().to(_device())
+    return w_up, w_down, w_mix, norm
+
+
+def _inputs(call: int):
+    tokens, hidden = _dims()[:2]
+    g = torch.Generator().manual_seed(100 + call)
+    return (torch.randn(tokens, hidden, generator=g).bfloat16().to(_device()),
+            torch.randn(tokens, hidden, generator=g).bfloat16().to(_device()))
+
+
+def _chain(x, residual, w_up, w_down, w_mix, norm):
+    """Five kernels, each reading the previous one's output."""
+    _, _, _, config, programs = _dims()
+    normed, h = symmcoll.all_reduce_rms_norm(x, residual, norm, 1e-5, algorithm="one_shot")
+    up = gemm.matmul(normed, w_up)
+    down = gemm.matmul(up, w_down, config=config, programs=programs)
+    mixed = symmcoll.matmul_all_reduce(down, w_mix, algorithm="one_shot")
+    return symmcoll.all_reduce_rms_norm(mixed, h, norm, 1e-5, algorithm="one_shot")
+
+
+def _with_pdl(on: bool, fn, *args):
+    saved = launcher.PDL
+    launcher.PDL = on
+    plan.clear_cache()  # plans keep their launches' constexprs
+    try:
+        return fn(*args)
+    finally:
+        launcher.PDL = saved
+        plan.clear_cache()
+
+
+def _recorded_pdl(weights) -> list[tuple[str, bool, bool]]:
+    """(kernel, PDL constexpr, launch_pdl option) of every launch of the chain, nothing run."""
+    x, residual = _inputs(0)
+    with launcher.recording() as launches:
+        _chain(x, residual, *weights)
+    return [(r.kernel.__name__, r.meta.get("PDL", False), r.meta.get("launch_pdl", False)) for r in launches]
+
+
+def _eager(weights, calls: int) -> list[torch.Tensor]:
+    outs = []
+    for call in range(calls):
+        normed, h = _chain(*_inputs(call), *weights)
+        outs += [normed.clone(), h.clone()]
+    return outs
+
+
+def _pdl_on_and_off(calls: int):
+    """Per switch state: the recorded launches and the chain's results for ``calls`` inputs (the first call
+    compiles, later ones take the launcher's fast path on the GPU)."""
+    weights = _weights(dist.get_world_size())
+    tokens, hidden, ffn, config, programs = _dims()
+    assert gemm_configs.split_plan(config, gemm_configs.tiles_of(config, tokens, hidden), ffn,
+                                   programs or gemm.programs_for(config, _device())).stream, \
+        "the chain's down projection must take the stream-K path"
+    found = {}
+    for on in (False, True):
+        _with_pdl(on, _eager, weights, 1)  # workspaces, plans, compiled kernels
+        found[on] = (_with_pdl(on, _recorded_pdl, weights), _with_pdl(on, _eager, weights, calls))
+    return found
+
+
+def _check_pdl_on_and_off(found):
+    (off_launches, off_outs), (on_launches, on_outs) = found[False], found[True]
+    assert {name for name, _, _ in on_launches} == PDL_KERNELS, on_launches
+    assert all(not pdl and not option for _, pdl, option in off_launches), off_launches
+    assert all(pdl and option for _, pdl, option in on_launches), on_launches
+    for i, (off, on) in enumerate(zip(off_outs, on_outs)):
+        assert torch.equal(off, on), f"output {i}: PDL on differs from off (max {float((off.float() - on.float()).abs().max())})"
+        assert torch.isfinite(on.float()).all()
+
+
+@pytest.mark.parametrize("world", [1, 2], ids=lambda w: f"ws{w}")
+def test_pdl_switch_sets_the_launch_option_and_changes_no_bit(pools, world):
+    if DEVICE != "cpu" and world > 1:
+        pytest.skip("on the GPU machine: world 1 (the decode path measured by gpu_check.sh's pdl stage)")
+    for found in pools(world).run(_pdl_on_and_off, 3):
+        _check_pdl_on_and_off(found)
+
+
+def _compiled_and_graphed():
+    """On the GPU: the launcher's compiled kernels keep launch_pdl in their metadata (its fast path launches
+    them with it); the chain captured in a CUDA graph with PDL on, replayed on changing inputs, gives the
+    bits the switch-off chain gives eagerly."""
+    weights = _weights(1)
+    x, residual = (t.clone() for t in _inputs(0))
+    references = _with_pdl(False, _eager, weights, 6)
+
+    def capture_and_replay():
+        _eager(weights, 2)  # compiled, and the fast path taken once
+        compiled = {}
+        for key, kernel in launcher._COMPILED.items():
+            if key[0].__name__ in PDL_KERNELS and ("launch_pdl", True) in key[1]:
+                compiled.setdefault(key[0].__name__, []).append(bool(kernel.metadata.launch_pdl))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            _chain(x, residual, *weights)  # warm up on the capture stream
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            normed, h = _chain(x, residual, *weights)
+        replayed = []
+        for call in range(6):
+            new_x, new_residual = _inputs(call)
+            x.copy_(new_x)
+            residual.copy_(new_residual)
+            graph.replay()
+            replayed += [normed.clone(), h.clone()]
+        torch.cuda.synchronize()
+        return compiled, replayed
+
+    compiled, replayed = _with_pdl(True, capture_and_replay)
+    return compiled, [torch.equal(a, b) for a, b in zip(references, replayed)]
+
+
+@pytest.mark.gpu
+def test_pdl_kernels_keep_the_option_compiled_and_in_graph_replays(pools):
+    compiled, equal = pools(1).run(_compiled_and_graphed)[0]
+    assert set(compiled) == PDL_KERNELS and all(all(v) for v in compiled.values()), compiled
+    assert all(equal), f"graph replays with PDL differ from the eager chain without it: {equal}"
