@@ -120,6 +120,31 @@ def test_gemm_tiles_of_the_narrow_n_cells_compile_without_spills(m, n, k, fields
     assert config.smem_bytes(2) <= SMEM_BYTES and compiled.metadata.shared <= kernel_specs.SHARED_MEMORY_LIMIT
 
 
+@pytest.mark.parametrize("fields", [(128, 256, 64, 8, 4, False, 8, 3, 1, False, True), (128, 128, 64, 8, 4, False, 8, 6)],
+                         ids=lambda v: "x".join(map(str, v[:3])))
+def test_gemm_split_partials_go_from_the_accumulators_registers(fields):
+    """The wave split's fp32 partials at 2048x1280x8192 (80 tiles of 128x256 in 3 parts; 160 of
+    128x128, 28 in 4 parts), compiled as the GPU specialises them: the partial is stored and read back
+    in the wgmma accumulator's own order (gemm_split.to_slot_order), 16-byte accesses straight from
+    and into registers -- no fp32 tile staged through shared memory (ld.shared.v4: 64 a thread at
+    128x256 before, 16 at 128x128) -- and nothing spilled."""
+    from symmcoll.fused import gemm
+    from symmcoll.fused.gemm_configs import GemmConfig
+
+    config = GemmConfig(*fields)
+    with launcher.recording() as recorded:
+        a = torch.empty((2048, 8192), dtype=torch.bfloat16, device="meta")
+        b = torch.empty((1280, 8192), dtype=torch.bfloat16, device="meta").t()
+        gemm.matmul(a, b, config=config, programs=132)
+    assert dict(kernel_specs.spec_of(recorded[0]).constexprs)["SPLIT"]
+    ptx = kernel_specs.compile_specialised(recorded[0]).asm["ptx"]
+    per_thread = config.block_m * config.block_n // (32 * config.num_warps)
+    assert len(re.findall(r"\bst\.global\.v4\.b32", ptx)) >= per_thread // 4  # the partial: 16 bytes a store
+    assert len(re.findall(r"\bld\.shared\.v4", ptx)) == 0, "an fp32 tile converted through shared memory"
+    registers, spilled = kernel_specs.ptxas_usage(ptx)
+    assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
+
+
 @pytest.mark.parametrize("quant", [None, "fp8_per_token"])
 @pytest.mark.parametrize("tokens, hidden, block, warps, ahead", [
     (32, 16384, 16384, 32, False), (32, 4096, 4096, 8, True), (8192, 6144, 8192, 32, False),

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from symmcoll.fused import gemm, gemm_configs
+from symmcoll.fused.gemm_split import wave_part
 from symmcoll.fused.gemm_configs import GemmConfig
 
 DEVICE = os.environ.get("SYMMCOLL_TEST_DEVICE", "cpu")
@@ -176,6 +179,43 @@ def _split_sum_bits():
         gemm.reduce_loads = real
     assert gemm.reduce_loads(16, 64, 4) == 4 and gemm.reduce_loads(128, 128, 8) == 2
     assert gemm.reduce_loads(128, 256, 8) == 1
+
+
+@triton.jit
+def _wave_units(out_ptr, shared_tiles, parts, steps, rounds):
+    """(tile, part, first step, end step) of every wave-split unit a program meets, as matmul_kernel walks them."""
+    program = tl.program_id(0)
+    for r in range(0, rounds):
+        unit = program + r * tl.num_programs(0)
+        if unit < shared_tiles * parts:
+            t, part, lo, hi = wave_part(unit, shared_tiles, parts, steps)
+            tl.store(out_ptr + unit * 4 + tl.arange(0, 4), tl.join(tl.join(t, lo), tl.join(part, hi)).reshape(4))  # t, part, lo, hi
+
+
+def test_wave_split_units_leave_every_tile_open_until_the_last_round(pools):
+    pools(1).run(_wave_units_part_major)
+
+
+def _wave_units_part_major():
+    """gemm_split.wave_part, as matmul_kernel walks it (unit = program + round * programs): every
+    (tile, part) once, each part's k-steps the part's own, and -- where the units take more than
+    one round -- the last round holds a part of as many tiles as it has units (all 80 at 128x256 in
+    3 parts on 132 programs: no reduction before the last round; tile-major units finished 44 tiles
+    in round 1, and their reductions delayed round 2; 7 tiles in 5 parts on 6 programs: 5 tiles, 1
+    tile-major)."""
+    for shared_tiles, parts, steps, programs in ((80, 3, 128, 132), (3, 4, 32, 4), (7, 5, 13, 6)):
+        count = shared_tiles * parts
+        rounds = -(-count // programs)
+        out = torch.full((count, 4), -1, dtype=torch.int32)
+        _wave_units[(programs,)](out, shared_tiles, parts, steps, rounds)
+        seen = {(int(t), int(p)) for t, p in out[:, :2]}
+        assert seen == {(t, p) for t in range(shared_tiles) for p in range(parts)}, "a part missing or twice"
+        chunk = -(-steps // parts)
+        for t, p, lo, hi in out.tolist():
+            assert (lo, hi) == (p * chunk, min(p * chunk + chunk, steps))
+        last_round = out[(rounds - 1) * programs:, 0]
+        # as many tiles as the last round has units, up to all of them (fewer units: some tile must end before)
+        assert len(set(last_round.tolist())) == min(shared_tiles, len(last_round)), f"{shared_tiles}x{parts}"
 
 
 def test_captured_split_launches_take_arena_slices_without_a_fill(pools):

@@ -211,7 +211,8 @@ def matmul_kernel(
                 t = first // steps + item - whole  # (shared tile, where not in_whole)
                 t_first = t * steps
             else:
-                t, part, part_lo, part_hi = wave_part(program + (item - whole) * tl.num_programs(0), sharing, steps)
+                t, part, part_lo, part_hi = wave_part(program + (item - whole) * tl.num_programs(0), tiles - whole_tiles,
+                                                       sharing, steps)
             tile = tl.where(in_whole, program + item * tl.num_programs(0), whole_tiles + t)
             if STREAM:
                 lo = tl.where(in_whole, 0, tl.maximum(first, t_first) - t_first)

@@ -19,7 +19,7 @@ are summed by the last program to finish, in a fixed order. Two ways, a config s
 (``split_plan``):
 
 * the wave split (``wave_split``, the default): each of those tiles cut into the same number of
-  whole parts, one program each;
+  whole parts, one program each (part 0 of every tile first, then part 1, ...);
 * stream-K (``stream_k``, ``stream_split``): their k-steps laid end to end and cut into one contiguous
   range per program. Measured on one H100 (2026-11-27, 836 pairs of the same tile with and without
   it): faster where those tiles fill at most a third of the programs (median 0.82x), slower beyond
@@ -172,7 +172,8 @@ class SplitPlan:
     round-robin over the programs); the other tiles are shared -- by stream-K (``stream``): their
     k-steps, laid end to end, cut into ``sharing`` contiguous ranges as even as whole k-steps allow
     (programs 0 .. sharing-1 take one each); by the wave split: each cut into ``sharing`` equal parts
-    of whole k-steps, the parts round-robin over the programs. A shared tile's parts fill at most
+    of whole k-steps, the parts round-robin over the programs, part-major (gemm_split.wave_part: no
+    tile finished before the last round). A shared tile's parts fill at most
     ``slots`` partial slots."""
 
     whole_tiles: int

@@ -6,7 +6,7 @@ gemm_configs.split_plan) and how the parts of a shared tile are summed.
                     range may end inside one tile and go on in the next (gemm_configs.stream_split).
     stream_owner    the program whose range holds a shared k-step (a tile's first and last parts).
     wave_part       the wave split: each of those tiles cut into equal parts of whole k-steps, the
-                    (tile, part) units round-robin over the programs (gemm_configs.wave_split).
+                    (tile, part) units, part-major, round-robin over the programs (gemm_configs.wave_split).
     split_reduce    the parts of a shared tile without a second kernel: every part stores its fp32
                     partial, bumps the tile's counter (acq_rel); the part that arrives last sums the
                     partials in part order (the result does not depend on who came last), a few
@@ -43,12 +43,18 @@ def stream_owner(step, least, longer):
 
 
 @triton.jit
-def wave_part(unit, parts, steps):
-    """(shared tile, part, [first, end) k-steps) of wave-split ``unit``: every shared tile in ``parts``
-    parts of cdiv(steps, parts) k-steps, the last cut at the tile's end."""
+def wave_part(unit, shared_tiles, parts, steps):
+    """(shared tile, part, [first, end) k-steps) of wave-split ``unit``: every one of the
+    ``shared_tiles`` tiles in ``parts`` parts of cdiv(steps, parts) k-steps, the last cut at the tile's
+    end. Units go part-major (part 0 of every tile, then part 1, ...): where the units take more than
+    one round of the programs, no tile is complete before the last round, so the reductions (each a
+    fp32 tile stored, and ``parts`` read back by one SM) all run at the end, beside one another,
+    instead of a round's reductions delaying the next round's parts of the same programs -- tile-major
+    units put one reduction per round on the critical path (2 at 80 tiles of 128x256 in 3 parts over
+    132 programs). The sum is in part order either way: the bits do not depend on the order."""
     chunk = tl.cdiv(steps, parts)
-    part = unit % parts
-    return unit // parts, part, part * chunk, tl.minimum(part * chunk + chunk, steps)
+    part = unit // shared_tiles
+    return unit % shared_tiles, part, part * chunk, tl.minimum(part * chunk + chunk, steps)
 
 
 def reduce_loads(block_m: int, block_n: int, num_warps: int) -> int:
@@ -62,31 +68,55 @@ def reduce_loads(block_m: int, block_n: int, num_warps: int) -> int:
 
 
 @triton.jit
+def to_slot_order(acc, BM: tl.constexpr, BN: tl.constexpr):
+    """The [BM, BN] tile as [BM * BN // 4, 4] in the order a partial slot holds it: the order of the
+    sm_90 wgmma accumulator's registers (warps of 16 rows; in a warp, lane 4p + q holds rows p and
+    p + 8 of columns 8j + 2q and 8j + 2q + 1, j = 0 .. BN/8 - 1), so that the slot's [., 4] rows
+    are one thread's 4 values (a 16-byte store) and a warp's 32 rows 512 contiguous bytes. The
+    compiler then stores and loads the partial straight from and into the accumulator's registers:
+    in row-major order the 128x256 fp32 tile went through shared memory (mma -> blocked: 128 KB
+    written and read back, 3 barriers) before the store, and the sum again before the epilogue. A
+    permutation only: any other layout (swapped tiles, 4 warps) is still right, with a conversion."""
+    x = tl.reshape(acc, (BM // 16, 2, 8, BN // 8, 4, 2))  # (row // 16, row // 8 % 2, row % 8, j, q, col % 2)
+    x = tl.permute(x, (3, 0, 2, 4, 1, 5))
+    return tl.reshape(x, (BM * BN // 4, 4))
+
+
+@triton.jit
+def from_slot_order(x, BM: tl.constexpr, BN: tl.constexpr):
+    """The inverse of ``to_slot_order``."""
+    x = tl.reshape(x, (BN // 8, BM // 16, 8, 4, 2, 2))
+    x = tl.permute(x, (1, 4, 2, 0, 3, 5))
+    return tl.reshape(x, (BM, BN))
+
+
+@triton.jit
 def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: tl.constexpr, BN: tl.constexpr,
                  REDUCE_LOADS: tl.constexpr = 1):
     """Publish this part's fp32 partial of shared ``tile`` (part ``part`` of ``parts``; the tile owns
-    ``slots`` partial slots); returns (is_last, the tile's sum over its parts in part order --
-    meaningful only where is_last). The last part loads REDUCE_LOADS (1, 2 or 4) slots per round
-    trip and adds them in part order (a slot past the last part reads as zeros: adding 0.0 changes
-    no sum), so the bits do not depend on REDUCE_LOADS or on who came last."""
-    in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    ``slots`` partial slots, each a tile in ``to_slot_order``); returns (is_last, the tile's sum
+    over its parts in part order -- meaningful only where is_last). The last part loads
+    REDUCE_LOADS (1, 2 or 4) slots per round trip and adds them in part order (a slot past the last
+    part reads as zeros: adding 0.0 changes no sum), so the bits do not depend on REDUCE_LOADS, on
+    who came last, or on the slot order (an elementwise sum)."""
+    in_slot = tl.arange(0, BM * BN // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
     base = partials_ptr + tl.cast(tile, tl.int64) * slots * (BM * BN)  # (tile: an int under the interpreter)
-    tl.store(base + part * (BM * BN) + in_tile, acc)
+    tl.store(base + part * (BM * BN) + in_slot, to_slot_order(acc, BM, BN))
     tl.debug_barrier()  # every thread's partial is stored before the counter says so
     arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
     is_last = arrived == parts - 1
-    total = tl.zeros([BM, BN], tl.float32)
+    total = tl.zeros([BM * BN // 4, 4], tl.float32)
     if is_last:
         # (my own part read back too: holding it in registers beside the sum and the loads spills)
         for s in range(0, parts, REDUCE_LOADS):
-            first = tl.load(base + s * (BM * BN) + in_tile, cache_modifier=".cg")
+            first = tl.load(base + s * (BM * BN) + in_slot, cache_modifier=".cg")
             if REDUCE_LOADS >= 2:
-                second = tl.load(base + (s + 1) * (BM * BN) + in_tile, mask=s + 1 < parts, other=0.0,
+                second = tl.load(base + (s + 1) * (BM * BN) + in_slot, mask=s + 1 < parts, other=0.0,
                                  cache_modifier=".cg")
             if REDUCE_LOADS >= 4:
-                third = tl.load(base + (s + 2) * (BM * BN) + in_tile, mask=s + 2 < parts, other=0.0,
+                third = tl.load(base + (s + 2) * (BM * BN) + in_slot, mask=s + 2 < parts, other=0.0,
                                 cache_modifier=".cg")
-                fourth = tl.load(base + (s + 3) * (BM * BN) + in_tile, mask=s + 3 < parts, other=0.0,
+                fourth = tl.load(base + (s + 3) * (BM * BN) + in_slot, mask=s + 3 < parts, other=0.0,
                                  cache_modifier=".cg")
             total += first
             if REDUCE_LOADS >= 2:
@@ -95,7 +125,7 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: 
                 total += third
                 total += fourth
         tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-    return is_last, total
+    return is_last, from_slot_order(total, BM, BN)
 
 
 _COUNTERS: dict = {}
