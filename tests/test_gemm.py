@@ -206,7 +206,7 @@ def _wave_units_part_major():
     for shared_tiles, parts, steps, programs in ((80, 3, 128, 132), (3, 4, 32, 4), (7, 5, 13, 6)):
         count = shared_tiles * parts
         rounds = -(-count // programs)
-        out = torch.full((count, 4), -1, dtype=torch.int32)
+        out = torch.full((count, 4), -1, dtype=torch.int32, device=_device())
         _wave_units[(programs,)](out, shared_tiles, parts, steps, rounds)
         seen = {(int(t), int(p)) for t, p in out[:, :2]}
         assert seen == {(t, p) for t in range(shared_tiles) for p in range(parts)}, "a part missing or twice"
@@ -228,9 +228,9 @@ def _captured_split_launches():
     graph) per launch, each launch a slice of its own, left zero; an exhausted arena falls back to a
     table of the launch's own, and the next eager launch replaces it (the old one kept)."""
     from symmcoll.fused import gemm_split
-    device = torch.device(_device())
     config = GemmConfig(16, 32, 32, 1, 4, True, 4, 1)  # wave split: 2 tiles of N = 64 in parts
     a, b = _operands(9, 64, 256, torch.bfloat16, False, _device(), 3)
+    device = a.device  # (with its index on a GPU: the arenas are keyed by it)
     expected = gemm.matmul(a, b, config=config)  # eager: makes the stream's table and the arena
     arena, _ = gemm_split._ARENAS[(device.type, device.index)]
     handed, fills = [], []

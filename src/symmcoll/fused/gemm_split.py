@@ -156,7 +156,10 @@ def split_counters(device: torch.device, needed: int = MAX_SPLIT_TILES) -> torch
     every launch leaves its counters zero. Eager launches share one table per (device, stream)
     (launches on one stream never overlap); a launch being captured gets a slice of the arena that
     no other launch ever gets."""
-    device_key = (device.type, device.index)
+    index = device.index
+    if index is None and device.type == "cuda":  # "cuda" and "cuda:0" are one device: one arena
+        index = torch.cuda.current_device()
+    device_key = (device.type, index)
     arena = _ARENAS.get(device_key)
     if _capturing(device):
         if arena is not None and arena[1] + needed <= arena[0].numel():
