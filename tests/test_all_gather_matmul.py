@@ -67,21 +67,6 @@ def test_group_of_one_copies_a_in_the_kernel():
         assert launch.run(_check, 1, algorithm, 45, 100, (70, 8), torch.bfloat16, 1, device=DEVICE) == [True]
 
 
-def _check_side_copy(*args):
-    """_check with the gathered A made by _side_copy_kernel (SYMMCOLL_AGMM_ALONE_COPY=side)."""
-    from symmcoll.fused import all_gather_matmul as agmm
-    saved, agmm.ALONE_COPY = agmm.ALONE_COPY, "side"
-    try:
-        return _check(*args)
-    finally:
-        agmm.ALONE_COPY = saved
-
-
-def test_group_of_one_side_copy_kernel():
-    # the same with the copy beside the GEMM: 45 rows in row blocks of 2 over 2 programs (the last short)
-    assert launch.run(_check_side_copy, 1, "fused", 45, 100, (70, 8), torch.bfloat16, 1, device=DEVICE) == [True]
-
-
 @pytest.mark.parametrize("algorithm", ["naive_remote", "copy_engine_producer", "fused"])
 def test_fp16_and_whole_tiles(pools, algorithm):
     assert pools(2).run(_check, algorithm, 64, 32, (32,), torch.float16, 1) == [True, True]
@@ -170,12 +155,9 @@ def _gpu_alone_epilogues():
     the H100 and H200 tables' 128x128/f/t; rows and columns not multiples of the tile, so the
     descriptor clips), at 1024^3 (the untuned rule's 64x64x128 tiles) and
     with K not a multiple of the k-step: C against fp32 and the gathered A exact, twice each."""
-    from symmcoll.fused import all_gather_matmul as agmm
     from symmcoll.fused.gemm_configs import gemm_config
     configs = []
-    for m, n, k, copy in ((16344, 8000, 1024, "tiles"), (1024, 1024, 1024, "tiles"), (1000, 384, 520, "tiles"),
-                          (16344, 8000, 1024, "side"), (1000, 384, 520, "side")):
-        agmm.ALONE_COPY = copy
+    for m, n, k in ((16344, 8000, 1024), (1024, 1024, 1024), (1000, 384, 520)):
         configs.append(gemm_config(m, n, k, torch.bfloat16, torch.device("cuda"), split=False))
         for call in range(2):
             a = _shard(0, call, m, k, torch.bfloat16)
@@ -189,21 +171,6 @@ def _gpu_alone_epilogues():
                 bad = (out.float() - ref).abs() > 0.05 * ref.abs().max() + 1e-3
                 assert not bool(bad.any()), f"{algorithm} {m}x{n}x{k}: wrong rows {bad.any(1).nonzero()[:5].tolist()}"
     assert any(c.tma_store for c in configs), [c.label for c in configs]
-    # the side copy in a captured graph: replays with new inputs copy them (the side stream joins)
-    agmm.ALONE_COPY = "side"
-    a, b = _shard(0, 0, 4096, 1024, torch.bfloat16), _weights(0, 1024, 2048, torch.bfloat16)
-    symmcoll.all_gather_matmul(a, b, algorithm="fused", return_gathered=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, gathered = symmcoll.all_gather_matmul(a, b, algorithm="fused", return_gathered=True)
-    for call in range(3):
-        a.copy_(_shard(0, call + 5, 4096, 1024, torch.bfloat16))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(gathered, a), f"side copy graph replay {call}: gathered A differs"
-        err = float((out.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm())
-        assert err < TOLERANCE[torch.bfloat16], f"side copy graph replay {call}: rel err {err:.2e}"
-    agmm.ALONE_COPY = "tiles"
     return True
 
 

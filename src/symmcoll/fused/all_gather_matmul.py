@@ -30,14 +30,10 @@ Shards larger than the workspace buffer go in pieces of rows (every shard's rows
 A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel alone (no producers,
 barriers or copies; host tensor descriptors; C stored by descriptor where the config says so), and
 its tiles write the gathered A after their K-loops (tile (m, n) copies its 1/num_n slice of row block
-m's columns), or, with SYMMCOLL_AGMM_ALONE_COPY=side, a copy kernel of small programs on a side stream
-does it while the GEMM runs (one program of SIDE_WARPS warps an SM, no shared memory: it fits beside a
-GEMM program, so the copy's loads overlap the GEMM's math instead of following each tile's K-loop).
+m's columns).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.distributed as dist
@@ -56,15 +52,6 @@ from .gemm_configs import gemm_config
 
 OP = "all_gather_matmul"
 DTYPES = (torch.bfloat16, torch.float16)
-
-# How a group of one fills the gathered A (read once at import): "tiles" (the GEMM's tiles copy their
-# slices after their K-loops) or "side" (_side_copy_kernel on a side stream, concurrent with the GEMM);
-# SIDE_PROGRAMS 0 means one per SM.
-ALONE_COPY = os.environ.get("SYMMCOLL_AGMM_ALONE_COPY", "tiles")
-SIDE_PROGRAMS = int(os.environ.get("SYMMCOLL_AGMM_SIDE_PROGRAMS", "0"))
-SIDE_WARPS = int(os.environ.get("SYMMCOLL_AGMM_SIDE_WARPS", "2"))
-if ALONE_COPY not in ("tiles", "side"):
-    raise ValueError(f"SYMMCOLL_AGMM_ALONE_COPY must be 'tiles' or 'side', got {ALONE_COPY!r}")
 
 
 # Where consumers read peers' rows of A (the variants' one difference inside the kernel).
@@ -88,16 +75,6 @@ def _copy_rows(src, dst, dst2, rows, K, src_stride, dst_stride, dst2_stride, ROW
 
 
 @triton.jit
-def _side_copy_kernel(src, dst, rows, K, src_stride, dst_stride, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """dst[:rows, :K] <- src[:rows, :K], row blocks of ROWS handed round-robin to the programs (a
-    group of one's gathered A, beside the GEMM: few warps a program, no shared memory)."""
-    for j in range(tl.program_id(0), tl.cdiv(rows, ROWS), tl.num_programs(0)):
-        first = tl.cast(j, tl.int64) * ROWS
-        _copy_rows(src + first * src_stride, dst + first * dst_stride, dst, tl.minimum(rows - first, ROWS), K,
-                   src_stride, dst_stride, dst_stride, ROWS, COLS, False)
-
-
-@triton.jit
 def ag_matmul_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -116,9 +93,8 @@ def ag_matmul_kernel(
     # WORLD == 1 only: c_ptr is C's host tensor descriptor (TMA_STORE), as the GEMM core's matmul_kernel
     # stores C (the tile loop is not flattened: Triton 3.6 cannot flatten it around the copy's own loop)
     TMA_STORE: tl.constexpr = False, C_HALVES: tl.constexpr = 1,
-    # WORLD == 1 only: columns a tile's copy of A into the gathered A loads at once (see the consumer loop);
-    # TILE_COPY False when _side_copy_kernel makes that copy instead
-    SLICE_COLS: tl.constexpr = 64, TILE_COPY: tl.constexpr = True,
+    # WORLD == 1 only: columns a tile's copy of A into the gathered A loads at once (see the consumer loop)
+    SLICE_COLS: tl.constexpr = 64,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -210,7 +186,7 @@ def ag_matmul_kernel(
             # of SLICE_COLS). Measured on one H100 (2026-11-27): a copy of A's blocks inside the K-loop
             # (extra loads beside the pipeline, 248 registers) ran 1.16-1.24x cuBLAS at M >= 1024
             # against 1.04-1.13x this way; [BM, 64] chunks, a round trip each, ran 1.06-1.19x.
-            if WORLD == 1 and TILE_COPY:
+            if WORLD == 1:
                 width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS  # (whole vectors: aligned slices)
                 c_lo = pid_n * width
                 if c_lo < K:
@@ -367,9 +343,6 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
         tma_store = host_desc and config.tma_store
         c = outs[0][start:]
         c_arg = gemm.c_descriptor(c, rows, config) if tma_store else c
-        side_copy = alone and ALONE_COPY == "side"
-        if side_copy and a.is_cuda:  # the side stream starts where this stream is (A and G are ready)
-            _side_stream(plan, a.device).wait_stream(torch.cuda.current_stream(a.device))
         launch(ag_matmul_kernel, (producers + consumers,),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, c_arg, g[start:],
                 rows, bs[0].shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
@@ -377,10 +350,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
                     COPY_COLS=(64 if alone else 128) if on_gpu else 32, TMA_STORE=tma_store, C_HALVES=config.c_halves,
-                    SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, TILE_COPY=not side_copy,
-                    **config.meta()))
-        if side_copy:
-            _side_copy(plan, a_piece, g[start:start + rows], on_gpu)
+                    SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
         if source == PEER_BUFFERS.value:  # the gathered A was not needed by the GEMM: pull it now
@@ -397,24 +367,6 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
     return outs, g
-
-
-def _side_copy(plan: Plan, a, g, on_gpu: bool) -> None:
-    """G <- A by _side_copy_kernel, launched after the GEMM on this plan's side stream (which waited
-    for this stream before the GEMM's launch), then this stream waits for it: the copy's small programs
-    sit beside the GEMM's on the SMs. Off the GPU (interpreter, meta) it runs in order."""
-    rows_per_program = 4 * SIDE_WARPS if on_gpu else 2
-    blocks = triton.cdiv(a.shape[0], rows_per_program)
-    programs = max(1, min(blocks, (SIDE_PROGRAMS or gemm.num_sms(plan.ws.device)) if on_gpu else 2))
-    args = (a, g, a.shape[0], a.shape[1], a.stride(0), g.stride(0))
-    meta = dict(ROWS=rows_per_program, COLS=512 if on_gpu else 32, num_warps=SIDE_WARPS if on_gpu else 1)
-    if not a.is_cuda:
-        launch(_side_copy_kernel, (programs,), args, meta)
-        return
-    side = _side_stream(plan, a.device)
-    with torch.cuda.stream(side):
-        launch(_side_copy_kernel, (programs,), args, meta)
-    torch.cuda.current_stream(a.device).wait_stream(side)
 
 
 def _side_stream(plan: Plan, device: torch.device) -> torch.cuda.Stream:
@@ -492,16 +444,8 @@ SPEC = ops.declare(ops.OpSpec(
 
 def compile_cases(make_workspace):
     """The kernels' launches on meta tensors (tests/test_compile.py compiles them for sm_90)."""
-    def case(world, rank, name, dtype, rows, k, n, b_t=False, alone_copy="tiles"):
+    def case(world, rank, name, dtype, rows, k, n, b_t=False):
         def thunk():
-            global ALONE_COPY
-            saved, ALONE_COPY = ALONE_COPY, alone_copy
-            try:
-                run()
-            finally:
-                ALONE_COPY = saved
-
-        def run():
             ws = make_workspace(world, rank)
             request = planner.Request(OP, (rows, k), dtype, torch.device("cuda"), others=(((k, n), dtype, None),))
             p = Plan(request, "kernel", planner.algorithms(OP)[name], None, world, rank, ws, None, 3, None)
@@ -509,8 +453,7 @@ def compile_cases(make_workspace):
             b = (torch.empty((n, k), dtype=dtype, device="meta").t() if b_t
                  else torch.empty((k, n), dtype=dtype, device="meta"))
             planner.algorithms(OP)[name].run(p, a, None, b)
-        return (f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}{' B^T' if b_t else ''}"
-                f"{' side copy' if alone_copy == 'side' else ''}", thunk)
+        return f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}{' B^T' if b_t else ''}", thunk
     return [*(case(w, r, name, dtype, rows, k, n)
               for name in ("naive_remote", "copy_engine_producer", "fused")
               for w, r, dtype, rows, k, n in ((2, 1, torch.bfloat16, 8192, 8192, 8192),
@@ -522,5 +465,4 @@ def compile_cases(make_workspace):
             # alone: C's host descriptor (the table's 128x128/f/t; the tile loop stays unflattened), the
             # untuned rule's 64x64x128 tiles at 1024^3
             case(1, 0, "fused", torch.bfloat16, 16344, 1024, 8000),
-            case(1, 0, "copy_engine_producer", torch.bfloat16, 1024, 1024, 1024),
-            case(1, 0, "fused", torch.bfloat16, 4096, 8192, 8192, alone_copy="side")]  # _side_copy_kernel beside
+            case(1, 0, "copy_engine_producer", torch.bfloat16, 1024, 1024, 1024)]
