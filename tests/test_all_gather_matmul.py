@@ -46,8 +46,10 @@ def _check(algorithm, rows, k, ns, dtype, calls=2):
             assert err < TOLERANCE[dtype], f"rank {rank} {algorithm} B{i} call {call}: rel err {err:.2e}"
             bad = (out.float() - ref).abs() > 0.05 * ref.abs().max() + 1e-3
             assert not bool(bad.any()), f"rank {rank} {algorithm}: wrong rows {bad.any(1).nonzero()[:5].tolist()}"
-    single = symmcoll.all_gather_matmul(a, bs[0], algorithm=algorithm)
+    single = symmcoll.all_gather_matmul(a, bs[0], algorithm=algorithm)  # no gathered A wanted (alone: none made)
     assert isinstance(single, torch.Tensor) and single.shape == (world * rows, bs[0].shape[1])
+    _, none = torch.ops.symmcoll.all_gather_matmul(a, [bs[0]], dist.group.WORLD.group_name, algorithm, False)
+    assert none is None, f"rank {rank} {algorithm}: a gathered A returned with return_gathered=False"
     ref = want_a.float() @ bs[0].float()
     err = float((single.float() - ref).norm() / ref.norm())
     assert err < TOLERANCE[dtype], f"rank {rank} {algorithm} single B: rel err {err:.2e}"

@@ -283,6 +283,8 @@ def test_gather_and_scatter_fuse_with_their_matmuls(pools):
     assert [e.result for e in report.entries] == ["symmcoll.all_gather_matmul", "symmcoll.matmul_reduce_scatter"], \
         str(report)
     assert "(2 B)" in report.entries[0].detail and "copied row-major" in report.entries[0].detail, str(report)
+    # (inference: nothing else reads the gathered rows, so the op is asked for none)
+    assert "gathered rows unread" in report.entries[0].detail, str(report)
     assert report.count("_c10d_functional.") == 0 and report.count("aten.mm") == 0, str(report)
 
 

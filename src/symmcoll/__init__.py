@@ -203,14 +203,15 @@ def all_gather_matmul(a_shard: torch.Tensor, b, group=None, *, algorithm: str = 
     a_shard: this rank's rows [M/W, K] of A; b: [K, N] (replicated), or a list of them sharing one
     gather; each b contiguous or the transpose of a contiguous [N, K] (``linear.weight.t()``, read as
     it is: no copy). Returns C [M, N] (a list for a list of Bs), and the gathered A [M, K] too if
-    ``return_gathered``. bf16/fp16, fp32 accumulation. algorithm: "auto" or one of
+    ``return_gathered`` (as torch's ``fused_all_gather_matmul(..., return_A=...)``; without it no
+    gathered A is returned, and a group of one makes none). bf16/fp16, fp32 accumulation. algorithm: "auto" or one of
     ``ALGORITHMS["all_gather_matmul"]`` (nccl, naive_remote, gather_then_gemm, copy_engine_producer, fused).
     """
     name = _ops.group_name(group)
     bs = [b] if isinstance(b, torch.Tensor) else list(b)
     if not bs or not all(isinstance(t, torch.Tensor) for t in bs):
         raise ValueError(f"b must be a tensor or a non-empty list of tensors, got {type(b).__name__}")
-    outs, gathered = _all_gather_matmul.SPEC.call(_tensor(a_shard), bs, name, algorithm)
+    outs, gathered = _all_gather_matmul.SPEC.call(_tensor(a_shard), bs, name, algorithm, bool(return_gathered))
     result = outs[0] if isinstance(b, torch.Tensor) else list(outs)
     return (result, gathered) if return_gathered else result
 

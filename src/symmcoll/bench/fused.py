@@ -98,7 +98,7 @@ def _agmm_torch_fused(inputs, group):
     a, b = inputs
     op = torch.ops.symm_mem.fused_all_gather_matmul
     name = group.group_name
-    return lambda: op(a, [b], 0, name)[1][0]
+    return lambda: op(a, [b], 0, name, return_A=False)[1][0]  # (C only, as symmcoll's call is made)
 
 
 AGMM = FusedSpec(

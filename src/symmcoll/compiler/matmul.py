@@ -191,9 +191,14 @@ def match_all_gather_matmul(ag: Node, ctx: Context):
         editor.erase_dead(chain)
         for layout, _ in _gathered_layouts(wait, shape, world)[1:]:
             editor.erase_dead([layout, *layout.args[0], layout.args[0][0].args[0]])
+        unread = not wait.users and all(user is wait for user in ag.users)
         if wait.users:  # other users of the gathered rows read the op's copy of them
             wait.replace_all_uses_with(editor.reshape(gathered, tuple(tensor_val(wait).shape), before=ag))
+        elif unread:  # nobody reads them: the op returns (and a group of one makes) none
+            op.args = (*op.args, False)
         ctx.retire(ag, gathered)
+        editor.erase_dead([gathered])
+        return "; the gathered rows unread: none returned" if unread else None
 
     names = ", ".join(mm.name for mm, _ in fused)
     dims = sorted({d for _, d in fused if d})

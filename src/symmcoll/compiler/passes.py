@@ -46,7 +46,7 @@ DYNAMIC = "dynamic shapes: the fused patterns need fixed shapes"
 
 @dataclass(frozen=True)
 class Fusion:
-    apply: Callable[[], None]
+    apply: Callable[[], "str | None"]  # (may return words for the report)
     detail: str
 
 
@@ -187,7 +187,7 @@ def _rewrite_one(node: Node, ctx: Context) -> Entry:
         if isinstance(found, str):
             skipped.append((pattern.name, found))
             continue
-        found.apply()
-        return Entry(what, f"symmcoll.{pattern.name}", found.detail, tuple(skipped))
+        extra = found.apply()  # (what only the rewrite itself learns, for the report)
+        return Entry(what, f"symmcoll.{pattern.name}", found.detail + (extra or ""), tuple(skipped))
     result, reason = collectives.rewrite_plain(node, ctx)
     return Entry(what, result, reason, tuple(skipped))

@@ -30,7 +30,10 @@ Shards larger than the workspace buffer go in pieces of rows (every shard's rows
 A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel alone (no producers,
 barriers or copies; host tensor descriptors; C stored by descriptor where the config says so), and
 its tiles write the gathered A after their K-loops (tile (m, n) copies its 1/num_n slice of row block
-m's columns).
+m's columns) -- unless the caller does not want the gathered A (``return_gathered=False``, torch's
+``return_A=False``): then a group of one runs the GEMM alone, and naive_remote pulls no peer rows after
+its GEMM. (A copy kernel on a side stream beside the GEMM, instead of the tiles' copies, ran 1.08-1.14x
+cuBLAS against the tiles' 1.06-1.08x on an H100: 2026-11-27-agmm-side-copy-h100.)
 """
 
 from __future__ import annotations
@@ -93,8 +96,9 @@ def ag_matmul_kernel(
     # WORLD == 1 only: c_ptr is C's host tensor descriptor (TMA_STORE), as the GEMM core's matmul_kernel
     # stores C (the tile loop is not flattened: Triton 3.6 cannot flatten it around the copy's own loop)
     TMA_STORE: tl.constexpr = False, C_HALVES: tl.constexpr = 1,
-    # WORLD == 1 only: columns a tile's copy of A into the gathered A loads at once (see the consumer loop)
-    SLICE_COLS: tl.constexpr = 64,
+    # WORLD == 1 only: columns a tile's copy of A into the gathered A loads at once (see the consumer loop);
+    # COPY_A False where the caller wants no gathered A (nothing is copied)
+    SLICE_COLS: tl.constexpr = 64, COPY_A: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -186,7 +190,7 @@ def ag_matmul_kernel(
             # of SLICE_COLS). Measured on one H100 (2026-11-27): a copy of A's blocks inside the K-loop
             # (extra loads beside the pipeline, 248 registers) ran 1.16-1.24x cuBLAS at M >= 1024
             # against 1.04-1.13x this way; [BM, 64] chunks, a round trip each, ran 1.06-1.19x.
-            if WORLD == 1:
+            if WORLD == 1 and COPY_A:
                 width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS  # (whole vectors: aligned slices)
                 c_lo = pid_n * width
                 if c_lo < K:
@@ -247,28 +251,36 @@ def _outputs(plan: Plan, a: torch.Tensor, bs, gathered: bool):
     return outs, g
 
 
+def _wants_gathered(plan: Plan) -> bool:
+    """Whether the caller takes the gathered A (the op's return_gathered; None is returned otherwise)."""
+    return dict(plan.request.options).get("return_gathered", True)
+
+
 def _nccl(plan: Plan, a, _out, *bs):
     outs, _ = _outputs(plan, a, bs, False)
     g = torch.empty((plan.world * a.shape[0], a.shape[1]), dtype=a.dtype, device=a.device)
     dist.all_gather_into_tensor(g, a, group=plan.group)
     for b, out in zip(bs, outs):
         torch.matmul(g, b, out=out)
-    return outs, g
+    return outs, g if _wants_gathered(plan) else None
 
 
 def _gather(plan: Plan, a: torch.Tensor) -> torch.Tensor:
-    """symmcoll's all-gather, carrying this call's descriptor (peers compare B's shape too)."""
+    """symmcoll's all-gather, carrying this call's descriptor (peers compare B's shape too); a group of
+    one whose caller wants no gathered A reads A itself."""
+    if plan.world == 1 and not _wants_gathered(plan):
+        return a
     return planner.inner(plan, "all_gather", a).execute(a)
 
 
 def _gather_then_gemm(plan: Plan, a, _out, *bs):
     g = _gather(plan, a)
-    return [gemm.matmul(g, b) for b in bs], g
+    return [gemm.matmul(g, b) for b in bs], g if _wants_gathered(plan) else None
 
 
 def _gather_then_cublas(plan: Plan, a, _out, *bs):
     g = _gather(plan, a)
-    return [torch.matmul(g, b) for b in bs], g
+    return [torch.matmul(g, b) for b in bs], g if _wants_gathered(plan) else None
 
 
 def _config(plan: Plan, a: torch.Tensor, b: torch.Tensor):
@@ -313,12 +325,16 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     it. A group of one has nobody to gather from: the kernel alone (no producers, barriers or copies)."""
     ws, world, rank = plan.ws, plan.world, plan.rank
     rows_total, K = a.shape
-    outs, g = _outputs(plan, a, bs, True)
+    alone = world == 1
+    wanted = _wants_gathered(plan)
+    # Alone and unwanted, there is no gathered A: A itself stands in for it (never written: COPY_A).
+    outs, g = _outputs(plan, a, bs, wanted or not alone)
+    if g is None:
+        g = a
     if rows_total == 0 or K == 0:  # nothing to gather or multiply (the plan's handshake met the peers)
-        return [out.zero_() for out in outs], g
+        return [out.zero_() for out in outs], g if wanted else None
     b, b_t = gemm.b_layout(bs[0], K)  # a transposed view of a row-major W [N, K] is read as it is
     config = _config(plan, a, bs[0])
-    alone = world == 1
     producers = 0 if alone else producers
     piece = rows_total if alone else _piece_rows(plan, a, config.block_m)  # alone: no buffer is used
     flags, epoch, ready = _state(plan, world * triton.cdiv(piece, config.block_m), a.device)
@@ -350,10 +366,11 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
                     COPY_COLS=(64 if alone else 128) if on_gpu else 32, TMA_STORE=tma_store, C_HALVES=config.c_halves,
-                    SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, **config.meta()))
+                    SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, COPY_A=wanted,
+                    **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
-        if source == PEER_BUFFERS.value:  # the gathered A was not needed by the GEMM: pull it now
+        if source == PEER_BUFFERS.value and (wanted or len(bs) > 1):  # the GEMM read peers' rows in place
             for k in range(1, world):
                 owner = (rank + k) % world
                 src = ws.peer_buffer(owner)[: rows * K * a.element_size()].view(a.dtype).view(rows, K)
@@ -362,11 +379,11 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
             barrier()
     # Alone, the kernel's tiles copy A into the gathered A as they go (a copy by the copy engine on a
     # side stream during the GEMM slowed it by 6-13% at M = 16384 on an H200, run of 2026-11-24 06:54).
-    if source != PRODUCERS.value and not alone:
+    if source != PRODUCERS.value and not alone and (wanted or len(bs) > 1):
         g[rank * rows_total:(rank + 1) * rows_total].copy_(a)
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
-    return outs, g
+    return outs, g if wanted else None
 
 
 def _side_stream(plan: Plan, device: torch.device) -> torch.cuda.Stream:
@@ -414,23 +431,25 @@ def _fused(plan, a, _out, *bs):
     return _run_kernel(plan, a, bs, PRODUCERS.value, producers=FUSED_PRODUCERS[plan.ws.device.type])
 
 
-def all_gather_matmul_impl(a_shard, bs, group_name: str, algorithm: str):
+def all_gather_matmul_impl(a_shard, bs, group_name: str, algorithm: str, return_gathered: bool = True):
     bs = tuple(bs)
     names = ("b",) if len(bs) == 1 else tuple(f"b[{i}]" for i in range(len(bs)))
     outs, gathered = planner.resolve(OP, a_shard, ops.resolve_group(group_name), algorithm, others=bs,
+                                     options=(("return_gathered", bool(return_gathered)),),
                                      other_names=names).execute(a_shard, others=bs)
     return list(outs), gathered
 
 
-def _fake(a_shard, bs, group_name, algorithm):
+def _fake(a_shard, bs, group_name, algorithm, return_gathered=True):
     rows = ops.world_size(group_name) * a_shard.shape[0]
-    return [a_shard.new_empty((rows, b.shape[1])) for b in bs], a_shard.new_empty((rows, a_shard.shape[1]))
+    gathered = a_shard.new_empty((rows, a_shard.shape[1])) if return_gathered else None
+    return [a_shard.new_empty((rows, b.shape[1])) for b in bs], gathered
 
 
 # "auto" until `symmcoll tune` has measured this machine: our all-gather and cuBLAS (never slower than
 # that pair, by construction; the single-kernel variants need multi-GPU measurements to be chosen).
 SPEC = ops.declare(ops.OpSpec(
-    OP, "(Tensor a_shard, Tensor[] bs, str group_name, str algorithm) -> (Tensor[], Tensor)", all_gather_matmul_impl,
+    OP, "(Tensor a_shard, Tensor[] bs, str group_name, str algorithm, bool return_gathered=True) -> (Tensor[], Tensor?)", all_gather_matmul_impl,
     _fake, inputs=("a_shard", "b"), shape_rule=_shape_rule, default="gather_then_cublas", dispatch_size=dispatch_size,
     transposed=("b",),
     algorithms=tuple(Algorithm(OP, name, code, "all_gather_matmul", run, summary) for name, run, code, summary in (

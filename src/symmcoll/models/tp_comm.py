@@ -92,7 +92,7 @@ class TorchAsyncTPComm(_AllReduceThenNorm):
         return torch.ops.symm_mem.one_shot_all_reduce_copy(buffer.view(t.shape), t, "sum", self.group_name)
 
     def gather_matmul(self, a_shard, w):
-        _, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, self.group_name)
+        _, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [w], 0, self.group_name, return_A=False)
         return out
 
     def matmul_scatter(self, a, w):
