@@ -218,4 +218,5 @@ def test_bench_cases_and_kernel_classes():
                                       ["ag_matmul_kernel", 40]]
     assert ["Memcpy DtoD (Device -> Device)", 8] in got["top_kernels"]
     assert all(name != "cudaLaunchKernel" for name, _ in got["top_kernels"])
+    assert (got["busy_us"], got["activities"]) == (231, 10)  # every GPU activity, none of the host's
     assert kernel_share.shares([])["comm_share"] is None

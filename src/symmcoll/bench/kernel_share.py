@@ -28,7 +28,7 @@ COMM_NAME_PARTS = ("nccl", "symmetric_memory", "symm_mem")
 KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # The GPU activities that took longest, by name (cut to this many characters), as shares() lists them:
 # where two modes of a step differ (the TP block bench keeps them per row).
-TOP_KERNELS = 12
+TOP_KERNELS = int(os.environ.get("SYMMCOLL_TOP_KERNELS", "12"))
 TOP_NAME_CHARS = 90
 
 
@@ -83,15 +83,20 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
     main_stream = max(per_stream, key=per_stream.get) if per_stream else None
     totals = {"comm": 0.0, "fused": 0.0, "compute": 0.0}
     by_name: dict[str, float] = {}
+    count = 0
     for e in events:
         kind = classify(e, main_stream, comm_kernels, fused_kernels)
         if kind:
+            count += 1
             totals[kind] += float(e.get("dur", 0))
             name = e.get("name", "")[:TOP_NAME_CHARS]
             by_name[name] = by_name.get(name, 0.0) + float(e.get("dur", 0))
     busy = sum(totals.values())
     top = sorted(by_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]
+    # busy_us / activities: every GPU activity's time and count (a step's time less busy_us is the
+    # GPU's idle time between kernels: launch gaps, host waits)
     return {"comm_us": totals["comm"], "fused_us": totals["fused"], "compute_us": totals["compute"],
+            "busy_us": busy, "activities": count,
             "comm_share": totals["comm"] / busy if busy else None,
             "fused_share": totals["fused"] / busy if busy else None,
             "top_kernels": [[name, round(us, 2)] for name, us in top]}
@@ -117,4 +122,5 @@ def profile(run, calls: int = 2) -> dict:
         os.unlink(path)
     result = shares(events)
     result["top_kernels"] = [[name, round(us / calls, 2)] for name, us in result["top_kernels"]]
+    result["busy_us"], result["activities"] = result["busy_us"] / calls, result["activities"] / calls
     return result

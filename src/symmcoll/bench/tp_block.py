@@ -165,7 +165,8 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
         row = {"case": case_name, "phase": case["phase"], "batch": case["batch"], "seq": case["seq"],
                "cache_tokens": CACHE_TOKENS if case["phase"] == "decode" else 0, "timing": case["timing"],
                "mode": mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
-               "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None, "top_kernels": None, "error": None}
+               "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None, "top_kernels": None, "busy_us": None,
+               "kernels": None, "error": None}
         error, ms, shares, diff = None, None, None, None
         try:
             step = make(blocks[mode])
@@ -186,6 +187,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                     shares, steps = dict(kernel_share.profile(step), profiled="eager steps"), 1
                 # profile() gives microseconds a call of what it ran: a graph replay is `per` steps
                 shares["top_kernels"] = [[name, round(us / steps, 2)] for name, us in shares["top_kernels"]]
+                shares["busy_us"], shares["activities"] = shares["busy_us"] / steps, shares["activities"] / steps
                 # What the timed runs compute (a graph's replayed output; nccl's against its first).
                 last = captured if captured is not None else step()
                 after = _rel_diff(last - x, reference)
@@ -201,7 +203,8 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                        comm_share=_mean(s["comm_share"] for s in per_rank),
                        fused_share=_mean(s["fused_share"] for s in per_rank),
                        profiled=per_rank[0].get("profiled", "timed runs"),
-                       top_kernels=per_rank[0].get("top_kernels"))  # rank 0's, us a step
+                       top_kernels=per_rank[0].get("top_kernels"),  # rank 0's, us a step
+                       busy_us=per_rank[0].get("busy_us"), kernels=per_rank[0].get("activities"))
         else:
             row["error"] = error
             if mode == "nccl":
