@@ -219,4 +219,9 @@ def test_bench_cases_and_kernel_classes():
     assert ["Memcpy DtoD (Device -> Device)", 8] in got["top_kernels"]
     assert all(name != "cudaLaunchKernel" for name, _ in got["top_kernels"])
     assert (got["busy_us"], got["activities"]) == (231, 10)  # every GPU activity, none of the host's
+    # idle time of the main stream, by the activity that followed it
+    gap = [{"ph": "X", "cat": "kernel", "name": n, "dur": 5, "ts": t, "args": {"stream": 7}}
+           for n, t in (("a", 0), ("b", 5), ("c", 12), ("a", 400), ("c", 406))]
+    idle = kernel_share.shares(gap)
+    assert idle["idle_us"] == 3 and idle["idle_before"] == [["c", 3.0]], idle  # (395 us: between calls)
     assert kernel_share.shares([])["comm_share"] is None

@@ -30,6 +30,7 @@ KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # where two modes of a step differ (the TP block bench keeps them per row).
 TOP_KERNELS = int(os.environ.get("SYMMCOLL_TOP_KERNELS", "12"))
 TOP_NAME_CHARS = 90
+IDLE_CAP_US = 100.0
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,10 +94,23 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
             by_name[name] = by_name.get(name, 0.0) + float(e.get("dur", 0))
     busy = sum(totals.values())
     top = sorted(by_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]
+    # Idle time of the main stream before each activity, by the activity's name: where a step's time
+    # goes beyond its kernels (gaps of IDLE_CAP_US or more are between calls, not inside one).
+    idle_before: dict[str, float] = {}
+    last_end = None
+    for e in sorted((e for e in events if classify(e, main_stream, comm_kernels, fused_kernels)
+                     and e.get("args", {}).get("stream") == main_stream), key=lambda e: float(e.get("ts", 0))):
+        start = float(e.get("ts", 0))
+        if last_end is not None and 0 < start - last_end < IDLE_CAP_US:
+            name = e.get("name", "")[:TOP_NAME_CHARS]
+            idle_before[name] = idle_before.get(name, 0.0) + start - last_end
+        last_end = max(last_end or start, start + float(e.get("dur", 0)))
+    idle_top = sorted(idle_before.items(), key=lambda item: -item[1])[:TOP_KERNELS]
     # busy_us / activities: every GPU activity's time and count (a step's time less busy_us is the
     # GPU's idle time between kernels: launch gaps, host waits)
     return {"comm_us": totals["comm"], "fused_us": totals["fused"], "compute_us": totals["compute"],
-            "busy_us": busy, "activities": count,
+            "busy_us": busy, "activities": count, "idle_us": sum(idle_before.values()),
+            "idle_before": [[name, round(us, 2)] for name, us in idle_top],
             "comm_share": totals["comm"] / busy if busy else None,
             "fused_share": totals["fused"] / busy if busy else None,
             "top_kernels": [[name, round(us, 2)] for name, us in top]}
@@ -123,4 +137,6 @@ def profile(run, calls: int = 2) -> dict:
     result = shares(events)
     result["top_kernels"] = [[name, round(us / calls, 2)] for name, us in result["top_kernels"]]
     result["busy_us"], result["activities"] = result["busy_us"] / calls, result["activities"] / calls
+    result["idle_us"] /= calls
+    result["idle_before"] = [[name, round(us / calls, 2)] for name, us in result["idle_before"]]
     return result

@@ -166,7 +166,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                "cache_tokens": CACHE_TOKENS if case["phase"] == "decode" else 0, "timing": case["timing"],
                "mode": mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
                "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None, "top_kernels": None, "busy_us": None,
-               "kernels": None, "error": None}
+               "kernels": None, "idle_us": None, "idle_before": None, "error": None}
         error, ms, shares, diff = None, None, None, None
         try:
             step = make(blocks[mode])
@@ -188,6 +188,8 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                 # profile() gives microseconds a call of what it ran: a graph replay is `per` steps
                 shares["top_kernels"] = [[name, round(us / steps, 2)] for name, us in shares["top_kernels"]]
                 shares["busy_us"], shares["activities"] = shares["busy_us"] / steps, shares["activities"] / steps
+                shares["idle_us"] /= steps
+                shares["idle_before"] = [[name, round(us / steps, 2)] for name, us in shares["idle_before"]]
                 # What the timed runs compute (a graph's replayed output; nccl's against its first).
                 last = captured if captured is not None else step()
                 after = _rel_diff(last - x, reference)
@@ -204,7 +206,8 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                        fused_share=_mean(s["fused_share"] for s in per_rank),
                        profiled=per_rank[0].get("profiled", "timed runs"),
                        top_kernels=per_rank[0].get("top_kernels"),  # rank 0's, us a step
-                       busy_us=per_rank[0].get("busy_us"), kernels=per_rank[0].get("activities"))
+                       busy_us=per_rank[0].get("busy_us"), kernels=per_rank[0].get("activities"),
+                       idle_us=per_rank[0].get("idle_us"), idle_before=per_rank[0].get("idle_before"))
         else:
             row["error"] = error
             if mode == "nccl":
