@@ -116,8 +116,9 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
             "top_kernels": [[name, round(us, 2)] for name, us in top]}
 
 
-def profile(run, calls: int = 2) -> dict:
-    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels in microseconds a call."""
+def profile(run, calls: int = 2, tag: str | None = None) -> dict:
+    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels in microseconds a call.
+    With SYMMCOLL_TRACE_DIR set, the chrome trace is kept there as ``<tag>.json``."""
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -132,6 +133,11 @@ def profile(run, calls: int = 2) -> dict:
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f).get("traceEvents", [])
+        keep = os.environ.get("SYMMCOLL_TRACE_DIR")
+        if keep and tag:
+            os.makedirs(keep, exist_ok=True)
+            with open(os.path.join(keep, f"{tag}.json"), "w") as f:  # the GPU activities only
+                json.dump([e for e in events if e.get("cat") in KERNEL_CATEGORIES], f)
     finally:
         os.unlink(path)
     result = shares(events)

@@ -180,7 +180,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
         if error is None:
             try:
                 ms = _time_ms(run, per, replays, group)
-                shares, steps = kernel_share.profile(run), per
+                shares, steps = kernel_share.profile(run, tag=f"{case_name}-{mode}-rank{dist.get_rank()}".replace(":", "_")), per
                 if shares["comm_share"] is None and captured is not None:
                     # No kernels seen inside graph replays (CUPTI without graph-node tracing): the same
                     # kernels, launched eagerly.
