@@ -225,3 +225,14 @@ def test_bench_cases_and_kernel_classes():
     idle = kernel_share.shares(gap)
     assert idle["idle_us"] == 3 and idle["idle_before"] == [["c", 3.0]], idle  # (395 us: between calls)
     assert kernel_share.shares([])["comm_share"] is None
+
+
+def test_bench_symmcoll_algorithms_from_the_environment(monkeypatch):
+    from symmcoll.bench import tp_block
+    monkeypatch.delenv("SYMMCOLL_TP_ALGORITHMS", raising=False)
+    assert tp_block.symmcoll_algorithms() is None
+    monkeypatch.setenv("SYMMCOLL_TP_ALGORITHMS", "matmul_all_reduce=unfused, all_reduce_rms_norm=one_shot")
+    assert tp_block.symmcoll_algorithms() == {"matmul_all_reduce": "unfused", "all_reduce_rms_norm": "one_shot"}
+    monkeypatch.setenv("SYMMCOLL_TP_ALGORITHMS", "matmul_all_reduce")
+    with pytest.raises(ValueError, match="op=algorithm"):
+        tp_block.symmcoll_algorithms()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict
@@ -80,8 +81,21 @@ def _blocks(config: BlockConfig, dtype: torch.dtype, modes) -> dict:
     blocks = _STATE["blocks"]
     for mode in modes:
         if mode not in blocks:
-            blocks[mode] = DecoderBlock(config, _STATE["weights"], mode)
+            blocks[mode] = DecoderBlock(config, _STATE["weights"], mode,
+                                        algorithms=symmcoll_algorithms() if mode == "symmcoll" else None)
     return blocks
+
+
+def symmcoll_algorithms() -> dict[str, str] | None:
+    """SYMMCOLL_TP_ALGORITHMS="op=algorithm,..." (e.g. "matmul_all_reduce=unfused"): the symmcoll mode's
+    algorithm per op in place of "auto" (which op of the mode costs what)."""
+    spec = os.environ.get("SYMMCOLL_TP_ALGORITHMS", "").strip()
+    if not spec:
+        return None
+    pairs = [item.split("=", 1) for item in spec.split(",") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"SYMMCOLL_TP_ALGORITHMS must be op=algorithm,..., got {spec!r}")
+    return {op.strip(): algorithm.strip() for op, algorithm in pairs}
 
 
 def _inputs(config: BlockConfig, case: dict, dtype: torch.dtype):
