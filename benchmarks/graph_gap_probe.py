@@ -8,7 +8,8 @@ and prints the median gap between their kernels and the replay time:
   torch        40 torch adds
   +triton      the same with one Triton kernel (symmcoll's launcher, fast path) in the middle
   +triton-jit  the same, the Triton kernel launched through Triton's JIT (kernel[grid])
-  +triton-x4   four Triton kernels spread over the chain
+  +triton-x4   four Triton kernels spread over the chain (+torch-x4: a torch kernel of the same work;
+               +triton-x4-w1: the Triton kernel with one warp a program)
   +sdpa        torch adds around torch's scaled_dot_product_attention (decode shape), without and with
                one Triton kernel
 
@@ -101,6 +102,9 @@ def main() -> None:
         "+triton": lambda: (adds(20), ours(), adds(20)),
         "+triton-jit": lambda: (adds(20), jit(), adds(20)),
         "+triton-x4": lambda: [(adds(10), ours()) for _ in range(4)],
+        "+torch-x4": lambda: [(adds(10), y.add_(1)) for _ in range(4)],  # (the same work as a torch kernel)
+        "+triton-x4-w1": lambda: [(adds(10), launch(_add_one, (triton.cdiv(y.numel(), 256),), (y, y.numel()),
+                                                    dict(BLOCK=256, num_warps=1))) for _ in range(4)],
         "+sdpa": lambda: (adds(20), sdpa(), adds(20)),
         "+sdpa+triton": lambda: (adds(10), ours(), adds(10), sdpa(), adds(20)),
     }
