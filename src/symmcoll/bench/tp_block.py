@@ -86,6 +86,24 @@ def _blocks(config: BlockConfig, dtype: torch.dtype, modes) -> dict:
     return blocks
 
 
+# The modes of a case run in one process in this order. torch_async_tp last: torch's symmetric memory,
+# once set up in a process, slowed every CUDA graph captured after it there (on one H100, 2026-11-27:
+# the symmcoll mode's decode step idled 28 us between its kernels when measured after torch_async_tp,
+# 11 us when measured before it; the NCCL mode's 12 us; 2026-11-27-tp-block-order-h100).
+MODE_ORDER = ("nccl", "symmcoll", "torch_async_tp")
+
+
+def mode_order() -> tuple[str, ...]:
+    """MODE_ORDER, or SYMMCOLL_TP_ORDER="nccl,torch_async_tp,symmcoll" (nccl must stay first)."""
+    spec = os.environ.get("SYMMCOLL_TP_ORDER", "").strip()
+    if not spec:
+        return MODE_ORDER
+    order = tuple(m.strip() for m in spec.split(",") if m.strip())
+    if sorted(order) != sorted(MODES) or order[0] != "nccl":
+        raise ValueError(f"SYMMCOLL_TP_ORDER must order {', '.join(MODES)} with nccl first, got {spec!r}")
+    return order
+
+
 def symmcoll_algorithms() -> dict[str, str] | None:
     """SYMMCOLL_TP_ALGORITHMS="op=algorithm,..." (e.g. "matmul_all_reduce=unfused"): the symmcoll mode's
     algorithm per op in place of "auto" (which op of the mode costs what)."""
@@ -170,7 +188,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
     """Every mode on one case (collective; the same rows on every rank)."""
     group, world = dist.group.WORLD, dist.get_world_size()
     case, dtype = parse_case(case_name), TORCH_DTYPES[dtype_name]
-    modes = [m for m in MODES if m in modes]   # nccl first: the reference of the others
+    modes = [m for m in mode_order() if m in modes]   # nccl first: the reference of the others
     blocks = _blocks(config, dtype, modes)
     x, make = _inputs(config, case, dtype)
     tokens = case["batch"] * case["seq"]
