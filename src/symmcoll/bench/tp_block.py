@@ -246,6 +246,10 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                 reference = None
         rows.append(row)
         _STATE.pop("graph", None)
+        # Nothing of this mode (its graph and the pool its replays write) outlives its row: the next
+        # mode captures on an allocator as the first found it.
+        step = run = first = captured = last = None
+        gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return rows
