@@ -78,6 +78,8 @@ def _graph(body):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cases", nargs="+", default=None,
+                        help="cases in this order, repeats allowed (does a graph's gap depend on what ran before?)")
     args = parser.parse_args()
     x = torch.zeros(8192, device="cuda", dtype=torch.float32)
     y = torch.zeros(1 << 20, device="cuda", dtype=torch.float32)
@@ -109,7 +111,8 @@ def main() -> None:
         "+sdpa+triton": lambda: (adds(10), ours(), adds(10), sdpa(), adds(20)),
     }
     rows = []
-    for name, body in cases.items():
+    for name in args.cases or list(cases):
+        body = cases[name]
         gap, us, kernels = _gaps(_graph(body))
         rows.append({"case": name, "median_gap_us": gap, "replay_us": us, "kernels": kernels})
         print(f"{name:14s} median gap {gap:5.2f} us   replay {us:7.1f} us   {kernels} kernels", flush=True)
