@@ -38,8 +38,22 @@ def _add_one(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
 
 
-def _gaps(run, replays: int = 20) -> tuple[float, float, int]:
-    """(median gap between consecutive kernels in us, replay time in us, kernels a replay)."""
+def _replay_us(run, replays: int = 20) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    run()
+    start.record()
+    for _ in range(replays):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
+def _gaps(run, replays: int = 20, profile: bool = True) -> tuple[float, float, int]:
+    """(median gap between consecutive kernels in us, replay time in us, kernels a replay); without
+    ``profile`` only the replay time (no profiler session in the process)."""
+    if not profile:
+        return float("nan"), _replay_us(run, replays), 0
     from torch.profiler import ProfilerActivity
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -57,13 +71,7 @@ def _gaps(run, replays: int = 20) -> tuple[float, float, int]:
     events = sorted((e for e in trace if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"])
     gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(events, events[1:])]
     gaps = [g for g in gaps if 0 <= g < 50]  # (between replays: host launches)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return statistics.median(gaps), start.elapsed_time(end) * 1e3 / replays, len(events) // replays
+    return statistics.median(gaps), _replay_us(run, replays), len(events) // replays
 
 
 def _graph(body):
@@ -78,6 +86,7 @@ def _graph(body):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--no-profile", action="store_true", help="replay times only (no profiler session)")
     parser.add_argument("--cases", nargs="+", default=None,
                         help="cases in this order, repeats allowed (does a graph's gap depend on what ran before?)")
     args = parser.parse_args()
@@ -113,7 +122,7 @@ def main() -> None:
     rows = []
     for name in args.cases or list(cases):
         body = cases[name]
-        gap, us, kernels = _gaps(_graph(body))
+        gap, us, kernels = _gaps(_graph(body), profile=not args.no_profile)
         rows.append({"case": name, "median_gap_us": gap, "replay_us": us, "kernels": kernels})
         print(f"{name:14s} median gap {gap:5.2f} us   replay {us:7.1f} us   {kernels} kernels", flush=True)
     if args.out:
