@@ -87,6 +87,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-profile", action="store_true", help="replay times only (no profiler session)")
+    parser.add_argument("--settle", action="store_true", help="bench.timing.settle_graphs() first (what every "
+                        "symmcoll benchmark does before its first timed graph)")
     parser.add_argument("--cases", nargs="+", default=None,
                         help="cases in this order, repeats allowed (does a graph's gap depend on what ran before?)")
     args = parser.parse_args()
@@ -119,6 +121,9 @@ def main() -> None:
         "+sdpa": lambda: (adds(20), sdpa(), adds(20)),
         "+sdpa+triton": lambda: (adds(10), ours(), adds(10), sdpa(), adds(20)),
     }
+    if args.settle:
+        from symmcoll.bench.timing import settle_graphs
+        settle_graphs()
     rows = []
     for name in args.cases or list(cases):
         body = cases[name]

@@ -32,7 +32,7 @@ import symmcoll.reference
 from symmcoll import plan
 
 from . import memory_bound, provenance, roofline
-from .timing import event_times_us
+from .timing import event_times_us, settle_graphs
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
@@ -187,6 +187,7 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
     mode = "graph"
     # Tensors of earlier cases (torch's symmetric-memory ops allocate their own) must not be freed
     # during the capture: collect now, and not during it.
+    settle_graphs()
     gc.collect()
     gc.disable()
     try:

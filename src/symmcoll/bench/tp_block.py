@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ..models import LLAMA_70B, MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 from . import kernel_share, provenance
-from .timing import event_times_us
+from .timing import event_times_us, settle_graphs
 
 DECODE_BATCHES = (1, 8, 64)
 CACHE_TOKENS = 2048
@@ -154,6 +154,7 @@ def _prepare(step, timing: str):
     torch.cuda.synchronize()
     if timing != "graph":
         return step, 1, first, None
+    settle_graphs()
     gc.collect()
     gc.disable()   # tensors of earlier cases must not be freed during the capture
     try:
