@@ -241,9 +241,9 @@ def test_bench_symmcoll_algorithms_from_the_environment(monkeypatch):
 def test_bench_mode_order(monkeypatch):
     from symmcoll.bench import tp_block
     monkeypatch.delenv("SYMMCOLL_TP_ORDER", raising=False)
-    assert tp_block.mode_order() == ("nccl", "symmcoll", "torch_async_tp")
-    monkeypatch.setenv("SYMMCOLL_TP_ORDER", "nccl,torch_async_tp,symmcoll")
     assert tp_block.mode_order() == ("nccl", "torch_async_tp", "symmcoll")
+    monkeypatch.setenv("SYMMCOLL_TP_ORDER", "nccl,symmcoll,torch_async_tp")
+    assert tp_block.mode_order() == ("nccl", "symmcoll", "torch_async_tp")
     for bad in ("symmcoll,nccl,torch_async_tp", "nccl,symmcoll"):
         monkeypatch.setenv("SYMMCOLL_TP_ORDER", bad)
         with pytest.raises(ValueError, match="nccl first"):

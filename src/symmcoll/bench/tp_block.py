@@ -86,11 +86,12 @@ def _blocks(config: BlockConfig, dtype: torch.dtype, modes) -> dict:
     return blocks
 
 
-# The modes of a case run in one process in this order. torch_async_tp last: torch's symmetric memory,
-# once set up in a process, slowed every CUDA graph captured after it there (on one H100, 2026-11-27:
-# the symmcoll mode's decode step idled 28 us between its kernels when measured after torch_async_tp,
-# 11 us when measured before it; the NCCL mode's 12 us; 2026-11-27-tp-block-order-h100).
-MODE_ORDER = ("nccl", "symmcoll", "torch_async_tp")
+# The modes of a case run in one process in this order. Before settle_graphs() the order decided the
+# figures: the first three graphs a process captures replay faster than all later ones, so whichever
+# mode came third (and every later case) ran ~20 us a decode step slower (2026-11-27-graph-position-h100:
+# symmcoll third 706 us, second 688 us; torch_async_tp second 715 us, third 738 us). Settled, any order
+# gives the same figures; SYMMCOLL_TP_ORDER reorders them to check that.
+MODE_ORDER = MODES
 
 
 def mode_order() -> tuple[str, ...]:
