@@ -1,7 +1,9 @@
 """Timing one bound implementation on this rank (rank side), as DESIGN.md prescribes.
 
 * graph: ``calls_per_graph`` calls captured in one CUDA graph (launch overhead out of the figure);
-  every replay is timed with CUDA events and one sample is replay time / calls_per_graph.
+  every replay is timed with CUDA events and one sample is replay time / calls_per_graph. Every
+  process first captures ``SETTLE_GRAPHS`` throwaway graphs (``settle_graphs``): the first few graphs
+  of a process replay faster than all later ones.
 * eager: every call timed with CUDA events (launch overhead in: what an eager program pays).
 * cpu: every call timed with ``time.perf_counter`` between barriers; kernels run interpreted, so these
   are checks that the harness works, not performance.
