@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import tempfile
 
 import torch
 import triton
 import triton.language as tl
 
+from symmcoll.bench.kernel_share import trace_events
 from symmcoll.launcher import launch
 
 
@@ -54,20 +53,7 @@ def _gaps(run, replays: int = 20, profile: bool = True) -> tuple[float, float, i
     ``profile`` only the replay time (no profiler session in the process)."""
     if not profile:
         return float("nan"), _replay_us(run, replays), 0
-    from torch.profiler import ProfilerActivity
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            run()
-        torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f).get("traceEvents", [])
-    finally:
-        os.unlink(path)
+    trace = trace_events(run, replays)
     events = sorted((e for e in trace if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"])
     gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(events, events[1:])]
     gaps = [g for g in gaps if 0 <= g < 50]  # (between replays: host launches)

@@ -116,9 +116,8 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
             "top_kernels": [[name, round(us, 2)] for name, us in top]}
 
 
-def profile(run, calls: int = 2, tag: str | None = None) -> dict:
-    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels in microseconds a call.
-    With SYMMCOLL_TRACE_DIR set, the chrome trace is kept there as ``<tag>.json``."""
+def trace_events(run, calls: int = 2) -> list[dict]:
+    """The chrome-trace events (CUDA activities) of ``calls`` calls of ``run`` under torch.profiler."""
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -132,14 +131,20 @@ def profile(run, calls: int = 2, tag: str | None = None) -> dict:
     try:
         prof.export_chrome_trace(path)
         with open(path) as f:
-            events = json.load(f).get("traceEvents", [])
-        keep = os.environ.get("SYMMCOLL_TRACE_DIR")
-        if keep and tag:
-            os.makedirs(keep, exist_ok=True)
-            with open(os.path.join(keep, f"{tag}.json"), "w") as f:  # the GPU activities only
-                json.dump([e for e in events if e.get("cat") in KERNEL_CATEGORIES], f)
+            return json.load(f).get("traceEvents", [])
     finally:
         os.unlink(path)
+
+
+def profile(run, calls: int = 2, tag: str | None = None) -> dict:
+    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels in microseconds a call.
+    With SYMMCOLL_TRACE_DIR set, the chrome trace is kept there as ``<tag>.json``."""
+    events = trace_events(run, calls)
+    keep = os.environ.get("SYMMCOLL_TRACE_DIR")
+    if keep and tag:
+        os.makedirs(keep, exist_ok=True)
+        with open(os.path.join(keep, f"{tag}.json"), "w") as f:  # the GPU activities only
+            json.dump([e for e in events if e.get("cat") in KERNEL_CATEGORIES], f)
     result = shares(events)
     result["top_kernels"] = [[name, round(us / calls, 2)] for name, us in result["top_kernels"]]
     result["busy_us"], result["activities"] = result["busy_us"] / calls, result["activities"] / calls
