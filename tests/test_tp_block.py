@@ -224,6 +224,15 @@ def test_bench_cases_and_kernel_classes():
            for n, t in (("a", 0), ("b", 5), ("c", 12), ("a", 400), ("c", 406))]
     idle = kernel_share.shares(gap)
     assert idle["idle_us"] == 3 and idle["idle_before"] == [["c", 3.0]], idle  # (395 us: between calls)
+    # profile(): those figures a step, for 2 calls of 3 steps each (a graph of 3 steps replayed twice)
+    real = kernel_share.trace_events
+    kernel_share.trace_events = lambda run, calls: gap
+    try:
+        step = kernel_share.profile(None, calls=2, steps=3)
+    finally:
+        kernel_share.trace_events = real
+    assert step["busy_us"] == 25 / 6 and step["activities"] == 5 / 6 and step["idle_us"] == 3 / 6, step
+    assert step["top_kernels"][0] == ["a", round(10 / 6, 2)] and step["idle_before"] == [["c", 0.5]], step
     assert kernel_share.shares([])["comm_share"] is None
 
 

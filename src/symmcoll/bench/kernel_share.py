@@ -84,6 +84,7 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
     main_stream = max(per_stream, key=per_stream.get) if per_stream else None
     totals = {"comm": 0.0, "fused": 0.0, "compute": 0.0}
     by_name: dict[str, float] = {}
+    on_main = []  # (the main stream's activities: its idle time below)
     count = 0
     for e in events:
         kind = classify(e, main_stream, comm_kernels, fused_kernels)
@@ -92,14 +93,15 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
             totals[kind] += float(e.get("dur", 0))
             name = e.get("name", "")[:TOP_NAME_CHARS]
             by_name[name] = by_name.get(name, 0.0) + float(e.get("dur", 0))
+            if e.get("args", {}).get("stream") == main_stream:
+                on_main.append(e)
     busy = sum(totals.values())
     top = sorted(by_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]
     # Idle time of the main stream before each activity, by the activity's name: where a step's time
     # goes beyond its kernels (gaps of IDLE_CAP_US or more are between calls, not inside one).
     idle_before: dict[str, float] = {}
     last_end = None
-    for e in sorted((e for e in events if classify(e, main_stream, comm_kernels, fused_kernels)
-                     and e.get("args", {}).get("stream") == main_stream), key=lambda e: float(e.get("ts", 0))):
+    for e in sorted(on_main, key=lambda e: float(e.get("ts", 0))):
         start = float(e.get("ts", 0))
         if last_end is not None and 0 < start - last_end < IDLE_CAP_US:
             name = e.get("name", "")[:TOP_NAME_CHARS]
@@ -136,9 +138,10 @@ def trace_events(run, calls: int = 2) -> list[dict]:
         os.unlink(path)
 
 
-def profile(run, calls: int = 2, tag: str | None = None) -> dict:
-    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels in microseconds a call.
-    With SYMMCOLL_TRACE_DIR set, the chrome trace is kept there as ``<tag>.json``."""
+def profile(run, calls: int = 2, tag: str | None = None, steps: int = 1) -> dict:
+    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels, busy_us, activities,
+    idle_us and idle_before a step, one call of ``run`` being ``steps`` steps (a graph replay of
+    several). With SYMMCOLL_TRACE_DIR set, the chrome trace is kept there as ``<tag>.json``."""
     events = trace_events(run, calls)
     keep = os.environ.get("SYMMCOLL_TRACE_DIR")
     if keep and tag:
@@ -146,8 +149,9 @@ def profile(run, calls: int = 2, tag: str | None = None) -> dict:
         with open(os.path.join(keep, f"{tag}.json"), "w") as f:  # the GPU activities only
             json.dump([e for e in events if e.get("cat") in KERNEL_CATEGORIES], f)
     result = shares(events)
-    result["top_kernels"] = [[name, round(us / calls, 2)] for name, us in result["top_kernels"]]
-    result["busy_us"], result["activities"] = result["busy_us"] / calls, result["activities"] / calls
-    result["idle_us"] /= calls
-    result["idle_before"] = [[name, round(us / calls, 2)] for name, us in result["idle_before"]]
+    per = calls * steps
+    for key in ("top_kernels", "idle_before"):
+        result[key] = [[name, round(us / per, 2)] for name, us in result[key]]
+    for key in ("busy_us", "activities", "idle_us"):
+        result[key] /= per
     return result

@@ -86,19 +86,16 @@ def _blocks(config: BlockConfig, dtype: torch.dtype, modes) -> dict:
     return blocks
 
 
-# The modes of a case run in one process in this order. Before settle_graphs() the order decided the
-# figures: the first three graphs a process captures replay faster than all later ones, so whichever
-# mode came third (and every later case) ran ~20 us a decode step slower (2026-11-27-graph-position-h100:
-# symmcoll third 706 us, second 688 us; torch_async_tp second 715 us, third 738 us). Settled, any order
-# gives the same figures; SYMMCOLL_TP_ORDER reorders them to check that.
-MODE_ORDER = MODES
-
-
 def mode_order() -> tuple[str, ...]:
-    """MODE_ORDER, or SYMMCOLL_TP_ORDER="nccl,torch_async_tp,symmcoll" (nccl must stay first)."""
+    """The order the modes of a case run in, in one process: MODES, or SYMMCOLL_TP_ORDER=
+    "nccl,symmcoll,torch_async_tp" (nccl must stay first). Before settle_graphs() the order decided the
+    figures: the first three graphs a process captures replay faster than all later ones, so whichever
+    mode came third (and every later case) ran ~20 us a decode step slower (2026-11-27-graph-position-h100:
+    symmcoll third 706 us, second 688 us; torch_async_tp second 715 us, third 738 us). Settled, any
+    order gives the same figures; the variable reorders them to check that."""
     spec = os.environ.get("SYMMCOLL_TP_ORDER", "").strip()
     if not spec:
-        return MODE_ORDER
+        return MODES
     order = tuple(m.strip() for m in spec.split(",") if m.strip())
     if sorted(order) != sorted(MODES) or order[0] != "nccl":
         raise ValueError(f"SYMMCOLL_TP_ORDER must order {', '.join(MODES)} with nccl first, got {spec!r}")
@@ -199,8 +196,9 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
         row = {"case": case_name, "phase": case["phase"], "batch": case["batch"], "seq": case["seq"],
                "cache_tokens": CACHE_TOKENS if case["phase"] == "decode" else 0, "timing": case["timing"],
                "mode": mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
-               "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None, "top_kernels": None, "busy_us": None,
-               "kernels": None, "idle_us": None, "idle_before": None, "error": None}
+               "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None,
+               "top_kernels": None, "busy_us": None, "kernels": None, "idle_us": None, "idle_before": None,
+               "error": None}
         error, ms, shares, diff = None, None, None, None
         try:
             step = make(blocks[mode])
@@ -214,16 +212,12 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
         if error is None:
             try:
                 ms = _time_ms(run, per, replays, group)
-                shares, steps = kernel_share.profile(run, tag=f"{case_name}-{mode}-rank{dist.get_rank()}".replace(":", "_")), per
+                tag = f"{case_name}-{mode}-rank{dist.get_rank()}".replace(":", "_")
+                shares = kernel_share.profile(run, tag=tag, steps=per)  # (a graph replay is `per` steps)
                 if shares["comm_share"] is None and captured is not None:
                     # No kernels seen inside graph replays (CUPTI without graph-node tracing): the same
                     # kernels, launched eagerly.
-                    shares, steps = dict(kernel_share.profile(step), profiled="eager steps"), 1
-                # profile() gives microseconds a call of what it ran: a graph replay is `per` steps
-                shares["top_kernels"] = [[name, round(us / steps, 2)] for name, us in shares["top_kernels"]]
-                shares["busy_us"], shares["activities"] = shares["busy_us"] / steps, shares["activities"] / steps
-                shares["idle_us"] /= steps
-                shares["idle_before"] = [[name, round(us / steps, 2)] for name, us in shares["idle_before"]]
+                    shares = dict(kernel_share.profile(step, tag=tag), profiled="eager steps")
                 # What the timed runs compute (a graph's replayed output; nccl's against its first).
                 last = captured if captured is not None else step()
                 after = _rel_diff(last - x, reference)

@@ -252,7 +252,8 @@ def _outputs(plan: Plan, a: torch.Tensor, bs, gathered: bool):
 
 
 def _wants_gathered(plan: Plan) -> bool:
-    """Whether the caller takes the gathered A (the op's return_gathered; None is returned otherwise)."""
+    """Whether the caller takes the gathered A (the op's return_gathered): where not, a variant may skip
+    making it (what it returns in its place is dropped by all_gather_matmul_impl)."""
     return dict(plan.request.options).get("return_gathered", True)
 
 
@@ -262,7 +263,7 @@ def _nccl(plan: Plan, a, _out, *bs):
     dist.all_gather_into_tensor(g, a, group=plan.group)
     for b, out in zip(bs, outs):
         torch.matmul(g, b, out=out)
-    return outs, g if _wants_gathered(plan) else None
+    return outs, g
 
 
 def _gather(plan: Plan, a: torch.Tensor) -> torch.Tensor:
@@ -275,12 +276,12 @@ def _gather(plan: Plan, a: torch.Tensor) -> torch.Tensor:
 
 def _gather_then_gemm(plan: Plan, a, _out, *bs):
     g = _gather(plan, a)
-    return [gemm.matmul(g, b) for b in bs], g if _wants_gathered(plan) else None
+    return [gemm.matmul(g, b) for b in bs], g
 
 
 def _gather_then_cublas(plan: Plan, a, _out, *bs):
     g = _gather(plan, a)
-    return [torch.matmul(g, b) for b in bs], g if _wants_gathered(plan) else None
+    return [torch.matmul(g, b) for b in bs], g
 
 
 def _config(plan: Plan, a: torch.Tensor, b: torch.Tensor):
@@ -332,7 +333,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     if g is None:
         g = a
     if rows_total == 0 or K == 0:  # nothing to gather or multiply (the plan's handshake met the peers)
-        return [out.zero_() for out in outs], g if wanted else None
+        return [out.zero_() for out in outs], g
     b, b_t = gemm.b_layout(bs[0], K)  # a transposed view of a row-major W [N, K] is read as it is
     config = _config(plan, a, bs[0])
     producers = 0 if alone else producers
@@ -383,7 +384,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
         g[rank * rows_total:(rank + 1) * rows_total].copy_(a)
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
-    return outs, g if wanted else None
+    return outs, g
 
 
 def _side_stream(plan: Plan, device: torch.device) -> torch.cuda.Stream:
@@ -437,7 +438,7 @@ def all_gather_matmul_impl(a_shard, bs, group_name: str, algorithm: str, return_
     outs, gathered = planner.resolve(OP, a_shard, ops.resolve_group(group_name), algorithm, others=bs,
                                      options=(("return_gathered", bool(return_gathered)),),
                                      other_names=names).execute(a_shard, others=bs)
-    return list(outs), gathered
+    return list(outs), gathered if return_gathered else None
 
 
 def _fake(a_shard, bs, group_name, algorithm, return_gathered=True):
