@@ -84,7 +84,10 @@ for stage in $stages; do
     bench)
       sizes=2; [ "$ngpu" -ge 4 ] && sizes=4,2
       # Result JSONs only: plots are drawn from them afterwards (symmcoll plot), off the GPU machine.
-      timeout ${BENCH_TIMEOUT:-500} python3 -m symmcoll bench --op ${BENCH_OPS:-all} --world-size "$sizes" --out "$OUT" 2>&1 \
+      # --time-limit: the sweep stops starting cases 40 s before the timeout, so a long sweep still prints
+      # and writes what it measured (2026-11-27: a 4-op sweep at ws 4 and 2 cut by timeout left nothing).
+      timeout ${BENCH_TIMEOUT:-500} python3 -m symmcoll bench --op ${BENCH_OPS:-all} --world-size "$sizes" \
+        --time-limit $(( ${BENCH_TIMEOUT:-500} - 40 )) --out "$OUT" 2>&1 \
         | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;

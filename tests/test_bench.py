@@ -318,3 +318,26 @@ def test_wrong_and_failing_implementations_are_reported_and_the_sweep_goes_on(po
     assert identity.wrong_before > 1000 and identity.wrong_after > 1000 and not identity.ok
     assert fails.median_us is None and "rank 1: check before timing: RuntimeError: deliberate" in fails.error
     assert gloo.ok and len(gloo.per_rank_median_us) == 2
+
+
+def test_time_limit_keeps_what_ran_and_names_what_was_left_out(pools, tmp_path, monkeypatch):
+    """--time-limit: past the deadline no case starts, and the cases done are still printed and written
+    (a sweep cut by `timeout` on the GPU machine left nothing at all)."""
+    import functools
+    import itertools
+
+    clock = itertools.chain([0.0, 0.0], itertools.repeat(1e9))  # deadline set at 0; case 1 starts; case 2 is late
+    monkeypatch.setattr(driver, "_clock", lambda: next(clock))
+    options = driver.BenchOptions(
+        ops=("all_reduce",), begin=1024, end=1024, factor=2, dtype="bf16", algorithms=("gloo", "symmcoll:one_shot"),
+        world_sizes=(2,), mode=None, iters=2, warmup=0, calls_per_graph=1, seconds_per_case=None,
+        out_dir=tmp_path, plot=False, device="cpu", link_bytes=4096, time_limit_s=100)
+    runner = driver.Runner(functools.partial(driver._rank0_answer, pools(2)), 2, "cpu", "pool", True)
+    result = driver._sweep(runner, options, Console(quiet=True), driver._deadline(options))
+    assert [m.implementation for m in result.measurements] == ["gloo"] and result.measurements[0].ok
+    assert any(n.startswith("cut by --time-limit 100 s: 1 of 2 cases run, the first left out all_reduce 1K "
+                            "symmcoll:one_shot") for n in result.notes), result.notes
+    assert not driver.failed(result)
+    assert driver._finish([result], options, Console(quiet=True), True) == 0
+    (written,) = tmp_path.glob("*.json")
+    assert len(results.load(written).measurements) == 1

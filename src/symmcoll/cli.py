@@ -78,7 +78,7 @@ def _bench(args: argparse.Namespace) -> int:
         world_sizes=tuple(int(w) for w in _split(args.world_size)) or None,
         mode=args.mode, iters=args.iters, warmup=args.warmup, calls_per_graph=args.calls_per_graph,
         seconds_per_case=args.seconds_per_case, out_dir=Path(args.out), plot=args.plot, device=args.device,
-        link_bytes=args.link_bytes)
+        link_bytes=args.link_bytes, time_limit_s=args.time_limit)
     return max(status, run_bench(options, _console()))
 
 
@@ -363,6 +363,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--calls-per-graph", type=int, default=20, help="calls captured per CUDA graph")
     bench.add_argument("--seconds-per-case", type=float, default=None,
                        help="time budget for one case's timed samples (GPU default 0.5; min 5 samples)")
+    bench.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                       help="collectives: start no case after this many seconds (all world sizes together); "
+                            "what ran is printed and written, with a note naming what was left out")
     bench.add_argument("--out", default="bench-results",
                        help="directory for result files (default ./bench-results)")
     bench.add_argument("--plot", action="store_true", help="also draw PNGs from the result files")

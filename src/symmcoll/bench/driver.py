@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -78,6 +79,7 @@ class BenchOptions:
     plot: bool
     device: str                 # "auto" | "cpu" | "cuda"
     link_bytes: int
+    time_limit_s: float | None = None  # start no case past this many seconds of the run (all world sizes)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,8 @@ def run_bench(options: BenchOptions, console: Console) -> int:
         runner = _torchrun_runner(options, console)
         if runner is not None:
             try:
-                return _finish([_sweep(runner, options, console)], options, console, runner.is_writer)
+                return _finish([_sweep(runner, options, console, _deadline(options))], options, console,
+                               runner.is_writer)
             finally:
                 if started_here:
                     dist.destroy_process_group()
@@ -134,15 +137,29 @@ def run_bench(options: BenchOptions, console: Console) -> int:
     else:
         world_sizes = options.world_sizes or (2,)
     done, could_not_start = [], False
+    deadline = _deadline(options)
     for world_size in world_sizes:
+        if deadline is not None and _clock() >= deadline:
+            console.print(f"[bold yellow]world size {world_size}: not run (--time-limit {options.time_limit_s:g} s "
+                          f"spent)[/]")
+            continue
         try:
             with RankPool(world_size, device=device_type) as pool:
                 runner = Runner(partial(_rank0_answer, pool), world_size, device_type, "pool", True)
-                done.append(_sweep(runner, options, console))
+                done.append(_sweep(runner, options, console, deadline))
         except (RankError, LaunchTimeout, ValueError) as exc:  # ranks did not start: try the next size
             console.print(f"[bold red]world size {world_size}: {exc}[/]")
             could_not_start = True
     return max(_finish(done, options, console, True), int(could_not_start))
+
+
+def _clock() -> float:
+    return time.monotonic()
+
+
+def _deadline(options: BenchOptions) -> float | None:
+    """The monotonic time past which no case starts (``--time-limit``), or None."""
+    return None if options.time_limit_s is None else _clock() + options.time_limit_s
 
 
 def _rank0_answer(pool: RankPool, fn: Callable, *args):
@@ -180,7 +197,10 @@ def _torchrun_runner(options: BenchOptions, console: Console) -> Runner | None:
                   dist.get_rank() == 0)
 
 
-def _sweep(runner: Runner, options: BenchOptions, console: Console) -> BenchResult:
+def _sweep(runner: Runner, options: BenchOptions, console: Console, deadline: float | None = None) -> BenchResult:
+    """One world size: the link limit, then every case in order (op, size, implementation), each on
+    every rank. Past ``deadline`` no case starts: the result holds the cases done and a note saying
+    how many were left (a run under ``timeout`` still prints and writes what it measured)."""
     plan = timing_plan(options, runner.device_type)
     sizes = sweep_sizes(options, runner.device_type)
     out = console if runner.is_writer else Console(quiet=True)
@@ -200,7 +220,13 @@ def _sweep(runner: Runner, options: BenchOptions, console: Console) -> BenchResu
         try:
             link = runner.call(worker.measure_link, options.link_bytes)
             progress.advance(task)
-            for case in cases:
+            for index, case in enumerate(cases):
+                if deadline is not None and _clock() >= deadline:
+                    note = (f"cut by --time-limit {options.time_limit_s:g} s: {index} of {len(cases)} cases run, "
+                            f"the first left out {case.op} {format_size(case.size_bytes)} {case.implementation}")
+                    notes.append(note)
+                    out.print(f"[bold yellow]{note}[/]", highlight=False)
+                    break
                 progress.update(task, description=f"ws{runner.world_size} {case.op} "
                                                   f"{format_size(case.size_bytes)} {case.implementation}")
                 measurements.append(runner.call(worker.run_case, case))
