@@ -341,3 +341,12 @@ def test_time_limit_keeps_what_ran_and_names_what_was_left_out(pools, tmp_path, 
     assert driver._finish([result], options, Console(quiet=True), True) == 0
     (written,) = tmp_path.glob("*.json")
     assert len(results.load(written).measurements) == 1
+
+
+def test_fused_bench_times_slow_cases_with_fewer_replays():
+    from symmcoll.bench.fused import CASE_BUDGET_S, MIN_REPLAYS, replays_within_budget
+
+    assert replays_within_budget(100.0, 20) == 20                       # 20 x 0.1 ms: all asked for
+    assert replays_within_budget(CASE_BUDGET_S * 1e6 / 8, 20) == 8      # what fits the budget
+    assert replays_within_budget(430_000.0, 20) == MIN_REPLAYS          # a 0.43 s replay: the floor
+    assert replays_within_budget(430_000.0, 3) == 3                     # never more than asked

@@ -180,6 +180,17 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
 
 
+# Timed samples per implementation: ``replays`` unless they would take longer than CASE_BUDGET_S.
+CASE_BUDGET_S = 1.0
+MIN_REPLAYS = 5
+
+
+def replays_within_budget(replay_us: float, replays: int) -> int:
+    """Timed replays for a case whose one replay took ``replay_us``: ``replays``, or as many as fit
+    CASE_BUDGET_S, but never fewer than MIN_REPLAYS (nor more than asked)."""
+    return min(replays, max(MIN_REPLAYS, int(CASE_BUDGET_S * 1e6 / max(replay_us, 1.0))))
+
+
 def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float], str]:
     """Per-call microseconds of every timed replay (graph) or call (eager if capture fails)."""
     thunk()
@@ -206,7 +217,12 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
     if any(f != "graph" for f in flags):
         step, per, mode = thunk, 1, next(f for f in flags if f != "graph")
     step()
-    return event_times_us(step, replays, group=group, per=per), mode
+    # A slow case gets fewer replays (at least MIN_REPLAYS), all ranks the same number (a replay holds
+    # collectives): one 140 ms call x 3 per graph x 20 replays kept a 4-GPU run from printing anything.
+    timed = replays_within_budget(_slowest(event_times_us(step, 1, group=group)[0], group), replays)
+    if timed < replays:
+        mode = f"{mode}, {timed} replays"
+    return event_times_us(step, timed, group=group, per=per), mode
 
 
 def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, replays: int,
