@@ -13,14 +13,22 @@ by rank) and implementation:
   (a host synchronisation cannot be captured);
 * ``torch_vdev``: ``torch.ops.symm_mem.all_to_all_vdev_2d`` on NVSHMEM symmetric memory (rows sorted by
   expert first, one row per (token, expert): its traffic is per slot, not per token and rank), and
-  ``all_to_all_vdev_2d_offset`` back for the combine; where this torch and machine run it (else a note).
+  ``all_to_all_vdev_2d_offset`` back for the combine (from the expert outputs already in its symmetric
+  reply buffer, where the expert GEMM can write them: no copy in is timed); where this torch and machine
+  run it, else its rows say why in ``error`` ("not run: ...").
+
+torch_vdev runs in rank processes of its own, after symmcoll's and nccl's have exited: torch keeps one
+symmetric-memory backend per process, and ``set_backend("NVSHMEM")`` raises "Backend can not be changed
+after use." once the process has allocated symmetric memory, as symmcoll's workspace does
+(``moe_torch_vdev.py`` says where torch decides it).
 
 Every implementation is checked against the oracle (``reference.moe_dispatch`` / ``moe_combine``) before
-and after timing: ``wrong`` counts wrong elements (dispatch: the received rows, laid out by local expert
-for symmcoll and nccl; torch's layout is compared as a multiset of rows per local expert; combine: the
-result). Times are the slowest rank's median (us); ``gbps`` = bytes each rank sends to other ranks
-(averaged over ranks: dispatch one row per token and remote owning rank, combine one row per remote
-slot) / time. Results go to one JSON file with provenance (git sha, versions, GPUs).
+and after timing: ``wrong`` counts wrong elements (dispatch: the received rows in the oracle's layout --
+by local expert, then source rank, then token; torch_vdev's rows are taken from where its output offsets
+put them -- and the per-expert counts; combine: the result). Times are the slowest rank's median (us);
+``gbps`` = bytes each rank sends to other ranks (averaged over ranks: dispatch one row per token and remote
+owning rank, combine one row per remote slot) / time. Results go to one JSON file with provenance (git
+sha, versions, GPUs), rewritten after every set of ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from symmcoll import launch, reference
 from symmcoll.bench.plan import TimingPlan
 from symmcoll.bench.provenance import collect
 from symmcoll.bench.timing import CapturedCalls, time_eager, time_graph
+
+from moe_torch_vdev import VDEV, TorchSymmMem, TorchVdev, VdevBuffers
 
 # 24 cases x 3 implementations x 2 phases per world size: a second per timing keeps a world size
 # within one 10-minute GPU call.
@@ -82,6 +92,14 @@ class Symmcoll:
     def combine(self):
         return symmcoll.moe_combine(self.expert_out, self.weights, self.handle)
 
+    def in_oracle_layout(self, recv, counts):
+        """(received rows, per-local-expert counts) laid out as reference.moe_dispatch lays them out."""
+        return recv, counts
+
+    def forget_outputs(self):
+        """Before the check after timing: outputs that live on between calls are overwritten with junk,
+        so that check sees what the last call wrote (symmcoll and nccl return new tensors)."""
+
 
 class Nccl(Symmcoll):
     """all_to_all_single with host-side counts (symmcoll.reference): the baseline (not capturable)."""
@@ -93,46 +111,6 @@ class Nccl(Symmcoll):
 
     def combine(self):
         return reference.moe_combine(self.expert_out, self.weights, self.ids, self.origin, self.experts)
-
-
-class TorchVdev(Symmcoll):
-    """torch's all_to_all_vdev_2d (NVSHMEM): rows sorted by global expert, one per (token, slot);
-    the reply comes back with all_to_all_vdev_2d_offset and is weighted and summed per token."""
-    name, graph = "torch_vdev", True
-
-    def __init__(self, tokens, ids, weights, experts):
-        super().__init__(tokens, ids, weights, experts)
-        import torch.distributed._symmetric_memory as symm_mem
-        symm_mem.set_backend("NVSHMEM")
-        self.group = dist.group.WORLD.group_name
-        world = dist.get_world_size()
-        slots, hidden = ids.numel(), tokens.shape[1]
-        self.capacity = slots * world  # every slot of every rank could come here
-        self.inp = symm_mem.empty((slots, hidden), dtype=tokens.dtype, device=tokens.device)
-        self.out = symm_mem.empty((self.capacity, hidden), dtype=tokens.dtype, device=tokens.device)
-        self.back = symm_mem.empty((slots, hidden), dtype=tokens.dtype, device=tokens.device)
-        self.in_splits = symm_mem.empty(experts, dtype=torch.int64, device=tokens.device)
-        self.out_splits = symm_mem.empty((2, experts), dtype=torch.int64, device=tokens.device)
-        self.back_splits = symm_mem.empty((2, experts), dtype=torch.int64, device=tokens.device)
-        self.reply = symm_mem.empty((self.capacity, hidden), dtype=tokens.dtype, device=tokens.device)
-
-    def dispatch(self):
-        flat = self.ids.reshape(-1)
-        self.order = torch.sort(flat, stable=True).indices  # slots by global expert
-        self.inp.copy_(self.tokens[self.order // self.ids.shape[1]])
-        self.in_splits.zero_().scatter_add_(0, flat, torch.ones_like(flat))  # no host sync (bincount has one)
-        torch.ops.symm_mem.all_to_all_vdev_2d(self.inp, self.out, self.in_splits, self.out_splits, self.group)
-        return self.out, self.out_splits[0], None
-
-    def combine(self):
-        self.reply.copy_(self.expert_out)
-        # in_splits_offsets of the reply = what dispatch received (per local expert and source)
-        torch.ops.symm_mem.all_to_all_vdev_2d_offset(self.reply, self.back, self.out_splits, self.back_splits,
-                                                     self.group)
-        rows = torch.empty_like(self.back)
-        rows[self.order] = self.back
-        k = self.ids.shape[1]
-        return (rows.float().reshape(-1, k, rows.shape[1]) * self.weights.float()[..., None]).sum(1).to(rows.dtype)
 
 
 def _median_us(fn, graph: bool, device) -> tuple[float, str]:
@@ -166,17 +144,25 @@ def _median_us(fn, graph: bool, device) -> tuple[float, str]:
 
 
 def _wrong_dispatch(impl, got, want, counts) -> int:
-    """Wrong elements of a dispatch: symmcoll and nccl row by row (the same layout); torch_vdev, whose
-    order within an expert is its own, as the multiset of received rows (by their bit patterns)."""
+    """Wrong elements of a dispatch, in the oracle's layout: received rows (a missing row counts all its
+    elements) and per-local-expert counts."""
+    rows, counts = impl.in_oracle_layout(got, counts)
     n = int(want[1].sum())
-    if impl.name == "torch_vdev":
-        a = torch.sort(got[:n].view(torch.int16).long().sum(1) * 65536 + got[:n].view(torch.int16)[:, 1]).values
-        b = torch.sort(want[0][:n].view(torch.int16).long().sum(1) * 65536 + want[0][:n].view(torch.int16)[:, 1]).values
-        return int((a != b).sum()) if a.shape == b.shape else n
-    return int((got[:n].view(torch.int16) != want[0][:n].view(torch.int16)).sum()) + int((counts != want[1]).sum())
+    m = min(n, rows.shape[0])
+    wrong = int((rows[:m].view(torch.int16) != want[0][:m].view(torch.int16)).sum()) + (n - m) * rows.shape[1]
+    return wrong + int((counts != want[1]).sum())
 
 
-def _case(tokens_n, hidden, experts, k, names, device_type) -> list[dict]:
+def _row(case, world, name) -> dict:
+    tokens_n, hidden, experts, k = case
+    return {"tokens": tokens_n, "hidden": hidden, "experts": experts, "topk": k, "world_size": world,
+            "dtype": "bf16", "implementation": name}
+
+
+def _case(case, implementations, device_type) -> list[dict]:
+    """Rows of one case: every (class, extra constructor arguments) of ``implementations`` checked,
+    timed and checked again."""
+    tokens_n, hidden, experts, k = case
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     tokens, ids, weights = _inputs(tokens_n, hidden, experts, k, rank, device)
@@ -188,14 +174,11 @@ def _case(tokens_n, hidden, experts, k, names, device_type) -> list[dict]:
     dist.all_reduce(sent)
     per_rank = (sent / world).tolist()
     rows = []
-    for cls in [c for c in (Symmcoll, Nccl, TorchVdev) if c.name in names]:
-        row = {"tokens": tokens_n, "hidden": hidden, "experts": experts, "topk": k, "world_size": world,
-               "dtype": "bf16", "implementation": cls.name}
+    for cls, extra in implementations:
+        row = _row(case, world, cls.name)
         error = None
         try:
-            if cls is TorchVdev and device.type != "cuda":
-                raise RuntimeError("needs CUDA")
-            impl = cls(tokens, ids, weights, experts)
+            impl = cls(tokens, ids, weights, experts, **extra)
             recv, counts, _ = impl.dispatch()
             wrong = _wrong_dispatch(impl, recv, want, counts)
             impl.set_expert_out(recv * 2)
@@ -205,6 +188,7 @@ def _case(tokens_n, hidden, experts, k, names, device_type) -> list[dict]:
                 row[f"{phase}_us"], row[f"{phase}_mode"] = us, mode
                 row[f"{phase}_gbps"] = moved / us / 1e3 if us else None
                 row[f"{phase}_bytes_per_rank"] = moved
+            impl.forget_outputs()
             recv, counts, _ = impl.dispatch()  # after timing: fresh outputs, checked again
             wrong += _wrong_dispatch(impl, recv, want, counts)
             wrong += int((impl.combine().view(torch.int16) != want_combined.view(torch.int16)).sum())
@@ -224,10 +208,74 @@ def _case(tokens_n, hidden, experts, k, names, device_type) -> list[dict]:
 
 
 def _run(cases, names, device_type) -> dict:
+    """symmcoll's and nccl's rows (one set of ranks: symmcoll's workspace is symmetric memory)."""
+    implementations = [(cls, {}) for cls in (Symmcoll, Nccl) if cls.name in names]
     rows = []
     for case in cases:
-        rows += _case(*case, names, device_type)
+        rows += _case(case, implementations, device_type)
     return {"provenance": dataclasses.asdict(collect(device_type)), "world_size": dist.get_world_size(), "rows": rows}
+
+
+def _run_torch_vdev(cases, device_type, api=None) -> dict:
+    """torch_vdev's rows, in ranks where nothing else touches symmetric memory: NVSHMEM is selected
+    before the first symmetric allocation; where it cannot be, every row says why."""
+    api = api if api is not None else TorchSymmMem()
+    world = dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+
+    def agreed(reason):  # every rank takes the same path: the allocations are collective
+        reasons = [None] * world
+        dist.all_gather_object(reasons, reason)
+        return next((r for r in reasons if r), None)
+
+    reason = agreed(api.unavailable(device))
+    if reason is None:
+        try:
+            api.select_nvshmem(device, VdevBuffers.heap_bytes(cases, world))
+        except Exception as exc:  # noqa: BLE001 - said in every row
+            reason = f"set_backend('NVSHMEM') failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+        reason = agreed(reason)
+    rows = []
+    if reason is None:
+        buffers = VdevBuffers(api, cases, world, device)
+        for case in cases:
+            rows += _case(case, [(TorchVdev, {"buffers": buffers, "api": api})], device_type)
+    else:
+        rows = [dict(_row(case, world, VDEV), wrong=None, error=f"not run: {reason}") for case in cases]
+        if dist.get_rank() == 0:
+            print(json.dumps(rows[0]), flush=True)
+    return {"provenance": dataclasses.asdict(collect(device_type)), "world_size": world, "rows": rows}
+
+
+def _merge(results, cases, names) -> dict:
+    """One world size's result from its sets of ranks: rows by case, then in ``names`` order."""
+    by_key = {(r["tokens"], r["hidden"], r["experts"], r["topk"], r["implementation"]): r
+              for result in results for r in result["rows"]}
+    rows = [by_key[(*case, name)] for case in cases for name in names if (*case, name) in by_key]
+    return {"provenance": results[0]["provenance"], "world_size": results[0]["world_size"], "rows": rows}
+
+
+def measure(world, cases, names, device_type, vdev_api=None, on_partial=None) -> dict:
+    """Every implementation of ``names`` at one world size: symmcoll and nccl in one set of ranks, then
+    torch_vdev in fresh ranks (module docstring); ``on_partial(result)`` after the first set."""
+    results = []
+    shared = [n for n in names if n != VDEV]
+    if shared:
+        results.append(launch.run(_run, world, cases, shared, device_type, device=device_type, timeout=3000)[0])
+        if on_partial is not None and VDEV in names:
+            on_partial(_merge(results, cases, names))
+    if VDEV in names:
+        try:
+            results.append(launch.run(_run_torch_vdev, world, cases, device_type, vdev_api, device=device_type,
+                                      timeout=3000)[0])
+        except (launch.RankError, launch.LaunchTimeout) as exc:  # a crash in torch/NVSHMEM: said in its rows
+            failures = exc.failures if isinstance(exc, launch.RankError) else {}
+            said = "; ".join(f"rank {r}: {[line for line in text.splitlines() if line.strip()][-1][:150]}"
+                             for r, text in sorted(failures.items())) or str(exc)
+            rows = [dict(_row(case, world, VDEV), wrong=None, error=f"ranks failed: {said}"[:400]) for case in cases]
+            results.append({"provenance": results[0]["provenance"] if results else None, "world_size": world,
+                            "rows": rows})
+    return _merge(results, cases, names)
 
 
 def main() -> None:
@@ -237,21 +285,24 @@ def main() -> None:
     parser.add_argument("--hidden", nargs="+", type=int, default=[4096, 7168])
     parser.add_argument("--experts", nargs="+", type=int, default=[8, 64])
     parser.add_argument("--topk", nargs="+", type=int, default=[2, 8])
-    parser.add_argument("--implementations", nargs="+", default=["symmcoll", "nccl", "torch_vdev"])
+    parser.add_argument("--implementations", nargs="+", default=["symmcoll", "nccl", VDEV])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     cases = [(t, h, e, k) for t in args.tokens for h in args.hidden for e in args.experts for k in args.topk if k <= e]
     results = []
+
+    def write(partial=None):  # after every set of ranks: a later failure keeps these
+        with open(args.out, "w") as f:
+            json.dump(results + ([partial] if partial else []), f, indent=1)
+
     for world in args.world_size:
-        results.append(launch.run(_run, world, cases, args.implementations, args.device, device=args.device,
-                                  timeout=3000)[0])
-        with open(args.out, "w") as f:  # after every world size: a later failure keeps these
-            json.dump(results, f, indent=1)
+        results.append(measure(world, cases, args.implementations, args.device, on_partial=write))
+        write()
     for result in results:
         for r in result["rows"]:
             if r["wrong"] or r["error"]:
-                print("WRONG" if r["wrong"] else "ERROR", r)
+                print("WRONG" if r["wrong"] else "NOT RUN" if r["error"].startswith("not run:") else "ERROR", r)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,8 @@ for stage in $stages; do
     moe)
       # MoE dispatch/combine against NCCL all_to_all_single (+ .tolist()) and torch's all_to_all_vdev_2d.
       # One world size per call fits 10 minutes: MOE_WORLD_SIZES="4" in one call, "2" in the next.
+      # torch_vdev runs in rank processes of its own after symmcoll's and nccl's (torch fixes a process's
+      # symmetric-memory backend at its first allocation); MOE_ARGS="--implementations torch_vdev" runs it alone.
       sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"
       timeout ${MOE_TIMEOUT:-560} python3 benchmarks/moe_bench.py --world-size ${MOE_WORLD_SIZES:-$sizes} \
         ${MOE_ARGS:-} --out "$OUT/moe.json" 2>&1 | tee "$OUT/moe.log"

@@ -1,0 +1,124 @@
+"""benchmarks/moe_bench.py's torch_vdev baseline on CPU ranks: it runs in rank processes of its own, in
+which selecting NVSHMEM is the first symmetric-memory action (torch refuses "Backend can not be changed
+after use." once symmcoll's workspace exists); its buffers are allocated once for every case; its rows are
+checked in the oracle's layout through the output offsets torch returns (empty experts padded to one row).
+torch's ops are modelled over gloo (GlooVdev) after their CUDA source (nvshmem_extension.cu); where
+NVSHMEM is missing (here, the real torch on CPU) every row says why instead of failing."""
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # spawned ranks inherit sys.path and unpickle moe_bench.*
+    import moe_bench
+    return moe_bench
+
+
+def _exchange(rows, send_counts, recv_counts):
+    """all_to_all_single of whole rows (viewed as bytes: gloo has no bf16), grouped by destination rank."""
+    got = rows.new_empty((int(recv_counts.sum()), rows.shape[1]))
+    dist.all_to_all_single(got.view(torch.uint8), rows.contiguous().view(torch.uint8),
+                           [int(n) for n in recv_counts], [int(n) for n in send_counts])
+    return got
+
+
+def _all_gather(t):
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.stack(parts)
+
+
+class GlooVdev:
+    """moe_bench's torch API (TorchSymmMem) on CPU: symm_mem.empty as zeros, all_to_all_vdev_2d and
+    all_to_all_vdev_2d_offset with torch's layouts over gloo; every call is logged per rank (with how
+    many symmcoll workspaces and torch_buffers allocations the process holds at set_backend)."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+
+    def _log(self, **entry):
+        with open(Path(self.log_dir) / f"rank{dist.get_rank()}.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def unavailable(self, device):
+        return None
+
+    def select_nvshmem(self, device, heap_bytes):
+        from symmcoll import memory
+        from symmcoll.memory import torch_buffers
+        self._log(call="set_backend", workspaces=len(memory.workspaces()),
+                  torch_buffers=sum(len(v) for v in torch_buffers._ALLOCATIONS.values()), heap_bytes=heap_bytes)
+
+    def empty(self, numel, dtype, device):
+        self._log(call="empty", bytes=numel * dtype.itemsize)
+        return torch.zeros(numel, dtype=dtype, device=device)
+
+    def dispatch(self, inp, out, in_splits, out_splits_offsets, group_name):
+        """Input rows by global expert (rank-major); out by local expert, then source rank, each expert's
+        bin at least one row (major_align 1); out_splits_offsets[:, e * world + source]."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        ne = in_splits.numel() // world
+        coming = _all_gather(in_splits)[:, rank * ne:(rank + 1) * ne]  # [source, local expert]
+        received = _exchange(inp[: int(in_splits.sum())], in_splits.view(world, ne).sum(1), coming.sum(1))
+        bins = coming.sum(0).clamp(min=1)
+        start = torch.cumsum(bins, 0) - bins
+        at_source = 0
+        for source in range(world):
+            for e in range(ne):
+                n, at = int(coming[source, e]), int(start[e] + coming[:source, e].sum())
+                out[at:at + n] = received[at_source:at_source + n]
+                out_splits_offsets[0, e * world + source], out_splits_offsets[1, e * world + source] = n, at
+                at_source += n
+        self._log(call="dispatch", padded=int((coming.sum(0) == 0).sum()))
+
+    def combine(self, inp, out, in_splits_offsets, out_splits_offsets, group_name):
+        """Rows at in_splits_offsets[:, e * world + source] go back to their source, where they land by
+        owner rank, then local expert, from row 0 on; out_splits_offsets[:, owner * ne + e]."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        ne = in_splits_offsets.shape[1] // world
+        splits, offsets = in_splits_offsets.view(2, ne, world)  # [local expert, source]
+        rows = torch.cat([inp[int(offsets[e, s]):int(offsets[e, s] + splits[e, s])]
+                          for s in range(world) for e in range(ne)])
+        coming = _all_gather(splits)[:, :, rank]  # [owner, local expert]
+        received = _exchange(rows, splits.sum(0), coming.sum(1))
+        out[: received.shape[0]] = received
+        counts = coming.reshape(-1)
+        out_splits_offsets[0], out_splits_offsets[1] = counts, torch.cumsum(counts, 0) - counts
+
+
+def test_torch_vdev_in_ranks_of_its_own(monkeypatch, tmp_path):
+    moe_bench = _bench(monkeypatch)
+    # (tokens, hidden, experts, top-k): at 2 ranks the first leaves global expert 1 without a row (a
+    # padded bin); the cases differ in size, so every one is a view of buffers sized for the largest.
+    cases = [(3, 8, 8, 2), (16, 16, 4, 2), (5, 8, 8, 1)]
+    names = ["symmcoll", "nccl", "torch_vdev"]
+    result = moe_bench.measure(2, cases, names, "cpu", vdev_api=GlooVdev(str(tmp_path)))
+    rows = result["rows"]
+    assert [(r["tokens"], r["implementation"]) for r in rows] == [(c[0], n) for c in cases for n in names]
+    assert all(r["wrong"] == 0 and r["error"] is None and r["dispatch_us"] > 0 and r["combine_us"] > 0
+               for r in rows), rows
+    for rank in range(2):
+        log = [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+        first = log[0]
+        # symmcoll's rows ran before in other processes: here nothing had touched symmetric memory
+        assert first["call"] == "set_backend" and first["workspaces"] == 0 and first["torch_buffers"] == 0, log[:2]
+        empties = [e["bytes"] for e in log if e["call"] == "empty"]
+        assert len(empties) == 7 and all(e["call"] != "set_backend" for e in log[1:])  # once, for every case
+        assert first["heap_bytes"] >= sum(empties)
+        assert sum(e["padded"] for e in log if e["call"] == "dispatch") > 0
+
+
+def test_torch_vdev_says_why_it_did_not_run(monkeypatch):
+    """The real torch API on CPU ranks: every row carries the reason, nothing is timed or raised."""
+    moe_bench = _bench(monkeypatch)
+    cases = [(4, 8, 4, 2), (8, 8, 4, 2)]
+    rows = moe_bench.measure(2, cases, ["torch_vdev"], "cpu")["rows"]
+    assert [r["tokens"] for r in rows] == [4, 8]
+    assert all(r["error"].startswith("not run: torch's all_to_all_vdev_2d needs CUDA") and r["wrong"] is None
+               and "dispatch_us" not in r for r in rows), rows
