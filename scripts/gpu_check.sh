@@ -7,6 +7,7 @@
 #                                                            [scaleout-multi] [backend] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
 #                                                            [restructure] [random-calls] [host] [desc-cost]
+#                                                            [multi-diagnose]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -415,6 +416,57 @@ for stage in $stages; do
         -b ${SCALEOUT_MIN:-32K} -e ${SCALEOUT_MAX:-64M} -f 4 --world-size "$ngpu" --out "$OUT" 2>&1 \
         | tee "$OUT/scaleout_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    multi-diagnose)
+      # >= 2 GPUs, <= 8 min (MULTI_DIAG_BUDGET s of probes): why the barrier-free all-reduces run 25-400x slow
+      # at mid sizes on real multi-GPU since 401756e (benchmarks/multi_gpu_regression.md). Every step is
+      # benchmarks/multi_gpu_probe.py (no symmcoll.bench) in fresh rank processes (the debug switches of
+      # symmcoll.debug_switches are read at import), run from /tmp, under timeout; most decisive first, and
+      # a step is skipped once less than 45 s of the budget is left. Old trees come from bis/<sha>/src
+      # (scripts/make_bisect_trees.sh; carry "bis"). One line per step: $OUT/multi-diagnose/summary.txt.
+      if [ "$ngpu" -lt 2 ]; then echo "multi-diagnose needs >= 2 GPUs (found $ngpu)" >&2; status=1; continue; fi
+      mkdir -p "$OUT/multi-diagnose"
+      diag_dir="$(cd "$OUT/multi-diagnose" && pwd)" repo=$PWD diag_t0=$SECONDS diag_budget=${MULTI_DIAG_BUDGET:-440}
+      nvidia-smi topo -m > "$diag_dir/topo.txt" 2>&1
+      diag_probe() {  # diag_probe LABEL LIMIT_S [VAR=VALUE ...] -- [probe arguments]
+        local label=$1 limit=$2 envs=() left; shift 2
+        while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+        left=$(( diag_budget - (SECONDS - diag_t0) ))
+        if [ "$left" -lt 45 ]; then echo "skipped $label: ${left}s of the budget left" | tee -a "$diag_dir/skipped.txt"; return; fi
+        [ "$limit" -gt "$left" ] && limit=$left
+        echo "=== $label (limit ${limit}s) ${envs[*]-}"
+        (cd /tmp && env ${envs[@]+"${envs[@]}"} SYMMCOLL_TIMEOUT_S=10 timeout -k 15 "$limit" python3 \
+          "$repo/benchmarks/multi_gpu_probe.py" --world-size "$ngpu" --label "$label" --out "$diag_dir/$label.json" \
+          --budget-s $(( limit > 100 ? limit - 60 : limit / 3 )) "$@") 2>&1 | tee "$diag_dir/$label.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        # Rank processes of this step still alive (a cut run): end them, by the pids they wrote.
+        local pid
+        for pid in $(cat "$diag_dir/$label.json.pids" 2>/dev/null); do
+          grep -q multi_gpu_probe "/proc/$pid/cmdline" 2>/dev/null || grep -q multiprocessing "/proc/$pid/cmdline" 2>/dev/null \
+            && kill -9 "$pid" 2>/dev/null && echo "ended leftover rank process $pid of $label"
+        done
+      }
+      variant="--algorithms low_latency sentinel_one_shot sentinel_two_shot --sizes 64K 256K 1M --replays 20 --eager-calls 30"
+      # 1. this tree as it is: every algorithm and size, the host-read micro-benchmark, devices and contexts.
+      diag_probe head 170 -- --host-reads
+      # 2-3. the error-record look inside every spin loop: gone, then kept but on device memory.
+      diag_probe no-abort-check 120 SYMMCOLL_DEBUG_NO_ABORT_CHECK=1 -- $variant
+      diag_probe status-on-device 120 SYMMCOLL_DEBUG_STATUS_ON_DEVICE=1 -- $variant
+      # 4-5. the last tree before the restructure and the restructure itself (same probe, their own kernels).
+      for sha in 6fd2d11 401756e; do
+        if [ -d "bis/$sha/src" ]; then diag_probe "tree-$sha" 120 PYTHONPATH="$repo/bis/$sha/src" -- $variant
+        else echo "missing bis/$sha/src (scripts/make_bisect_trees.sh, carry bis)" | tee -a "$diag_dir/skipped.txt"; fi
+      done
+      # 6-9. the other suspects, one per run.
+      diag_probe no-headers-no-announce 120 SYMMCOLL_DEBUG_NO_HEADERS=1 SYMMCOLL_DEBUG_NO_ANNOUNCE=1 -- $variant
+      diag_probe separate-regions 120 SYMMCOLL_DEBUG_SEPARATE_REGIONS=1 -- $variant
+      diag_probe jit-launch 120 SYMMCOLL_FAST_LAUNCH=0 -- $variant
+      diag_probe abort-check-every-1M-spins 120 SYMMCOLL_DEBUG_ABORT_CHECK_SPINS=1048576 -- $variant
+      # 10. the rest of the bisect, while the budget lasts.
+      for sha in 70f4eb8 0a9ef75 9089786 0168b5c 1935f76 e451dd6 02a9127 d925aa8 99473e3 71f08ae 7af12e8; do
+        [ -d "bis/$sha/src" ] && diag_probe "tree-$sha" 120 PYTHONPATH="$repo/bis/$sha/src" -- $variant
+      done
+      python3 benchmarks/multi_gpu_probe.py --summarize "$diag_dir" 2>&1 | tee "$diag_dir/summary.txt"
       ;;
     *) echo "unknown stage $stage" >&2; status=2 ;;
   esac

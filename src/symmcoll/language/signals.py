@@ -33,6 +33,7 @@ or volatile loads only, never on a plain load.
 import triton
 import triton.language as tl
 
+from .. import debug_switches as _debug
 from ..memory.layout import ANNOUNCE_SLOT as _ANNOUNCE_SLOT
 from ..memory.layout import MAX_PROGRAMS, STATUS_DEADLINE_WORD, STATUS_SPINS_WORD
 from .blocks import INTERPRETED
@@ -59,7 +60,11 @@ ARG_MAX_ROWS: tl.constexpr = tl.constexpr(1)
 ARG_SPLITS: tl.constexpr = tl.constexpr(2)
 ARG_TOPK_IDS: tl.constexpr = tl.constexpr(3)
 # A spinning wait looks at this rank's error record once per this many spins.
-ABORT_CHECK_SPINS: tl.constexpr = tl.constexpr(64)
+ABORT_CHECK_SPINS: tl.constexpr = tl.constexpr(_debug.ABORT_CHECK_SPINS)
+# Diagnostic switches (symmcoll.debug_switches; all off by default, and off they generate no code).
+DEBUG_NO_ABORT_CHECK: tl.constexpr = tl.constexpr(_debug.NO_ABORT_CHECK)
+DEBUG_NO_HEADERS: tl.constexpr = tl.constexpr(_debug.NO_HEADERS)
+DEBUG_NO_ANNOUNCE: tl.constexpr = tl.constexpr(_debug.NO_ANNOUNCE)
 # Under the interpreter a spin's cost varies too much (1-10 ms) for a spin count to stand for seconds:
 # waits count their spins in the record and the launcher's watchdog sets the deadline word once this
 # launch's waits have spun for SYMMCOLL_TIMEOUT_S (of CPU time); every wait gives up when it is set.
@@ -125,10 +130,11 @@ def failed_elsewhere(status_ptr, spins):
     SYMMCOLL_TIMEOUT_S (a spin costs milliseconds there: the check is free)."""
     status = status_ptr.to(tl.pointer_type(tl.int32))
     flag = 0
-    if spins % ABORT_CHECK_SPINS == ABORT_CHECK_SPINS - 1:
-        # Each thread reads the record itself: one answer for all (block_max), or the budgets of one
-        # wait would differ between warps.
-        flag = block_max(tl.load(status + STATUS_FLAG, volatile=True))
+    if not DEBUG_NO_ABORT_CHECK:
+        if spins % ABORT_CHECK_SPINS == ABORT_CHECK_SPINS - 1:
+            # Each thread reads the record itself: one answer for all (block_max), or the budgets of one
+            # wait would differ between warps.
+            flag = block_max(tl.load(status + STATUS_FLAG, volatile=True))
     if INTERPRETED:
         tl.atomic_add(status + STATUS_SPINS, 1)
         flag = flag | tl.load(status + STATUS_DEADLINE, volatile=True)
@@ -153,9 +159,10 @@ def announce_at(pad_bases, desc, rank, WORLD: tl.constexpr):
     """Program 0 stores this call's descriptor into ANNOUNCE_SLOT + rank of every peer's pad (``pad_bases``
     from ``program0_peer_bases``; fire and forget: read only by the host of a rank that timed out, to say
     what we called)."""
-    lanes = tl.arange(0, MAX_WORLD)
-    mine = (lanes < WORLD) & (lanes != rank) & (tl.program_id(0) == 0)
-    tl.store(pad_bases + ANNOUNCE_SLOT + rank, tl.zeros([MAX_WORLD], tl.int32) + desc, mask=mine)
+    if not DEBUG_NO_ANNOUNCE:
+        lanes = tl.arange(0, MAX_WORLD)
+        mine = (lanes < WORLD) & (lanes != rank) & (tl.program_id(0) == 0)
+        tl.store(pad_bases + ANNOUNCE_SLOT + rank, tl.zeros([MAX_WORLD], tl.int32) + desc, mask=mine)
 
 
 @triton.jit
@@ -307,10 +314,11 @@ def block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD:
 def post_header_at(header_bases, phase, epoch, desc, rank, WORLD: tl.constexpr):
     """Program 0 stores ``(epoch << 32) | desc`` into header [phase][rank] (int64) of every peer
     (``header_bases`` from ``program0_peer_bases``). Epoch-tagged, so no one ever resets a header."""
-    lanes = tl.arange(0, MAX_WORLD)
-    mine = (lanes < WORLD) & (lanes != rank) & (tl.program_id(0) == 0)
-    value = (tl.zeros([MAX_WORLD], tl.int64) + epoch) << 32 | (tl.zeros([MAX_WORLD], tl.int64) + desc)
-    tl.store(header_bases + phase * MAX_WORLD + rank, value, mask=mine)
+    if not DEBUG_NO_HEADERS:
+        lanes = tl.arange(0, MAX_WORLD)
+        mine = (lanes < WORLD) & (lanes != rank) & (tl.program_id(0) == 0)
+        value = (tl.zeros([MAX_WORLD], tl.int64) + epoch) << 32 | (tl.zeros([MAX_WORLD], tl.int64) + desc)
+        tl.store(header_bases + phase * MAX_WORLD + rank, value, mask=mine)
 
 
 @triton.jit
@@ -346,7 +354,9 @@ def header_state(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
       world 8 waited three round trips for its seven headers (+0.115 us a launch,
       benchmarks/results/2026-11-27-desc-cost-world8-h100), where the shuffles cost a few dozen cycles."""
     matching = epoch.to(tl.int64) << 32 | desc
-    if WORLD <= SCALAR_HEADERS_UP_TO:
+    if DEBUG_NO_HEADERS:
+        state = tl.full([], WAIT_DONE, tl.int32)
+    elif WORLD <= SCALAR_HEADERS_UP_TO:
         state = tl.full([], WAIT_DONE, tl.int32)
         for step in tl.static_range(1, WORLD):  # the peers after me, round the ring: no load of my own lane
             peer = rank + step
@@ -366,6 +376,8 @@ def header_lanes(own_headers, check, epoch, desc, rank, WORLD: tl.constexpr):
     """(peers whose header is not yet this epoch's, peers whose header names another call, their
     descriptors) as [MAX_WORLD] lanes; nothing when ``check`` is 0. What a failed wait names
     (``end_wait``)."""
+    if DEBUG_NO_HEADERS:
+        check = check * 0
     lanes = tl.arange(0, MAX_WORLD)
     is_peer = (lanes < WORLD) & (lanes != rank) & (check != 0)
     headers = tl.load(own_headers + lanes, mask=is_peer, other=0, volatile=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import topology
+from .. import debug_switches, topology
 from ..errors import (SymmcollError, SymmcollMismatchError, SymmcollTimeoutError, argument_error_from_record,
                       error_from_record, not_initialized)
 from .layout import ANNOUNCE_SLOT, MAX_PROGRAMS, MAX_WORLD, SIGNAL_PAD_INTS
@@ -105,13 +105,16 @@ class Workspace:
     # transport (memory/transport.py) reaches the others. None within one node.
     topology: object = None
     transport: object = None
+    # SYMMCOLL_DEBUG_STATUS_ON_DEVICE: the record the kernels write and poll, in device memory (the host
+    # record above then stays clean: ``device_record`` reads this one). None otherwise.
+    status_device: torch.Tensor | None = None
 
     def __post_init__(self):
         self.buffer = self.regions["buffer"].local
         self.buffer_ptrs_dev = self.regions["buffer"].ptrs_dev
         self.signal_pad = self.regions["signal_pad"].local.view(torch.int32)
         self.signal_pad_ptrs_dev = self.regions["signal_pad"].ptrs_dev
-        self.status_ptr = self.status.data_ptr()
+        self.status_ptr = (self.status if self.status_device is None else self.status_device).data_ptr()
         self.status_view = self.status.numpy()  # host reads of the error record without a tensor op
         # What every kernel takes first, built once.
         self.kernel_args = (self.signal_pad_ptrs_dev, self.status_ptr, self.max_spins, self.rank)
@@ -172,6 +175,15 @@ class Workspace:
                 record[2], record[3] = record[2] + first, peer + first
             peer_global = dist.get_global_rank(self.group, record[3]) if 0 <= record[3] < self.world_size else None
             raise error_from_record(record, announced, peer_global)
+
+    def device_record(self) -> list[int]:
+        """The error record the kernels see, read after a synchronisation (the one of
+        SYMMCOLL_DEBUG_STATUS_ON_DEVICE where it is set, else the host record)."""
+        if self.status_device is None:
+            return [int(v) for v in self.status.tolist()]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return [int(v) for v in self.status_device.tolist()]
 
     def _other_caller(self, peer: int, desc: int, me: int) -> tuple[int, int]:
         """(a rank whose last announced call is not ``desc``, its descriptor), in the numbering of the
@@ -288,7 +300,7 @@ def _create(group, device: torch.device) -> Workspace:
     states = [s for s in declared() if not s.symmetric]
     signature = f"bytes={buffer_bytes} regions={[(n, o, b) for n, o, b, _ in layout]} {topo.signature}"
     bounded_rendezvous(group, "workspace creation", signature)
-    transport_ = None
+    transport_, regions = None, None
     ipc = device.type == "cuda" and os.environ.get("SYMMCOLL_MEMORY") == "ipc"
     if spans and device.type == "cuda" and not ipc:
         from .transport import allocate_nvshmem
@@ -297,6 +309,8 @@ def _create(group, device: torch.device) -> Workspace:
     elif ipc:
         from .cuda import allocate_cuda_ipc
         local, bases, peers, keepalive = allocate_cuda_ipc(group, total, device)
+    elif debug_switches.SEPARATE_REGIONS and not spans:
+        regions, keepalive = _separate_regions(group, layout, device)
     elif device.type == "cuda":
         from .cuda import allocate_cuda
         local, bases, peers, keepalive = allocate_cuda(group, total, device)
@@ -311,14 +325,15 @@ def _create(group, device: torch.device) -> Workspace:
         bases = [b if topo.same_node(r, rank) else 0 for r, b in enumerate(bases)]
         peers = [p if topo.same_node(r, rank) else None for r, p in enumerate(peers)]
     # ---- end of the node split ----
-    regions = {}
-    for name, offset, nbytes, fill in layout:
-        view = local[offset:offset + nbytes]
-        if fill:
-            view[: nbytes // 4 * 4].view(torch.int32).fill_(fill)
-        table = torch.tensor([b + offset if b else 0 for b in bases], dtype=torch.int64, device=device)
-        regions[name] = SymmetricRegion(name, view, table.data_ptr(),
-                                        [None if p is None else p[offset:offset + nbytes] for p in peers], table)
+    if regions is None:  # the regions of the one allocation
+        regions = {}
+        for name, offset, nbytes, fill in layout:
+            view = local[offset:offset + nbytes]
+            if fill:
+                view[: nbytes // 4 * 4].view(torch.int32).fill_(fill)
+            table = torch.tensor([b + offset if b else 0 for b in bases], dtype=torch.int64, device=device)
+            regions[name] = SymmetricRegion(name, view, table.data_ptr(),
+                                            [None if p is None else p[offset:offset + nbytes] for p in peers], table)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     # Every fill is done everywhere before anybody writes to a peer.
@@ -329,10 +344,38 @@ def _create(group, device: torch.device) -> Workspace:
     status = torch.zeros(STATUS_INTS, dtype=torch.int32)
     if device.type == "cuda":
         status = status.pin_memory()
+    status_device = None
+    if debug_switches.STATUS_ON_DEVICE:  # (CPU: an ordinary tensor, so that CPU tests run the switch)
+        status_device = torch.zeros(STATUS_INTS, dtype=torch.int32, device=device)
     return Workspace(group=group, group_name=group.group_name, rank=rank, world_size=world, device=device,
                      geometry=geometry, regions=regions, state=state, status=status,
                      max_spins=timeout_spins(device.type), _keepalive=keepalive,
-                     topology=topo if spans else None, transport=transport_)
+                     topology=topo if spans else None, transport=transport_, status_device=status_device)
+
+
+def _separate_regions(group, layout, device: torch.device) -> tuple[dict[str, "SymmetricRegion"], list]:
+    """SYMMCOLL_DEBUG_SEPARATE_REGIONS: every region of ``layout`` its own symmetric allocation (how
+    workspaces were built before 401756e), filled as ``_create`` fills the one allocation."""
+    if device.type == "cuda":
+        from .cuda import allocate_cuda
+
+        def allocate(nbytes):
+            return allocate_cuda(group, nbytes, device)
+    else:
+        from .emulated import allocate_emulated
+
+        def allocate(nbytes):
+            return allocate_emulated(group, nbytes)
+    regions, keepalive = {}, []
+    for name, _, nbytes, fill in layout:
+        local, bases, peers, handles = allocate(-(-max(nbytes, 1) // _ALIGN) * _ALIGN)
+        view = local[:nbytes]
+        if fill:
+            view[: nbytes // 4 * 4].view(torch.int32).fill_(fill)
+        table = torch.tensor(bases, dtype=torch.int64, device=device)
+        regions[name] = SymmetricRegion(name, view, table.data_ptr(), [p[:nbytes] for p in peers], table)
+        keepalive += handles
+    return regions, keepalive
 
 
 def _layout(geometry: Geometry) -> tuple[list[tuple[str, int, int, int]], int]:

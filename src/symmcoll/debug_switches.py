@@ -1,0 +1,65 @@
+"""Diagnostic switches for the multi-GPU slowdown of the barrier-free kernels (benchmarks/multi_gpu_regression.md).
+
+Each switch turns off or moves one mechanism that the 2026-11-22 "one house" restructure (401756e) added
+to every barrier-free kernel, so that one GPU run can say which one makes waits 25-400x slower on real
+multi-GPU (one process per GPU) at mid sizes. They are read once, from the environment, when symmcoll is
+imported (set them before the rank processes start). All default to off, and off they change nothing:
+the kernels compile to the same PTX as without this module (benchmarks/ptx_identity.py).
+
+Device side (``language.signals`` turns them into constexprs):
+  SYMMCOLL_DEBUG_NO_ABORT_CHECK=1      waits never look at the error record while spinning
+                                       (``failed_elsewhere``): no read of pinned host memory in any spin
+                                       loop. A failing program still records its own failure; the other
+                                       programs of its rank give up when their own spin budget runs out
+                                       (bounded, SYMMCOLL_TIMEOUT_S) instead of at their next look.
+  SYMMCOLL_DEBUG_ABORT_CHECK_SPINS=N   look at the error record every N spins instead of 64.
+  SYMMCOLL_DEBUG_NO_HEADERS=1          barrier-free kernels post no epoch-tagged call header and no wait
+                                       polls one: a peer that made another call is no longer named (its
+                                       data never comes: the wait times out, bounded).
+  SYMMCOLL_DEBUG_NO_ANNOUNCE=1         program 0 stores no call descriptor into peers' signal pads (a
+                                       timeout's message then cannot say what the peer called).
+Host side (``symmcoll.memory``):
+  SYMMCOLL_DEBUG_STATUS_ON_DEVICE=1    the error record the kernels write and poll is in this rank's
+                                       device memory instead of pinned host memory. The host does not see
+                                       it without a synchronisation, so the library raises no kernel
+                                       failure in this mode: ``Workspace.device_record()`` reads it (the
+                                       probe does, after every case).
+  SYMMCOLL_DEBUG_SEPARATE_REGIONS=1    every symmetric region is its own allocation (as before 401756e)
+                                       instead of one allocation holding them all.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_ABORT_CHECK_SPINS = 64
+
+
+def _flag(name: str) -> bool:
+    value = os.environ.get(name, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def _spins(name: str) -> int:
+    value = os.environ.get(name, str(DEFAULT_ABORT_CHECK_SPINS))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name} must be a positive number of spins, got {value!r}")
+    return int(value)
+
+
+NO_ABORT_CHECK = _flag("SYMMCOLL_DEBUG_NO_ABORT_CHECK")
+ABORT_CHECK_SPINS = _spins("SYMMCOLL_DEBUG_ABORT_CHECK_SPINS")
+NO_HEADERS = _flag("SYMMCOLL_DEBUG_NO_HEADERS")
+NO_ANNOUNCE = _flag("SYMMCOLL_DEBUG_NO_ANNOUNCE")
+STATUS_ON_DEVICE = _flag("SYMMCOLL_DEBUG_STATUS_ON_DEVICE")
+SEPARATE_REGIONS = _flag("SYMMCOLL_DEBUG_SEPARATE_REGIONS")
+
+
+def active() -> dict[str, object]:
+    """The switches that differ from their defaults (for result files)."""
+    values = {"NO_ABORT_CHECK": NO_ABORT_CHECK, "ABORT_CHECK_SPINS": ABORT_CHECK_SPINS, "NO_HEADERS": NO_HEADERS,
+              "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS}
+    defaults = {"ABORT_CHECK_SPINS": DEFAULT_ABORT_CHECK_SPINS}
+    return {k: v for k, v in values.items() if v != defaults.get(k, False)}
