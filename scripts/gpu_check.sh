@@ -446,22 +446,26 @@ for stage in $stages; do
             && kill -9 "$pid" 2>/dev/null && echo "ended leftover rank process $pid of $label"
         done
       }
+      # The other suspects are tested with the record looked at every 64 spins, as before the fix.
+      old_look=SYMMCOLL_DEBUG_ABORT_CHECK_SPINS=64
       variant="--algorithms low_latency sentinel_one_shot sentinel_two_shot --sizes 64K 256K 1M --replays 20 --eager-calls 30"
-      # 1. this tree as it is: every algorithm and size, the host-read micro-benchmark, devices and contexts.
+      # 1. this tree as it is (the fix: waits look at the host record every 65536 spins): every algorithm
+      # and size, the host-read micro-benchmark, devices and contexts. 1b. the same with the look every 64
+      # spins, as before the fix: the before/after of the fix in one call.
       diag_probe head 170 -- --host-reads
+      diag_probe abort-check-every-64-spins 120 $old_look -- $variant
       # 2-3. the error-record look inside every spin loop: gone, then kept but on device memory.
       diag_probe no-abort-check 120 SYMMCOLL_DEBUG_NO_ABORT_CHECK=1 -- $variant
-      diag_probe status-on-device 120 SYMMCOLL_DEBUG_STATUS_ON_DEVICE=1 -- $variant
+      diag_probe status-on-device 120 $old_look SYMMCOLL_DEBUG_STATUS_ON_DEVICE=1 -- $variant
       # 4-5. the last tree before the restructure and the restructure itself (same probe, their own kernels).
       for sha in 6fd2d11 401756e; do
         if [ -d "bis/$sha/src" ]; then diag_probe "tree-$sha" 120 PYTHONPATH="$repo/bis/$sha/src" -- $variant
         else echo "missing bis/$sha/src (scripts/make_bisect_trees.sh, carry bis)" | tee -a "$diag_dir/skipped.txt"; fi
       done
       # 6-9. the other suspects, one per run.
-      diag_probe no-headers-no-announce 120 SYMMCOLL_DEBUG_NO_HEADERS=1 SYMMCOLL_DEBUG_NO_ANNOUNCE=1 -- $variant
-      diag_probe separate-regions 120 SYMMCOLL_DEBUG_SEPARATE_REGIONS=1 -- $variant
-      diag_probe jit-launch 120 SYMMCOLL_FAST_LAUNCH=0 -- $variant
-      diag_probe abort-check-every-1M-spins 120 SYMMCOLL_DEBUG_ABORT_CHECK_SPINS=1048576 -- $variant
+      diag_probe no-headers-no-announce 120 $old_look SYMMCOLL_DEBUG_NO_HEADERS=1 SYMMCOLL_DEBUG_NO_ANNOUNCE=1 -- $variant
+      diag_probe separate-regions 120 $old_look SYMMCOLL_DEBUG_SEPARATE_REGIONS=1 -- $variant
+      diag_probe jit-launch 120 $old_look SYMMCOLL_FAST_LAUNCH=0 -- $variant
       # 10. the rest of the bisect, while the budget lasts.
       for sha in 70f4eb8 0a9ef75 9089786 0168b5c 1935f76 e451dd6 02a9127 d925aa8 99473e3 71f08ae 7af12e8; do
         [ -d "bis/$sha/src" ] && diag_probe "tree-$sha" 120 PYTHONPATH="$repo/bis/$sha/src" -- $variant

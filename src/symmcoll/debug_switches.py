@@ -12,7 +12,9 @@ Device side (``language.signals`` turns them into constexprs):
                                        loop. A failing program still records its own failure; the other
                                        programs of its rank give up when their own spin budget runs out
                                        (bounded, SYMMCOLL_TIMEOUT_S) instead of at their next look.
-  SYMMCOLL_DEBUG_ABORT_CHECK_SPINS=N   look at the error record every N spins instead of 64.
+  SYMMCOLL_DEBUG_ABORT_CHECK_SPINS=N   look at the error record every N spins instead of the default
+                                       (64 interpreted, 65536 compiled: ``language.signals``; N=64 on a GPU
+                                       is the code before the fix of 2026-11-27).
   SYMMCOLL_DEBUG_NO_HEADERS=1          barrier-free kernels post no epoch-tagged call header and no wait
                                        polls one: a peer that made another call is no longer named (its
                                        data never comes: the wait times out, bounded).
@@ -32,9 +34,6 @@ from __future__ import annotations
 
 import os
 
-DEFAULT_ABORT_CHECK_SPINS = 64
-
-
 def _flag(name: str) -> bool:
     value = os.environ.get(name, "0")
     if value not in ("0", "1"):
@@ -42,8 +41,11 @@ def _flag(name: str) -> bool:
     return value == "1"
 
 
-def _spins(name: str) -> int:
-    value = os.environ.get(name, str(DEFAULT_ABORT_CHECK_SPINS))
+def _spins(name: str) -> int | None:
+    """A positive spin count from the environment, or None where unset (the default applies)."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{name} must be a positive number of spins, got {value!r}")
     return int(value)
@@ -61,5 +63,4 @@ def active() -> dict[str, object]:
     """The switches that differ from their defaults (for result files)."""
     values = {"NO_ABORT_CHECK": NO_ABORT_CHECK, "ABORT_CHECK_SPINS": ABORT_CHECK_SPINS, "NO_HEADERS": NO_HEADERS,
               "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS}
-    defaults = {"ABORT_CHECK_SPINS": DEFAULT_ABORT_CHECK_SPINS}
-    return {k: v for k, v in values.items() if v != defaults.get(k, False)}
+    return {k: v for k, v in values.items() if v not in (False, None)}

@@ -59,8 +59,15 @@ STATUS_REPORTS: tl.constexpr = tl.constexpr(8)
 ARG_MAX_ROWS: tl.constexpr = tl.constexpr(1)
 ARG_SPLITS: tl.constexpr = tl.constexpr(2)
 ARG_TOPK_IDS: tl.constexpr = tl.constexpr(3)
-# A spinning wait looks at this rank's error record once per this many spins.
-ABORT_CHECK_SPINS: tl.constexpr = tl.constexpr(_debug.ABORT_CHECK_SPINS)
+# A spinning wait looks at this rank's error record once per this many spins. On a GPU the record is
+# pinned host memory: each look is a read across PCIe, and looks from many programs of a launch were
+# served one after another (~3.5 us each). Every 64 spins (~30 us), a rank whose peer was late once paid
+# programs x 3.5 us per launch, which made it late for the next launch in turn: on 4 H100s the
+# barrier-free all-reduces ran 25-400x slow at 64 KB-1 MB (benchmarks/multi_gpu_regression.md). Every
+# 65536 spins (~30 ms) a failure still ends the other waits of its rank promptly, and a wait only looks
+# when its peer is far later than any launch skew (NCCL looks at its host abort flag as rarely). The
+# interpreter keeps 64: a spin costs milliseconds there.
+ABORT_CHECK_SPINS: tl.constexpr = tl.constexpr(_debug.ABORT_CHECK_SPINS or (64 if INTERPRETED else 1 << 16))
 # Diagnostic switches (symmcoll.debug_switches; all off by default, and off they generate no code).
 DEBUG_NO_ABORT_CHECK: tl.constexpr = tl.constexpr(_debug.NO_ABORT_CHECK)
 DEBUG_NO_HEADERS: tl.constexpr = tl.constexpr(_debug.NO_HEADERS)
