@@ -418,6 +418,7 @@ for stage in $stages; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     multi-diagnose)
+      # MULTI_DIAG_STEPS="head abort-check-every-64-spins" runs only the fix and the old value (~5 min).
       # >= 2 GPUs, <= 8 min (MULTI_DIAG_BUDGET s of probes): why the barrier-free all-reduces run 25-400x slow
       # at mid sizes on real multi-GPU since 401756e (benchmarks/multi_gpu_regression.md). Every step is
       # benchmarks/multi_gpu_probe.py (no symmcoll.bench) in fresh rank processes (the debug switches of
@@ -430,6 +431,8 @@ for stage in $stages; do
       nvidia-smi topo -m > "$diag_dir/topo.txt" 2>&1
       diag_probe() {  # diag_probe LABEL LIMIT_S [VAR=VALUE ...] -- [probe arguments]
         local label=$1 limit=$2 envs=() left; shift 2
+        # MULTI_DIAG_STEPS (labels, e.g. "head abort-check-every-64-spins"): run only these steps.
+        case " ${MULTI_DIAG_STEPS:-$label} " in *" $label "*) ;; *) return ;; esac
         while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
         left=$(( diag_budget - (SECONDS - diag_t0) ))
         if [ "$left" -lt 45 ]; then echo "skipped $label: ${left}s of the budget left" | tee -a "$diag_dir/skipped.txt"; return; fi
