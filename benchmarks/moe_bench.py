@@ -8,9 +8,16 @@ by rank) and implementation:
 
 * ``symmcoll``: ``moe_dispatch`` (pull) and ``moe_combine`` (push), timed as CUDA-graph replays (10 calls
   per graph) and eagerly;
-* ``nccl``: ``all_to_all_single`` with the counts exchanged first and read back to the host (the
-  ``.tolist()`` every user of it pays), gather/scatter around it (``symmcoll.reference``); eager only
-  (a host synchronisation cannot be captured);
+* ``nccl``: a lean eager layer around NCCL's ``all_to_all_single`` (``moe_nccl.py`` lists each step):
+  dispatch = routing, counts and two narrow-key argsorts on the device, one ``all_to_all_single`` of the
+  [W, 1 + E/W] counts, ONE host read of them (the ``.tolist()`` every user of ``all_to_all_single`` with
+  GPU-computed splits pays), one ``index_select`` by destination, one ``all_to_all_single`` of the rows
+  with their expert ids packed behind them, then one argsort and ``index_select`` into the rows-by-local-
+  expert layout symmcoll returns; combine = one ``index_select`` by source rank, one
+  ``all_to_all_single`` back, a weighted fp32 ``index_add_``. Eager only: the host read cannot be
+  captured. On CUDA its host synchronisations are counted once per case (torch's sync debug mode): a
+  dispatch with more than one, or a combine with any, is an error in its row. ``symmcoll.reference``
+  (the oracle) is only the check, never timed;
 * ``torch_vdev``: ``torch.ops.symm_mem.all_to_all_vdev_2d`` on NVSHMEM symmetric memory (rows sorted by
   expert first, one row per (token, expert): its traffic is per slot, not per token and rank), and
   ``all_to_all_vdev_2d_offset`` back for the combine (from the expert outputs already in its symmetric
@@ -49,6 +56,7 @@ from symmcoll.bench.plan import TimingPlan
 from symmcoll.bench.provenance import collect
 from symmcoll.bench.timing import CapturedCalls, time_eager, time_graph
 
+import moe_nccl
 from moe_torch_vdev import VDEV, TorchSymmMem, TorchVdev, VdevBuffers
 
 # 24 cases x 3 implementations x 2 phases per world size: a second per timing keeps a world size
@@ -102,15 +110,31 @@ class Symmcoll:
 
 
 class Nccl(Symmcoll):
-    """all_to_all_single with host-side counts (symmcoll.reference): the baseline (not capturable)."""
+    """The lean eager layer of moe_nccl.py around all_to_all_single: dispatch = one all_to_all_single of
+    the counts, one host read of them (.tolist()), one all_to_all_single of the rows and their expert ids;
+    combine = one all_to_all_single back and a weighted fp32 index_add_. Not capturable (the host read)."""
     name, graph = "nccl", False
 
     def dispatch(self):
-        self.recv, self.counts, self.origin, _ = reference.moe_dispatch(self.tokens, self.ids, self.experts)
-        return self.recv, self.counts, self.origin
+        self.recv, self.counts, self.handle = moe_nccl.dispatch(self.tokens, self.ids, self.experts)
+        return self.recv, self.counts, self.handle
 
     def combine(self):
-        return reference.moe_combine(self.expert_out, self.weights, self.ids, self.origin, self.experts)
+        return moe_nccl.combine(self.expert_out, self.weights, self.handle)
+
+    def check_host_syncs(self):
+        """One host synchronisation per dispatch (the counts' .tolist()), none per combine."""
+        if self.tokens.device.type != "cuda":
+            return
+        with moe_nccl.HostSyncCount() as in_dispatch:
+            self.dispatch()
+        with moe_nccl.HostSyncCount() as in_combine:
+            self.combine()
+        if dist.get_rank() == 0:
+            print(f"nccl host syncs: dispatch {in_dispatch.count}, combine {in_combine.count}", flush=True)
+        if in_dispatch.count > 1 or in_combine.count > 0:
+            raise RuntimeError(f"nccl baseline synchronised with the host {in_dispatch.count} times in dispatch "
+                               f"and {in_combine.count} in combine (expected 1 and 0)")
 
 
 def _median_us(fn, graph: bool, device) -> tuple[float, str]:
@@ -183,6 +207,8 @@ def _case(case, implementations, device_type) -> list[dict]:
             wrong = _wrong_dispatch(impl, recv, want, counts)
             impl.set_expert_out(recv * 2)
             wrong += int((impl.combine().view(torch.int16) != want_combined.view(torch.int16)).sum())
+            if isinstance(impl, Nccl):
+                impl.check_host_syncs()
             for phase, fn, moved in (("dispatch", impl.dispatch, per_rank[0]), ("combine", impl.combine, per_rank[1])):
                 us, mode = _median_us(fn, cls.graph, device)
                 row[f"{phase}_us"], row[f"{phase}_mode"] = us, mode
