@@ -4,7 +4,7 @@
 #                                                            [gemm-tune] [gemm-bench] [gemm-retune]
 #                                                            [fused] [fused-env] [tp_block] [pdl] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
-#                                                            [scaleout-multi] [backend] [roofline]
+#                                                            [scaleout-multi] [backend] [backend-bench] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
 #                                                            [restructure] [random-calls] [host] [desc-cost]
 #                                                            [multi-diagnose]
@@ -209,6 +209,24 @@ for stage in $stages; do
       dev=cuda; [ "$ngpu" -ge 2 ] || dev=cuda-shared
       SYMMCOLL_TEST_DEVICE=$dev timeout ${FAULTS_TIMEOUT:-500} python3 -m pytest -v -rA -p no:cacheprovider \
         tests/test_faults.py 2>&1 | tee "$OUT/faults_$dev.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    backend-bench)
+      # Issue 28 point 3's second half: an existing DTensor model (symmcoll.models.dtensor_llama: torchtitan's
+      # Llama block at Llama-3-70B sizes, parallelised by torch's parallelize_module plans) compiled plainly
+      # (torch.compile: inductor, the baseline) and with symmcoll.backend(inner="inductor"), both
+      # mode="reduce-overhead" (a case falls back to mode "default" + a CUDA graph of our own where that fails,
+      # rows of both kept), decode 1/8/64 (KV cache 2048) and prefill 1x2048, 4x4096 (tp and tp_sp), world size
+      # = the GPUs here (1 on a one-GPU machine, where DTensor leaves no collective: both modes compile the same
+      # graph and "x ind." shows the backend's own cost). Every mode is checked against the fp32 block before it
+      # is timed. No case starts after BACKEND_BENCH_LIMIT s; the JSON is rewritten after every case.
+      # BACKEND_BENCH_CASES picks cases (full names, or prefixes: "decode prefill:4x4096:tp_sp"); on one GPU
+      # the default leaves out tp_sp (at one rank it has no collective either).
+      bb_cases=${BACKEND_BENCH_CASES:-}
+      [ -z "$bb_cases" ] && [ "$ngpu" -lt 2 ] && bb_cases="decode prefill:1x2048:tp prefill:4x4096:tp"
+      timeout ${BACKEND_BENCH_TIMEOUT:-470} python3 -m symmcoll bench --op backend_block --world-size "$ngpu" \
+        -n ${BACKEND_BENCH_REPLAYS:-50} --time-limit ${BACKEND_BENCH_LIMIT:-300} ${bb_cases:+--shapes $bb_cases} \
+        --out "$OUT" 2>&1 | tee "$OUT/backend_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     backend)

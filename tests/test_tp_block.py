@@ -174,13 +174,14 @@ def test_bad_configurations():
         block.prefill(torch.zeros(3, TINY.hidden, dtype=torch.bfloat16), KVCache.empty(TINY, 1, 2, 8))
 
 
-def test_bench_says_it_is_skipped_without_gpus(capsys):
+@pytest.mark.parametrize("op", ["tp_block", "backend_block"])   # (backend_block: tests/test_backend_block.py)
+def test_bench_says_it_is_skipped_without_gpus(capsys, op):
     if torch.cuda.is_available():
         pytest.skip("GPUs present: the benchmark would run")
     from symmcoll import cli
-    assert cli.main(["bench", "--op", "tp_block"]) == 0
+    assert cli.main(["bench", "--op", op]) == 0
     out = capsys.readouterr().out
-    assert "tp_block" in out and "skipped" in out
+    assert op in out and "skipped" in out
 
 
 def test_bench_cases_and_kernel_classes():

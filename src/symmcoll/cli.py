@@ -4,6 +4,7 @@
                    [--dtype bf16] [--algorithms NAME ...] [--world-size N[,N...]] [--graph | --eager]
                    [-n ITERS] [-w WARMUP] [--out DIR] [--plot]
     symmcoll bench --op tp_block [--world-size 2,4] [--shapes decode prefill:1x2048 ...] [--algorithms MODE ...]
+    symmcoll bench --op backend_block [--world-size N] [--shapes decode prefill:4x4096:tp_sp ...] [--time-limit S]
     symmcoll plot RESULT.json [RESULT.json ...] [--out DIR]
     symmcoll accuracy [--world-size N[,N...]] [--numel N] [--dtype bf16] [--out DIR]
     symmcoll bench --op gemm [--shapes 70b-tp8 ...] [--m 1 16 ...] [--dtype bf16|fp16]
@@ -25,6 +26,7 @@ from .bench.plan import DTYPES
 from .bench.sizes import parse_size
 
 TP_BLOCK = "tp_block"   # the decoder block of symmcoll.models (bench/tp_block.py)
+BACKEND_BLOCK = "backend_block"   # a DTensor model compiled with and without symmcoll.backend (bench/backend_block.py)
 GEMM = "gemm"           # the GEMM core beside cuBLAS on one GPU (bench/gemm.py)
 
 
@@ -64,6 +66,11 @@ def _bench(args: argparse.Namespace) -> int:
     if TP_BLOCK in args.op:
         status = _bench_tp_block(args)
         args.op = [op for op in args.op if op != TP_BLOCK]
+        if not args.op:
+            return status
+    if BACKEND_BLOCK in args.op:
+        status = max(status, _bench_backend_block(args))
+        args.op = [op for op in args.op if op != BACKEND_BLOCK]
         if not args.op:
             return status
     fused_ops = [op for op in dict.fromkeys(args.op) if op in _fused_ops()]
@@ -151,6 +158,26 @@ def _bench_tp_block(args: argparse.Namespace) -> int:
         return 2
     worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
     return tp_block.run(worlds, cases, modes, args.dtype, args.iters or 20, Path(args.out), console)
+
+
+def _bench_backend_block(args: argparse.Namespace) -> int:
+    """The torchtitan-style DTensor block compiled plainly and with symmcoll.backend (--algorithms: modes
+    inductor, symmcoll; --shapes: case-name prefixes; --time-limit: start no case after that)."""
+    import torch
+
+    console = _console()
+    if _without_gpu(console, f"{BACKEND_BLOCK}: the compiled-block benchmark needs GPUs; skipped on this machine "
+                             f"(tests/test_backend_block.py checks it on CPU, untimed)"):
+        return 0
+    from .bench import backend_block
+
+    cases = backend_block.select_cases(_split(args.shapes))   # a typo fails here, before any GPU work
+    modes = tuple(_split(args.algorithms)) or backend_block.MODES
+    if set(modes) - set(backend_block.MODES):
+        console.print(f"[bold red]{BACKEND_BLOCK}: --algorithms takes modes {', '.join(backend_block.MODES)}[/]")
+        return 2
+    worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
+    return backend_block.run(worlds, cases, modes, args.iters or 20, Path(args.out), console, args.time_limit)
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -332,14 +359,16 @@ def _parser() -> argparse.ArgumentParser:
                     "-b 4K -e 256M -f 2, graph mode; CPU: world size 2, -b 1K -e 64K -f 4.")
     bench.set_defaults(command="bench", handler=_bench)
     bench.add_argument("--shapes", nargs="+", default=None, metavar="MxNxK",
-                       help="fused ops: shapes to measure (default: the op's list); tp_block: cases whose "
-                            "name starts with one of these (decode, decode:8, prefill:4x4096:compile, ...)")
-    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, *_fused_ops(), TP_BLOCK, GEMM, "all"],
+                       help="fused ops: shapes to measure (default: the op's list); tp_block, backend_block: "
+                            "cases whose name starts with one of these (decode, decode:8, prefill:4x4096:compile, "
+                            "prefill:4x4096:tp_sp, ...)")
+    bench.add_argument("--op", nargs="+", default=["all"], choices=[*OPS, *_fused_ops(), TP_BLOCK, BACKEND_BLOCK, GEMM, "all"],
                        metavar="OP",
                        help=f"collectives: {', '.join(OPS)} or all (default: all); fused ops (GPU, by shape): "
                             f"{', '.join(_fused_ops())}; {TP_BLOCK}: a tensor-parallel decoder block, decode "
                             f"and prefill, in modes nccl, torch_async_tp and symmcoll (GPU; --algorithms "
-                            f"picks modes); {GEMM}: the GEMM core beside cuBLAS on one GPU over the serving "
+                            f"picks modes); {BACKEND_BLOCK}: a torchtitan-style DTensor block compiled with "
+                            f"torch.compile and with symmcoll.backend, decode and prefill (GPU); {GEMM}: the GEMM core beside cuBLAS on one GPU over the serving "
                             f"grid (--shapes: layer-name prefixes such as 70b-tp8, --m: M values)")
     bench.add_argument("--m", nargs="+", default=None, metavar="M", help=f"{GEMM}: M values (default: the grid)")
     bench.add_argument("-b", "--minbytes", type=_size, default=None, help="smallest size (4K, 1M, ...)")
@@ -364,8 +393,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds-per-case", type=float, default=None,
                        help="time budget for one case's timed samples (GPU default 0.5; min 5 samples)")
     bench.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                       help="collectives: start no case after this many seconds (all world sizes together); "
-                            "what ran is printed and written, with a note naming what was left out")
+                       help="collectives, backend_block: start no case after this many seconds (all world sizes "
+                            "together); what ran is printed and written, with a note naming what was left out")
     bench.add_argument("--out", default="bench-results",
                        help="directory for result files (default ./bench-results)")
     bench.add_argument("--plot", action="store_true", help="also draw PNGs from the result files")

@@ -16,7 +16,6 @@ baselines outside symmcoll; symmcoll's variants are the op's registered algorith
 
 from __future__ import annotations
 
-import gc
 import json
 import statistics
 import time
@@ -32,7 +31,7 @@ import symmcoll.reference
 from symmcoll import plan
 
 from . import memory_bound, provenance, roofline
-from .timing import event_times_us, settle_graphs
+from .timing import capture_steps, event_times_us
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
@@ -196,22 +195,14 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
     thunk()
     torch.cuda.synchronize()
     mode = "graph"
-    # Tensors of earlier cases (torch's symmetric-memory ops allocate their own) must not be freed
-    # during the capture: collect now, and not during it.
-    settle_graphs()
-    gc.collect()
-    gc.disable()
+    # (capture_steps holds the garbage collector off: tensors of earlier cases, which torch's
+    # symmetric-memory ops allocate themselves, must not be freed during the capture)
     try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls_per_graph):
-                thunk()
+        graph, _ = capture_steps(thunk, calls_per_graph)
         step, per = graph.replay, calls_per_graph
     except Exception as exc:  # noqa: BLE001 - not every baseline can be captured
         torch.cuda.synchronize()
         step, per, mode = thunk, 1, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
-    finally:
-        gc.enable()
     flags = [None] * dist.get_world_size(group)
     dist.all_gather_object(flags, mode, group=group)
     if any(f != "graph" for f in flags):

@@ -17,6 +17,7 @@ bench/fused.py, bench/tp_block.py, bench/link.py, the scripts under benchmarks/)
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -53,6 +54,24 @@ def settle_graphs() -> None:
         graph.replay()
     torch.cuda.synchronize()
     _SETTLED.add(index)
+
+
+def capture_steps(step: Callable[[], torch.Tensor], steps: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``steps`` calls of ``step`` in one CUDA graph, after settle_graphs(): (the graph, what the last
+    call returned, rewritten by every replay). ``step`` must be warmed up (compiled, planned, its kept
+    state allocated: none of it may happen during a capture). The garbage collector waits meanwhile:
+    tensors of earlier cases freed during the capture would be freed into its pool."""
+    settle_graphs()
+    gc.collect()
+    gc.disable()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(steps):
+                output = step()
+    finally:
+        gc.enable()
+    return graph, output
 
 
 @dataclass(frozen=True)

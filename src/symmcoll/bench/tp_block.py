@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ..models import LLAMA_70B, MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 from . import kernel_share, provenance
-from .timing import event_times_us, settle_graphs
+from .timing import capture_steps, event_times_us
 
 DECODE_BATCHES = (1, 8, 64)
 CACHE_TOKENS = 2048
@@ -152,16 +152,7 @@ def _prepare(step, timing: str):
     torch.cuda.synchronize()
     if timing != "graph":
         return step, 1, first, None
-    settle_graphs()
-    gc.collect()
-    gc.disable()   # tensors of earlier cases must not be freed during the capture
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(STEPS_PER_GRAPH):
-                captured = step()
-    finally:
-        gc.enable()
+    graph, captured = capture_steps(step, STEPS_PER_GRAPH)
     _STATE["graph"] = graph    # kept alive until the next case
     return graph.replay, STEPS_PER_GRAPH, first, captured
 

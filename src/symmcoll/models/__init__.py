@@ -24,6 +24,11 @@ Benchmark (GPUs; all three modes in one run, one JSON per world size)::
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 symmcoll bench --op tp_block --world-size 2,4
 
 CPU test (world size 2, tiny dims, interpreter): ``pytest tests/test_tp_block.py``.
+
+``symmcoll.models.dtensor_llama`` is the other kind of model: torchtitan's Llama block, made tensor-parallel
+by torch's ``parallelize_module`` plans, importing nothing of symmcoll. It is the client that
+``symmcoll.backend`` serves unchanged (tests/test_compile_backend.py) and that ``symmcoll bench --op
+backend_block`` times compiled with and without the backend.
 """
 
 from .llama import LLAMA_70B, BlockConfig, BlockWeights, DecoderBlock, KVCache
