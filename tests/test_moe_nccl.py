@@ -108,6 +108,13 @@ def _dense_case(world):
             "ids": [[rng.randrange(2 * world) for _ in range(48)] for _ in range(world)], "seed": 7}
 
 
+def _one_receiver_case(world):
+    """Every slot on rank 0's experts or invalid: the other ranks receive nothing; rank 0 keeps 5 rows."""
+    rng = random.Random(world + 10)
+    return {"tokens": 7, "k": 3, "experts": 2 * world, "hidden": 3, "dtype": "fp32", "max_rows": 5,
+            "ids": [[rng.choice([0, 1, -1, 2 * world]) for _ in range(21)] for _ in range(world)], "seed": 9}
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_nccl_algorithm_equals_the_oracle(pools, world):
     # No shrinking: a failure closes the rank pool, and every shrink step would start new ranks (minutes).
@@ -115,6 +122,7 @@ def test_nccl_algorithm_equals_the_oracle(pools, world):
               phases=(Phase.explicit, Phase.reuse, Phase.generate))
     @given(cases(world))
     @example(_dense_case(world))
+    @example(_one_receiver_case(world))
     def check(case):
         results = pools(world).run(_check, case)  # a failure closes the pool: the next example reopens it
         assert results == [[]] * world, (case, results)
