@@ -8,13 +8,15 @@ by rank) and implementation:
 
 * ``symmcoll``: ``moe_dispatch`` (pull) and ``moe_combine`` (push), timed as CUDA-graph replays (10 calls
   per graph) and eagerly;
-* ``nccl``: a lean eager layer around NCCL's ``all_to_all_single`` (``moe_nccl.py`` lists each step):
-  dispatch = routing, counts and two narrow-key argsorts on the device, one ``all_to_all_single`` of the
+* ``nccl``: the library's own lean eager layer around NCCL's ``all_to_all_single`` (the "nccl" algorithm,
+  ``symmcoll/fused/moe_nccl.py`` lists each step), here with receive buffers sized to the rows received:
+  dispatch = routing, counts and two narrow-key argsorts on the device, one all-gather of the
   [W, 1 + E/W] counts, ONE host read of them (the ``.tolist()`` every user of ``all_to_all_single`` with
   GPU-computed splits pays), one ``index_select`` by destination, one ``all_to_all_single`` of the rows
-  with their expert ids packed behind them, then one argsort and ``index_select`` into the rows-by-local-
-  expert layout symmcoll returns; combine = one ``index_select`` by source rank, one
-  ``all_to_all_single`` back, a weighted fp32 ``index_add_``. Eager only: the host read cannot be
+  with their source, token and expert ids packed behind them, then one argsort and ``index_select`` into
+  the rows-by-local-expert layout symmcoll returns (with its row origins); combine = one
+  ``index_select`` by source rank, one ``all_to_all_single`` back, and the oracle's weighted fp32 sum
+  over each token's k slots. Eager only: the host read cannot be
   captured. On CUDA its host synchronisations are counted once per case (torch's sync debug mode): a
   dispatch with more than one, or a combine with any, is an error in its row. ``symmcoll.reference``
   (the oracle) is only the check, never timed;
@@ -46,6 +48,7 @@ import json
 import random
 import statistics
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -55,8 +58,8 @@ from symmcoll import launch, reference
 from symmcoll.bench.plan import TimingPlan
 from symmcoll.bench.provenance import collect
 from symmcoll.bench.timing import CapturedCalls, time_eager, time_graph
+from symmcoll.fused import moe_nccl
 
-import moe_nccl
 from moe_torch_vdev import VDEV, TorchSymmMem, TorchVdev, VdevBuffers
 
 # 24 cases x 3 implementations x 2 phases per world size: a second per timing keeps a world size
@@ -110,31 +113,53 @@ class Symmcoll:
 
 
 class Nccl(Symmcoll):
-    """The lean eager layer of moe_nccl.py around all_to_all_single: dispatch = one all_to_all_single of
-    the counts, one host read of them (.tolist()), one all_to_all_single of the rows and their expert ids;
-    combine = one all_to_all_single back and a weighted fp32 index_add_. Not capturable (the host read)."""
+    """symmcoll's "nccl" algorithm (fused/moe_nccl.py) around all_to_all_single: dispatch = one all-gather
+    of the counts, one host read of them (.tolist()), one all_to_all_single of the rows and their ids;
+    combine = one all_to_all_single back and the weighted fp32 sum. Not capturable (the host read)."""
     name, graph = "nccl", False
 
     def dispatch(self):
-        self.recv, self.counts, self.handle = moe_nccl.dispatch(self.tokens, self.ids, self.experts)
-        return self.recv, self.counts, self.handle
+        self.recv, self.counts, origin, _, self.route = moe_nccl.dispatch(self.tokens, self.ids, self.experts)
+        return self.recv, self.counts, origin
 
     def combine(self):
-        return moe_nccl.combine(self.expert_out, self.weights, self.handle)
+        return moe_nccl.combine(self.expert_out, self.weights, self.ids, self.experts, self.route)
 
     def check_host_syncs(self):
         """One host synchronisation per dispatch (the counts' .tolist()), none per combine."""
         if self.tokens.device.type != "cuda":
             return
-        with moe_nccl.HostSyncCount() as in_dispatch:
+        with HostSyncCount() as in_dispatch:
             self.dispatch()
-        with moe_nccl.HostSyncCount() as in_combine:
+        with HostSyncCount() as in_combine:
             self.combine()
         if dist.get_rank() == 0:
             print(f"nccl host syncs: dispatch {in_dispatch.count}, combine {in_combine.count}", flush=True)
         if in_dispatch.count > 1 or in_combine.count > 0:
             raise RuntimeError(f"nccl baseline synchronised with the host {in_dispatch.count} times in dispatch "
                                f"and {in_combine.count} in combine (expected 1 and 0)")
+
+
+class HostSyncCount:
+    """Synchronising CUDA calls in a ``with`` block, as torch's sync debug mode reports them
+    (``torch.cuda.set_sync_debug_mode("warn")``: a D2H copy such as ``.tolist()``, ``.item()``, nonzero,
+    a synchronous H2D copy, a stream or device synchronise). ``count`` is set on exit."""
+
+    count: int | None = None
+
+    def __enter__(self):
+        self._caught = warnings.catch_warnings(record=True)
+        self._records = self._caught.__enter__()
+        warnings.simplefilter("always")
+        self._previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode(self._previous)
+        self._caught.__exit__(*exc)
+        self.count = sum("synchronizing CUDA operation" in str(w.message) for w in self._records)
+        return False
 
 
 def _median_us(fn, graph: bool, device) -> tuple[float, str]:

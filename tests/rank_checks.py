@@ -226,3 +226,36 @@ def relative_update_error(got, want, base):
     """Relative error of the update got - base against want - base (fp32)."""
     g, w = got.float() - base.float(), want.float() - base.float()
     return float((g - w).norm() / w.norm())
+
+
+# What reads a tensor back to the host (a synchronisation on CUDA) when called from Python.
+HOST_READS = ("tolist", "item", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+# The torch.distributed collectives the MoE layers over NCCL call.
+COUNTED_COLLECTIVES = ("all_to_all_single", "all_gather_single", "all_gather_into_tensor")
+
+
+class CountedCalls:
+    """Calls of HOST_READS on tensors and of COUNTED_COLLECTIVES inside a ``with`` block (``calls``: name
+    -> count, only names called)."""
+
+    def __enter__(self):
+        self.calls = {}
+        self._saved = [(torch.Tensor, name, torch.Tensor.__dict__.get(name)) for name in HOST_READS]
+        self._saved += [(dist, name, getattr(dist, name)) for name in COUNTED_COLLECTIVES if hasattr(dist, name)]
+        for owner, name, _ in self._saved:
+            setattr(owner, name, self._counting(name, getattr(owner, name)))
+        return self
+
+    def _counting(self, name, original):
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return original(*args, **kwargs)
+        return counted
+
+    def __exit__(self, *exc):
+        for owner, name, original in self._saved:
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        return False

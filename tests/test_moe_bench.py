@@ -5,9 +5,10 @@ checked in the oracle's layout through the output offsets torch returns (empty e
 torch's ops are modelled over gloo (GlooVdev) after their CUDA source (nvshmem_extension.cu); where
 NVSHMEM is missing (here, the real torch on CPU) every row says why instead of failing.
 
-The timed ``nccl`` baseline (moe_nccl.py) is exact against the oracle on hand-made uneven routing, and
-its dispatch reads the host once and calls all_to_all_single twice, its combine once and not at all (the
-oracle, timed before, read the host twice and exchanged four times per dispatch)."""
+The timed ``nccl`` baseline (symmcoll's "nccl" algorithm, fused/moe_nccl.py) is exact against the oracle on
+hand-made uneven routing, and its dispatch reads the host once, all-gathers the counts once and calls
+all_to_all_single once, its combine calls all_to_all_single once and reads nothing (the oracle, timed
+before, read the host twice and exchanged four times per dispatch)."""
 
 import json
 from pathlib import Path
@@ -16,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from symmcoll import launch, reference
+
+from rank_checks import CountedCalls
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -130,36 +133,6 @@ def test_torch_vdev_says_why_it_did_not_run(monkeypatch):
                and "dispatch_us" not in r for r in rows), rows
 
 
-# What reads a tensor back to the host (a synchronisation on CUDA) when called from Python.
-HOST_READS = ("tolist", "item", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
-
-
-class _Counted:
-    """Calls of HOST_READS on tensors and of dist.all_to_all_single inside a ``with`` block."""
-
-    def __enter__(self):
-        self.calls = {}
-        self._saved = [(torch.Tensor, name, torch.Tensor.__dict__.get(name)) for name in HOST_READS]
-        self._saved.append((dist, "all_to_all_single", dist.all_to_all_single))
-        for owner, name, _ in self._saved:
-            setattr(owner, name, self._counting(name, getattr(owner, name)))
-        return self
-
-    def _counting(self, name, original):
-        def counted(*args, **kwargs):
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return original(*args, **kwargs)
-        return counted
-
-    def __exit__(self, *exc):
-        for owner, name, original in self._saved:
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        return False
-
-
 def _uneven_routing(case, rank, world, experts, k):
     """Hand-made top-k ids: most slots on rank 0's experts, some tokens with all k slots on one rank or
     one expert twice, invalid ids (-1 and E), experts that nobody picks; case "one_receiver": every token
@@ -192,13 +165,13 @@ def _lean_nccl_on_uneven_routing(case):
     ids = _uneven_routing(case, rank, world, experts, k)
     want = reference.moe_dispatch(tokens, ids, experts)
     impl = moe_bench.Nccl(tokens, ids, weights, experts)
-    with _Counted() as in_dispatch:
+    with CountedCalls() as in_dispatch:
         recv, counts, _ = impl.dispatch()
     wrong = moe_bench._wrong_dispatch(impl, recv, want, counts) + abs(recv.shape[0] - int(want[1].sum()))
     # Each expert's output depends on the expert (row * (local expert + 1)): a row combined with another
     # expert's output would show; every value stays exact in bf16 and in fp32 sums.
     impl.set_expert_out(_per_expert(recv, counts))
-    with _Counted() as in_combine:
+    with CountedCalls() as in_combine:
         combined = impl.combine()
     want_combined = reference.moe_combine(_per_expert(want[0], want[1]), weights, ids, want[2], experts)
     wrong += int((combined.view(torch.int16) != want_combined.view(torch.int16)).sum())
@@ -211,7 +184,9 @@ def test_nccl_baseline_is_lean_and_exact(monkeypatch):
         results = launch.run(_lean_nccl_on_uneven_routing, world, case, device="cpu", timeout=300)
         for rank, (wrong, dispatch_calls, combine_calls, received, counts) in enumerate(results):
             assert wrong == 0, (case, rank, results)
-            assert dispatch_calls == {"tolist": 1, "all_to_all_single": 2}, (case, rank, dispatch_calls)
+            gathers = sum(dispatch_calls.pop(name, 0) for name in ("all_gather_single", "all_gather_into_tensor"))
+            assert gathers == 1, (case, rank, dispatch_calls)
+            assert dispatch_calls == {"tolist": 1, "all_to_all_single": 1}, (case, rank, dispatch_calls)
             assert combine_calls == {"all_to_all_single": 1}, (case, rank, combine_calls)
             if case == "one_receiver":
                 assert (received == 0) == (rank > 0), results  # only rank 0 receives rows

@@ -38,8 +38,8 @@ and E; one round on one rank. Launch (programs, warps, elements per step, tokens
 the table measured on this GPU model, else GPU_CONFIG; overridable per call (``plan.resolve(...,
 config=)``) for the roofline sweep.
 
-Compared with torch's ``all_to_all_single`` (the "nccl" algorithm, ``reference.moe_dispatch`` /
-``moe_combine``), which needs the counts on the host and a gather/scatter around each exchange, this is
+Compared with torch's ``all_to_all_single`` (the "nccl" algorithm, fused/moe_nccl.py), which needs the
+counts on the host (one read per dispatch) and a gather/scatter around each exchange, this is
 two launches and two barriers per round, no host synchronisation, and no expansion or reordering pass.
 """
 
@@ -50,13 +50,12 @@ import operator
 import torch
 import triton
 
-from .. import reference
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..ops import OpSpec, resolve_group, world_size
 from ..ops import declare as declare_op
 from ..plan import CPU_CONFIG, Algorithm, LaunchConfig, Plan, Request, resolve
-from . import memory_bound_configs, moe_dispatch_ranges
+from . import memory_bound_configs, moe_dispatch_ranges, moe_nccl
 from .moe_kernels import (moe_combine_kernel, moe_dispatch_kernel, moe_dispatch_local_kernel, moe_push_kernel,
                           moe_route_kernel)
 from .moe_pull_folded import moe_pull_folded_kernel
@@ -343,14 +342,19 @@ def _combine(plan: Plan, expert_out: torch.Tensor, out: torch.Tensor, topk_weigh
     return out
 
 
-def _dispatch_reference(plan: Plan, tokens, out, topk_ids):
-    """torch's all_to_all_single, with the counts read back to the host (the baseline)."""
-    return reference.moe_dispatch(tokens, topk_ids, _option(plan.request, "num_experts"), plan.group, out.shape[0])
+def _dispatch_nccl(plan: Plan, tokens, out, topk_ids):
+    """torch's all_to_all_single, one host read of the counts (fused/moe_nccl.py); its return route is
+    kept for the combine."""
+    recv, counts, origin, self_rows, route = moe_nccl.dispatch(tokens, topk_ids, _option(plan.request, "num_experts"),
+                                                               plan.group, out.shape[0], out)
+    moe_nccl.remember(origin, route)
+    return recv, counts, origin, self_rows
 
 
-def _combine_reference(plan: Plan, expert_out, out, topk_weights, topk_ids, counts, origin, self_rows):
-    return reference.moe_combine(expert_out, topk_weights, topk_ids, origin, _option(plan.request, "num_experts"),
-                                 plan.group)
+def _combine_nccl(plan: Plan, expert_out, out, topk_weights, topk_ids, counts, origin, self_rows):
+    experts = _option(plan.request, "num_experts")
+    return moe_nccl.combine(expert_out, topk_weights, topk_ids, experts,
+                            moe_nccl.route_for(origin, topk_ids, experts, plan.group), out)
 
 
 def moe_dispatch_impl(tokens, topk_ids, num_experts: int, max_recv_rows: int, group_name: str, algorithm: str):
@@ -384,8 +388,8 @@ DISPATCH = declare_op(OpSpec(
     inputs=("tokens", "topk_ids"), shape_rule=dispatch_shape, default="pull",
     algorithms=(Algorithm("moe_dispatch", "pull", 100, "moe", _dispatch,
                           "route locally, barrier, pull each token once per rank into its experts' rows", None),
-                Algorithm("moe_dispatch", "nccl", 101, "backend", _dispatch_reference,
-                          "torch all_to_all_single with host-side counts (.tolist()), gather/scatter around it",
+                Algorithm("moe_dispatch", "nccl", 101, "backend", _dispatch_nccl,
+                          "torch all_to_all_single of rows and ids, one host read of the counts (.tolist())",
                           None))))
 COMBINE = declare_op(OpSpec(
     "moe_combine", "(Tensor expert_out, Tensor topk_weights, Tensor topk_ids, Tensor expert_counts, "
@@ -395,8 +399,9 @@ COMBINE = declare_op(OpSpec(
     shape_rule=combine_shape, default="push",
     algorithms=(Algorithm("moe_combine", "push", 102, "moe", _combine,
                           "push expert rows to their tokens' ranks, barrier, weighted fp32 sum per token", None),
-                Algorithm("moe_combine", "nccl", 103, "backend", _combine_reference,
-                          "torch all_to_all_single with host-side counts, weighted sum per token", None))))
+                Algorithm("moe_combine", "nccl", 103, "backend", _combine_nccl,
+                          "torch all_to_all_single back (splits from the dispatch), weighted fp32 sum per token",
+                          None))))
 
 def compile_cases(make_workspace):
     """(label, thunk) launches on meta tensors for the compile checks: 1 (no staging, no push; dispatch

@@ -1,0 +1,160 @@
+"""The "nccl" MoE algorithm (fused/moe_nccl.py) against the oracle (reference.moe_dispatch / moe_combine),
+bit for bit, over random routings drawn by hypothesis at 2 and 3 ranks (gloo): uneven loads, experts
+nobody picks, ids outside [0, E) (-2, -1, E, E + 1), a token picking one expert twice, ranks that send
+or receive nothing, max_recv_rows truncation (0 to the worst case), T = 0, random (inexact) values and
+weights, so a different fp32 summation order in the combine would show; every output of dispatch (recv
+with its zeroed tail, expert_counts, row_origin, self_rows: values, dtypes, shapes) and of combine. The
+combine runs twice: with the route the dispatch kept (the op's path) and with one rebuilt from a copy of
+row_origin (the path for a row_origin from elsewhere). Host reads: one ``.tolist()`` per dispatch, none
+per combine, and the collectives each calls."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
+
+import symmcoll
+from symmcoll import reference
+from symmcoll.fused import moe_nccl
+
+from rank_checks import CountedCalls, device
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.dtype == want.dtype and got.shape == want.shape and torch.equal(_bits(got), _bits(want))
+
+
+def _inputs(case, rank):
+    """Random tokens, expert outputs (max_rows rows: the tail past the received rows is not zero) and
+    weights of both signs, seeded by the case and the rank."""
+    gen = torch.Generator().manual_seed(case["seed"] * 16 + rank)
+    tokens_n, hidden, k = case["tokens"], case["hidden"], case["k"]
+    dtype = DTYPES[case["dtype"]]
+    tokens = torch.randn((tokens_n, hidden), generator=gen).mul(3).to(dtype)
+    expert_out = torch.randn((case["max_rows"], hidden), generator=gen).mul(3).to(dtype)
+    weights = torch.randn((tokens_n, k), generator=gen)
+    ids = torch.tensor(case["ids"][rank], dtype=torch.int64).reshape(tokens_n, k)
+    ids = ids.to(torch.int32) if case["seed"] % 2 else ids
+    return tokens.to(device()), expert_out.to(device()), weights.to(device()), ids.to(device())
+
+
+def _check(case):
+    """One rank: every output of the library's nccl dispatch and combine against the oracle's; returns
+    the names of the outputs that differ."""
+    rank = torch.distributed.get_rank()
+    tokens, expert_out, weights, ids = _inputs(case, rank)
+    experts, max_rows = case["experts"], case["max_rows"]
+    recv, counts, handle = symmcoll.moe_dispatch(tokens, ids, experts, max_recv_rows=max_rows, algorithm="nccl")
+    want = reference.moe_dispatch(tokens, ids, experts, max_rows=max_rows)
+    got = (recv, counts, handle.row_origin, handle.self_rows)
+    wrong = [name for name, g, w in zip(("recv", "expert_counts", "row_origin", "self_rows"), got, want)
+             if not _same(g, w)]
+    if tokens.dtype in (torch.bfloat16, torch.float16, torch.float32) and not len(tokens):
+        # The oracle cannot combine no tokens (its reshape to [0, k, -1] is ambiguous): an empty result.
+        if not _same(symmcoll.moe_combine(expert_out, weights, handle, algorithm="nccl"), tokens):
+            wrong.append("combine of no tokens")
+    elif tokens.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        want_combined = reference.moe_combine(expert_out, weights, ids, want[2], experts)
+        if not _same(symmcoll.moe_combine(expert_out, weights, handle, algorithm="nccl"), want_combined):
+            wrong.append("combine")
+        rebuilt = moe_nccl.route_for(handle.row_origin.clone(), ids, experts)
+        if not _same(moe_nccl.combine(expert_out, weights, ids, experts, rebuilt), want_combined):
+            wrong.append("combine with a rebuilt route")
+    return wrong
+
+
+@st.composite
+def cases(draw, world):
+    """A routing for every rank: ids from [-2, E + 2) with some ranks' tokens all invalid, all on one
+    rank, or all on one expert; max_rows from 0 to the worst case (most often the worst case)."""
+    local = draw(st.integers(1, 3))
+    experts = world * local
+    tokens_n, k = draw(st.integers(0, 12)), draw(st.integers(1, 4))
+    ids = []
+    for _ in range(world):
+        style = draw(st.sampled_from(["any", "any", "invalid", "one_rank", "one_expert"]))
+        if style == "invalid":
+            pool = [-2, -1, experts, experts + 1]
+        elif style == "one_rank":
+            owner = draw(st.integers(0, world - 1))
+            pool = list(range(owner * local, (owner + 1) * local)) + [-1]
+        elif style == "one_expert":
+            pool = [draw(st.integers(0, experts - 1))]
+        else:
+            pool = list(range(-2, experts + 2))
+        ids.append(draw(st.lists(st.sampled_from(pool), min_size=tokens_n * k, max_size=tokens_n * k)))
+    worst = world * tokens_n * min(k, local)
+    max_rows = draw(st.one_of(st.just(worst), st.integers(0, worst)))
+    return {"tokens": tokens_n, "k": k, "experts": experts, "hidden": draw(st.integers(1, 6)),
+            "dtype": draw(st.sampled_from(sorted(DTYPES))), "max_rows": max_rows, "ids": ids,
+            "seed": draw(st.integers(0, 2 ** 16))}
+
+
+def _dense_case(world):
+    """Every token with k = 4 valid slots over 2 experts per rank (repeats too: more rows than the default
+    max_rows W * T * min(k, E/W), so some are dropped), in random order, in fp32 (bf16's
+    rounding hides most one-ulp fp32 differences): a combine that adds a token's slots in any order but
+    the oracle's (slot 0, 1, 2, 3) shows at once (the returned rows arrive by owner rank)."""
+    rng = random.Random(world)
+    return {"tokens": 12, "k": 4, "experts": 2 * world, "hidden": 5, "dtype": "fp32", "max_rows": 12 * world * 2,
+            "ids": [[rng.randrange(2 * world) for _ in range(48)] for _ in range(world)], "seed": 7}
+
+
+def _one_receiver_case(world):
+    """Every slot on rank 0's experts or invalid: the other ranks receive nothing; rank 0 keeps 5 rows."""
+    rng = random.Random(world + 10)
+    return {"tokens": 7, "k": 3, "experts": 2 * world, "hidden": 3, "dtype": "fp32", "max_rows": 5,
+            "ids": [[rng.choice([0, 1, -1, 2 * world]) for _ in range(21)] for _ in range(world)], "seed": 9}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_nccl_algorithm_equals_the_oracle(pools, world):
+    # No shrinking: a failure closes the rank pool, and every shrink step would start new ranks (minutes).
+    @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+              phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    @given(cases(world))
+    @example(_dense_case(world))
+    @example(_one_receiver_case(world))
+    def check(case):
+        results = pools(world).run(_check, case)  # a failure closes the pool: the next example reopens it
+        assert results == [[]] * world, (case, results)
+
+    check()
+
+
+def _count_calls(tokens_n, hidden, experts, k):
+    """One rank: calls of host reads and collectives in the module's dispatch and combine, and
+    ``.tolist()`` calls in the ops' (algorithm="nccl"; the op adds its own bookkeeping, no host read of
+    the routing)."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    ids = torch.tensor([[(t + j + rank) % (experts + 1) - (j == 1) for j in range(k)] for t in range(tokens_n)],
+                       device=device())
+    tokens = torch.randn((tokens_n, hidden)).to(torch.bfloat16).to(device())
+    weights = torch.rand((tokens_n, k), device=device())
+    with CountedCalls() as in_dispatch:
+        recv, counts, origin, _, route = moe_nccl.dispatch(tokens, ids, experts)
+    with CountedCalls() as in_combine:
+        moe_nccl.combine(recv, weights, ids, experts, route)
+    with CountedCalls() as in_op_dispatch:
+        recv, _, handle = symmcoll.moe_dispatch(tokens, ids, experts, algorithm="nccl")
+    with CountedCalls() as in_op_combine:
+        symmcoll.moe_combine(recv, weights, handle, algorithm="nccl")
+    return (in_dispatch.calls, in_combine.calls, in_op_dispatch.calls.get("tolist", 0),
+            in_op_combine.calls.get("tolist", 0), world)
+
+
+def test_one_host_read_per_dispatch_none_per_combine(pools):
+    for rank_calls in pools(3).run(_count_calls, 12, 8, 6, 3):
+        dispatch, combine, op_dispatch_reads, op_combine_reads, _ = rank_calls
+        gathers = sum(dispatch.pop(name, 0) for name in ("all_gather_single", "all_gather_into_tensor"))
+        assert gathers == 1 and dispatch == {"tolist": 1, "all_to_all_single": 1}, rank_calls
+        assert combine == {"all_to_all_single": 1}, rank_calls
+        assert (op_dispatch_reads, op_combine_reads) == (1, 0), rank_calls
