@@ -344,9 +344,11 @@ def test_time_limit_keeps_what_ran_and_names_what_was_left_out(pools, tmp_path, 
 
 
 def test_fused_bench_times_slow_cases_with_fewer_replays():
-    from symmcoll.bench.fused import CASE_BUDGET_S, MIN_REPLAYS, replays_within_budget
+    from symmcoll.bench.fused import CASE_BUDGET_S, MIN_REPLAYS, replay_plan
+    from symmcoll.bench.timing import fitting_iters
 
-    assert replays_within_budget(100.0, 20) == 20                       # 20 x 0.1 ms: all asked for
-    assert replays_within_budget(CASE_BUDGET_S * 1e6 / 8, 20) == 8      # what fits the budget
-    assert replays_within_budget(430_000.0, 20) == MIN_REPLAYS          # a 0.43 s replay: the floor
-    assert replays_within_budget(430_000.0, 3) == 3                     # never more than asked
+    plan = replay_plan(20, 3)
+    assert fitting_iters(100e-6, plan) == 20                          # 20 x 0.1 ms: all asked for
+    assert fitting_iters(CASE_BUDGET_S / 8, plan) == 8                # what fits the budget
+    assert fitting_iters(0.43, plan) == MIN_REPLAYS                   # a 0.43 s replay: the floor
+    assert fitting_iters(0.43, replay_plan(3, 3)) == 3                # never more than asked

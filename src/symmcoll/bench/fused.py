@@ -31,7 +31,8 @@ import symmcoll.reference
 from symmcoll import plan
 
 from . import memory_bound, provenance, roofline
-from .timing import capture_steps, event_times_us
+from .plan import TimingPlan
+from .timing import agreed_iters, capture_steps, event_times_us
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
@@ -184,10 +185,10 @@ CASE_BUDGET_S = 1.0
 MIN_REPLAYS = 5
 
 
-def replays_within_budget(replay_us: float, replays: int) -> int:
-    """Timed replays for a case whose one replay took ``replay_us``: ``replays``, or as many as fit
-    CASE_BUDGET_S, but never fewer than MIN_REPLAYS (nor more than asked)."""
-    return min(replays, max(MIN_REPLAYS, int(CASE_BUDGET_S * 1e6 / max(replay_us, 1.0))))
+def replay_plan(replays: int, calls_per_graph: int) -> TimingPlan:
+    """Up to ``replays`` timed replays within CASE_BUDGET_S, never fewer than MIN_REPLAYS (nor more than asked)."""
+    return TimingPlan(mode="graph", warmup=0, iters=replays, min_iters=min(MIN_REPLAYS, replays),
+                      calls_per_graph=calls_per_graph, seconds_per_case=CASE_BUDGET_S)
 
 
 def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float], str]:
@@ -210,7 +211,7 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float]
     step()
     # A slow case gets fewer replays (at least MIN_REPLAYS), all ranks the same number (a replay holds
     # collectives): one 140 ms call x 3 per graph x 20 replays kept a 4-GPU run from printing anything.
-    timed = replays_within_budget(_slowest(event_times_us(step, 1, group=group)[0], group), replays)
+    timed = agreed_iters(event_times_us(step, 1, group=group)[0] * 1e-6, replay_plan(replays, per), group)
     if timed < replays:
         mode = f"{mode}, {timed} replays"
     return event_times_us(step, timed, group=group, per=per), mode

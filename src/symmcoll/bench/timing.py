@@ -145,14 +145,18 @@ def time_cpu(call: Callable[[], object], plan: TimingPlan, group) -> Timing:
     return Timing(tuple(samples), "cpu", 1)
 
 
+def fitting_iters(seconds_per_sample: float, plan: TimingPlan) -> int:
+    """Timed samples that fit the case's budget at this pace, within [min_iters, iters]."""
+    affordable = int(plan.seconds_per_case / max(seconds_per_sample, 1e-9))
+    return max(plan.min_iters, min(plan.iters, affordable))
+
+
 def agreed_iters(seconds_per_sample: float, plan: TimingPlan, group) -> int:
-    """Timed samples that fit the case's budget at the slowest rank's pace, within
-    [min_iters, iters]; the same number on every rank."""
+    """``fitting_iters`` at the slowest rank's pace: the same number on every rank."""
     pace = torch.tensor([seconds_per_sample], dtype=torch.float64,
                         device=torch.device("cuda", torch.cuda.current_device()))
     dist.all_reduce(pace, op=dist.ReduceOp.MAX, group=group)
-    affordable = int(plan.seconds_per_case / max(float(pace.item()), 1e-9))
-    return max(plan.min_iters, min(plan.iters, affordable))
+    return fitting_iters(float(pace.item()), plan)
 
 
 def event_times_us(step: Callable[[], object], samples: int, *, group=None, per: int = 1,

@@ -326,14 +326,9 @@ def _create(group, device: torch.device) -> Workspace:
         peers = [p if topo.same_node(r, rank) else None for r, p in enumerate(peers)]
     # ---- end of the node split ----
     if regions is None:  # the regions of the one allocation
-        regions = {}
-        for name, offset, nbytes, fill in layout:
-            view = local[offset:offset + nbytes]
-            if fill:
-                view[: nbytes // 4 * 4].view(torch.int32).fill_(fill)
-            table = torch.tensor([b + offset if b else 0 for b in bases], dtype=torch.int64, device=device)
-            regions[name] = SymmetricRegion(name, view, table.data_ptr(),
-                                            [None if p is None else p[offset:offset + nbytes] for p in peers], table)
+        regions = {name: _region(name, local[offset:offset + nbytes], fill, [b + offset if b else 0 for b in bases],
+                                 [None if p is None else p[offset:offset + nbytes] for p in peers], device)
+                   for name, offset, nbytes, fill in layout}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     # Every fill is done everywhere before anybody writes to a peer.
@@ -353,7 +348,7 @@ def _create(group, device: torch.device) -> Workspace:
                      topology=topo if spans else None, transport=transport_, status_device=status_device)
 
 
-def _separate_regions(group, layout, device: torch.device) -> tuple[dict[str, "SymmetricRegion"], list]:
+def _separate_regions(group, layout, device: torch.device) -> tuple[dict[str, SymmetricRegion], list]:
     """SYMMCOLL_DEBUG_SEPARATE_REGIONS: every region of ``layout`` its own symmetric allocation (how
     workspaces were built before 401756e), filled as ``_create`` fills the one allocation."""
     if device.type == "cuda":
@@ -369,13 +364,18 @@ def _separate_regions(group, layout, device: torch.device) -> tuple[dict[str, "S
     regions, keepalive = {}, []
     for name, _, nbytes, fill in layout:
         local, bases, peers, handles = allocate(-(-max(nbytes, 1) // _ALIGN) * _ALIGN)
-        view = local[:nbytes]
-        if fill:
-            view[: nbytes // 4 * 4].view(torch.int32).fill_(fill)
-        table = torch.tensor(bases, dtype=torch.int64, device=device)
-        regions[name] = SymmetricRegion(name, view, table.data_ptr(), [p[:nbytes] for p in peers], table)
+        regions[name] = _region(name, local[:nbytes], fill, bases, [p[:nbytes] for p in peers], device)
         keepalive += handles
     return regions, keepalive
+
+
+def _region(name: str, view: torch.Tensor, fill: int, bases: list[int], peer_views: list, device) -> SymmetricRegion:
+    """A region over this rank's bytes ``view`` (filled with int32 ``fill`` where nonzero), every rank's
+    base address (0: not mapped here) in a device address table, and the peers' bytes as tensors here."""
+    if fill:
+        view[: view.numel() // 4 * 4].view(torch.int32).fill_(fill)
+    table = torch.tensor(bases, dtype=torch.int64, device=device)
+    return SymmetricRegion(name, view, table.data_ptr(), peer_views, table)
 
 
 def _layout(geometry: Geometry) -> tuple[list[tuple[str, int, int, int]], int]:
