@@ -690,6 +690,7 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data():
     (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 8192, 1024),                 # 128 tiles: whole
     (SK(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                         # 0.61 of a wave: whole
     (GemmConfig(128, 256, 64, 8, 1, False, 8, 3), 16384, 8192, 8192),
+    (GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), 512, 2560, 8192),        # two-part: one wave
 ])
 def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     """The tiny launch a precompile worker makes compiles what the real cell launches: the same
