@@ -98,13 +98,15 @@ def _arg_type(value):
 
 def spec_of(rec: launcher.Recorded, label: str = "") -> CompileSpec:
     """The compile spec of a recorded launch, specialised as Triton does at run time (integer
-    arguments equal to 1 become constexprs, unless the kernel says ``do_not_specialize``)."""
+    arguments equal to 1 become constexprs, unless the kernel says ``do_not_specialize``; None
+    arguments always)."""
     names = [p.name for p in rec.kernel.params]
     signature, constexprs = [], []
     for param, name, value in zip(rec.kernel.params, names, rec.args):
-        if isinstance(value, int) and not isinstance(value, bool) and value == 1 and not param.do_not_specialize:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 1
+                             and not param.do_not_specialize):  # (None: a constant, as Triton makes it)
             signature.append((name, "constexpr"))
-            constexprs.append((name, 1))
+            constexprs.append((name, value))
         else:
             signature.append((name, _arg_type(value)))
     for p in rec.kernel.params[len(rec.args):]:

@@ -120,6 +120,40 @@ def test_gemm_tiles_of_the_narrow_n_cells_compile_without_spills(m, n, k, fields
     assert config.smem_bytes(2) <= SMEM_BYTES and compiled.metadata.shared <= kernel_specs.SHARED_MEMORY_LIMIT
 
 
+# Two-part tiles (GemmConfig.block_n2) as the tuner offers them at 512x2560x8192 (one wave of 128 tiles on
+# 132 SMs), B row-major and W^T: ptxas on CPU (triton 3.6) read 144 / 138 registers at 64x(128+32)x64 p4
+# and 78 / 78 at 128x(64+16)x64 p4, no spills; the widest, 128x(256+64)x64 p3, 242 / 188.
+TWO_PART_TILES = [(64, 128, 64, 8, 1, False, 4, 4, 1, False, False, False, False, 32),
+                  (128, 64, 64, 8, 1, False, 8, 4, 1, False, False, False, False, 16),
+                  (128, 256, 64, 8, 1, False, 8, 3, 1, False, False, False, False, 64)]
+
+
+@pytest.mark.parametrize("b_t", [False, True], ids=["B", "W^T"])
+@pytest.mark.parametrize("fields", TWO_PART_TILES, ids=lambda v: f"{v[0]}x{v[1]}+{v[13]}x{v[2]}")
+def test_gemm_two_part_tiles_run_two_wgmma_widths_from_three_tma_loads(fields, b_t):
+    """Compiled as the GPU specialises the launch: both column parts are tensor-core dots (wgmma of
+    n = block_n and n = block_n2, fp32 accumulators), B's two parts and A come by TMA, the pipeline keeps
+    its stages in shared memory, and ptxas spills nothing."""
+    from symmcoll.fused import gemm
+    from symmcoll.fused.gemm_configs import SMEM_BYTES, GemmConfig
+
+    config = GemmConfig(*fields).fitted(2)
+    with launcher.recording() as recorded:
+        a = torch.empty((512, 8192), dtype=torch.bfloat16, device="meta")
+        b = (torch.empty((2560, 8192), dtype=torch.bfloat16, device="meta").t() if b_t else
+             torch.empty((8192, 2560), dtype=torch.bfloat16, device="meta"))
+        gemm.matmul(a, b, config=config, programs=132)
+    assert dict(kernel_specs.spec_of(recorded[0]).constexprs)["BN2"] == config.block_n2
+    compiled = kernel_specs.compile_specialised(recorded[0])
+    ptx = compiled.asm["ptx"]
+    widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16", ptx))
+    assert widths == {str(config.block_n), str(config.block_n2)}, widths
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) >= 3 * (config.num_stages - 1)
+    assert config.smem_bytes(2) <= SMEM_BYTES and compiled.metadata.shared >= config.smem_bytes(2)
+    registers, spilled = kernel_specs.ptxas_usage(ptx)
+    assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
+
+
 @pytest.mark.parametrize("fields", [(128, 256, 64, 8, 4, False, 8, 3, 1, False, True), (128, 128, 64, 8, 4, False, 8, 6)],
                          ids=lambda v: "x".join(map(str, v[:3])))
 def test_gemm_split_partials_go_from_the_accumulators_registers(fields):

@@ -55,6 +55,12 @@ CASES = [
     # the second column block's right half wholly past N, straight and swapped (the wave split, 2 parts)
     (40, 304, 64, GemmConfig(32, 256, 32, 2, 1, False, 4, 1, tma_store=True), False, "", None),
     (5, 300, 256, GemmConfig(16, 256, 32, 1, 4, True, 4, 1, tma_store=True), True, "wave", None),
+    # two-part tiles (block_n2): 48 columns as 32 + 16, odd M and K; the last column block's first part
+    # partly and its second part wholly past N (96..143 of 100), B and W [N, K]
+    (37, 100, 45, GemmConfig(16, 32, 16, 2, 1, False, 4, 1, block_n2=16), False, "", None),
+    (37, 100, 45, GemmConfig(16, 32, 16, 2, 1, False, 4, 1, block_n2=16), True, "", None),
+    # 96 = 64 + 32 columns: N = 192 in exactly 2 tiles a row block, 12 tiles on 4 programs (flattened)
+    (90, 192, 70, GemmConfig(32, 64, 16, 2, 1, False, 4, 1, flatten=True, block_n2=32), True, "", None),
 ]
 
 
@@ -75,7 +81,7 @@ def _rel_err(got, a, b):
 
 # bf16 and fp32 for every case; fp16 shares bf16's code, so three cases of it suffice.
 DTYPE_CASES = [(c, d) for c in CASES for d in (torch.bfloat16, torch.float32)] + \
-    [(CASES[i], torch.float16) for i in (0, 2, 5)]
+    [(CASES[i], torch.float16) for i in (0, 2, 5, len(CASES) - 3)]
 
 
 @pytest.mark.parametrize("case,dtype", DTYPE_CASES,
@@ -561,6 +567,49 @@ def test_written_tables_spell_out_what_older_rows_meant(tmp_path):
     gemm_configs.load_table.cache_clear()
 
 
+def test_two_part_tiles_are_one_wave_whole_and_read_from_older_lists():
+    """A two-part tile (block_n2) is block_n + block_n2 columns wide in every count (tiles, shared
+    memory), labelled with both parts, round-trips through its list (14 fields), and a list without the
+    14th field (every table before it) means one part; it is whole, straight and masked-stored only."""
+    config = GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32)
+    assert config.tile_n == 160 and config.label == "N64x128+32x64/g8/s1/w4/p4"
+    assert gemm_configs.tiles_of(config, 512, 2560) == 8 * 16 == 128
+    assert config.smem_bytes(2) == 4 * (64 + 160) * 64 * 2
+    assert GemmConfig.from_list(config.as_list()) == config and len(config.as_list()) == 14
+    plain = GemmConfig(64, 128, 64, 8, 1, False, 4, 4)
+    assert len(plain.as_list()) == 13 and GemmConfig.from_list(plain.as_list()).block_n2 == 0
+    assert gemm_configs.split_plan(config, 128, 8192, 132) == gemm_configs.SplitPlan(128)
+    for bad in (dict(split_k=4), dict(split_k=4, stream_k=True), dict(swap_ab=True), dict(tma_store=True)):
+        with pytest.raises(ValueError, match="two-part tile"):
+            GemmConfig(64, 128, 64, block_n2=32, **bad)
+    for width in (8, 48, 128, 256):  # not a power of two >= 16, or a whole power-of-two tile
+        with pytest.raises(ValueError, match="block_n2"):
+            GemmConfig(64, 128, 64, block_n2=width)
+
+
+def test_tuner_offers_one_wave_two_part_tiles_for_the_narrow_n_cells():
+    """The QKV cells at 1.10-1.22x on the settled H100 grid (N = 1280-5120, K = 8192, M = 256-4096) get
+    two-part tiles that make 128 tiles -- one wave, less 4 SMs -- on 132 SMs: 512x2560 in 64 x (128+32)
+    and 128 x (64+16); every two-part candidate fills its last wave to >= 90%; none at decode or short K;
+    a fused op (split=False) never gets one from a table."""
+    from symmcoll.bench.gemm import cell_candidates
+    labels = {c.label for c in cell_candidates(512, 2560, 8192, 132, {})}
+    assert {"N64x128+32x64/g8/s1/w4/p4", "N64x128+32x64/g8/s1/w4/p6", "N128x64+16x64/g8/s1/w8/p4"} <= labels
+    for m, n, tile in ((512, 5120, "N128x128+32x64"), (2048, 1280, "N128x128+32x64"), (256, 2560, "N64x64+16x64"),
+                       (2048, 2560, "N128x256+64x64"), (4096, 1280, "N128x256+64x64"), (1024, 2560, "N128x128+32x64")):
+        found = [c for c in gemm_configs.candidates(m, n, 8192) if c.block_n2]
+        assert tile in {c.label.split("/")[0] for c in found}, (m, n, [c.label for c in found])
+        for config in found:
+            tiles = gemm_configs.tiles_of(config, m, n)
+            assert gemm_configs.wave_fill(tiles, 132) >= 0.9 and tiles <= 2 * 132, (m, n, config.label, tiles)
+            assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES and config.split_k == 1
+    assert not gemm_configs.two_part_candidates(64, 2560, 8192) and not gemm_configs.two_part_candidates(512, 2560, 512)
+    two_part = GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32)
+    table = gemm_configs.table_of([dict(m=512, n=2560, k=8192, config=two_part.as_list(), no_split=two_part.as_list())])
+    assert gemm_configs.lookup(table, 512, 2560, 8192, True) == two_part
+    assert gemm_configs.lookup(table, 512, 2560, 8192, False) == replace(two_part, block_n2=0)
+
+
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="block_n"):
         GemmConfig(16, 48, 64)
@@ -593,7 +642,9 @@ def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
 # ---- on the GPU machine --------------------------------------------------------------------------------
 
 GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 128, 64, 8, 2, False, 4, 4),
-               GemmConfig(128, 256, 64, 8, 1, False, 8, 3), GemmConfig(32, 128, 256, 1, 8, True, 4, 3)]
+               GemmConfig(128, 256, 64, 8, 1, False, 8, 3), GemmConfig(32, 128, 256, 1, 8, True, 4, 3),
+               GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), GemmConfig(128, 64, 64, 8, 1, False, 8, 4,
+                                                                                   block_n2=16)]
 
 
 @pytest.mark.gpu
@@ -639,6 +690,7 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data():
     (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 8192, 1024),                 # 128 tiles: whole
     (SK(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                         # 0.61 of a wave: whole
     (GemmConfig(128, 256, 64, 8, 1, False, 8, 3), 16384, 8192, 8192),
+    (GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), 512, 2560, 8192),        # two-part: one wave
 ])
 def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     """The tiny launch a precompile worker makes compiles what the real cell launches: the same

@@ -383,7 +383,8 @@ def _tune_cell(name, m, n, k, dtype, device, configs, replays, measured) -> dict
     # The best three again, longer: the choice should not rest on one short sample.
     final = sorted(((timed_us(ours(cell, c), replays), c) for _, c in results[:3]), key=lambda r: r[0])
     best_us, best = final[0]
-    no_split = next(c for _, c in final + results if c.split_k == 1)
+    # (the fused ops' config: whole tiles of one part -- their kernels know no second column part)
+    no_split = next(c for _, c in final + results if c.split_k == 1 and not c.block_n2)
     del cell
     torch.cuda.empty_cache()
     return dict(m=m, n=n, k=k, shape=name, config=best.as_list(), no_split=no_split.as_list(), label=best.label,

@@ -4,7 +4,9 @@ the plain ``matmul`` (C = A @ B) built from them.
     k_loop          fp32 [BM, BN] tile of A[rows, k_lo:k_hi] @ B[k_lo:k_hi, cols]: TMA descriptor or
                     masked pointer loads, straight (acc += A B) or swapped (acc^T += B^T A^T: the
                     tokens on the tensor core's narrow side, for decode), B row-major [K, N] or given as
-                    its transpose W [N, K] (nn.Linear's weight). The only K-loop of the package.
+                    its transpose W [N, K] (nn.Linear's weight); with BN2 > 0 a tile BN + BN2 wide (no
+                    power of two: GemmConfig.block_n2) as two accumulators fed by one A block. The only
+                    K-loop of the package.
     grouped_tile    the persistent scheduler's tile order: GROUP_M row blocks sweep the columns
                     together, so a column block of B is reused from L2 (Triton tutorials 03/09).
     split path      the tiles of the last, partial wave shared along K -- stream-K or the wave
@@ -80,6 +82,20 @@ def store_tile(c_ptr, acc, rows, cols, row_limit, col_limit, stride):
 
 
 @triton.jit
+def b_source(b_ptr, N, K, stride_b, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, B_T: tl.constexpr,
+             HOST_DESC: tl.constexpr):
+    """What ``k_loop`` loads B's [BK, BN] blocks from: a descriptor of B ([K, N], or W [N, K] if B_T)
+    built here (TMA without HOST_DESC), else ``b_ptr`` itself (the host's descriptor, or the pointer)."""
+    if TMA and not HOST_DESC:
+        if B_T:
+            return tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
+        else:
+            return tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
+    else:
+        return b_ptr
+
+
+@triton.jit
 def operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM: tl.constexpr, BN: tl.constexpr,
                     BK: tl.constexpr, TMA: tl.constexpr, B_T: tl.constexpr, HOST_DESC: tl.constexpr = False):
     """What ``k_loop`` loads from: tensor descriptors of A [M, K] and B ([K, N], or W [N, K] if B_T) --
@@ -87,43 +103,56 @@ def operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM: tl.constexpr,
     per kernel -- or, without TMA, the pointers themselves."""
     if TMA and not HOST_DESC:
         a_src = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BM, BK])
-        if B_T:
-            b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
-        else:
-            b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
-        return a_src, b_src
     else:
-        return a_ptr, b_ptr
+        a_src = a_ptr
+    return a_src, b_source(b_ptr, N, K, stride_b, BN, BK, TMA, B_T, HOST_DESC)
 
 
 @triton.jit
 def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stride_b,
            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
-           B_T: tl.constexpr, PRECISION: tl.constexpr):
+           B_T: tl.constexpr, PRECISION: tl.constexpr, BN2: tl.constexpr = 0, b2_src=None):
     """fp32 [BM, BN] = A[row0:row0+BM, k_lo:k_hi] @ B[k_lo:k_hi, col0:col0+BN] (k_lo a multiple of BK;
     k_hi a multiple of BK or K). Pointer loads read A rows below ``row_limit`` only (zeros beyond);
     TMA loads read whole blocks of A (rows past ``row_limit`` but inside A come in too: callers mask
-    what they store)."""
+    what they store).
+
+    BN2 > 0 (GemmConfig.block_n2; not swapped): the tile is BN + BN2 columns wide -- a width no
+    power-of-two ``tl.arange`` can hold -- computed as two accumulators from the same A block per
+    k-step: returns ([BM, BN], [BM, BN2] of columns col0+BN ..), B's second part loaded through
+    ``b2_src`` (a descriptor with blocks BN2 wide, or the same pointer as ``b_src``)."""
     rows = row0 + tl.arange(0, BM)
     cols = col0 + tl.arange(0, BN)
     if SWAP_AB:
+        tl.static_assert(BN2 == 0, "a two-part tile is not swapped")
         acc_t = tl.zeros([BN, BM], tl.float32)
     else:
         acc = tl.zeros([BM, BN], tl.float32)
+    if BN2 > 0:
+        cols2 = col0 + BN + tl.arange(0, BN2)
+        acc2 = tl.zeros([BM, BN2], tl.float32)
     for k in tl.range(k_lo, k_hi, BK):
         if TMA:
             a = a_src.load([row0, k])
             if B_T:
                 w = b_src.load([col0, k])
+                if BN2 > 0:
+                    w2 = b2_src.load([col0 + BN, k])
             else:
                 b = b_src.load([k, col0])
+                if BN2 > 0:
+                    b2 = b2_src.load([k, col0 + BN])
         else:
             ks = k + tl.arange(0, BK)
             a = load_tile(a_src, rows, ks, row_limit, k_hi, stride_a)
             if B_T:
                 w = load_tile(b_src, cols, ks, N, k_hi, stride_b)
+                if BN2 > 0:
+                    w2 = load_tile(b2_src, cols2, ks, N, k_hi, stride_b)
             else:
                 b = load_tile(b_src, ks, cols, k_hi, N, stride_b)
+                if BN2 > 0:
+                    b2 = load_tile(b2_src, ks, cols2, k_hi, N, stride_b)
         if SWAP_AB:
             if B_T:
                 acc_t = mma(w, tl.trans(a), acc_t, PRECISION)
@@ -132,11 +161,18 @@ def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stri
         else:
             if B_T:
                 acc = mma(a, tl.trans(w), acc, PRECISION)
+                if BN2 > 0:
+                    acc2 = mma(a, tl.trans(w2), acc2, PRECISION)
             else:
                 acc = mma(a, b, acc, PRECISION)
+                if BN2 > 0:
+                    acc2 = mma(a, b2, acc2, PRECISION)
     if SWAP_AB:
         acc = tl.trans(acc_t)
-    return acc
+    if BN2 > 0:
+        return acc, acc2
+    else:
+        return acc
 
 
 @triton.jit
@@ -152,16 +188,21 @@ def store_piece(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: tl
 
 @triton.jit
 def store_result(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: tl.constexpr,
-                 TMA_STORE: tl.constexpr, C_HALVES: tl.constexpr = 1):
+                 TMA_STORE: tl.constexpr, C_HALVES: tl.constexpr = 1, acc2=None, BN2: tl.constexpr = 0):
     """The [BM, BN] tile ``acc`` into C at (row0, col0), whole or (C_HALVES = 2) as its left and right
     column halves one after the other: a TMA store stages only half the tile in shared memory
-    (GemmConfig.c_halves; C's descriptor then has blocks [BM, BN // 2])."""
+    (GemmConfig.c_halves; C's descriptor then has blocks [BM, BN // 2]). BN2 > 0: a two-part tile
+    (``k_loop``'s BN2), its second part ``acc2`` [BM, BN2] stored at columns col0+BN .. by masked
+    stores (GemmConfig refuses TMA stores for two-part tiles)."""
     if C_HALVES == 2:
         left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
         store_piece(c_dst, left, row0, col0, M, N, stride_c, BM, BN // 2, TMA_STORE)
         store_piece(c_dst, right, row0, col0 + BN // 2, M, N, stride_c, BM, BN // 2, TMA_STORE)
     else:
         store_piece(c_dst, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE)
+    if BN2 > 0:
+        tl.static_assert(not TMA_STORE, "a two-part tile is stored by masked stores")
+        store_piece(c_dst, acc2, row0, col0 + BN, M, N, stride_c, BM, BN2, TMA_STORE)
 
 
 # The split plan's counts are not specialised (Triton would compile a kernel per value class of
@@ -170,7 +211,9 @@ def store_result(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: t
 def matmul_kernel(
     # C [M, N] = A [M, K] @ B (B [K, N] row-major, or W = B^T [N, K] row-major if B_T); row strides given.
     # HOST_DESC: a_ptr and b_ptr are the host's tensor descriptors of A and B; TMA_STORE: c_ptr is C's.
-    a_ptr, b_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c,
+    # b2_ptr: B again for a two-part tile's second part (BN2 > 0): its descriptor with blocks BN2 wide
+    # (HOST_DESC), else the same pointer as b_ptr; None when BN2 = 0.
+    a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c,
     # split (gemm_configs.split_plan): tiles [0, whole_tiles) whole; the k-steps of the rest shared by
     # programs [0, sharing) (STREAM: stream-K) or cut into `sharing` parts a tile (the wave split);
     # fp32 partials [shared tiles, slots, BM, BN] and per-shared-tile counters (all zero)
@@ -181,9 +224,12 @@ def matmul_kernel(
     REDUCE_LOADS: tl.constexpr = 1,  # partial slots a shared tile's last part loads at once (gemm_split.reduce_loads)
     C_HALVES: tl.constexpr = 1,  # C's tile stored whole or in two column halves (GemmConfig.c_halves)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
+    BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide, whole only
 ):
+    # (GemmConfig refuses these; the kernel says so too)
+    tl.static_assert(BN2 == 0 or not (SPLIT or SWAP_AB or TMA_STORE), "two-part tiles: whole, straight, masked stores")
     num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
+    num_n = tl.cdiv(N, BN + BN2)
     tiles = num_m * num_n
     program = tl.program_id(0)
     # PDL: nothing global before this (a device-side descriptor is written to global scratch)
@@ -238,12 +284,21 @@ def matmul_kernel(
             if is_last:
                 store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES)
     else:
+        if BN2 > 0:  # B's second column part, blocks BN2 wide
+            b2_src = b_source(b2_ptr, N, K, stride_b, BN2, BK, TMA, B_T, HOST_DESC)
         for tile in tl.range(program, tiles, tl.num_programs(0), flatten=FLATTEN):
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
-            acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
-                         SWAP_AB, B_T, PRECISION)
+            row0 = pid_m * BM
+            col0 = pid_n * (BN + BN2)
+            if BN2 > 0:
+                acc, acc2 = k_loop(a_src, b_src, row0, col0, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
+                                   SWAP_AB, B_T, PRECISION, BN2, b2_src)
+            else:
+                acc = k_loop(a_src, b_src, row0, col0, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
+                             SWAP_AB, B_T, PRECISION)
+                acc2 = None
             release_dependents(PDL)  # (the first call counts: the next kernel's launch overlaps what follows)
-            store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES)
+            store_result(c_ptr, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES, acc2, BN2)
 
 
 # ---- host side --------------------------------------------------------------------------------------
@@ -301,11 +356,15 @@ def b_layout(b: torch.Tensor, k: int) -> tuple[torch.Tensor, bool]:
     return b.contiguous(), False
 
 
+def b_descriptor(b: torch.Tensor, b_t: bool, block_n: int, block_k: int) -> TensorDescriptor:
+    """B's tensor descriptor made on the host: blocks [block_n, block_k] of W (b_t) or [block_k, block_n]."""
+    return TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [block_n, block_k] if b_t else [block_k, block_n])
+
+
 def host_descriptors(config: GemmConfig, a: torch.Tensor, b: torch.Tensor, b_t: bool) -> tuple:
     """Tensor descriptors of A and B made on the host (kernel parameters: no device work per launch)."""
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-    return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]),
-            TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [bn, bk] if b_t else [bk, bn]))
+    return TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]), b_descriptor(b, b_t, bn, bk)
 
 
 def c_descriptor(c: torch.Tensor, rows: int, config: GemmConfig) -> TensorDescriptor:
@@ -339,7 +398,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     src, b_t = b_layout(b, K)
     device_type = "meta" if a.device.type == "meta" else a.device.type
     config = (config or gemm_config(M, N, K, a.dtype, a.device)).fitted(a.element_size())
-    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
     nprog = programs or programs_for(config, a.device)
     plan = split_plan(config, tiles, K, nprog)
     if plan.shared:
@@ -353,15 +412,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
         partials, counters, grid = out, out, min(tiles, nprog)  # (partials, counters unused)
     tma = use_tma(device_type, a, src, out)
     a_arg, b_arg = host_descriptors(config, a, src, b_t) if tma else (a, src)
+    # a two-part tile's second part: B's descriptor with blocks block_n2 wide, or B's pointer again (None, a
+    # compile-time constant, for one part: the kernel of a one-part tile has the parameters it had before)
+    b2_arg = None if not config.block_n2 else b_descriptor(src, b_t, config.block_n2, config.block_k) if tma else src
     tma_store = tma and config.tma_store
     c_arg = c_descriptor(out, M, config) if tma_store else out
     launch(matmul_kernel, (max(1, grid),),
-           (a_arg, b_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), plan.whole_tiles, plan.sharing,
-            plan.slots, partials, counters),
+           (a_arg, b_arg, b2_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), plan.whole_tiles,
+            plan.sharing, plan.slots, partials, counters),
            dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
                 SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps) if plan.shared else 1,
-                C_HALVES=config.c_halves, **config.meta(), **pdl_meta(a.device)))
+                C_HALVES=config.c_halves, BN2=config.block_n2, **config.meta(), **pdl_meta(a.device)))
     return out
 
 
@@ -369,7 +431,8 @@ def compile_cases(make_workspace):
     """The plain GEMM's launches on meta tensors: large-M TMA, swapped decode tiles with the wave split
     and with stream-K, B given transposed, mid-M stream-K (the last wave shared, and the last full wave
     with it; two programs per SM) and the wave split, C stored in halves through TMA (whole and split
-    tiles), the deep pipelines of the narrow-N cells, odd K and N by pointer loads, fp16 and fp32."""
+    tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T), odd K and N by pointer loads,
+    fp16 and fp32."""
     def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
             a = torch.empty((m, k), dtype=dtype, device="meta")
@@ -398,6 +461,9 @@ def compile_cases(make_workspace):
             case(256, 2304, 16384, torch.bfloat16, GemmConfig(128, 128, 64, 8, 4, False, 8, 4)),
             case(256, 2560, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 4, False, 4, 4, occupancy=2,
                                                              stream_k=True)),
+            # two-part tiles (block_n2): one wave of 128 tiles at 512x2560 on 132 SMs, B and W^T
+            case(512, 2560, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32)),
+            case(512, 2560, 8192, torch.bfloat16, GemmConfig(128, 64, 64, 8, 1, False, 8, 4, block_n2=16), b_t=True),
             case(1000, 3584, 4096, torch.float16),
             case(33, 100, 72, torch.bfloat16),
             case(300, 512, 1000, torch.float32)]

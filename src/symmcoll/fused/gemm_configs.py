@@ -58,7 +58,11 @@ class GemmConfig:
     wave split, ``wave_split``), or, with ``stream_k``, shared by on average at most this many
     programs each (``stream_split``); ``split_wave`` (stream-K only): the last full wave joins that
     partial wave; ``flatten`` pipelines the next tile's loads under this tile's epilogue;
-    ``tma_store`` writes C through a tensor descriptor (asynchronous, staged in shared memory)."""
+    ``tma_store`` writes C through a tensor descriptor (asynchronous, staged in shared memory);
+    ``block_n2`` (0: off) a second column part: tiles ``block_n + block_n2`` columns wide (``tile_n``,
+    e.g. 128 + 32 = 160: N = 2560 in 16 column blocks, so 512 x 2560 makes 128 tiles of 64 rows -- one
+    wave on 132 SMs), computed as two accumulators from one A block per k-step. Two-part tiles are
+    whole (no split, no stream-K), straight (no swap) and stored by masked stores (no tma_store)."""
 
     block_m: int
     block_n: int
@@ -73,6 +77,7 @@ class GemmConfig:
     tma_store: bool = False
     split_wave: bool = False
     stream_k: bool = False
+    block_n2: int = 0
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -85,11 +90,26 @@ class GemmConfig:
             raise ValueError(f"occupancy must be 1 or 2, got {self.occupancy}")
         if self.split_wave and not self.stream_k:
             raise ValueError("split_wave shares the last full wave by stream-K: it needs stream_k")
+        if self.block_n2:
+            if self.block_n2 < 16 or self.block_n2 & (self.block_n2 - 1) or self.block_n2 >= self.block_n:
+                raise ValueError(f"block_n2 must be 0 or a power of two >= 16 below block_n ({self.block_n}): "
+                                 f"got {self.block_n2}")
+            unsupported = [name for name, on in (("split_k > 1", self.split_k > 1), ("stream_k", self.stream_k),
+                                                 ("split_wave", self.split_wave), ("swap_ab", self.swap_ab),
+                                                 ("tma_store", self.tma_store)) if on]
+            if unsupported:
+                raise ValueError(f"a two-part tile (block_n2={self.block_n2}) is whole, straight and stored by "
+                                 f"masked stores: {', '.join(unsupported)} not supported")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
         return dict(BM=self.block_m, BN=self.block_n, BK=self.block_k, GROUP_M=self.group_m, SWAP_AB=self.swap_ab,
                     num_warps=self.num_warps, num_stages=self.num_stages)
+
+    @property
+    def tile_n(self) -> int:
+        """Columns of C a tile covers: ``block_n``, plus ``block_n2`` for a two-part tile."""
+        return self.block_n + self.block_n2
 
     @property
     def c_halves(self) -> int:
@@ -100,7 +120,7 @@ class GemmConfig:
 
     def smem_bytes(self, itemsize: int) -> int:
         staged_c = self.block_m * self.block_n * itemsize // self.c_halves if self.tma_store else 0
-        return self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize + staged_c
+        return self.num_stages * (self.block_m + self.tile_n) * self.block_k * itemsize + staged_c
 
     def for_itemsize(self, itemsize: int) -> GemmConfig:
         """4-byte operands: half the k-step, so the pipeline fits (then ``fitted``)."""
@@ -116,28 +136,33 @@ class GemmConfig:
 
     @property
     def label(self) -> str:
-        return (f"{'T' if self.swap_ab else 'N'}{self.block_m}x{self.block_n}x{self.block_k}"
+        return (f"{'T' if self.swap_ab else 'N'}{self.block_m}x{self.block_n}"
+                f"{f'+{self.block_n2}' if self.block_n2 else ''}x{self.block_k}"
                 f"/g{self.group_m}/s{'k' if self.stream_k else ''}{self.split_k}{'+' if self.split_wave else ''}"
                 f"/w{self.num_warps}"
                 f"/p{self.num_stages}"
                 f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}{'/t' if self.tma_store else ''}")
 
     def as_list(self) -> list:
+        """Every field, in order; ``block_n2`` (the 14th) only where it is set, so the tables written before
+        two-part tiles stay as they are (``from_list``: no 14th field, one part)."""
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
                 self.num_warps, self.num_stages, self.occupancy, int(self.flatten), int(self.tma_store),
-                int(self.split_wave), int(self.stream_k)]
+                int(self.split_wave), int(self.stream_k)] + ([self.block_n2] if self.block_n2 else [])
 
     @staticmethod
     def from_list(values) -> GemmConfig:
         """The inverse of ``as_list``. Older tables' shorter lists mean what they meant when measured:
         up to 11 fields (before stream-K existed) a split is the wave split; 12 fields (written by
-        the tune of git 50c1510, where every split was stream-K) a split is stream-K."""
+        the tune of git 50c1510, where every split was stream-K) a split is stream-K; up to 13 fields
+        (before two-part tiles) a tile has one part (block_n2 = 0)."""
         bm, bn, bk, group, split, swap, warps, stages, *rest = values
         if len(rest) == 4:  # (occupancy, flatten, tma_store, split_wave): the 50c1510 format
             rest = [*rest, int(split > 1)]
-        occupancy, flatten, tma_store, split_wave, stream_k = (list(rest) + [1, 0, 0, 0, 0][len(rest):])[:5]
+        defaults = [1, 0, 0, 0, 0, 0]
+        occupancy, flatten, tma_store, split_wave, stream_k, block_n2 = (list(rest) + defaults[len(rest):])[:6]
         return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten),
-                          bool(tma_store), bool(split_wave), bool(stream_k))
+                          bool(tma_store), bool(split_wave), bool(stream_k), block_n2)
 
 
 # Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).
@@ -149,7 +174,7 @@ def _pow2_at_least(x: int, floor: int) -> int:
 
 
 def tiles_of(config: GemmConfig, m: int, n: int) -> int:
-    return math.ceil(m / config.block_m) * math.ceil(n / config.block_n)
+    return math.ceil(m / config.block_m) * math.ceil(n / config.tile_n)
 
 
 # Fewest k-steps of one program's range of shared k-steps.
@@ -283,10 +308,52 @@ def _filling_tile(m: int, n: int, k: int, sms: int, split: bool) -> GemmConfig:
     return FILLING_TILES[-1]
 
 
+# Two-part tiles (GemmConfig.block_n2): (rows, warps, first part, second part) -- widths 80, 96, 144, 160,
+# 192, 320 -- and the pipeline depths tried of each.
+TWO_PART_TILES = ((64, 4, 64, 16), (64, 4, 64, 32), (64, 4, 128, 16), (64, 4, 128, 32), (64, 4, 128, 64),
+                  (64, 4, 256, 64), (128, 8, 64, 16), (128, 8, 64, 32), (128, 8, 128, 16), (128, 8, 128, 32),
+                  (128, 8, 128, 64), (128, 8, 256, 64))
+TWO_PART_STAGES = (4, 6)
+# A two-part tiling is a candidate where its tiles fill its last wave of SMs to at least this fraction,
+# in at most TWO_PART_MAX_WAVES waves, with at most TWO_PART_MAX_WASTE of its columns past N.
+TWO_PART_MIN_FILL = 0.9
+TWO_PART_MAX_WAVES = 2
+TWO_PART_MAX_WASTE = 0.05
+
+
+def wave_fill(tiles: int, programs: int) -> float:
+    """How full the last wave of ``tiles`` tiles on ``programs`` programs is (1: whole waves)."""
+    return tiles / (math.ceil(tiles / programs) * programs)
+
+
+def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
+    """Tiles of a width no power of two is (two column parts) that cut (m, n) into whole waves of the
+    SMs, or nearly: where the power-of-two tiles make ~1.2 waves (QKV of Llama-3-70B, N = 1280-5120 at
+    M = 256-4096: 160 tiles of 128x128 on 132 SMs, whose split along K costs more than it saves on one
+    H100) -- e.g. 512 x 2560 in 8 x 16 tiles of 64 x (128+32), or 4 x 32 of 128 x (64+16): 128 tiles.
+    Only past decode (M > 64: there the swapped tiles read B) and for a long K (a k-loop to amortise
+    the extra B load per k-step)."""
+    if m <= 64 or k < 1024:
+        return []
+    found = []
+    for bm, warps, bn, bn2 in TWO_PART_TILES:
+        width = bn + bn2
+        columns = math.ceil(n / width)
+        tiles = math.ceil(m / bm) * columns
+        if (tiles > TWO_PART_MAX_WAVES * sms or wave_fill(tiles, sms) < TWO_PART_MIN_FILL
+                or columns * width > n * (1 + TWO_PART_MAX_WASTE)):
+            continue
+        for stages in TWO_PART_STAGES:
+            found.append(GemmConfig(bm, bn, 64, group_m=8, num_warps=warps, num_stages=stages,
+                                    block_n2=bn2).fitted(2))
+    return list(dict.fromkeys(found))
+
+
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
     the dimensions each regime cares about (wave splits and stream-K where the last wave of tiles is
-    partial, two programs per SM where shared memory and registers allow): ~10-70 configs a shape."""
+    partial, two programs per SM where shared memory and registers allow), and the two-part tiles that
+    make whole waves (``two_part_candidates``): ~10-80 configs a shape."""
     bases: list[GemmConfig] = []
     if m <= 256:  # bound by reading B: tile widths, k-steps, pipeline depth, programs per SM
         bm = min(256, _pow2_at_least(m, 16))
@@ -360,6 +427,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
             config = replace(base, split_k=cap, stream_k=stream)
             plans.setdefault(split_plan(config, tiles, k, programs), config)
         found.extend(plans.values())
+    found.extend(two_part_candidates(m, n, k, sms))  # (whole tiles only: no split variants)
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
 
@@ -422,7 +490,8 @@ def lookup(table: dict, m: int, n: int, k: int, split: bool) -> GemmConfig | Non
     if not near:
         return None
     best, no_split = table[(bucket, *min(near, key=distance))]
-    return best if split else no_split
+    # split=False asks for a fused op's tile, which has one column part (the tune never writes another)
+    return best if split else no_split if not no_split.block_n2 else replace(no_split, block_n2=0)
 
 
 def gemm_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, split: bool = True) -> GemmConfig:
@@ -473,5 +542,5 @@ def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None 
 
 
 __all__ = ["GemmConfig", "CPU_CONFIG", "SplitPlan", "split_plan", "stream_split", "wave_split", "gemm_config",
-           "untuned_config", "candidates", "load_table", "read_table", "table_of", "lookup", "write_table", "gpu_key",
-           "tiles_of", "asdict"]
+           "untuned_config", "candidates", "two_part_candidates", "load_table", "read_table", "table_of", "lookup",
+           "write_table", "gpu_key", "tiles_of", "asdict"]
