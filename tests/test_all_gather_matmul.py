@@ -172,13 +172,7 @@ def _gpu_alone_epilogues():
                 assert err < TOLERANCE[torch.bfloat16], f"{algorithm} {m}x{n}x{k}: rel err {err:.2e}"
                 bad = (out.float() - ref).abs() > 0.05 * ref.abs().max() + 1e-3
                 assert not bool(bad.any()), f"{algorithm} {m}x{n}x{k}: wrong rows {bad.any(1).nonzero()[:5].tolist()}"
-                # C only: no copy of A, and the tile loop flattened where the config says so (FLATTEN)
-                only = symmcoll.all_gather_matmul(a, b, algorithm=algorithm)
-                err = float((only.float() - ref).norm() / ref.norm())
-                assert err < TOLERANCE[torch.bfloat16], f"{algorithm} {m}x{n}x{k} C only: rel err {err:.2e}"
-                assert torch.equal(only, out), f"{algorithm} {m}x{n}x{k}: C only differs from C with the gathered A"
     assert any(c.tma_store for c in configs), [c.label for c in configs]
-    assert any(c.flatten for c in configs), [c.label for c in configs]
     return True
 
 

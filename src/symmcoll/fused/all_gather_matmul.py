@@ -99,9 +99,6 @@ def ag_matmul_kernel(
     # WORLD == 1 only: columns a tile's copy of A into the gathered A loads at once (see the consumer loop);
     # COPY_A False where the caller wants no gathered A (nothing is copied)
     SLICE_COLS: tl.constexpr = 64, COPY_A: tl.constexpr = True,
-    # WORLD == 1 without COPY_A only: the tile loop flattened (the GEMM core's FLATTEN; the copy's own loop
-    # and the flag waits, which Triton 3.6 cannot flatten around, are compiled out there)
-    FLATTEN: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -143,7 +140,7 @@ def ag_matmul_kernel(
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
             else:
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
-        for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS, flatten=FLATTEN):
+        for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
             logical, pid_n = gemm.grouped_tile(tile, WORLD * blocks_per_shard, num_n, GROUP_M)
             owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
             local_first = first - owner * rows
@@ -156,13 +153,7 @@ def ag_matmul_kernel(
             # wrong results on an H200; one loop per source doubles the pipeline's shared memory): pick
             # the source per tile, and with TMA build its descriptor per tile (a few hundred ns against
             # a tile's microseconds).
-            # (a group of one decides it at compile time: no branch in the loop body, which FLATTEN needs)
-            if WORLD == 1:
-                base = a_ptr
-                src_rows = rows
-                stride = stride_a
-                row = local_first
-            elif owner == rank:
+            if owner == rank:
                 base = a_ptr
                 src_rows = rows
                 stride = stride_a
@@ -191,9 +182,6 @@ def ag_matmul_kernel(
                               SWAP_AB, B_T, PRECISION)
             if TMA_STORE:  # WORLD == 1: C's descriptor clips at its last row
                 gemm.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True, C_HALVES)
-            elif WORLD == 1:  # (nothing waited: no budget to check)
-                gemm.store_tile(c_ptr + tl.cast(local_first, tl.int64) * stride_c, acc, tl.arange(0, BM),
-                                pid_n * BN + tl.arange(0, BN), count, N, stride_c)
             elif budget > 0:
                 gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
                                 tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
@@ -380,7 +368,6 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
                     COPY_COLS=(64 if alone else 128) if on_gpu else 32, TMA_STORE=tma_store, C_HALVES=config.c_halves,
                     SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, COPY_A=wanted,
-                    FLATTEN=alone and not wanted and config.flatten,
                     **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
@@ -477,17 +464,16 @@ SPEC = ops.declare(ops.OpSpec(
 
 def compile_cases(make_workspace):
     """The kernels' launches on meta tensors (tests/test_compile.py compiles them for sm_90)."""
-    def case(world, rank, name, dtype, rows, k, n, b_t=False, gathered=True):
+    def case(world, rank, name, dtype, rows, k, n, b_t=False):
         def thunk():
             ws = make_workspace(world, rank)
-            request = planner.Request(OP, (rows, k), dtype, torch.device("cuda"), others=(((k, n), dtype, None),),
-                                      options=(("return_gathered", gathered),))
+            request = planner.Request(OP, (rows, k), dtype, torch.device("cuda"), others=(((k, n), dtype, None),))
             p = Plan(request, "kernel", planner.algorithms(OP)[name], None, world, rank, ws, None, 3, None)
             a = torch.empty((rows, k), dtype=dtype, device="meta")
             b = (torch.empty((n, k), dtype=dtype, device="meta").t() if b_t
                  else torch.empty((k, n), dtype=dtype, device="meta"))
             planner.algorithms(OP)[name].run(p, a, None, b)
-        return f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}{' B^T' if b_t else ''}{'' if gathered else ' C only'}", thunk
+        return f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}{' B^T' if b_t else ''}", thunk
     return [*(case(w, r, name, dtype, rows, k, n)
               for name in ("naive_remote", "copy_engine_producer", "fused")
               for w, r, dtype, rows, k, n in ((2, 1, torch.bfloat16, 8192, 8192, 8192),
@@ -499,7 +485,4 @@ def compile_cases(make_workspace):
             # alone: C's host descriptor (the table's 128x128/f/t; the tile loop stays unflattened), the
             # untuned rule's 64x64x128 tiles at 1024^3
             case(1, 0, "fused", torch.bfloat16, 16344, 1024, 8000),
-            case(1, 0, "copy_engine_producer", torch.bfloat16, 1024, 1024, 1024),
-            # alone, no gathered A: the tile loop flattened where the table says so (1024^3, 16384x8192x8192)
-            case(1, 0, "fused", torch.bfloat16, 1024, 1024, 1024, gathered=False),
-            case(1, 0, "fused", torch.bfloat16, 16384, 8192, 8192, gathered=False)]
+            case(1, 0, "copy_engine_producer", torch.bfloat16, 1024, 1024, 1024)]
