@@ -32,9 +32,14 @@ def table(result, op: str) -> str:
             return m.median_us if m is not None and m.ok else None
         best_other = min((t for t in map(us, anchors) if t is not None), default=None)
         auto = us("symmcoll:auto")
+        auto_row = by.get(("symmcoll:auto", size))
+        # a row missing from the file was not run (e.g. cut by --time-limit); one present but not ok is wrong
+        # or failed; a row timed eagerly because its graph capture failed says so
+        auto_cell = ("not run" if auto_row is None else "WRONG/failed" if auto is None
+                     else f"{auto:.2f}" + (" (eager: capture failed)" if auto_row.timing == "eager" else ""))
         fastest = min(((us(n), n) for n in ours if us(n) is not None), default=(None, "-"))
         cells = [format_size(size), *(f"{us(a):.2f}" if us(a) else "-" for a in anchors),
-                 f"{auto:.2f}" if auto else "WRONG/none",
+                 auto_cell,
                  f"{fastest[1].split(':')[1]} {fastest[0]:.2f}" if fastest[0] else "-",
                  f"{auto / best_other:.2f}" if auto and best_other else "-"]
         lines.append("| " + " | ".join(cells) + " |")
