@@ -128,6 +128,47 @@ def test_all_to_all_variable_splits(pools, world_size):
                                                torch.float8_e4m3fn])
 
 
+def _nccl_all_to_all_counts_once():
+    """The process group's all_to_all with equal splits compares the row counts with the peers' on a
+    plan's first call only (later calls, and calls under CUDA-graph capture, move the data alone: no host
+    read, so auto's NCCL choice can be captured); results stay bit-exact."""
+    from symmcoll.comm import backend
+    rank, world = dist.get_rank(), dist.get_world_size()
+    exchanges = []
+    real = dist.all_to_all_single
+
+    def counting(*args, **kwargs):
+        exchanges.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_to_all_single = counting
+    try:
+        def calls(rows, call):
+            exchanges.clear()
+            x = dtype_coded((rows, 3), torch.float32, rank, call)
+            got = symmcoll.all_to_all(x, algorithm="nccl")
+            made = len(exchanges)  # before the reference's own exchange
+            assert_bits_equal(got, reference.all_to_all(x), f"nccl all_to_all rows {rows} call {call}")
+            return made
+        assert calls(2 * world, 0) == 2  # the counts, then the data
+        assert calls(2 * world, 1) == 1  # the same plan: the data alone
+        assert calls(2 * world, 2) == 1
+        assert calls(3 * world, 3) == 2  # a new shape: compared again
+        real_capturing = backend._capturing
+        backend._capturing = lambda x: True  # as under torch.cuda.graph: no host read may happen
+        try:
+            assert calls(4 * world, 4) == 1
+        finally:
+            backend._capturing = real_capturing
+    finally:
+        dist.all_to_all_single = real
+    symmcoll.reset()
+
+
+def test_nccl_all_to_all_counts_once(pools, world_size):
+    pools(world_size).run(_nccl_all_to_all_counts_once)
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
