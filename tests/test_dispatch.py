@@ -87,6 +87,40 @@ def test_measured_fallback_replaces_the_backend_row():
     assert [(r.max_bytes, r.algorithm) for r in rules] == [(1 << 20, "one_shot")]
 
 
+def test_rows_timed_eagerly_in_a_graph_run_are_no_candidates():
+    # symmcoll:nccl rows whose graph capture failed (timed eagerly, 1000 us slower): auto runs in graphs, so
+    # they neither win nor stand for the fallback -- the backend's own row does.
+    result = synthetic_result()
+    nccl_rows = [m for m in result.measurements if m.implementation == "nccl"]
+    eager = [dataclasses.replace(m, implementation="symmcoll:nccl", family="symmcoll", timing="eager",
+                                 median_us=m.median_us + 1000) for m in nccl_rows]
+    slower = [dataclasses.replace(m, median_us=m.median_us * 10) if m.implementation == "symmcoll:one_shot"
+              and m.size_bytes == 1 << 20 else m for m in result.measurements]
+    result = dataclasses.replace(result, measurements=tuple(slower + eager))
+    rules = dispatch.table_from_results([result], "s").rules
+    assert [(r.max_bytes, r.algorithm) for r in rules] == [(4096, "one_shot"), (1 << 20, "nccl")]
+    # ... and a fast symmcoll row timed eagerly does not win either
+    fast_eager = [dataclasses.replace(m, implementation="symmcoll:two_shot", family="symmcoll", timing="eager",
+                                      median_us=1.0) for m in nccl_rows]
+    result = dataclasses.replace(result, measurements=tuple(slower + fast_eager))
+    assert "two_shot" not in {r.algorithm for r in dispatch.table_from_results([result], "s").rules}
+
+
+def test_each_gpu_model_reads_its_own_packaged_table():
+    assert dispatch.packaged_table(None) == dispatch.PACKAGED_TABLE  # CPU, or CUDA not in use yet
+    assert dispatch.packaged_table("a100") == dispatch.PACKAGED_TABLE  # no table of its own: the H200's
+    h100 = dispatch.packaged_table("h100")
+    assert h100.name == "dispatch_h100.json" and h100.is_file()
+    table = Table.from_json(h100.read_text())
+    assert "H100" in table.source
+    for op in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
+        for world in (2, 4):
+            assert any(r.op == op and r.world_size == world for r in table.rules), (op, world)
+    for rule in table.rules:
+        assert rule.algorithm == dispatch.FALLBACK or rule.algorithm in symmcoll.ALGORITHMS[rule.op]
+    assert dispatch.gpu_model() is None or dispatch.gpu_model() in ("h100", "h200")
+
+
 def _routing():
     from symmcoll.plan import resolve
     ints = torch.ones(8, dtype=torch.int32)

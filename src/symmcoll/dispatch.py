@@ -8,8 +8,8 @@ measured size the fastest correct implementation among symmcoll's algorithms and
 consecutive sizes with the same winner merged into one rule.
 
 Which table is used, first found: ``$SYMMCOLL_DISPATCH_FILE``; the file ``symmcoll tune`` writes
-(``~/.cache/symmcoll/dispatch.json``); the table shipped with the package, measured on our H200 runs
-(``data/dispatch_h200.json``). A case the table does not know (another world size) uses the nearest
+(``~/.cache/symmcoll/dispatch.json``); the table shipped with the package for this GPU model
+(``data/dispatch_<model>.json``: h200, h100), else the H200 one (also on CPU). A case the table does not know (another world size) uses the nearest
 world size of the same op. What the table names is only a proposal: ``symmcoll.plan`` decides
 what runs (an unsupported case goes to the process group's own collective, "nccl"; gloo on CPU).
 """
@@ -29,7 +29,22 @@ log = logging.getLogger("symmcoll")
 
 FALLBACK = "nccl"
 USER_TABLE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "symmcoll" / "dispatch.json"
-PACKAGED_TABLE = Path(__file__).parent / "data" / "dispatch_h200.json"
+PACKAGED_TABLE = Path(__file__).parent / "data" / "dispatch_h200.json"  # any GPU without a table of its own
+
+
+def packaged_table(model: str | None) -> Path:
+    """The shipped table of a GPU model ('h100', 'h200'; None: not known), else the H200 one."""
+    own = PACKAGED_TABLE.with_name(f"dispatch_{model}.json") if model else None
+    return own if own is not None and own.is_file() else PACKAGED_TABLE
+
+
+def gpu_model() -> str | None:
+    """'h100' / 'h200' for the current CUDA device, once CUDA is in use (None before, on CPU, and for
+    other GPUs): the table is looked up when a call resolves, by then its device is initialised."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    name = torch.cuda.get_device_name().lower()
+    return next((model for model in ("h200", "h100") if model in name), None)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -79,9 +94,12 @@ def table_from_results(results, source: str) -> Table:
         world = result.config.world_size
         # The fallback as symmcoll runs it ("symmcoll:nccl", out of place) where the run measured it;
         # otherwise the backend's own (in-place) row stands in for it.
-        measured_fallback = {m.op for m in result.measurements if m.implementation == f"symmcoll:{FALLBACK}"}
+        # A row of a graph run timed eagerly because its capture failed is no candidate: auto runs
+        # where graphs are captured (2026-11-27: the fallback's all_to_all read counts on the host).
+        rows = [m for m in result.measurements if not (result.config.plan.mode == "graph" and m.timing == "eager")]
+        measured_fallback = {m.op for m in rows if m.implementation == f"symmcoll:{FALLBACK}"}
         by_case: dict[tuple[str, str], dict[int, tuple[float, str]]] = {}
-        for m in result.measurements:
+        for m in rows:
             if not m.ok or m.family not in ("symmcoll", "backend"):
                 continue
             if m.family == "backend" and m.op in measured_fallback:
@@ -102,13 +120,21 @@ def table_from_results(results, source: str) -> Table:
     return Table(tuple(rules), source)
 
 
-@lru_cache(maxsize=1)
-def active_table() -> Table:
-    for path in (os.environ.get("SYMMCOLL_DISPATCH_FILE"), USER_TABLE, PACKAGED_TABLE):
+@lru_cache(maxsize=4)
+def _table_for(model: str | None) -> Table:
+    for path in (os.environ.get("SYMMCOLL_DISPATCH_FILE"), USER_TABLE, packaged_table(model)):
         if path and Path(path).is_file():
             table = Table.from_json(Path(path).read_text())
             return Table(table.rules, f"{path} ({table.source})")
     return Table((), "none (built-in defaults)")
+
+
+def active_table() -> Table:
+    """The table ``algorithm="auto"`` reads on this process's current device (see the module text)."""
+    return _table_for(gpu_model())
+
+
+active_table.cache_clear = _table_for.cache_clear
 
 
 def choose(op: str, world_size: int, dtype: torch.dtype, nbytes: int) -> str | None:
