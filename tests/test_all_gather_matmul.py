@@ -8,9 +8,12 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
 import symmcoll
 from symmcoll import launch
+from symmcoll.fused import all_gather_matmul as agmm
 
 from rank_checks import device, with_workspace_bytes
 
@@ -108,12 +111,100 @@ def test_errors_and_torch_compile(pools):
     assert pools(2).run(_errors_and_compile) == [True, True]
 
 
+@triton.jit
+def _consumer_tiles(out_ptr, tiles, blocks_per_shard, num_n, GROUP_M: tl.constexpr, BLOCK: tl.constexpr):
+    """(logical row block, column block) of every consumer tile, as ag_matmul_kernel orders them."""
+    t = tl.arange(0, BLOCK)
+    logical, pid_n = agmm._consumer_tile(t, blocks_per_shard, num_n, GROUP_M)
+    tl.store(out_ptr + 2 * t, logical, mask=t < tiles)
+    tl.store(out_ptr + 2 * t + 1, pid_n, mask=t < tiles)
+
+
+def _tile_order():
+    """Consumers take the shards in turn -- mine, rank+1's, ... -- whatever GROUP_M: a group larger
+    than a shard's row blocks (1024 x 8192 x 8192 on 4 ranks: 2 blocks a shard, GROUP_M 8) must not
+    pull the next shards' rows into the first tiles (it did: tile t was row block t % 8, so 3/4 of
+    the first wave waited on peers' chunks). Every tile once; inside a shard, groups as gemm's."""
+    for world, blocks, num_n, group_m in ((4, 2, 32, 8), (4, 1, 5, 8), (3, 5, 3, 2), (2, 7, 4, 4), (1, 9, 2, 8)):
+        tiles = world * blocks * num_n
+        out = torch.full((tiles, 2), -1, dtype=torch.int32)
+        _consumer_tiles[(1,)](out, tiles, blocks, num_n, group_m, BLOCK=triton.next_power_of_2(tiles))
+        pairs = [tuple(x) for x in out.tolist()]
+        assert sorted(pairs) == [(m, n) for m in range(world * blocks) for n in range(num_n)], "a tile twice or never"
+        shards = [m // blocks for m, _ in pairs]
+        assert shards == sorted(shards), f"W{world} {blocks} blocks GROUP_M {group_m}: shards taken out of turn"
+        for t, (m, n) in enumerate(pairs):  # inside a shard: groups of min(GROUP_M, blocks left) rows
+            within = t % (blocks * num_n)
+            first = within // (group_m * num_n) * group_m
+            size = min(group_m, blocks - first)
+            assert (m % blocks, n) == (first + within % (group_m * num_n) % size,
+                                       within % (group_m * num_n) // size), (t, m, n)
+    return True
+
+
+def test_consumers_take_shards_in_turn(pools):
+    assert pools(1).run(_tile_order) == [True]
+
+
+@triton.jit
+def _producer_blocks(taker_ptr, count_ptr, world, blocks_per_shard, N_PRODUCERS: tl.constexpr):
+    """For every (owner, row block): which producer moves it (copies it in on the owner, pulls it on
+    every other rank: the same function of the owner), and how many producers took it."""
+    pid = tl.program_id(0)
+    for owner in range(0, world):
+        for j in range(agmm._first_block(pid, owner, blocks_per_shard, N_PRODUCERS), blocks_per_shard, N_PRODUCERS):
+            tl.store(taker_ptr + owner * blocks_per_shard + j, pid)
+            tl.atomic_add(count_ptr + owner * blocks_per_shard + j, 1)
+
+
+def _producer_deal():
+    """Every row block of every shard moved by exactly one producer, the same one on every rank (its
+    barrier with that program of every peer is what orders the owner's copy-in before the pull), and
+    the pulls spread over the producers: none pulls more than ceil(W * blocks / P) blocks. Dealt per
+    shard (block j -> producer j % P), 1024 x 8192 x 8192 on 4 ranks (2 blocks a shard, 8 producers)
+    had producers 0 and 1 pull all 6 peer blocks (3 each) and 6 producers idle."""
+    for world, blocks, producers in ((4, 2, 8), (4, 32, 8), (4, 1, 8), (3, 5, 4), (2, 3, 8), (4, 13, 8)):
+        taker = torch.full((world * blocks,), -1, dtype=torch.int32)
+        count = torch.zeros(world * blocks, dtype=torch.int32)
+        _producer_blocks[(producers,)](taker, count, world, blocks, producers)
+        assert count.tolist() == [1] * (world * blocks), f"W{world} {blocks} blocks P{producers}: {count.tolist()}"
+        most = -(-world * blocks // producers)
+        for rank in range(world):
+            pulled = [int(taker[o * blocks + j]) for o in range(world) if o != rank for j in range(blocks)]
+            loads = [pulled.count(p) for p in range(producers)]
+            assert max(loads) <= most, f"W{world} {blocks} blocks P{producers} rank {rank}: pulls per producer {loads}"
+        if (world, blocks, producers) == (4, 2, 8):
+            assert sorted(loads) == [0, 0, 1, 1, 1, 1, 1, 1], loads
+    return True
+
+
+def test_producers_share_the_pulls(pools):
+    assert pools(1).run(_producer_deal) == [True]
+
+
+def _several_producers(rows):
+    """The fused kernel with 3 producer programs (1 on CPU otherwise): shards of 1-3 row blocks dealt
+    round them, own copies and pulls by different programs, every chunk's flag awaited."""
+    agmm.FUSED_PRODUCERS["cpu"] = 3
+    try:
+        return _check("fused", rows, 40, (24,), torch.bfloat16, calls=2)
+    finally:
+        agmm.FUSED_PRODUCERS["cpu"] = 1
+
+
+@pytest.mark.parametrize("rows", [13, 70])
+def test_fused_with_several_producers(pools, world_size, rows):
+    assert pools(world_size).run(_several_producers, rows) == [True] * world_size
+
+
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------
 
 def _gpu_stress(algorithm, calls, replays):
     """Fresh random data over back-to-back calls, then replays of a captured graph with fresh data."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    rows, k, n = 1000, 512, 384  # rows not a multiple of the tile
+    # rows not a multiple of the tile; 5 row blocks a shard (64-row tiles on an H100/H200), so the fused
+    # kernel's 8 producers are dealt blocks across shards (block j of owner o: producer (5o + j) % 8)
+    rows, k, n = 300, 512, 384
     worst = 0.0
     for call in range(calls):
         a = _shard(rank, call, rows, k, torch.bfloat16)

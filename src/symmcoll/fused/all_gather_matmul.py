@@ -15,14 +15,17 @@ Numbered variants of one op, from the unfused reference to one kernel (all corre
                         into its flag; meanwhile the persistent GEMM computes my own rows (read from my
                         input) and then each peer's rows as their flags arrive; join, exit barrier.
 4 fused                 ONE kernel, no side stream: programs [0, P) are producers, the rest consumers.
-                        Producer p copies chunks p, p+P, ... of my shard into my buffer, meets program p of
-                        every peer in a barrier, pulls chunks p, p+P, ... of every peer's shard into the
-                        gathered A (peers in the order rank+1, rank+2, ...), releasing a flag per chunk,
-                        and meets program p of every peer again at the end (nobody refills its buffer
-                        while a peer still reads it). Consumers run the persistent GEMM over row blocks in
-                        the order own shard first, then rank+1's, ..., waiting (bounded) on each chunk's
-                        flag. Consumers wait only on producers, which have lower program ids: they are
-                        scheduled first on the GPU and run first under the interpreter.
+                        Chunks (BM rows of a shard) are numbered over all shards and dealt round the
+                        producers the same way on every rank (_first_block). Producer p copies its
+                        chunks of my shard into my buffer, meets program p of every peer in a barrier,
+                        pulls its chunks of every peer's shard into the gathered A (peers in the order
+                        rank+1, rank+2, ...; 64 KB of loads in flight a step), releasing a flag per
+                        chunk, and meets program p of every peer again at the end (nobody refills its
+                        buffer while a peer still reads it). Consumers run the persistent GEMM shard by
+                        shard, own shard first, then rank+1's, ... (groups of GROUP_M row blocks never
+                        straddle two shards), waiting (bounded) on each chunk's flag. Consumers wait only
+                        on producers, which have lower program ids: they are scheduled first on the GPU
+                        and run first under the interpreter.
 
 Flags are int64 per chunk of BM rows, tagged with the call's epoch (a per-plan device counter), so
 nothing is ever reset and graph replays need no host work. Chunks never straddle two ranks' rows.
@@ -78,6 +81,31 @@ def _copy_rows(src, dst, dst2, rows, K, src_stride, dst_stride, dst2_stride, ROW
 
 
 @triton.jit
+def _consumer_tile(tile, blocks_per_shard, num_n, GROUP_M: tl.constexpr):
+    """Consumer tile -> (logical row block, column block): shard after shard (mine first, then
+    rank+1's, ...), GROUP_M row blocks sweeping the columns together inside a shard, never across two
+    shards. (Grouped over all W shards at once, a group larger than a shard -- 1024 x 8192 x 8192 on 4
+    ranks: 2 row blocks a shard, GROUP_M 8 -- put every rank's rows into the first wave of tiles, so
+    three quarters of the consumers began by waiting for peers' chunks, the last ones included.)"""
+    per_shard = blocks_per_shard * num_n
+    block, pid_n = gemm.grouped_tile(tile % per_shard, blocks_per_shard, num_n, GROUP_M)
+    return (tile // per_shard) * blocks_per_shard + block, pid_n
+
+
+@triton.jit
+def _first_block(pid, owner, blocks_per_shard, N_PRODUCERS: tl.constexpr):
+    """The first row block of ``owner``'s shard that producer ``pid`` moves (it then takes every
+    N_PRODUCERS-th): block j of owner o belongs to producer (o * blocks_per_shard + j) % N_PRODUCERS,
+    on every rank. The owner's producer p copies it into its buffer and every puller's producer p pulls
+    it, so program p's barrier with program p of every peer orders the two (and the exit barrier the
+    pull before the next call's copy). Numbered over all shards, the W * blocks_per_shard blocks go
+    round all producers: at 1024 x 8192 x 8192 on 4 ranks (2 blocks a shard, 8 producers) each producer
+    moves one block and 6 of them pull, where numbering within each shard (producer j % 8) left 6 of
+    8 idle and 2 pulling every peer's blocks one after another."""
+    return (pid + N_PRODUCERS - (owner * blocks_per_shard) % N_PRODUCERS) % N_PRODUCERS
+
+
+@triton.jit
 def ag_matmul_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -113,7 +141,8 @@ def ag_matmul_kernel(
         announce(signal_pad_ptrs_dev, desc, rank, WORLD)
         my_buf = peer_ptr(buffer_ptrs_dev, rank, a_ptr.dtype.element_ty)
         my_g = g_ptr + tl.cast(rank * shard_stride, tl.int64) * stride_g
-        for j in range(pid, blocks_per_shard, N_PRODUCERS):  # my rows go to my buffer and my gathered A
+        for j in range(_first_block(pid, rank, blocks_per_shard, N_PRODUCERS), blocks_per_shard, N_PRODUCERS):
+            # my rows go to my buffer and my gathered A
             _copy_rows(a_ptr + j * BM * stride_a, my_buf + j * BM * K, my_g + tl.cast(j * BM, tl.int64) * stride_g,
                        tl.minimum(rows - j * BM, BM), K, stride_a, K, stride_g, BM, COPY_COLS, True)
         failed = block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
@@ -121,7 +150,8 @@ def ag_matmul_kernel(
             for k in tl.static_range(1, WORLD):
                 owner = (rank + k) % WORLD
                 theirs = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
-                for j in range(pid, blocks_per_shard, N_PRODUCERS):
+                for j in range(_first_block(pid, owner, blocks_per_shard, N_PRODUCERS), blocks_per_shard,
+                               N_PRODUCERS):
                     dst = g_ptr + tl.cast(owner * shard_stride + j * BM, tl.int64) * stride_g
                     _copy_rows(theirs + j * BM * K, dst, dst, tl.minimum(rows - j * BM, BM), K, K, stride_g, stride_g,
                                BM, COPY_COLS, False)
@@ -141,7 +171,7 @@ def ag_matmul_kernel(
             else:
                 b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
         for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
-            logical, pid_n = gemm.grouped_tile(tile, WORLD * blocks_per_shard, num_n, GROUP_M)
+            logical, pid_n = _consumer_tile(tile, blocks_per_shard, num_n, GROUP_M)
             owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
             local_first = first - owner * rows
             if WORLD > 1:
@@ -320,6 +350,16 @@ def _slice_cols(config, k: int, n: int) -> int:
     return min(triton.next_power_of_2(max(64, width)), cap, 512)
 
 
+def _copy_cols(alone: bool, source: int, on_gpu: bool) -> int:
+    """Columns of a [BM, COPY_COLS] copy step: alone, the own copy's (64); the fused kernel's producers
+    pull 256 (64 KB of loads in flight at BM 128: their rate is bytes in flight / NVLink round trip,
+    and 128 -- 32 KB -- measured 7-16 GB/s an SM on 4x H100, benchmarks/NOTES.md); the other variants
+    run no producer (their dead producer code keeps the old 128)."""
+    if not on_gpu:
+        return 32
+    return 64 if alone else 256 if source == PRODUCERS.value else 128
+
+
 def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     """naive_remote, copy_engine_producer and fused: the first B through the variant's kernel (pieces of
     rows if the shard exceeds the buffer), the gathered A completed, further Bs by the GEMM core over
@@ -366,7 +406,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                 b_desc),
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
-                    COPY_COLS=(64 if alone else 128) if on_gpu else 32, TMA_STORE=tma_store, C_HALVES=config.c_halves,
+                    COPY_COLS=_copy_cols(alone, source, on_gpu), TMA_STORE=tma_store, C_HALVES=config.c_halves,
                     SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, COPY_A=wanted,
                     **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
