@@ -2,7 +2,7 @@
 # The one script for the GPU machine: GPU tests and the benchmark for what changed.
 #   git rev-parse HEAD > .symmcoll-sha; scripts/gpu_check.sh [tests] [sweep] [probe] [tune] [bench] [shared]
 #                                                            [gemm-tune] [gemm-bench] [gemm-retune]
-#                                                            [fused] [fused-env] [tp_block] [pdl] [quantized-tests] [quantized-bench]
+#                                                            [fused] [fused-floor] [fused-env] [tp_block] [pdl] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
 #                                                            [scaleout-multi] [backend] [backend-bench] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
@@ -102,6 +102,16 @@ for stage in $stages; do
       # Fused ops by shape at the world size of the GPUs here (FUSED_OPS, FUSED_SHAPES narrow it).
       timeout ${FUSED_TIMEOUT:-500} python3 -m symmcoll bench --op ${FUSED_OPS:-all_gather_matmul} --world-size "$ngpu" \
         ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} --out "$OUT" 2>&1 | tee "$OUT/fused_bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    fused-floor)
+      # The fused bench's small-shape floor at world size > 1 (benchmarks/NOTES.md, "fused bench at world
+      # size 4: small-shape floor"): all_reduce_rms_norm's implementations at FLOOR_SHAPES, each checked
+      # against fp32, timed four ways (3 or 20 calls per graph x isolated or back-to-back replays; "old" is
+      # the fused bench before the fix, "new" the collective bench's method), every rank's median.
+      timeout ${FLOOR_TIMEOUT:-150} python3 benchmarks/fused_floor_probe.py --world-size "$ngpu" \
+        --budget-s $(( ${FLOOR_TIMEOUT:-150} - 35 )) ${FLOOR_SHAPES:+--shapes $FLOOR_SHAPES} \
+        --out "$OUT/fused_floor.json" 2>&1 | tee "$OUT/fused_floor.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     fused-env)

@@ -352,3 +352,123 @@ def test_fused_bench_times_slow_cases_with_fewer_replays():
     assert fitting_iters(CASE_BUDGET_S / 8, plan) == 8                # what fits the budget
     assert fitting_iters(0.43, plan) == MIN_REPLAYS                   # a 0.43 s replay: the floor
     assert fitting_iters(0.43, replay_plan(3, 3)) == 3                # never more than asked
+
+
+# --- how a graph is timed: the collective bench and the fused bench alike ------------------------------
+
+class _FakeGpu:
+    """A CUDA timeline on the CPU: a replay of a graph of N calls advances the GPU clock by N x CALL_US;
+    events read that clock; host syncs and barriers are logged, so a test can see what happens between
+    the first timed event and the last."""
+
+    CALL_US = 7.0
+
+    def __init__(self):
+        self.clock_us, self.log = 0.0, []
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = gpu.clock_us
+                gpu.log.append("event")
+
+            def synchronize(self):
+                gpu.log.append("sync")
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) / 1e3  # ms
+
+        class Graph:
+            def __init__(self):
+                self.calls = 0
+
+            def replay(self):
+                gpu.clock_us += self.calls * gpu.CALL_US
+                gpu.log.append("replay")
+
+        self.Event, self.Graph = Event, Graph
+
+    def install(self, monkeypatch, timing, fused=None):
+        gpu = self
+        monkeypatch.setattr(timing.torch.cuda, "Event", self.Event)
+        monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda *a: gpu.log.append("sync"))
+        monkeypatch.setattr(timing.dist, "barrier", lambda *a, **k: gpu.log.append("barrier"))
+        monkeypatch.setattr(timing, "agreed_iters", lambda seconds, plan, group: timing.fitting_iters(seconds, plan))
+
+        def capture(call, calls):
+            graph = gpu.Graph()
+            graph.calls = calls
+            outputs = [call() for _ in range(calls)]
+            gpu.log.append(f"captured {calls}")
+            return graph, outputs[-1]
+        monkeypatch.setattr(timing, "capture_steps", capture)
+
+
+def _timed_region(log: list) -> list:
+    """What the log holds from the first event after the (one) barrier to the last event."""
+    after_barrier = log[log.index("barrier"):]
+    first, last = after_barrier.index("event"), len(after_barrier) - 1 - after_barrier[::-1].index("event")
+    return after_barrier[first:last + 1]
+
+
+def test_time_graph_replays_back_to_back_with_no_host_sync_inside(monkeypatch):
+    """time_graph (the collective bench's method): warm-up replays, then the timed replays after one
+    barrier, back to back: between the first timed event and the last, only replays and events (no
+    host sync, no barrier); a sample is a replay / the calls in the graph."""
+    from symmcoll.bench import timing
+
+    gpu = _FakeGpu()
+    gpu.install(monkeypatch, timing)
+    captured = timing.CapturedCalls(lambda: None, 20)
+    plan = TimingPlan(mode="graph", warmup=3, iters=12, min_iters=5, calls_per_graph=20, seconds_per_case=1.0)
+    result = timing.time_graph(captured, plan, group="the ranks")
+    assert result.calls_per_sample == 20 and len(result.samples_us) == 12
+    assert all(s == pytest.approx(_FakeGpu.CALL_US) for s in result.samples_us)
+    assert gpu.log.count("barrier") == 1
+    timed = _timed_region(gpu.log)
+    assert set(timed) == {"event", "replay"} and timed.count("replay") == 12
+    # the warm-up replays (3) and the probe's (2) come before the barrier
+    assert gpu.log[:gpu.log.index("barrier")].count("replay") == 5
+
+
+def test_fused_bench_times_like_the_collective_bench(monkeypatch):
+    """bench/fused.py's _time is timing.time_graph over CapturedCalls of the command line's calls per graph
+    (20, as the collective bench), WARMUP_REPLAYS warm-up replays as the collective bench's; a call slower
+    than GRAPH_BUDGET_US / 20 gets fewer calls per graph (at least one), the same on every rank."""
+    from symmcoll.bench import fused, timing, worker
+
+    assert fused.time_graph is worker.time_graph and fused.CapturedCalls is worker.CapturedCalls
+    assert fused.WARMUP_REPLAYS == driver.DEFAULTS["cuda"].warmup
+    assert fused.CALLS_PER_GRAPH == 20 and fused.run.__defaults__[-1] == 20
+    gpu = _FakeGpu()
+    gpu.install(monkeypatch, timing)
+    monkeypatch.setattr(fused.torch.cuda, "synchronize", lambda *a: gpu.log.append("sync"))
+    monkeypatch.setattr(fused.dist, "get_world_size", lambda group=None: 2)
+
+    def gather(out, value, group=None):  # two ranks; the other one's eager call is 1.5x slower
+        out[:] = [value, value * 1.5 if isinstance(value, float) else value]
+    monkeypatch.setattr(fused.dist, "all_gather_object", gather)
+    for eager_us, calls in ((30.0, 20), (1000.0, 13), (5e5, 1)):  # 1.5 ms x 13 <= 20 ms budget
+        monkeypatch.setattr(fused, "event_times_us", lambda step, n, group=None, e=eager_us: [e])
+        gpu.log.clear()
+        result, mode = fused._time(lambda: None, 10, 20, group="the ranks")
+        assert f"captured {calls}" in gpu.log
+        assert result.mode == "graph" and result.calls_per_sample == calls
+        assert result.samples_us == (pytest.approx(_FakeGpu.CALL_US),) * len(result.samples_us)
+        assert mode == ("graph" if calls == 20 else f"graph, {calls} calls per replay")
+        assert gpu.log.count("barrier") == 1
+        timed = _timed_region(gpu.log)
+        assert set(timed) == {"event", "replay"} and timed.count("replay") == len(result.samples_us)
+
+
+def test_graph_calls_keeps_a_replay_within_the_budget():
+    from symmcoll.bench.timing import GRAPH_BUDGET_US, graph_calls
+
+    assert graph_calls(5.0, 20) == 20
+    assert graph_calls(GRAPH_BUDGET_US / 20, 20) == 20
+    assert graph_calls(GRAPH_BUDGET_US / 4, 20) == 4
+    assert graph_calls(10 * GRAPH_BUDGET_US, 20) == 1
+    assert graph_calls(5.0, 3) == 3  # never more than asked

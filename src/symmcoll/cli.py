@@ -110,7 +110,8 @@ def _bench_fused(args: argparse.Namespace, ops: list[str]) -> int:
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in _split(args.shapes)] or \
             list(fused.SPECS[op].shapes)
         status = max(status, fused.run(op, shapes, worlds, args.dtype, tuple(_split(args.algorithms)) or None,
-                                       Path(args.out), console, replays=args.iters or 20))
+                                       Path(args.out), console, replays=args.iters or 20,
+                                       calls_per_graph=args.calls_per_graph))
     return status
 
 
@@ -389,7 +390,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("-n", "--iters", type=int, default=None,
                        help="timed samples: graph replays or eager calls (GPU default 50 / 200; CPU 3)")
     bench.add_argument("-w", "--warmup", type=int, default=None, help="untimed samples first")
-    bench.add_argument("--calls-per-graph", type=int, default=20, help="calls captured per CUDA graph")
+    bench.add_argument("--calls-per-graph", type=int, default=20,
+                       help="calls captured per CUDA graph, collectives and fused ops alike (a fused-op call "
+                            "slower than 1 ms gets fewer: bench/timing.graph_calls)")
     bench.add_argument("--seconds-per-case", type=float, default=None,
                        help="time budget for one case's timed samples (GPU default 0.5; min 5 samples)")
     bench.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",

@@ -17,9 +17,8 @@ baselines outside symmcoll; symmcoll's variants are the op's registered algorith
 from __future__ import annotations
 
 import json
-import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -32,7 +31,8 @@ from symmcoll import plan
 
 from . import memory_bound, provenance, roofline
 from .plan import TimingPlan
-from .timing import agreed_iters, capture_steps, event_times_us
+from .metrics import summarize
+from .timing import CapturedCalls, Timing, event_times_us, graph_calls, time_eager, time_graph
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
@@ -183,38 +183,63 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 # Timed samples per implementation: ``replays`` unless they would take longer than CASE_BUDGET_S.
 CASE_BUDGET_S = 1.0
 MIN_REPLAYS = 5
+# Untimed replays first, as the collective bench's (driver.DEFAULTS["cuda"].warmup).
+WARMUP_REPLAYS = 3
+# Calls per graph when the command line does not say: the collective bench's (--calls-per-graph).
+CALLS_PER_GRAPH = 20
 
 
 def replay_plan(replays: int, calls_per_graph: int) -> TimingPlan:
     """Up to ``replays`` timed replays within CASE_BUDGET_S, never fewer than MIN_REPLAYS (nor more than asked)."""
-    return TimingPlan(mode="graph", warmup=0, iters=replays, min_iters=min(MIN_REPLAYS, replays),
+    return TimingPlan(mode="graph", warmup=WARMUP_REPLAYS, iters=replays, min_iters=min(MIN_REPLAYS, replays),
                       calls_per_graph=calls_per_graph, seconds_per_case=CASE_BUDGET_S)
 
 
-def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[list[float], str]:
-    """Per-call microseconds of every timed replay (graph) or call (eager if capture fails)."""
+def _agreed(value, group) -> list:
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return values
+
+
+def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[Timing, str]:
+    """Every rank's samples (us per call) and the timing note, as the collective bench times
+    (bench/timing.py: ``time_graph``): ``graph_calls`` calls in one CUDA graph (fewer only for a call
+    slower than GRAPH_BUDGET_US / calls_per_graph), WARMUP_REPLAYS replays, then the timed replays back
+    to back after one barrier; eager calls, back to back, where capture fails on any rank.
+
+    Until 2026-11-27 this captured 3 calls and isolated every replay (barrier, synchronize, replay,
+    synchronize): each sample then held a graph launch onto an idle GPU and the ranks' start skew,
+    a floor of about 5-20 us per call at world size 4 (benchmarks/NOTES.md, "fused bench at world size
+    4: small-shape floor")."""
     thunk()
     torch.cuda.synchronize()
-    mode = "graph"
-    # (capture_steps holds the garbage collector off: tensors of earlier cases, which torch's
-    # symmetric-memory ops allocate themselves, must not be freed during the capture)
+    call_us = max(_agreed(event_times_us(thunk, 1, group=group)[0], group))
+    calls = graph_calls(call_us, calls_per_graph)
+    plan = replay_plan(replays, calls)
+    # (capture_steps, under CapturedCalls, holds the garbage collector off: tensors of earlier cases,
+    # which torch's symmetric-memory ops allocate themselves, must not be freed during the capture)
     try:
-        graph, _ = capture_steps(thunk, calls_per_graph)
-        step, per = graph.replay, calls_per_graph
+        captured, failure = CapturedCalls(thunk, calls), None
     except Exception as exc:  # noqa: BLE001 - not every baseline can be captured
         torch.cuda.synchronize()
-        step, per, mode = thunk, 1, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
-    flags = [None] * dist.get_world_size(group)
-    dist.all_gather_object(flags, mode, group=group)
-    if any(f != "graph" for f in flags):
-        step, per, mode = thunk, 1, next(f for f in flags if f != "graph")
-    step()
-    # A slow case gets fewer replays (at least MIN_REPLAYS), all ranks the same number (a replay holds
-    # collectives): one 140 ms call x 3 per graph x 20 replays kept a 4-GPU run from printing anything.
-    timed = agreed_iters(event_times_us(step, 1, group=group)[0] * 1e-6, replay_plan(replays, per), group)
-    if timed < replays:
-        mode = f"{mode}, {timed} replays"
-    return event_times_us(step, timed, group=group, per=per), mode
+        captured, failure = None, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
+    failure = next((f for f in _agreed(failure, group) if f is not None), None)
+    if failure is not None:
+        timing, mode = time_eager(thunk, replace(plan, mode="eager"), group, host=False), failure
+    else:
+        timing = time_graph(captured, plan, group)
+        mode = "graph" if calls == calls_per_graph else f"graph, {calls} calls per replay"
+    if len(timing.samples_us) < replays:
+        mode = f"{mode}, {len(timing.samples_us)} replays"
+    return timing, mode
+
+
+def _slowest_rank(samples_us, group) -> dict:
+    """The slowest rank's median (the row's time) with its p20 / p80, and every rank's median."""
+    summaries = _agreed(summarize(samples_us), group)
+    slowest = max(summaries, key=lambda s: s.median_us)
+    return {"median_us": slowest.median_us, "p20_us": slowest.p20_us, "p80_us": slowest.p80_us,
+            "per_rank_median_us": [s.median_us for s in summaries]}
 
 
 def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, replays: int,
@@ -231,16 +256,18 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
     def moved(algorithm, inputs):
         return spec.bytes(shape, dtype, world, algorithm, inputs, rank) if spec.bytes else None
     if spec.local is not None:
-        local_times, local_mode = _time(spec.local(shape, dtype, device), replays, calls_per_graph, group)
-        local_us = _slowest(statistics.median(local_times), group)
+        local_timing, local_mode = _time(spec.local(shape, dtype, device), replays, calls_per_graph, group)
+        spread = _slowest_rank(local_timing.samples_us, group)
+        local_us = spread["median_us"]
         rows.append(_row(op, spec.local_name, "local", shape, dtype_name, world, local_us, local_us,
-                         spec.flops(shape), None, local_mode, None, moved("local", None), copy_gbps))
+                         spec.flops(shape), None, local_mode, None, moved("local", None), copy_gbps,
+                         _method(local_timing, spread)))
     impls = [(f"symmcoll:{n}", "symmcoll", n) for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
     impls += [(name, "baseline", make) for name, make in spec.baselines.items()]
     for name, family, what in impls:
         if algorithms and not any(p == name or name.endswith(":" + p) for p in algorithms):
             continue
-        error, us, err, mode, nbytes = None, None, None, None, None
+        error, us, err, mode, nbytes, timing = None, None, None, None, None, None
         try:
             inputs = spec.inputs(shape, dtype, rank, world, 0, device)
             thunk = (lambda i=inputs, w=what: spec.call(spec.run, w, i, group, shape=shape)) \
@@ -250,8 +277,7 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
             err = spec.checked_error(thunk(), want, inputs, group, shape)
             if err > tolerance:
                 raise AssertionError(f"relative error {err:.2e} before timing")
-            times, mode = _time(thunk, replays, calls_per_graph, group)
-            us = statistics.median(times)
+            timing, mode = _time(thunk, replays, calls_per_graph, group)
             fresh = spec.inputs(shape, dtype, rank, world, 1, device)
             for dst, src in zip(inputs, fresh):
                 if isinstance(dst, torch.Tensor):
@@ -266,32 +292,36 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
         errors = [None] * world
         dist.all_gather_object(errors, error, group=group)
         error = next((e for e in errors if e), None)
-        us = None if error else _slowest(us, group)
+        # (every rank timed, or every rank reports the error: the summaries are gathered only then)
+        spread = None if error else _slowest_rank(timing.samples_us, group)
+        us = spread["median_us"] if spread else None
         rows.append(_row(op, name, family, shape, dtype_name, world, us, local_us, spec.flops(shape), err, mode, error,
-                         nbytes, copy_gbps))
+                         nbytes, copy_gbps, _method(timing, spread) if spread else None))
         torch.cuda.empty_cache()
     return rows
 
 
-def _slowest(us: float | None, group) -> float | None:
-    t = torch.tensor([us if us is not None else -1.0], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t) if float(t) >= 0 else None
+def _method(timing: Timing, spread: dict) -> dict:
+    """A row's timing details: calls per graph, timed samples, the slowest rank's p20 / p80, every rank's
+    median (the spread that tells launch skew from the op's own time)."""
+    return {"calls_per_graph": timing.calls_per_sample, "samples": len(timing.samples_us),
+            **{k: v for k, v in spread.items() if k != "median_us"}}
 
 
 def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, error, nbytes=None,
-         copy_gbps=None) -> dict:
+         copy_gbps=None, method: dict | None = None) -> dict:
     gbps = nbytes / us / 1e3 if us and nbytes else None
     return {"op": op, "implementation": name, "family": family, "shape": list(shape), "dtype": dtype,
             "world_size": world, "median_us": us, "tflops": flops / us / 1e6 if us and flops else None,
             "x_cublas": us / local_us if us and local_us else None, "rel_err": err, "timing": mode, "error": error,
-            "bytes": nbytes, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps if gbps and copy_gbps else None}
+            "bytes": nbytes, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps if gbps and copy_gbps else None,
+            **(method or {})}
 
 
 # ---- driver ------------------------------------------------------------------------------------------
 
 def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms, out_dir: Path, console,
-        replays: int = 20, calls_per_graph: int = 3) -> int:
+        replays: int = 20, calls_per_graph: int = CALLS_PER_GRAPH) -> int:
     from ..launch import RankPool
     status = 0
     written = []

@@ -1,9 +1,12 @@
 """Timing one bound implementation on this rank (rank side), as DESIGN.md prescribes.
 
 * graph: ``calls_per_graph`` calls captured in one CUDA graph (launch overhead out of the figure);
-  every replay is timed with CUDA events and one sample is replay time / calls_per_graph. Every
-  process first captures ``SETTLE_GRAPHS`` throwaway graphs (``settle_graphs``): the first few graphs
-  of a process replay faster than all later ones.
+  after ``warmup`` replays, the timed replays go back to back after one barrier (the GPU never idles
+  between them, no host sync inside the timed region) and one sample is replay time / calls_per_graph.
+  Every process first captures ``SETTLE_GRAPHS`` throwaway graphs (``settle_graphs``): the first few
+  graphs of a process replay faster than all later ones. ``symmcoll bench`` of the collectives
+  (bench/worker.py) and of the fused ops (bench/fused.py) both time this way (``time_graph``); a call
+  slower than GRAPH_BUDGET_US / calls_per_graph gets fewer calls per graph (``graph_calls``).
 * eager: every call timed with CUDA events (launch overhead in: what an eager program pays).
 * cpu: every call timed with ``time.perf_counter`` between barriers; kernels run interpreted, so these
   are checks that the harness works, not performance.
@@ -88,13 +91,8 @@ class CapturedCalls:
 
     def __init__(self, call: Callable[[], torch.Tensor], calls: int):
         self.calls = calls
-        settle_graphs()
-        self.graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
-        with torch.cuda.graph(self.graph):
-            for _ in range(calls):
-                output = call()
-        self.output = output
+        self.graph, self.output = capture_steps(call, calls)
 
     def replay(self) -> None:
         self.graph.replay()
@@ -109,13 +107,15 @@ def time_graph(captured: CapturedCalls, plan: TimingPlan, group) -> Timing:
     return Timing(tuple(s / captured.calls for s in samples), "graph", captured.calls)
 
 
-def time_eager(call: Callable[[], object], plan: TimingPlan, group) -> Timing:
+def time_eager(call: Callable[[], object], plan: TimingPlan, group, host: bool = True) -> Timing:
+    """Eager calls back to back after one barrier; ``host``: also the CPU time per call (300 more calls:
+    the fused bench's fallback for a call that cannot be captured leaves it out)."""
     for _ in range(plan.warmup):
         call()
     probe = event_times_us(call, 2, isolated=False)
     iters = agreed_iters(max(probe) * 1e-6, plan, group)
     return Timing(tuple(event_times_us(call, iters, group=group, isolated=False)), "eager", 1,
-                  host_time_us(call, group))
+                  host_time_us(call, group) if host else None)
 
 
 def host_time_us(call: Callable[[], object], group, rounds: int = 15, calls: int = 20) -> float:
@@ -143,6 +143,19 @@ def time_cpu(call: Callable[[], object], plan: TimingPlan, group) -> Timing:
         call()
         samples.append((time.perf_counter() - start) * 1e6)
     return Timing(tuple(samples), "cpu", 1)
+
+
+# A graph replay lasts about this long at most: a call slower than GRAPH_BUDGET_US / calls_per_graph is
+# captured fewer times per graph (at least once). Such a call takes > 1 ms at 20 calls per graph, so a
+# replay's launch and the ranks' skew (tens of us) stay under a few percent of one call, while every
+# call of a few us is timed 20 to a graph, back to back, as the collective bench times it.
+GRAPH_BUDGET_US = 20_000.0
+
+
+def graph_calls(call_us: float, calls_per_graph: int) -> int:
+    """Calls to capture per graph for a call of ``call_us`` (an eager call's time, the slowest rank's:
+    every rank must capture the same number, a graph holding collectives)."""
+    return max(1, min(calls_per_graph, int(GRAPH_BUDGET_US // max(call_us, 1e-3))))
 
 
 def fitting_iters(seconds_per_sample: float, plan: TimingPlan) -> int:
