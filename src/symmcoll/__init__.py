@@ -229,8 +229,8 @@ def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, algor
 def matmul_all_reduce(a: torch.Tensor, b: torch.Tensor, group=None, *, algorithm: str = "auto") -> torch.Tensor:
     """sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own; contiguous, or the transpose of a
     contiguous [N, K] such as ``linear.weight.t()``: no copy), output [M, N], the same bits
-    on every rank. bf16/fp16/fp32, fp32 accumulation. algorithm: "auto" (one_shot up to 256 rows,
-    two_shot above), "one_shot" (one kernel pushing finished tiles to every peer), "two_shot" (the
+    on every rank. bf16/fp16/fp32, fp32 accumulation. algorithm: "auto" (the tuned table's rule;
+    without one: one_shot where the exchange is small -- decode -- else unfused), "one_shot" (one kernel pushing finished tiles to every peer), "two_shot" (the
     fused matmul + reduce-scatter, then an all-gather), "unfused" (torch.matmul + symmcoll.all_reduce)
     or "nccl" (torch.matmul + the process group's). Not differentiable."""
     name = _ops.group_name(group)

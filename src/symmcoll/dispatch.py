@@ -9,9 +9,11 @@ consecutive sizes with the same winner merged into one rule.
 
 Which table is used, first found: ``$SYMMCOLL_DISPATCH_FILE``; the file ``symmcoll tune`` writes
 (``~/.cache/symmcoll/dispatch.json``); the table shipped with the package for this GPU model
-(``data/dispatch_<model>.json``: h200, h100), else the H200 one (also on CPU). A case the table does not know (another world size) uses the nearest
-world size of the same op. What the table names is only a proposal: ``symmcoll.plan`` decides
-what runs (an unsupported case goes to the process group's own collective, "nccl"; gloo on CPU).
+(``data/dispatch_<model>.json``: h200, h100), else the H200 one (also on CPU). A case the table does
+not know (another world size) uses the nearest world size of the same op, except a group of one: rules
+measured on several ranks weigh communication it does not have (a fused op's one-rank call runs its
+default). What the table names is only a proposal: ``symmcoll.plan`` decides what runs (an unsupported
+case goes to the process group's own collective, "nccl"; gloo on CPU).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Table:
         if not candidates:
             return None
         sizes = {r.world_size for r in candidates}
+        if world_size == 1 and 1 not in sizes:
+            return None  # rules measured on several ranks weigh communication that one rank does not have
         world = min(sizes, key=lambda w: (abs(w - world_size), -w))
         same = [r for r in candidates if r.world_size == world]
         rules = [r for r in same if r.dtype == dtype] or [r for r in same if r.dtype == "bf16"] or same

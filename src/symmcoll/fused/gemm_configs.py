@@ -475,6 +475,14 @@ def _device_facts(index: int) -> tuple[str | None, int]:
     return gpu_key(props.name), props.multi_processor_count
 
 
+def device_facts(device: torch.device) -> tuple[str | None, int]:
+    """(table key, SM count) of the GPU ``device`` names; an H200's (``"h200"``, 132) where there is
+    no GPU to ask (meta tensors of the compile checks, a CPU-side choice of what a GPU would run)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _device_facts(device.index if device.index is not None else torch.cuda.current_device())
+    return "h200", 132
+
+
 def lookup(table: dict, m: int, n: int, k: int, split: bool) -> GemmConfig | None:
     """The table's config for M's bucket -- the smallest M the table measured (at any shape) >= m, or
     its largest -- at the measured (N, K) nearest to (n, k) (log distance; each within a factor of 2)
@@ -499,10 +507,7 @@ def gemm_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device
     the same shape and gets the same config)."""
     if device.type == "cpu":
         return CPU_CONFIG
-    if device.type == "cuda" and torch.cuda.is_available():
-        key, sms = _device_facts(device.index if device.index is not None else torch.cuda.current_device())
-    else:  # meta tensors (compile checks): an H200
-        key, sms = "h200", 132
+    key, sms = device_facts(device)
     table = load_table(key)
     # Every eager call of a fused op asks again; the table lookup scans every measured (N, K) (most of
     # the op's host time before this cache). An answer holds while its table is the one loaded.
@@ -542,5 +547,5 @@ def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None 
 
 
 __all__ = ["GemmConfig", "CPU_CONFIG", "SplitPlan", "split_plan", "stream_split", "wave_split", "gemm_config",
-           "untuned_config", "candidates", "two_part_candidates", "load_table", "read_table", "table_of", "lookup",
-           "write_table", "gpu_key", "tiles_of", "asdict"]
+           "untuned_config", "candidates", "device_facts", "two_part_candidates", "load_table", "read_table",
+           "table_of", "lookup", "write_table", "gpu_key", "tiles_of", "asdict"]

@@ -48,14 +48,17 @@ from ..launcher import launch, pdl_meta
 from ..plan import Algorithm
 from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision,
                    programs_for, store_tile, use_tma)
-from .gemm_configs import gemm_config
-from .matmul_reduce_scatter import check_operands, meta_launch_cases, run_tiles, size_key
+from .gemm_configs import GemmConfig, device_facts, gemm_config, tiles_of
+from .matmul_reduce_scatter import check_operands, layer_size, meta_launch_cases, run_tiles, size_key
 
 OP = "matmul_all_reduce"
 # int32 words per (phase, source) slot row; CPU rows are small, so the CPU tests run the multi-piece path.
 SLOT_WORDS = {"cuda": 1 << 20, "cpu": 2048}
-# "auto": the one-shot kernel up to this many rows (decode), the reduce-scatter kernel + all-gather above.
-ONE_SHOT_MAX_ROWS = 256
+# "auto" where no measured rule exists (``choose_default``): the one-shot kernel where a rank stores at
+# most this much into its peers' slots ((W-1) x M x N x itemsize) and the tiles of its GEMM fill at least
+# ONE_SHOT_MIN_FILL of the SMs; torch.matmul + symmcoll.all_reduce ("unfused") everywhere else.
+ONE_SHOT_MAX_EXCHANGE_BYTES = 1 << 20
+ONE_SHOT_MIN_FILL = 0.9
 
 SLOTS, EPOCHS = declare_slots(OP, f"fused.{OP}", 1, lambda device_type, world: SLOT_WORDS[device_type])
 
@@ -96,10 +99,13 @@ def matmul_all_reduce_kernel(
         acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA,
                      SWAP_AB, B_T, PRECISION)
         words = tile_words(acc, FORMAT)  # [BM, TILE_WORDS // BM], row-major: the flat words' order
+        # Rows past M are not sent (decode: M = 1 in a 16-row tile moved 16x the product); their
+        # words stay EMPTY, and stage 2 waits for none of them.
+        sent = (pid_m * BM + tl.arange(0, BM) < M)[:, None]
         for r in tl.static_range(WORLD):
             if r != rank:
                 tl.store(peer_ptr(slot_ptrs_dev, r, tl.int32) + base + rank * SLOT_WORDS + j * TILE_WORDS + in_tile,
-                         words)
+                         words, mask=sent)
         # My own partial as the peers will see it (rounded and sanitised alike), parked in out.
         store_tile(out_ptr, tile_values(words, FORMAT), pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), M,
                    N, stride_out)
@@ -121,8 +127,9 @@ def matmul_all_reduce_kernel(
             if src == rank:
                 part = load_tile(out_ptr, rows, cols, M, N, stride_out).to(tl.float32)
             else:
-                words, budget = take(region + base + src * SLOT_WORDS + j * TILE_WORDS + lane, lane < TILE_WORDS, src,
-                                     rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+                words, budget = take(region + base + src * SLOT_WORDS + j * TILE_WORDS + lane,
+                                     pid_m * BM + lane // WORDS_PER_ROW < M, src, rank, budget, status_ptr, desc,
+                                     headers, epoch, check, WORLD)
                 check = 0
                 part = tl.reshape(values_of(words, FORMAT, TILE_WORDS), [BM, BN])
             total += part
@@ -191,8 +198,32 @@ def _shape_rule(request: plan.Request, world: int):
     return (m, n), size_key(m, n, k)
 
 
-def _default(request: plan.Request, world: int) -> str:
-    return "one_shot" if request.shape[0] <= ONE_SHOT_MAX_ROWS else "two_shot"
+def one_shot_pays(m: int, n: int, itemsize: int, world: int, config: GemmConfig, sms: int) -> bool:
+    """Whether the one-shot kernel is expected to beat torch.matmul + symmcoll.all_reduce, with no
+    measurement to say so. Its GEMM runs whole tiles (no split along K: a tile is a message), and the
+    exchange starts only as tiles finish: with one wave of tiles (decode), nothing hides it. It can win
+    only where the all-reduce it saves costs more than its exchange, which it moves less well than the
+    all-reduce kernels do. On 4x H100 (benchmarks/results/2026-11-27-multi-gpu-fix-h100x4, N = 8192,
+    K = 7168 a rank, bf16): 16 rows (768 KB exchanged) 48.9 us against unfused 69.6; 128 rows (6 MB)
+    91.3 against 70.2; 512 rows and more 2.5-3.9x unfused. So: several ranks (one rank has nothing
+    to hide: the GEMM is cuBLAS's), an exchange of at most ONE_SHOT_MAX_EXCHANGE_BYTES, and tiles
+    that fill the SMs (where they do not, cuBLAS splits K and our whole tiles read B with fewer SMs)."""
+    exchange = (world - 1) * m * n * itemsize
+    return (world > 1 and exchange <= ONE_SHOT_MAX_EXCHANGE_BYTES
+            and tiles_of(config, m, n) >= ONE_SHOT_MIN_FILL * sms)
+
+
+def choose_default(request: plan.Request, world: int) -> str:
+    """What "auto" runs where the dispatch table has no rule of this op at this world size: never
+    two_shot (on 4x H100 it lost to unfused at every M: at M <= 128 its row shards read B once per
+    shard, at M >= 512 its all-gather costs more than the overlap saves -- benchmarks/NOTES.md), the
+    one-shot kernel where ``one_shot_pays``, else unfused. The tiles are those the one-shot kernel
+    would run on the GPU that ``request.device`` names (an H200's where none answers)."""
+    m, n, k = check_operands(request)
+    gpu = request.device if request.device.type == "cuda" else torch.device("meta")
+    config = gemm_config(m, n, k, request.dtype, gpu, split=False)
+    _, sms = device_facts(gpu)
+    return "one_shot" if one_shot_pays(m, n, request.dtype.itemsize, world, config, sms) else "unfused"
 
 
 def matmul_all_reduce_impl(a: torch.Tensor, b: torch.Tensor, group_name: str, algorithm: str) -> torch.Tensor:
@@ -205,7 +236,7 @@ def _fake(a, b, group_name, algorithm):
 
 SPEC = ops.declare(ops.OpSpec(
     OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_all_reduce_impl, _fake,
-    inputs=("a", "b"), transposed=("b",), shape_rule=_shape_rule, default=_default,
+    inputs=("a", "b"), transposed=("b",), shape_rule=_shape_rule, default=choose_default, dispatch_size=layer_size,
     algorithms=(Algorithm(OP, plan.BACKEND, 74, "backend", _nccl, "torch.matmul + the process group's all-reduce"),
                 Algorithm(OP, "unfused", 75, "fused", _unfused, "torch.matmul + symmcoll.all_reduce"),
                 Algorithm(OP, "one_shot", 76, "fused", _fused_or_empty(_one_shot),

@@ -218,6 +218,21 @@ def check_operands(request: plan.Request) -> tuple[int, int, int]:
     return a_shape[0], b_shape[1], a_shape[1]
 
 
+# "auto" where the dispatch table has no rule of this op at this world size: torch.matmul +
+# symmcoll.reduce_scatter. On 4x H100 (benchmarks/results/2026-11-27-multi-gpu-fix-h100x4, N = 8192,
+# K = 28672 / 4) the fused kernel lost to it at every M: 2x at M = 16-128 (each rank's row shards
+# read B once per shard: W reads of the weights), 1.2x at 512, 1.03x at 2048-16384.
+AUTO_DEFAULT = "unfused"
+
+
+def layer_size(request: plan.Request, world: int) -> int:
+    """What the tuned dispatch table keys the row-parallel ops by: M * N * K of the whole layer (K summed
+    over the ranks' slices), as the fused bench reports a shape and ``bench.fused.rules_from_rows`` writes
+    its rules (by input bytes, a rule written at M x N x K was never found)."""
+    m, n, k = check_operands(request)
+    return m * n * k * world
+
+
 def size_key(m: int, n: int, k: int) -> int:
     return (m << 42) ^ (n << 21) ^ k
 
@@ -242,7 +257,7 @@ def _fake(a, b, group_name, algorithm):
 
 SPEC = ops.declare(ops.OpSpec(
     OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_reduce_scatter_impl, _fake,
-    inputs=("a", "b"), transposed=("b",), shape_rule=_shape_rule, default="fused",
+    inputs=("a", "b"), transposed=("b",), shape_rule=_shape_rule, default=AUTO_DEFAULT, dispatch_size=layer_size,
     algorithms=(Algorithm(OP, plan.BACKEND, 70, "backend", _nccl, "torch.matmul + the process group's reduce-scatter"),
                 Algorithm(OP, "unfused", 71, "fused", _unfused, "torch.matmul + symmcoll.reduce_scatter"),
                 Algorithm(OP, "fused", 72, "fused", _fused,
