@@ -87,8 +87,10 @@ for stage in $stages; do
       # Result JSONs only: plots are drawn from them afterwards (symmcoll plot), off the GPU machine.
       # --time-limit: the sweep stops starting cases 40 s before the timeout, so a long sweep still prints
       # and writes what it measured (2026-11-27: a 4-op sweep at ws 4 and 2 cut by timeout left nothing).
-      timeout ${BENCH_TIMEOUT:-500} python3 -m symmcoll bench --op ${BENCH_OPS:-all} --world-size "$sizes" \
-        --time-limit $(( ${BENCH_TIMEOUT:-500} - 40 )) --out "$OUT" 2>&1 \
+      # BENCH_WORLD_SIZES (e.g. 4) and BENCH_ARGS (e.g. "-b 4K -e 1M -f 4 --algorithms nccl symmcoll:nccl auto")
+      # narrow a run to what one call has time for.
+      timeout ${BENCH_TIMEOUT:-500} python3 -m symmcoll bench --op ${BENCH_OPS:-all} --world-size "${BENCH_WORLD_SIZES:-$sizes}" \
+        ${BENCH_ARGS:-} --time-limit $(( ${BENCH_TIMEOUT:-500} - 40 )) --out "$OUT" 2>&1 \
         | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
