@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/moe_bench.py --world-size 2 --out $OUT/moe.json
         [--tokens 128 1024 4096] [--hidden 4096 7168] [--experts 8 64] [--topk 2 8] [--device cuda|cpu]
+        [--implementations symmcoll nccl torch_vdev] [--nccl-diagnose]
 
 Per case (T tokens per rank, hidden H, E experts, top-k; bf16; random distinct experts per token, seeded
 by rank) and implementation:
@@ -17,7 +18,9 @@ by rank) and implementation:
   the rows-by-local-expert layout symmcoll returns (with its row origins); combine = one
   ``index_select`` by source rank, one ``all_to_all_single`` back, and the oracle's weighted fp32 sum
   over each token's k slots. Eager only: the host read cannot be
-  captured. On CUDA its host synchronisations are counted once per case (torch's sync debug mode): a
+  captured; its rows also give ``*_host_us``, host time per call queued on an idle GPU (``time_eager``),
+  and ``--nccl-diagnose`` adds where its time goes (``moe_nccl_diagnose.py``: single-op host costs, its
+  communication alone, one isolated call, a profile). On CUDA its host synchronisations are counted once per case (torch's sync debug mode): a
   dispatch with more than one, or a combine with any, is an error in its row. ``symmcoll.reference``
   (the oracle) is only the check, never timed;
 * ``torch_vdev``: ``torch.ops.symm_mem.all_to_all_vdev_2d`` on NVSHMEM symmetric memory (rows sorted by
@@ -60,6 +63,7 @@ from symmcoll.bench.provenance import collect
 from symmcoll.bench.timing import CapturedCalls, time_eager, time_graph
 from symmcoll.fused import moe_nccl
 
+import moe_nccl_diagnose
 from moe_torch_vdev import VDEV, TorchSymmMem, TorchVdev, VdevBuffers
 
 # 24 cases x 3 implementations x 2 phases per world size: a second per timing keeps a world size
@@ -162,8 +166,10 @@ class HostSyncCount:
         return False
 
 
-def _median_us(fn, graph: bool, device) -> tuple[float, str]:
-    """Median per-call time (us) of the slowest rank, and the mode used."""
+def _median_us(fn, graph: bool, device) -> tuple[float, str, float | None]:
+    """Median per-call time (us) of the slowest rank, the mode used, and for eager calls the slowest
+    rank's host time per call (time_eager's host_us: calls queued on an idle GPU)."""
+    host_us = None
     if device.type == "cpu":
         samples = []
         for _ in range(3):
@@ -185,11 +191,16 @@ def _median_us(fn, graph: bool, device) -> tuple[float, str]:
             samples, mode = time_graph(captured, PLAN, dist.group.WORLD).samples_us, "graph"
         else:
             torch.cuda.synchronize()
-            samples = time_eager(fn, PLAN, dist.group.WORLD).samples_us
+            timing = time_eager(fn, PLAN, dist.group.WORLD)
+            samples, host_us = timing.samples_us, timing.host_us
             mode = "eager" if not graph else f"eager (graph capture failed: {next(f for f in flags if f)})"
     slowest = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest), mode
+    if host_us is not None:
+        host = torch.tensor([host_us], dtype=torch.float64, device=device)
+        dist.all_reduce(host, op=dist.ReduceOp.MAX)
+        host_us = float(host)
+    return float(slowest), mode, host_us
 
 
 def _wrong_dispatch(impl, got, want, counts) -> int:
@@ -208,9 +219,9 @@ def _row(case, world, name) -> dict:
             "dtype": "bf16", "implementation": name}
 
 
-def _case(case, implementations, device_type) -> list[dict]:
+def _case(case, implementations, device_type, diagnose=False) -> list[dict]:
     """Rows of one case: every (class, extra constructor arguments) of ``implementations`` checked,
-    timed and checked again."""
+    timed and checked again; with ``diagnose``, the nccl row also carries moe_nccl_diagnose's findings."""
     tokens_n, hidden, experts, k = case
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
@@ -235,10 +246,16 @@ def _case(case, implementations, device_type) -> list[dict]:
             if isinstance(impl, Nccl):
                 impl.check_host_syncs()
             for phase, fn, moved in (("dispatch", impl.dispatch, per_rank[0]), ("combine", impl.combine, per_rank[1])):
-                us, mode = _median_us(fn, cls.graph, device)
+                us, mode, host_us = _median_us(fn, cls.graph, device)
                 row[f"{phase}_us"], row[f"{phase}_mode"] = us, mode
+                if host_us is not None:
+                    row[f"{phase}_host_us"] = host_us
                 row[f"{phase}_gbps"] = moved / us / 1e3 if us else None
                 row[f"{phase}_bytes_per_rank"] = moved
+            if diagnose and isinstance(impl, Nccl):
+                row["nccl_diagnose"] = moe_nccl_diagnose.diagnose(impl, PLAN)
+                if rank == 0:
+                    print("\n".join(moe_nccl_diagnose.summary_lines(row["nccl_diagnose"])), flush=True)
             impl.forget_outputs()
             recv, counts, _ = impl.dispatch()  # after timing: fresh outputs, checked again
             wrong += _wrong_dispatch(impl, recv, want, counts)
@@ -258,12 +275,12 @@ def _case(case, implementations, device_type) -> list[dict]:
     return rows
 
 
-def _run(cases, names, device_type) -> dict:
+def _run(cases, names, device_type, diagnose=False) -> dict:
     """symmcoll's and nccl's rows (one set of ranks: symmcoll's workspace is symmetric memory)."""
     implementations = [(cls, {}) for cls in (Symmcoll, Nccl) if cls.name in names]
     rows = []
     for case in cases:
-        rows += _case(case, implementations, device_type)
+        rows += _case(case, implementations, device_type, diagnose)
     return {"provenance": dataclasses.asdict(collect(device_type)), "world_size": dist.get_world_size(), "rows": rows}
 
 
@@ -306,13 +323,15 @@ def _merge(results, cases, names) -> dict:
     return {"provenance": results[0]["provenance"], "world_size": results[0]["world_size"], "rows": rows}
 
 
-def measure(world, cases, names, device_type, vdev_api=None, on_partial=None) -> dict:
+def measure(world, cases, names, device_type, vdev_api=None, on_partial=None, diagnose=False) -> dict:
     """Every implementation of ``names`` at one world size: symmcoll and nccl in one set of ranks, then
-    torch_vdev in fresh ranks (module docstring); ``on_partial(result)`` after the first set."""
+    torch_vdev in fresh ranks (module docstring); ``on_partial(result)`` after the first set; with
+    ``diagnose``, the nccl rows carry moe_nccl_diagnose's findings."""
     results = []
     shared = [n for n in names if n != VDEV]
     if shared:
-        results.append(launch.run(_run, world, cases, shared, device_type, device=device_type, timeout=3000)[0])
+        results.append(launch.run(_run, world, cases, shared, device_type, diagnose, device=device_type,
+                                  timeout=3000)[0])
         if on_partial is not None and VDEV in names:
             on_partial(_merge(results, cases, names))
     if VDEV in names:
@@ -338,6 +357,8 @@ def main() -> None:
     parser.add_argument("--topk", nargs="+", type=int, default=[2, 8])
     parser.add_argument("--implementations", nargs="+", default=["symmcoll", "nccl", VDEV])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--nccl-diagnose", action="store_true",
+                        help="after each nccl row: where its eager time goes (moe_nccl_diagnose.py)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     cases = [(t, h, e, k) for t in args.tokens for h in args.hidden for e in args.experts for k in args.topk if k <= e]
@@ -348,7 +369,8 @@ def main() -> None:
             json.dump(results + ([partial] if partial else []), f, indent=1)
 
     for world in args.world_size:
-        results.append(measure(world, cases, args.implementations, args.device, on_partial=write))
+        results.append(measure(world, cases, args.implementations, args.device, on_partial=write,
+                               diagnose=args.nccl_diagnose))
         write()
     for result in results:
         for r in result["rows"]:

@@ -192,3 +192,32 @@ def test_nccl_baseline_is_lean_and_exact(monkeypatch):
                 assert (received == 0) == (rank > 0), results  # only rank 0 receives rows
             else:
                 assert 0 in counts and received > 0, results  # an expert with no row on every rank
+
+
+def test_nccl_diagnose_measures_the_layer_and_its_communication_alone(monkeypatch):
+    """moe_bench --nccl-diagnose on CPU ranks: the nccl row stays exact and carries the diagnosis; the
+    communication floor moves exactly the rows the layer receives (one per (source token, this rank)
+    pair: the oracle's row origins over k, distinct), and the profile sees one all-gather and one
+    all_to_all per dispatch, one all_to_all per combine, and the layer's aten calls."""
+    moe_bench = _bench(monkeypatch)
+    import moe_nccl_diagnose
+    cases = [(9, 24, 8, 3), (5, 16, 4, 2)]
+    rows = moe_bench.measure(2, cases, ["nccl"], "cpu", diagnose=True)["rows"]
+    assert [r["tokens"] for r in rows] == [9, 5] and all(r["wrong"] == 0 and r["error"] is None for r in rows), rows
+    for (tokens_n, hidden, experts, k), row in zip(cases, rows):
+        diag = row["nccl_diagnose"]
+        assert all(v > 0 for v in diag["op_host_us"].values()), diag
+        assert diag["comm_floor"]["us"] > 0 and all(v > 0 for v in diag["isolated_us"].values()), diag
+        received = set()
+        for rank in range(2):  # the row is rank 0's: every source token with an expert on rank 0
+            tokens, ids, _ = moe_bench._inputs(tokens_n, hidden, experts, k, rank, torch.device("cpu"))
+            received |= {(rank, t) for t in range(tokens_n) if ((ids[t] // (experts // 2)) == 0).any()}
+        assert diag["comm_floor_rows_in"] == len(received), (diag["comm_floor_rows_in"], received)
+        for phase, collectives in (("dispatch", {"c10d::_allgather_base_": 1.0, "c10d::alltoall_base_": 1.0}),
+                                   ("combine", {"c10d::alltoall_base_": 1.0})):
+            prof = diag["profile"][phase]
+            # gloo's collectives cost the most host time here: they lead the list, once per call each
+            c10d = {name: calls for name, calls, _ in prof["by_self_cpu"] if name.startswith("c10d::")}
+            assert c10d == collectives, prof
+            assert prof["aten_events_per_call"] >= (100 if phase == "dispatch" else 15), prof
+            assert prof["wall_us_per_call"] > 0 and len(prof["by_self_cpu"]) == moe_nccl_diagnose.TOP_ENTRIES, prof

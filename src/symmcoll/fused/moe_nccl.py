@@ -97,6 +97,14 @@ def _count(index: torch.Tensor, size: int) -> torch.Tensor:
     return torch.zeros(size, dtype=torch.int64, device=index.device).scatter_add_(0, index.reshape(-1), ones)
 
 
+def row_layout(hidden: int, element_size: int, k: int) -> tuple[int, int, int]:
+    """(data bytes, offset of the int32 metadata, padded bytes) of one dispatched row: the row, then its
+    source rank, token and k expert ids at a 4-byte offset, padded to ROW_ALIGN_BYTES."""
+    data_bytes = hidden * element_size
+    meta_at = -(-data_bytes // 4) * 4
+    return data_bytes, meta_at, -(-(meta_at + 4 * (2 + k)) // ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES
+
+
 def _routing(topk_ids: torch.Tensor, num_experts: int, world: int):
     """(expert [T, k] int64 with E for an invalid id, owner [T, k] int64 with W for an invalid id,
     this rank's (token, slot)s sorted by expert, stably: valid ones first, grouped by owner rank)."""
@@ -161,9 +169,7 @@ def dispatch(tokens: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, gro
     max_rows = received if max_rows is None else max_rows
 
     # Rows as bytes, then their int32 metadata (source rank, token, k expert ids) at a 4-byte offset.
-    data_bytes = hidden * tokens.element_size()
-    meta_at = -(-data_bytes // 4) * 4
-    row_bytes = -(-(meta_at + 4 * (2 + k)) // ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES
+    data_bytes, meta_at, row_bytes = row_layout(hidden, tokens.element_size(), k)
     meta = torch.cat([torch.full((tokens_n, 1), rank, dtype=torch.int32, device=device),
                       torch.arange(tokens_n, dtype=torch.int32, device=device)[:, None], expert.to(torch.int32)], 1)
     send_token = pair_order[:sum(rows_out)] // (world + 1)
