@@ -142,6 +142,29 @@ def _tile_order():
     return True
 
 
+def _auto_choices():
+    from symmcoll import plan
+    world, dev = dist.get_world_size(), device()
+    b = torch.zeros(64, 32, dtype=torch.bfloat16, device=dev)
+
+    def chosen(rows):
+        a = torch.zeros(rows, 64, dtype=torch.bfloat16, device=dev)
+        return plan.resolve("all_gather_matmul", a, None, "auto", others=(b,)).name
+    small, large = agmm.COPY_ENGINE_FROM_ROWS // world - 1, agmm.COPY_ENGINE_FROM_ROWS // world
+    return chosen(small), chosen(large)
+
+
+def test_auto_overlaps_large_gathers_by_the_copy_engines(pools):
+    # Without a table rule: the symmcoll all-gather then cuBLAS for small gathers, the copy-engine producer
+    # from COPY_ENGINE_FROM_ROWS gathered rows on several ranks (4x H100, 2026-11-27); one rank never.
+    assert pools(2).run(_auto_choices) == [("gather_then_cublas", "copy_engine_producer")] * 2
+    request = lambda rows: symmcoll.plan.Request("all_gather_matmul", (rows, 64), torch.bfloat16,
+                                                 torch.device("cpu"), others=(((64, 32), torch.bfloat16, None),))
+    assert agmm.choose_default(request(1 << 20), 1) == "gather_then_cublas"
+    assert agmm.choose_default(request(1024), 4) == "copy_engine_producer"
+    assert agmm.choose_default(request(1023), 4) == "gather_then_cublas"
+
+
 def test_consumers_take_shards_in_turn(pools):
     assert pools(1).run(_tile_order) == [True]
 

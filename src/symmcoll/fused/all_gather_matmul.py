@@ -274,6 +274,20 @@ def dispatch_size(request: planner.Request, world: int) -> int:
 
 
 
+# Gathered rows from which "auto" (without a table rule) overlaps the gather by the copy engines: on 4x H100
+# (benchmarks/results/2026-11-27-multi-gpu-fix*-h100x4) copy_engine_producer beat every other variant and
+# NCCL + cuBLAS at 4096 and 16384 rows (0.75-0.93x of auto's gather_then_cublas), and lost at 1024 rows and below.
+COPY_ENGINE_FROM_ROWS = 4096
+
+
+def choose_default(request: planner.Request, world: int) -> str:
+    """What "auto" runs where the dispatch table has no rule for this op: the copy-engine producer for
+    gathers of COPY_ENGINE_FROM_ROWS rows or more on several ranks, else the symmcoll all-gather then
+    cuBLAS (one rank: the gather is a copy, nothing to overlap)."""
+    rows = world * request.shape[0]
+    return "copy_engine_producer" if world > 1 and rows >= COPY_ENGINE_FROM_ROWS else "gather_then_cublas"
+
+
 def _outputs(plan: Plan, a: torch.Tensor, bs, gathered: bool):
     rows = plan.world * a.shape[0]
     outs = [torch.empty((rows, b.shape[1]), dtype=a.dtype, device=a.device) for b in bs]
@@ -491,7 +505,7 @@ def _fake(a_shard, bs, group_name, algorithm, return_gathered=True):
 # that pair, by construction; the single-kernel variants need multi-GPU measurements to be chosen).
 SPEC = ops.declare(ops.OpSpec(
     OP, "(Tensor a_shard, Tensor[] bs, str group_name, str algorithm, bool return_gathered=True) -> (Tensor[], Tensor?)", all_gather_matmul_impl,
-    _fake, inputs=("a_shard", "b"), shape_rule=_shape_rule, default="gather_then_cublas", dispatch_size=dispatch_size,
+    _fake, inputs=("a_shard", "b"), shape_rule=_shape_rule, default=choose_default, dispatch_size=dispatch_size,
     transposed=("b",),
     algorithms=tuple(Algorithm(OP, name, code, "all_gather_matmul", run, summary) for name, run, code, summary in (
         ("nccl", _nccl, 60, "NCCL all-gather, then torch.matmul"),
