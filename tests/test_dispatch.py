@@ -68,14 +68,20 @@ def test_table_from_results_picks_the_fastest_correct_and_merges():
     assert [(r.max_bytes, r.algorithm) for r in rules] == [(4096, "one_shot"), (1 << 20, "nccl")]
 
 
-def test_measured_fallback_replaces_the_backend_row():
+def _with_fallback_rows(extra_us, **fields):
+    """The synthetic run with one_shot 10x slower at 1 MB and symmcoll:nccl rows (the backend's + extra_us,
+    with ``fields``); also returns the rows without the fallback's and the backend's own rows."""
     result = synthetic_result()
     nccl_rows = [m for m in result.measurements if m.implementation == "nccl"]
     as_called = [dataclasses.replace(m, implementation="symmcoll:nccl", family="symmcoll",
-                                     median_us=m.median_us + 100) for m in nccl_rows]
+                                     median_us=m.median_us + extra_us, **fields) for m in nccl_rows]
     slower = [dataclasses.replace(m, median_us=m.median_us * 10) if m.implementation == "symmcoll:one_shot"
               and m.size_bytes == 1 << 20 else m for m in result.measurements]
-    result = dataclasses.replace(result, measurements=tuple(slower + as_called))
+    return dataclasses.replace(result, measurements=tuple(slower + as_called)), slower, nccl_rows
+
+
+def test_measured_fallback_replaces_the_backend_row():
+    result, _, _ = _with_fallback_rows(100)
     rules = dispatch.table_from_results([result], "s").rules
     # At 1 MB one_shot takes 320 us: NCCL as symmcoll calls it (140 us) still wins there ...
     assert [(r.max_bytes, r.algorithm) for r in rules] == [(4096, "one_shot"), (1 << 20, "nccl")]
@@ -90,13 +96,7 @@ def test_measured_fallback_replaces_the_backend_row():
 def test_rows_timed_eagerly_in_a_graph_run_are_no_candidates():
     # symmcoll:nccl rows whose graph capture failed (timed eagerly, 1000 us slower): auto runs in graphs, so
     # they neither win nor stand for the fallback -- the backend's own row does.
-    result = synthetic_result()
-    nccl_rows = [m for m in result.measurements if m.implementation == "nccl"]
-    eager = [dataclasses.replace(m, implementation="symmcoll:nccl", family="symmcoll", timing="eager",
-                                 median_us=m.median_us + 1000) for m in nccl_rows]
-    slower = [dataclasses.replace(m, median_us=m.median_us * 10) if m.implementation == "symmcoll:one_shot"
-              and m.size_bytes == 1 << 20 else m for m in result.measurements]
-    result = dataclasses.replace(result, measurements=tuple(slower + eager))
+    result, slower, nccl_rows = _with_fallback_rows(1000, timing="eager")
     rules = dispatch.table_from_results([result], "s").rules
     assert [(r.max_bytes, r.algorithm) for r in rules] == [(4096, "one_shot"), (1 << 20, "nccl")]
     # ... and a fast symmcoll row timed eagerly does not win either
