@@ -392,3 +392,26 @@ def _sentinel_words(algorithm, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_sentinel_bit_patterns(pools, algorithm, dtype):
     assert pools(2).run(_sentinel_words, algorithm, dtype) == [True] * 2
+
+
+def test_rms_norm_auto_runs_unfused_past_two_mib_on_several_ranks():
+    # 4x H100 (2026-11-27): the fused two-shot kernel lost to the all-reduce + torch tail from 2 MiB of x per
+    # rank, except the fp8-per-token output at hidden <= 6144; 2 ranks and smaller tensors keep the kernels.
+    from symmcoll import plan
+    from symmcoll.fused import all_reduce_rms_norm as rms
+
+    def default(rows, hidden, world, quant=None):
+        shape = (rows, hidden)
+        request = plan.Request("all_reduce_rms_norm", shape, torch.bfloat16, torch.device("cpu"),
+                               others=((shape, torch.bfloat16, None), ((hidden,), torch.bfloat16, None)),
+                               options=(("eps", 1e-5), ("quant", quant)))
+        return rms._default(request, world)
+    assert default(8, 4096, 4) == "one_shot"
+    assert default(128, 4096, 4) == "two_shot"  # 1 MiB
+    assert default(256, 4096, 4) == "two_shot"  # 2 MiB exactly
+    assert default(257, 4096, 4) == "unfused"
+    assert default(8192, 8192, 8) == "unfused"
+    assert default(8192, 8192, 2) == "two_shot"
+    assert default(8192, 8192, 1) == "one_shot"
+    assert default(8192, 4096, 4, "fp8_per_token") == "two_shot"
+    assert default(8192, 8192, 4, "fp8_per_token") == "unfused"
