@@ -18,11 +18,13 @@ from symmcoll import dispatch
 from symmcoll.bench import results
 
 
-def merged(found: list, base: dispatch.Table) -> dispatch.Table:
+def merged(paths: list[str], base: dispatch.Table) -> dispatch.Table:
+    """The rules of the results in ``paths``, then ``base``'s for every case they do not measure."""
+    found = [results.load(p) for p in paths]
     prov = found[0].provenance
     table = dispatch.table_from_results(
         found, f"symmcoll bench, {prov.created_utc}, {prov.gpu_name or prov.device_type} x{prov.gpu_count}, "
-               f"git {prov.git_sha[:7]}, graph timing ({', '.join(sorted({p.name for p in map(Path, ARGS.results)}))})")
+               f"git {prov.git_sha[:7]}, graph timing ({', '.join(sorted(Path(p).name for p in paths))})")
     measured = {(r.op, r.world_size, r.dtype) for r in table.rules}
     kept = tuple(r for r in base.rules if (r.op, r.world_size, r.dtype) not in measured)
     source = table.source + (f"; {', '.join(sorted({f'{r.op} ws{r.world_size}' for r in kept}))} from "
@@ -35,7 +37,7 @@ if __name__ == "__main__":
     parser.add_argument("results", nargs="+", help="symmcoll bench result files (.json)")
     parser.add_argument("--base", type=Path, required=True, help="the table whose other rules are kept")
     parser.add_argument("--out", type=Path, required=True)
-    ARGS = parser.parse_args()
-    table = merged([results.load(p) for p in ARGS.results], dispatch.Table.from_json(ARGS.base.read_text()))
-    ARGS.out.write_text(table.to_json() + "\n")
-    print(f"{ARGS.out}: {len(table.rules)} rules; {table.source}")
+    args = parser.parse_args()
+    table = merged(args.results, dispatch.Table.from_json(args.base.read_text()))
+    args.out.write_text(table.to_json() + "\n")
+    print(f"{args.out}: {len(table.rules)} rules; {table.source}")

@@ -154,12 +154,12 @@ def _nccl_all_to_all_counts_once():
         assert calls(2 * world, 1) == 1  # the same plan: the data alone
         assert calls(2 * world, 2) == 1
         assert calls(3 * world, 3) == 2  # a new shape: compared again
-        real_capturing = backend._capturing
-        backend._capturing = lambda x: True  # as under torch.cuda.graph: no host read may happen
+        real_capturing = backend.capturing
+        backend.capturing = lambda device: True  # as under torch.cuda.graph: no host read may happen
         try:
             assert calls(4 * world, 4) == 1
         finally:
-            backend._capturing = real_capturing
+            backend.capturing = real_capturing
     finally:
         dist.all_to_all_single = real
     symmcoll.reset()

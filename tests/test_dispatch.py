@@ -106,7 +106,7 @@ def test_rows_timed_eagerly_in_a_graph_run_are_no_candidates():
     assert "two_shot" not in {r.algorithm for r in dispatch.table_from_results([result], "s").rules}
 
 
-def test_each_gpu_model_reads_its_own_packaged_table():
+def test_each_gpu_model_reads_its_own_packaged_table(tmp_path, monkeypatch):
     assert dispatch.packaged_table(None) == dispatch.PACKAGED_TABLE  # CPU, or CUDA not in use yet
     assert dispatch.packaged_table("a100") == dispatch.PACKAGED_TABLE  # no table of its own: the H200's
     h100 = dispatch.packaged_table("h100")
@@ -118,7 +118,15 @@ def test_each_gpu_model_reads_its_own_packaged_table():
             assert any(r.op == op and r.world_size == world for r in table.rules), (op, world)
     for rule in table.rules:
         assert rule.algorithm == dispatch.FALLBACK or rule.algorithm in symmcoll.ALGORITHMS[rule.op]
-    assert dispatch.gpu_model() is None or dispatch.gpu_model() in ("h100", "h200")
+    # a call's device picks the table: CPU (no GPU model) and no device both read the H200 table
+    monkeypatch.delenv("SYMMCOLL_DISPATCH_FILE", raising=False)
+    monkeypatch.setattr(dispatch, "USER_TABLE", tmp_path / "no-user-table.json")
+    dispatch.active_table.cache_clear()
+    try:
+        assert str(dispatch.PACKAGED_TABLE) in dispatch.active_table(torch.device("cpu")).source
+        assert str(dispatch.PACKAGED_TABLE) in dispatch.active_table().source
+    finally:
+        dispatch.active_table.cache_clear()
 
 
 def _routing():
@@ -147,7 +155,7 @@ def _reduce_scatter_keyed_by_output():
     table = dispatch.Table((dispatch.Rule("reduce_scatter", 2, "bf16", 1024, "sentinel"),
                             dispatch.Rule("reduce_scatter", 2, "bf16", 1 << 40, "pull")), "test")
     original = dispatch.active_table
-    dispatch.active_table = lambda: table
+    dispatch.active_table = lambda device=None: table
     clear_cache()
     try:
         # 2048 bytes in, 1024 out per rank at world size 2: the bench reports (and tables key) 1024.
@@ -195,7 +203,7 @@ def _fused_dispatch():
     table = dispatch.Table((dispatch.Rule("all_gather_matmul", 2, "bf16", 2 * 8 * 32 * 16, "fused"),
                             dispatch.Rule("all_gather_matmul", 2, "bf16", 1 << 40, "naive_remote")), "test")
     original = dispatch.active_table
-    dispatch.active_table = lambda: table
+    dispatch.active_table = lambda device=None: table
     clear_cache()
     try:
         a, b = torch.ones(8, 32, dtype=torch.bfloat16), torch.ones(32, 16, dtype=torch.bfloat16)

@@ -240,7 +240,7 @@ def _captured_split_launches():
     expected = gemm.matmul(a, b, config=config)  # eager: makes the stream's table and the arena
     arena, _ = gemm_split._ARENAS[(device.type, device.index)]
     handed, fills = [], []
-    real_counters, real_zeros, real_capturing = gemm_split.split_counters, gemm_split._zeros, gemm_split._capturing
+    real_counters, real_zeros, real_capturing = gemm_split.split_counters, gemm_split._zeros, gemm_split.capturing
 
     def recording_counters(dev, needed=gemm_split.MAX_SPLIT_TILES):
         handed.append(real_counters(dev, needed))
@@ -249,7 +249,7 @@ def _captured_split_launches():
     def recording_zeros(dev, entries):
         fills.append(entries)
         return real_zeros(dev, entries)
-    gemm_split._capturing, gemm_split._zeros, gemm.split_counters = (lambda dev: True), recording_zeros, \
+    gemm_split.capturing, gemm_split._zeros, gemm.split_counters = (lambda dev: True), recording_zeros, \
         recording_counters
     try:
         outs = [gemm.matmul(a, b, config=config) for _ in range(3)]
@@ -263,13 +263,13 @@ def _captured_split_launches():
         gemm_split._ARENAS[(device.type, device.index)][1] = arena.numel() - 1  # (nearly) exhausted
         assert torch.equal(gemm.matmul(a, b, config=config), expected)
         assert fills == [gemm_split.MAX_SPLIT_TILES], fills
-        gemm_split._capturing = lambda dev: False  # the next eager launch: a new arena, the old one kept
+        gemm_split.capturing = lambda dev: False  # the next eager launch: a new arena, the old one kept
         assert torch.equal(gemm.matmul(a, b, config=config), expected)
         assert fills == [gemm_split.MAX_SPLIT_TILES, gemm_split.CAPTURE_ARENA], fills
         assert gemm_split._ARENAS[(device.type, device.index)][0] is not arena
         assert any(old is arena for old in gemm_split._RETIRED)
     finally:
-        gemm_split._capturing, gemm_split._zeros, gemm.split_counters = real_capturing, real_zeros, real_counters
+        gemm_split.capturing, gemm_split._zeros, gemm.split_counters = real_capturing, real_zeros, real_counters
 
 
 def test_empty_and_degenerate_shapes(pools):

@@ -24,7 +24,7 @@ def request(op, m, n, k, dtype=BF16, device=CUDA):
 @pytest.fixture
 def no_table(monkeypatch):
     """No tuned rules (the shipped table has none for these ops; a user's table must not leak in)."""
-    monkeypatch.setattr(dispatch, "active_table", lambda: dispatch.Table((), "test: none"))
+    monkeypatch.setattr(dispatch, "active_table", lambda device=None: dispatch.Table((), "test: none"))
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_tuned_rules_are_found_by_the_whole_layers_mnk(monkeypatch, op, fused):
             _bench_row(op, fused, (512, 8192, 28672), 150.0, 4),
             _bench_row(op, "unfused", (512, 8192, 28672), 120.0, 4)]
     table = dispatch.Table(tuple(rules_from_rows(rows)), "test")
-    monkeypatch.setattr(dispatch, "active_table", lambda: table)
+    monkeypatch.setattr(dispatch, "active_table", lambda device=None: table)
     # a rank's A is [M, 28672 / 4]: keyed by A's bytes (as before), M = 512 fell under the M = 16 rule
     assert choose(16, k=7168, world=4, op=op) == fused
     assert choose(512, k=7168, world=4, op=op) == "unfused"
@@ -103,7 +103,7 @@ def test_tuned_rules_are_found_by_the_whole_layers_mnk(monkeypatch, op, fused):
 
 def test_one_rank_takes_no_rule_measured_on_several(monkeypatch, decode_tile):
     table = dispatch.Table((dispatch.Rule("matmul_all_reduce", 2, "bf16", 1 << 60, "one_shot"),), "test")
-    monkeypatch.setattr(dispatch, "active_table", lambda: table)
+    monkeypatch.setattr(dispatch, "active_table", lambda device=None: table)
     assert table.choose("matmul_all_reduce", 1, "bf16", 1) is None
     assert table.choose("matmul_all_reduce", 4, "bf16", 1) == "one_shot"  # nearest world size, as before
     assert choose(128, world=1) == "unfused"

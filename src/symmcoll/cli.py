@@ -227,13 +227,19 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _this_gpu():
+    """The device whose dispatch table calls here would read (None without a GPU: the H200 table)."""
+    import torch
+    return torch.device("cuda") if torch.cuda.is_available() else None
+
+
 def _print_dispatch(console: Console) -> None:
     from rich.table import Table as RichTable
 
     from . import dispatch
     from .bench.sizes import format_size
 
-    table = dispatch.active_table()
+    table = dispatch.active_table(_this_gpu())
     view = RichTable(title=f"algorithm='auto' dispatch table: {table.source}", title_justify="left")
     for column in ("op", "world size", "dtype", "up to", "algorithm"):
         view.add_column(column)
@@ -304,9 +310,10 @@ def _tune_gemm(args, console) -> int:
 def _write_table(args, console, table, measured_ops) -> int:
     """Write ``table``; ops not measured now keep the rules of the table in use."""
     from . import dispatch
-    kept = tuple(r for r in dispatch.active_table().rules if r.op not in measured_ops)
+    in_use = dispatch.active_table(_this_gpu())
+    kept = tuple(r for r in in_use.rules if r.op not in measured_ops)
     table = dispatch.Table(kept + table.rules, table.source + (
-        f"; {', '.join(sorted({r.op for r in kept}))} from {dispatch.active_table().source}" if kept else ""))
+        f"; {', '.join(sorted({r.op for r in kept}))} from {in_use.source}" if kept else ""))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table.to_json() + "\n")

@@ -27,26 +27,23 @@ from pathlib import Path
 
 import torch
 
+from .fused.gemm_configs import device_facts, table_path
+
 log = logging.getLogger("symmcoll")
 
 FALLBACK = "nccl"
 USER_TABLE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "symmcoll" / "dispatch.json"
-PACKAGED_TABLE = Path(__file__).parent / "data" / "dispatch_h200.json"  # any GPU without a table of its own
+# The GPU models' tables live beside the GEMM and roofline tables (gemm_configs.table_path); the H200 one
+# serves every GPU without a table of its own, and CPU.
+PACKAGED_TABLE = table_path("h200", "dispatch")
 
 
 def packaged_table(model: str | None) -> Path:
     """The shipped table of a GPU model ('h100', 'h200'; None: not known), else the H200 one."""
-    own = PACKAGED_TABLE.with_name(f"dispatch_{model}.json") if model else None
+    own = table_path(model, "dispatch") if model else None
     return own if own is not None and own.is_file() else PACKAGED_TABLE
 
 
-def gpu_model() -> str | None:
-    """'h100' / 'h200' for the current CUDA device, once CUDA is in use (None before, on CPU, and for
-    other GPUs): the table is looked up when a call resolves, by then its device is initialised."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return None
-    name = torch.cuda.get_device_name().lower()
-    return next((model for model in ("h200", "h100") if model in name), None)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -133,14 +130,15 @@ def _table_for(model: str | None) -> Table:
     return Table((), "none (built-in defaults)")
 
 
-def active_table() -> Table:
-    """The table ``algorithm="auto"`` reads on this process's current device (see the module text)."""
-    return _table_for(gpu_model())
+def active_table(device: torch.device | None = None) -> Table:
+    """The table ``algorithm="auto"`` reads for a call on ``device`` (see the module text); None: the
+    H200's, the one every GPU without a table of its own reads."""
+    return _table_for(device_facts(device)[0] if device is not None else None)
 
 
 active_table.cache_clear = _table_for.cache_clear
 
 
-def choose(op: str, world_size: int, dtype: torch.dtype, nbytes: int) -> str | None:
-    """The table's algorithm for this case (None if the table has no rule for ``op``)."""
-    return active_table().choose(op, world_size, _DTYPE_NAMES.get(dtype, "other"), nbytes)
+def choose(op: str, world_size: int, dtype: torch.dtype, nbytes: int, device: torch.device | None = None) -> str | None:
+    """The table's algorithm for this case on ``device`` (None if the table has no rule for ``op``)."""
+    return active_table(device).choose(op, world_size, _DTYPE_NAMES.get(dtype, "other"), nbytes)

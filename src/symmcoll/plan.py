@@ -495,7 +495,7 @@ def choose(request: Request, world: int, algorithm: str = "auto", topo: topology
     if explicit:
         name = algorithm
     else:
-        name = dispatch.choose(request.op, world, request.dtype, _dispatch_bytes(request, world))
+        name = dispatch.choose(request.op, world, request.dtype, _dispatch_bytes(request, world), request.device)
         # The backend would read device-side splits back to the host (a synchronisation the caller
         # asked to avoid): "auto" keeps them on the device.
         if name not in table or (name == BACKEND and request.splits == DEVICE_SPLITS):

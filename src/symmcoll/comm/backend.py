@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import SymmcollMismatchError
+from ..memory import capturing
 from ..plan import BACKEND, Algorithm, Plan, register
 
 
@@ -66,7 +67,7 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_de
         return _all_to_all_device_splits(plan, x, out, splits_dev)
     splits = plan.request.splits
     send = list(splits) if splits is not None else [x.shape[0] // world] * world
-    if splits is None and (plan.cache.get("equal_splits_checked") or _capturing(x)):
+    if splits is None and (plan.cache.get("equal_splits_checked") or capturing(x.device)):
         # Equal splits: the counts were compared with the peers' on this plan's first call, or the call is
         # being captured into a CUDA graph, where no host read can happen: a graph replays the data
         # exchange alone (as torch's all_to_all_single, which compares nothing). Without this, every call
@@ -94,10 +95,6 @@ def _all_to_all(plan: Plan, x: torch.Tensor, out: torch.Tensor | None, splits_de
                                output_split_sizes=[r * row_bytes for r in recv],
                                input_split_sizes=[s * row_bytes for s in send], group=plan.group)
     return out
-
-
-def _capturing(x: torch.Tensor) -> bool:
-    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _exchange_counts(plan: Plan, send: list[int], device: torch.device) -> list[int]:

@@ -444,8 +444,9 @@ def gpu_key(name: str) -> str | None:
 
 
 def table_path(key: str, kind: str = "gemm") -> Path:
-    """Where the ``kind`` table of GPU model ``key`` ships: "gemm" (this module's tile configs) or
-    "roofline" (the memory-bound kernels', fused/memory_bound_configs.py)."""
+    """Where the ``kind`` table of GPU model ``key`` ships: "gemm" (this module's tile configs),
+    "roofline" (the memory-bound kernels', fused/memory_bound_configs.py) or "dispatch" (algorithm="auto"
+    of the collectives, dispatch.py)."""
     return DATA / f"{kind}_{key}.json"
 
 

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..memory import capturing
 from ..memory.persistent_state import persistent
 from .gemm_configs import MAX_SPLIT_TILES
 
@@ -143,10 +144,6 @@ _ARENAS: dict = {}  # (device type, index) -> [zeroed arena, first free entry]
 _RETIRED: list = []  # arenas replaced: never freed
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def _zeros(device: torch.device, entries: int) -> torch.Tensor:
     return persistent(device, lambda: torch.zeros(entries, dtype=torch.int32, device=device))
 
@@ -161,7 +158,7 @@ def split_counters(device: torch.device, needed: int = MAX_SPLIT_TILES) -> torch
         index = torch.cuda.current_device()
     device_key = (device.type, index)
     arena = _ARENAS.get(device_key)
-    if _capturing(device):
+    if capturing(device):
         if arena is not None and arena[1] + needed <= arena[0].numel():
             arena[1] += needed
             return arena[0][arena[1] - needed:arena[1]]

@@ -207,6 +207,12 @@ _RESETS: dict[str, int] = {}  # reset(group) per group name
 _RENDEZVOUS_SEQ: dict[str, int] = {}
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether work on ``device`` is being captured into a CUDA graph now: no host read, synchronisation
+    or new workspace may happen (a graph replays device work only)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def default_group(group):
     if group is not None:
         return group
@@ -281,7 +287,7 @@ def _create(group, device: torch.device) -> Workspace:
         # Ranks sharing a GPU run gloo groups: without this, a CPU tensor would reach a GPU compile.
         raise ValueError("symmcoll: got a CPU tensor, and symmcoll's kernels run on the CPU only under "
                          "TRITON_INTERPRET=1 (set before symmcoll is imported); pass a tensor on this rank's GPU")
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing(device):
         raise SymmcollError(f"symmcoll: the workspace of group {group.group_name!r} on {device} does not exist "
                             f"yet and cannot be created during CUDA-graph capture (it is a rendezvous and an "
                             f"allocation): make one call of any symmcoll op on this group before capturing")
