@@ -143,13 +143,14 @@ def _one_pass_tiles(
         rows = row0 + tl.arange(0, BM)
         first_owner = row0 // rows_per_shard
         last_owner = (tl.minimum(row0 + BM, grid_rows) - 1) // rows_per_shard
+        sent = narrow(acc, ELEM)
         for owner in range(first_owner, last_owner + 1):
             if owner != rank:
                 owned = (rows >= owner * rows_per_shard) & (rows < (owner + 1) * rows_per_shard)
                 slot = rank - tl.cast(rank > owner, tl.int32)
                 peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
                 tile = peer_slots + (phase * (WORLD - 1) + slot).to(tl.int64) * SLOT_ELEMS + j * (BM * BN)
-                tl.store(tile + in_tile, narrow(acc, ELEM), mask=owned[:, None])
+                tl.store(tile + in_tile, sent, mask=owned[:, None])
                 peer_flags = _region_at(stage_ptrs_dev, owner, 0, tl.int64)
                 send_tile_flag(peer_flags + (phase * MAX_WORLD + rank) * MAX_TILES + j, ready)
         if (first_owner <= rank) & (rank <= last_owner):
@@ -339,7 +340,8 @@ def check_operands(request: plan.Request) -> tuple[int, int, int]:
 # "auto" where the dispatch table has no rule of this op at this world size: torch.matmul +
 # symmcoll.reduce_scatter. On 4x H100 (benchmarks/results/2026-11-27-multi-gpu-fix-h100x4, N = 8192,
 # K = 28672 / 4) the fused kernel lost to it at every M: 2x at M = 16-128 (each rank's row shards
-# read B once per shard: W reads of the weights), 1.2x at 512, 1.03x at 2048-16384.
+# read B once per shard: W reads of the weights), 1.2x at 512, 1.03x at 2048-16384. (Since then the
+# kernel makes one pass over B where shards are shorter than a tile, ``tiling``: unmeasured, NOTES.md.)
 AUTO_DEFAULT = "unfused"
 
 
