@@ -62,6 +62,51 @@ def test_matmul_reduce_scatter(pools, world_size, dtype, algorithm):
     pools(world_size).run(_mmrs, algorithm, dtype)
 
 
+# ---- one pass over B: shards shorter than a tile ----------------------------------------------------
+
+
+def _cut(rows_per_shard, n, k, dtype, world):
+    from symmcoll.fused import matmul_reduce_scatter as mrs
+    from symmcoll.memory import get_workspace
+    slot = mrs.slot_bytes(device().type, get_workspace(device=device()).buffer_bytes, world)
+    return mrs.tiling(rows_per_shard, n, k, dtype, device(), world, slot, dtype.itemsize, mrs.MAX_TILES[device().type])
+
+
+def _one_pass(dtype):
+    """Shards shorter than the 32-row CPU tile: tiles over every shard's rows, each row block's rows
+    sent to their owners (matmul_reduce_scatter fused; matmul_all_reduce two_shot, whose last shard is
+    cut short by M and whose later shards may be empty). M = W (one row a shard), 5 rows a shard (the
+    whole grid one row block), 13 (shard 2 split between two row blocks at 3-4 ranks), odd N, several
+    launches (bf16 32x32 tiles: 4 per 8 KB slot, whole columns of row blocks a launch), each shape
+    twice with fresh data. One rank: per-shard tiles (the same grid)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    errs = []
+    for call, (m, n, k) in enumerate([(world, 17, 9), (5 * world, 150, 40), (13 * world, 150, 24), (world, 17, 9),
+                                      (13 * world, 150, 24)]):
+        a, b = operand((m, k), dtype, rank, call), operand((k, n), dtype, rank, call, salt=1)
+        cut = _cut(m // world, n, k, dtype, world)
+        assert cut.one_pass == (world > 1), f"{m}x{n}x{k} at {world} ranks: one_pass {cut.one_pass}"
+        before = launches("matmul_reduce_scatter_kernel")
+        got = symmcoll.matmul_reduce_scatter(a, b, algorithm="fused")
+        errs.append(assert_rel_close(got, reference.matmul_reduce_scatter(a, b), f"fused {m}x{n}x{k} call {call}"))
+        if ON_CPU:
+            want = -(-cut.tiles // cut.per_piece)
+            assert launches("matmul_reduce_scatter_kernel") - before == want, f"{m}x{n}x{k}: {want} launches"
+    for call, (m, n, k) in enumerate([(1, 17, 9), (29, 150, 24), (29, 50, 40), (world, 17, 9)]):
+        a, b = operand((m, k), dtype, rank, call, salt=2), operand((k, n), dtype, rank, call, salt=3)
+        assert _cut(-(-m // world), n, k, dtype, world).one_pass == (world > 1)
+        got = symmcoll.matmul_all_reduce(a, b, algorithm="two_shot")
+        errs.append(assert_rel_close(got, reference.matmul_all_reduce(a, b), f"two_shot {m}x{n}x{k} call {call}"))
+        assert_same_on_every_rank(got, f"two_shot {m}x{n}x{k}")
+    return max(errs)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_one_pass_small_shards(pools, world, dtype):
+    pools(world).run(_one_pass, dtype)
+
+
 # ---- matmul_all_reduce -------------------------------------------------------------------------------
 
 MMAR_ALGORITHMS = ["one_shot", "two_shot", "unfused", "nccl"]

@@ -28,7 +28,8 @@ one_shot (one persistent kernel, barrier-free; for decode-sized M)
 
 two_shot (for large M)
     matmul_reduce_scatter's fused kernel over row shards of ceil(M / W) rows (the last may be short or
-    empty), then symmcoll.all_gather of the shards: 2 (W-1)/W of the product per rank.
+    empty; shards shorter than a tile are computed in one pass over B), then symmcoll.all_gather of the
+    shards: 2 (W-1)/W of the product per rank.
 
 nccl / unfused
     torch.matmul, then the process group's all-reduce (NCCL) / symmcoll.all_reduce ("auto").

@@ -32,11 +32,32 @@ fused (one persistent kernel; one launch per piece)
     (graph replays need no host work), and a flag of this epoch naming another call is reported as a
     mismatch. Products larger than a slot go in pieces of whole tiles (one launch each).
 
+fused, one pass over B (shards shorter than a tile: decode; ``tiling`` decides)
+    Per-shard tiles make every shard's row blocks sweep all of B: with M = 16-128 rows on 4 ranks B
+    (117 MB a rank at 8192 x 7168) came from DRAM ~W times. Where a shard is shorter than the tile
+    of a plain GEMM over all W shards' rows and that GEMM has fewer row blocks than the shards
+    together, the kernel tiles the whole [W * rows_per_shard, N] grid instead, a column's row blocks
+    on neighbouring programs (one DRAM read of B's column block)::
+
+        tile j (rows of owners o1..o2):  acc --rows of o, narrow--> stage_o[phase][slot(r)][j]
+                                         flag_o[phase][r][j] = (epoch << 32) | desc  for each o != r
+                                         if r in o1..o2: acc + stage_r[phase][slot(src)][j] (my rows)
+                                         after flag_r[phase][src][j], src in rank order --> out
+
+    The same slots, flags and order of the sum as per shard: an owner hears once per (source, tile)
+    for every tile holding its rows, and every tile is computed by program j % P on every rank. A
+    program adds right after it sends (its peers compute the same tile at the same time): at decode
+    there is one wave of tiles, so nothing would hide the exchange anyway. A launch takes whole
+    columns of row blocks, so every owner waits on every peer in every launch (the phase argument
+    above). Shards of at least a tile's rows (large M) keep the per-shard tiles.
+
 nccl / unfused
     torch.matmul, then the process group's reduce-scatter (NCCL) / symmcoll.reduce_scatter ("auto").
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -51,7 +72,7 @@ from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm
 from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, operand_sources, precision, programs_for,
                    store_tile, use_tma)
-from .gemm_configs import gemm_config
+from .gemm_configs import GemmConfig, gemm_config
 
 OP = "matmul_reduce_scatter"
 STAGE_PHASES: tl.constexpr = tl.constexpr(2)
@@ -94,6 +115,63 @@ def _region_at(ptrs_dev, peer, byte_offset, ELEM: tl.constexpr):
 
 
 @triton.jit
+def _one_pass_tiles(
+    a_src, b_src, out_ptr, M, N, K, stride_a, stride_b, stride_out, rows_per_shard, first_tile, piece_tiles, rank,
+    stage_ptrs_dev, my_flags, my_slots, phase, ready, budget, status_ptr, desc,
+    WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP_AB: tl.constexpr,
+    B_T: tl.constexpr, TMA: tl.constexpr, PRECISION: tl.constexpr, SLOT_ELEMS: tl.constexpr,
+    MAX_TILES: tl.constexpr, DATA_OFFSET: tl.constexpr,
+):
+    """The kernel's tiles where shards are shorter than a tile (``one_pass_tiles``): the grid is
+    [WORLD * rows_per_shard, N] in BM-row blocks, tile j of the piece = (row block, column block) of
+    first_tile + j in column-major order (a column's row blocks on neighbouring programs: B's block
+    comes from DRAM once), computed by program j % P on every rank. A tile's rows belong to owners
+    first_row // rows_per_shard .. last_row // rows_per_shard: each peer owner gets its rows (at their
+    place in the tile) in my slot of its stage and one flag, exactly as a per-shard tile; if I own rows
+    of it, I add every peer's rows of it in rank order once their flags arrive, and store mine."""
+    ELEM: tl.constexpr = out_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    grid_rows = WORLD * rows_per_shard
+    num_rows = tl.cdiv(grid_rows, BM)
+    in_tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    for j in range(pid, piece_tiles, nprog):
+        row0 = ((first_tile + j) % num_rows) * BM
+        col0 = ((first_tile + j) // num_rows) * BN
+        acc = k_loop(a_src, b_src, row0, col0, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, SWAP_AB, B_T,
+                     PRECISION)
+        rows = row0 + tl.arange(0, BM)
+        first_owner = row0 // rows_per_shard
+        last_owner = (tl.minimum(row0 + BM, grid_rows) - 1) // rows_per_shard
+        sent = narrow(acc, ELEM)
+        for owner in range(first_owner, last_owner + 1):
+            if owner != rank:
+                owned = (rows >= owner * rows_per_shard) & (rows < (owner + 1) * rows_per_shard)
+                slot = rank - tl.cast(rank > owner, tl.int32)
+                peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
+                tile = peer_slots + (phase * (WORLD - 1) + slot).to(tl.int64) * SLOT_ELEMS + j * (BM * BN)
+                tl.store(tile + in_tile, sent, mask=owned[:, None])
+                peer_flags = _region_at(stage_ptrs_dev, owner, 0, tl.int64)
+                send_tile_flag(peer_flags + (phase * MAX_WORLD + rank) * MAX_TILES + j, ready)
+        if (first_owner <= rank) & (rank <= last_owner):
+            local = rows - rank * rows_per_shard  # my shard's rows; outside [0, rows_per_shard): a peer's
+            mine = (local >= 0) & (local < rows_per_shard)
+            for src in tl.static_range(WORLD):
+                if src != rank:
+                    budget = wait_tile_flag(my_flags + src * MAX_TILES + j, ready, budget, status_ptr, rank, src,
+                                            desc)
+                    slot = src - tl.cast(src > rank, tl.int32)
+                    acc += tl.load(my_slots + slot * SLOT_ELEMS + j * (BM * BN) + in_tile, mask=mine[:, None],
+                                   other=0.0).to(tl.float32)
+            if budget > 0:
+                # rows of my shard below M (a short last shard of matmul_all_reduce ends early)
+                kept = mine & (local < M - rank * rows_per_shard)
+                cols = col0 + tl.arange(0, BN)
+                tl.store(out_ptr + local[:, None].to(tl.int64) * stride_out + cols[None, :],
+                         narrow(acc, ELEM), mask=kept[:, None] & (cols[None, :] < N))
+
+
+@triton.jit
 def matmul_reduce_scatter_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -102,12 +180,14 @@ def matmul_reduce_scatter_kernel(
     # A [M, K], B [K, N] (or W = B^T [N, K] if B_T; row strides given); out: my shard [rows_per_shard, N]
     a_ptr, b_ptr, out_ptr, M, N, K, stride_a, stride_b, stride_out,
     # shard s = rows [s * rows_per_shard, min(M, (s + 1) * rows_per_shard)); this piece = tiles
-    # [first_tile, first_tile + piece_tiles) of every shard's grouped tile order
+    # [first_tile, first_tile + piece_tiles) of every shard's grouped tile order (ONE_PASS: of the
+    # whole grid's column-major order, whole columns)
     rows_per_shard, first_tile, piece_tiles,
     # SLOT_ELEMS: elements per (phase, source) slot; DATA_OFFSET: bytes of the flag table
     WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr, B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, PRECISION: tl.constexpr,
     SLOT_ELEMS: tl.constexpr, MAX_TILES: tl.constexpr, DATA_OFFSET: tl.constexpr,
+    ONE_PASS: tl.constexpr = False,  # tiles over all W shards' rows at once (``one_pass_tiles``)
 ):
     ELEM: tl.constexpr = out_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -123,33 +203,72 @@ def matmul_reduce_scatter_kernel(
     my_flags = _region_at(stage_ptrs_dev, rank, 0, tl.int64) + phase * (MAX_WORLD * MAX_TILES)
     my_slots = _region_at(stage_ptrs_dev, rank, DATA_OFFSET, ELEM) + phase * (WORLD - 1) * SLOT_ELEMS
     budget = max_spins
-    for k in range(1, WORLD + 1):
-        owner = (rank + k) % WORLD  # k == WORLD: my own shard, last
-        first_row = owner * rows_per_shard
-        shard_rows = tl.minimum(rows_per_shard, M - first_row)
-        # My tiles of this shard: j with (owner * piece_tiles + j) % nprog == pid.
-        for j in range((pid + nprog - (owner * piece_tiles) % nprog) % nprog, piece_tiles, nprog):
-            pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
-            acc = k_loop(a_src, b_src, first_row + pid_m * BM, pid_n * BN, 0, K, first_row + shard_rows, N, K,
-                         stride_a, stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION)
-            if owner != rank:
-                slot = rank - tl.cast(rank > owner, tl.int32)
-                peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
-                tile = peer_slots + (phase * (WORLD - 1) + slot).to(tl.int64) * SLOT_ELEMS + j * (BM * BN)
-                tl.store(tile + in_tile, narrow(acc, ELEM))
-                peer_flags = _region_at(stage_ptrs_dev, owner, 0, tl.int64)
-                send_tile_flag(peer_flags + (phase * MAX_WORLD + rank) * MAX_TILES + j, ready)
-            else:
-                for src in tl.static_range(WORLD):
-                    if src != rank:
-                        budget = wait_tile_flag(my_flags + src * MAX_TILES + j, ready, budget, status_ptr, rank,
-                                                src, desc)
-                        slot = src - tl.cast(src > rank, tl.int32)
-                        acc += tl.load(my_slots + slot * SLOT_ELEMS + j * (BM * BN) + in_tile).to(tl.float32)
-                if budget > 0:
-                    store_tile(out_ptr, acc, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN),
-                               shard_rows, N, stride_out)
+    if ONE_PASS:
+        _one_pass_tiles(a_src, b_src, out_ptr, M, N, K, stride_a, stride_b, stride_out, rows_per_shard, first_tile,
+                        piece_tiles, rank, stage_ptrs_dev, my_flags, my_slots, phase, ready, budget, status_ptr, desc,
+                        WORLD, BM, BN, BK, SWAP_AB, B_T, TMA, PRECISION, SLOT_ELEMS, MAX_TILES, DATA_OFFSET)
+    else:
+        for k in range(1, WORLD + 1):
+            owner = (rank + k) % WORLD  # k == WORLD: my own shard, last
+            first_row = owner * rows_per_shard
+            shard_rows = tl.minimum(rows_per_shard, M - first_row)
+            # My tiles of this shard: j with (owner * piece_tiles + j) % nprog == pid.
+            for j in range((pid + nprog - (owner * piece_tiles) % nprog) % nprog, piece_tiles, nprog):
+                pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
+                acc = k_loop(a_src, b_src, first_row + pid_m * BM, pid_n * BN, 0, K, first_row + shard_rows, N, K,
+                             stride_a, stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION)
+                if owner != rank:
+                    slot = rank - tl.cast(rank > owner, tl.int32)
+                    peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
+                    tile = peer_slots + (phase * (WORLD - 1) + slot).to(tl.int64) * SLOT_ELEMS + j * (BM * BN)
+                    tl.store(tile + in_tile, narrow(acc, ELEM))
+                    peer_flags = _region_at(stage_ptrs_dev, owner, 0, tl.int64)
+                    send_tile_flag(peer_flags + (phase * MAX_WORLD + rank) * MAX_TILES + j, ready)
+                else:
+                    for src in tl.static_range(WORLD):
+                        if src != rank:
+                            budget = wait_tile_flag(my_flags + src * MAX_TILES + j, ready, budget, status_ptr, rank,
+                                                    src, desc)
+                            slot = src - tl.cast(src > rank, tl.int32)
+                            acc += tl.load(my_slots + slot * SLOT_ELEMS + j * (BM * BN) + in_tile).to(tl.float32)
+                    if budget > 0:
+                        store_tile(out_ptr, acc, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN),
+                                   shard_rows, N, stride_out)
     end_launch(epochs_ptr, epoch)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How the fused kernel cuts the product: ``one_pass`` tiles over all shards' rows (``tiles`` of
+    the whole [W * rows_per_shard, N] grid) or per shard (``tiles`` of each shard); ``per_piece`` tiles
+    a launch (one pass: whole columns of row blocks, so every owner hears from every peer in every
+    launch -- what keeps a rank at most one launch ahead)."""
+    config: GemmConfig
+    one_pass: bool
+    tiles: int
+    per_piece: int
+
+
+def tiling(rows_per_shard: int, n: int, k: int, dtype: torch.dtype, device: torch.device, world: int,
+           slot: int, itemsize: int, max_tiles: int) -> Tiling:
+    """Per-shard tiles (the table's config for a plain GEMM [rows_per_shard, W * N]) unless one pass
+    over B pays: where a shard is shorter than the whole grid's tile (gemm_config of [W * rows_per_shard,
+    N]) and that grid has fewer row blocks than the shards together -- each row block sweeps all of B,
+    so per-shard tiles at decode read B W times (4x H100, 16 and 128 x 8192 x 7168 a rank: fused
+    113/118 us against 57/56 unfused)."""
+    shard = gemm_config(rows_per_shard, world * n, k, dtype, device, split=False)
+    shard_per_piece = min(slot // (shard.block_m * shard.block_n * itemsize), max_tiles)
+    per_shard = Tiling(shard, False, triton.cdiv(rows_per_shard, shard.block_m) * triton.cdiv(n, shard.block_n),
+                       shard_per_piece)
+    if world == 1:
+        return per_shard
+    whole = gemm_config(world * rows_per_shard, n, k, dtype, device, split=False)
+    row_blocks = triton.cdiv(world * rows_per_shard, whole.block_m)
+    whole_columns = min(slot // (whole.block_m * whole.block_n * itemsize), max_tiles) // row_blocks
+    if (rows_per_shard < whole.block_m and row_blocks < world * triton.cdiv(rows_per_shard, shard.block_m)
+            and whole_columns > 0):
+        return Tiling(whole, True, row_blocks * triton.cdiv(n, whole.block_n), whole_columns * row_blocks)
+    return per_shard
 
 
 def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows_per_shard: int) -> torch.Tensor:
@@ -161,20 +280,20 @@ def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     N = b.shape[1]
     b, b_t = b_layout(b, K)
     device_type = ws.device.type
-    # The tile grid is that of a plain GEMM [rows_per_shard, world * N]: the table's config for it.
-    cfg = gemm_config(rows_per_shard, world * N, K, a.dtype, ws.device, split=False)
     slot = slot_bytes(device_type, ws.buffer_bytes, world)
-    per_piece = min(slot // (cfg.block_m * cfg.block_n * out.element_size()), MAX_TILES[device_type])
-    tiles = triton.cdiv(rows_per_shard, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    cut = tiling(rows_per_shard, N, K, a.dtype, ws.device, world, slot, out.element_size(), MAX_TILES[device_type])
+    cfg = cut.config
     region, epochs = ws.region(STAGE.name), ws.local_state(EPOCHS.name)
     tma = use_tma(device_type, a, b)
     a_arg, b_arg = host_descriptors(cfg, a, b, b_t) if tma else (a, b)
     meta = dict(WORLD=world, B_T=b_t, TMA=tma, HOST_DESC=tma, PRECISION=precision(a.dtype),
                 SLOT_ELEMS=slot // out.element_size(), MAX_TILES=MAX_TILES[device_type],
-                DATA_OFFSET=flag_bytes(device_type), **cfg.meta())
-    for first in range(0, tiles, per_piece):
-        n = min(per_piece, tiles - first)
-        launch(matmul_reduce_scatter_kernel, (max(1, min(programs_for(cfg, a.device), world * n)),),
+                DATA_OFFSET=flag_bytes(device_type), ONE_PASS=cut.one_pass, **cfg.meta())
+    # per shard: a launch's tiles are those of every shard (W x n); one pass: n of the whole grid
+    shards_per_tile = 1 if cut.one_pass else world
+    for first in range(0, cut.tiles, cut.per_piece):
+        n = min(cut.per_piece, cut.tiles - first)
+        launch(matmul_reduce_scatter_kernel, (max(1, min(programs_for(cfg, a.device), shards_per_tile * n)),),
                (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a_arg, b_arg, out, M, N, K, a.stride(0), b.stride(0),
                 out.stride(0), rows_per_shard, first, n), meta)
     return out
@@ -221,7 +340,8 @@ def check_operands(request: plan.Request) -> tuple[int, int, int]:
 # "auto" where the dispatch table has no rule of this op at this world size: torch.matmul +
 # symmcoll.reduce_scatter. On 4x H100 (benchmarks/results/2026-11-27-multi-gpu-fix-h100x4, N = 8192,
 # K = 28672 / 4) the fused kernel lost to it at every M: 2x at M = 16-128 (each rank's row shards
-# read B once per shard: W reads of the weights), 1.2x at 512, 1.03x at 2048-16384.
+# read B once per shard: W reads of the weights), 1.2x at 512, 1.03x at 2048-16384. (Since then the
+# kernel makes one pass over B where shards are shorter than a tile, ``tiling``: unmeasured, NOTES.md.)
 AUTO_DEFAULT = "unfused"
 
 
@@ -294,5 +414,10 @@ def compile_cases(make_workspace):
                               (2, 1, torch.float32, (4096, 4096, 1024), False),
                               (8, 1, torch.bfloat16, (2048, 8192, 3584), False),
                               (2, 1, torch.bfloat16, (4096, 8192, 3584), True),
-                              (4, 0, torch.float16, (64, 1000, 1001), True)),
+                              (4, 0, torch.float16, (64, 1000, 1001), True),
+                              # one pass over B (``tiling``): decode on 4 ranks (Llama-3-70B's down
+                              # projection), a 128-row tile over 4 shards of 32, two shards a tile
+                              (4, 1, torch.bfloat16, (16, 8192, 7168), False),
+                              (4, 2, torch.bfloat16, (128, 8192, 7168), False),
+                              (4, 3, torch.bfloat16, (256, 8192, 7168), True)),
                              out_rows=lambda m, world: m // world)
