@@ -311,3 +311,32 @@ def test_pdl_kernels_wait_before_any_global_access(monkeypatch, case):
             off.asm["ptx"])
         assert regs_on <= regs_off + 2 and spill_on <= spill_off, \
             f"{label}: {regs_on} registers ({spill_on} B spilled) with PDL, {regs_off} ({spill_off} B) without"
+
+
+@pytest.mark.parametrize("kind", ["two_shot", "one_shot"])
+@pytest.mark.parametrize("world, dtype, quant", [(4, torch.bfloat16, None), (4, torch.bfloat16, "fp8_per_token"),
+                                                 (3, torch.bfloat16, "fp8_per_token"), (4, torch.float32, None)],
+                         ids=str)
+def test_rms_bulk_launches_on_several_ranks(kind, world, dtype, quant):
+    """all_reduce_rms_norm's kernels on several ranks past the one-shot sizes (8192 x 16384, gpu_config's
+    bulk rule), compiled as the GPU specialises them: nothing spilled (whole rows at 32 warps spilled 412
+    bytes at 64 registers in the two-shot kernel), one program an SM, and the words to and from peers
+    in 16-byte accesses -- stores into peers' slots, polls, EMPTY resets (a mask on the row's exact
+    word count made them 4-byte: 140 scalar stores and 194 scalar polls)."""
+    from symmcoll import plan
+    from symmcoll.fused import all_reduce_rms_norm as arn
+    x = torch.empty((8192, 16384), dtype=dtype, device="meta")
+    request = plan.Request(arn.OP, x.shape, x.dtype, torch.device("cuda"), options=(("eps", 1e-6), ("quant", quant)))
+    chosen = plan.algorithms(arn.OP)[kind]
+    config = chosen.gpu_configs(request, world)
+    p = plan.Plan(request, "kernel", chosen, None, world, 1, kernel_specs.FakeWorkspace(world, 1), config, 3, None)
+    with launcher.recording() as launches:
+        p.algorithm.run(p, x, None, torch.empty_like(x), torch.empty((x.shape[1],), dtype=dtype, device="meta"))
+    assert config.max_programs == 132 and config.block < x.shape[1], config
+    ptx = kernel_specs.compile_specialised(launches[0]).asm["ptx"]
+    registers, spilled = kernel_specs.ptxas_usage(ptx)
+    assert spilled == 0, f"{spilled} bytes spilled at {registers} registers"
+    assert len(re.findall(r"\bld\.volatile\.global\.v4\.b32", ptx)) >= 4
+    assert len(re.findall(r"\bst\.global\.v4\.b32", ptx)) >= 4
+    # what stays 4 bytes wide: headers, the epoch table, the error record, the wait's give-up path
+    assert len(re.findall(r"\bst\.global\.b32", ptx)) <= 24

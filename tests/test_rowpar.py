@@ -215,15 +215,17 @@ def test_all_reduce_rms_norm(pools, world_size, dtype, algorithm):
 
 def _arn_chunked():
     """Rows in chunks of 32 values (``block`` 32 < the rows' 64 values: two passes per row, the next
-    chunk's loads issued ahead), bf16: the one-shot kernel on an odd H (a chunk past the row's end), the
-    two-shot kernel (all three stages) with per-token fp8 (scales from pass 1)."""
+    chunk's loads issued ahead), bf16: the one-shot kernel on an odd H (a chunk past the row's end; its
+    17 words a row go as 20, padded to whole 16-byte groups), the two-shot kernel (all three stages) with
+    per-token fp8 (scales from pass 1). On 4 ranks as gpu_config's bulk rule launches them (chunked rows,
+    4 programs looping)."""
     from symmcoll.plan import LaunchConfig
     _arn("one_shot", torch.bfloat16, LaunchConfig(32, 4, 4), [(3, 33, None)])
     _arn("two_shot", torch.bfloat16, LaunchConfig(32, 4, 4), [(3, 48, "fp8_per_token")])
     return True
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_all_reduce_rms_norm_chunked_rows(pools, world):
     assert pools(world).run(_arn_chunked) == [True] * world
 

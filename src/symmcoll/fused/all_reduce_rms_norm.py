@@ -64,6 +64,7 @@ from ..launcher import launch, pdl_meta
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig
 from . import memory_bound_configs
+from .gemm import num_sms
 from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, own_values,
                        rank_sum, row_weight, row_words, step_lanes, word_values)
 
@@ -78,6 +79,13 @@ ONE_SHOT_MAX_BYTES = 256 << 10
 # 8192x8192, 2.1x at 8192x16384), except the fp8-per-token output at hidden <= 6144, where the unfused path's
 # quantization in torch costs more (two_shot 0.89x at 8192x4096).
 UNFUSED_FROM_BYTES = 2 << 20
+# Several ranks past the one-shot sizes: bytes of a row a step holds (gpu_config's bulk rule).
+ROW_CHUNK_BYTES = 8 << 10
+
+
+def one_shot_max_bytes(world: int) -> int:
+    """The most bytes of x per rank that "auto" gives the one-shot kernel on several ranks."""
+    return ONE_SHOT_MAX_BYTES * (2 if world <= 2 else 1)
 
 
 def one_shot_words(device_type: str, world: int) -> int:
@@ -88,8 +96,9 @@ def one_shot_words(device_type: str, world: int) -> int:
 
 def two_shot_words(device_type: str, world: int) -> int:
     """int32 words per (phase, scatter|gather, source) slot row: 16 MB of x per launch on GPU, as
-    sentinel_two_shot; small on CPU."""
-    return (4 << 20) // world if device_type == "cuda" else 64
+    sentinel_two_shot, in whole 16-byte groups (on 3 ranks 4 M / 3 words put every peer's slot row off
+    16-byte alignment: the stores to peers, polls and resets compiled 4 bytes wide); small on CPU."""
+    return (4 << 20) // world // 4 * 4 if device_type == "cuda" else 64
 
 
 ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = declare_slots(f"{OP}.one_shot", f"fused.{OP}", 1, one_shot_words)
@@ -343,7 +352,7 @@ def _row_block(h: int, itemsize: int) -> int:
     return triton.next_power_of_2(triton.cdiv(max(h, 1), 4 // itemsize))
 
 
-def gpu_config(request: plan.Request, world: int) -> LaunchConfig:
+def gpu_config(request: plan.Request, world: int, two_shot: bool = False) -> LaunchConfig:
     """GPU launch of both kernels: ``block`` = values a program holds per step (whole rows: ``block`` /
     BLOCK_H rows; less than a row: one row in chunks of ``block`` values, two passes), ``max_programs``,
     ``num_warps`` (RmsConfig.ahead: the one-shot kernel's loads a step ahead). On one rank from the table
@@ -359,7 +368,33 @@ def gpu_config(request: plan.Request, world: int) -> LaunchConfig:
                                                request.shape[-1], dict(request.options)["quant"])
         if entry is not None:
             return memory_bound_configs.rms_config(entry, block_h)
+    if world > 1 and request.nbytes > one_shot_max_bytes(world):
+        peaks = two_shot and dict(request.options)["quant"] == "fp8_per_token"
+        return _bulk_config(block_h, request.dtype.itemsize, world, peaks, request.device)
     return LaunchConfig(block_h, MAX_PROGRAMS, max(4, min(32, block_h // 512)))
+
+
+def _bulk_config(block_h: int, itemsize: int, world: int, peaks: bool, device: torch.device) -> LaunchConfig:
+    """Several ranks past the one-shot sizes: the all-reduce's shape (comm/sentinel.py's two-shot: 16
+    bytes per thread per peer row, 16 warps an SM, every program resident and looping), where the rule
+    above gave whole rows of 16 values a thread (16384: 32 warps, a [4, 16384] fp32 tile in stage 2 at
+    64 registers, 412 bytes spilled) and a program per row (8192 x 4096: 512 programs of 202 registers,
+    one an SM: 4 waves, each waiting out its own NVLink round trips). A step is one row in chunks of
+    ROW_CHUNK_BYTES (8 KB: 4096 16-bit values), 16 bytes of each at a thread; one program an SM (about
+    128 registers at 16 warps fill the register file), looping over its rows: stage 0 sends all of them
+    before the first wait. Half the chunk (8 warps, up to 255 registers) on 5-8 ranks, whose tiles have
+    twice the rows, and in the two-shot kernel with per-token fp8 (``peaks``) past 8192 values a row (its
+    stage 2 keeps peak accumulators beside the sums of squares: 8 bytes spilled at 16 warps on 4 ranks,
+    32 on 3, in the sm_90 compile; the one-shot kernel spilled none there, and 48 bytes halved on 3).
+    Left: 8 ranks' two-shot kernel with per-token fp8 spills 12 bytes at 255 registers (8 warps or 4)."""
+    halved = world > 4 or (peaks and block_h > 8192)
+    chunk = min(block_h, ROW_CHUNK_BYTES // itemsize // (2 if halved else 1))
+    return LaunchConfig(chunk, num_sms(device), max(4, chunk * itemsize // (32 * 16)))
+
+
+def two_shot_gpu_config(request: plan.Request, world: int) -> LaunchConfig:
+    """``gpu_config`` of the two-shot kernel."""
+    return gpu_config(request, world, two_shot=True)
 
 
 def _steps(config: LaunchConfig, block_h: int, device_type: str) -> tuple[int, int]:
@@ -520,7 +555,7 @@ def _default(request: plan.Request, world: int) -> str:
     UNFUSED_FROM_BYTES (see there)."""
     if world == 1:
         return "one_shot"
-    if request.nbytes <= ONE_SHOT_MAX_BYTES * (2 if world <= 2 else 1):
+    if request.nbytes <= one_shot_max_bytes(world):
         return "one_shot"
     fp8_rows = dict(request.options)["quant"] == "fp8_per_token" and request.shape[-1] <= 6144
     if world >= 3 and request.nbytes > UNFUSED_FROM_BYTES and not fp8_rows:
@@ -552,7 +587,7 @@ SPEC = ops.declare(ops.OpSpec(
                           gpu_config, accepts=_kernel_reason, instead="unfused"),
                 Algorithm(OP, "two_shot", 93, "fused", _kernel_run("two_shot"),
                           "sentinel two-shot over shards of whole rows: norm at the owner and where gathered rows land",
-                          gpu_config, accepts=_kernel_reason, instead="unfused"))))
+                          two_shot_gpu_config, accepts=_kernel_reason, instead="unfused"))))
 
 def compile_cases(make_workspace):
     """Both kernels' launches on meta tensors: hidden 16384, 8192, 6144 and 4096, an odd hidden size,
@@ -582,7 +617,7 @@ def compile_cases(make_workspace):
                     others += (torch.empty((1,), dtype=torch.float32, device="meta"),)
                 request = plan.Request(OP, (tokens, h), dtype, torch.device("cuda"),
                                        options=(("eps", 1e-6), ("quant", quant)))
-                config = gpu_config(request, world)
+                config = (two_shot_gpu_config if kind == "two_shot" else gpu_config)(request, world)
                 if block is not None:  # negative: the same block with the one-shot kernel's loads ahead
                     config = memory_bound_configs.RmsConfig(abs(block), config.max_programs,
                                                             max(4, abs(block) // 256), block < 0)

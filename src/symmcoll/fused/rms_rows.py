@@ -96,7 +96,7 @@ def chunk_words(start, lanes, H, VALUES_PER_WORD: tl.constexpr, WORDS: tl.conste
     """(the first word in its row of the chunk of values [start, start + WORDS * VALUES_PER_WORD), which
     of a step's ``lanes`` (WORDS per row) hold values of the row rather than padding to BLOCK_H)."""
     word0 = start // VALUES_PER_WORD
-    return word0, word0 + lanes % WORDS < tl.cdiv(H, VALUES_PER_WORD)
+    return word0, word0 + lanes % WORDS < tl.cdiv(H, 4 * VALUES_PER_WORD) * 4
 
 
 @triton.jit
