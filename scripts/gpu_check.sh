@@ -117,14 +117,21 @@ for stage in $stages; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     fused-env)
-      # The fused bench again with FUSED_ENV set (VAR=value ...: an environment switch to compare),
-      # FUSED_ENV_OPS (default all_gather_matmul) and
-      # FUSED_ENV_ALGORITHMS narrowing it, into $OUT/fused_env/: side by side with the fused stage's run.
-      mkdir -p "$OUT/fused_env"
-      env ${FUSED_ENV:?fused-env needs FUSED_ENV=VAR=value} timeout ${FUSED_ENV_TIMEOUT:-300} python3 -m symmcoll bench \
-        --op ${FUSED_ENV_OPS:-all_gather_matmul} --world-size "$ngpu" ${FUSED_ENV_ALGORITHMS:+--algorithms $FUSED_ENV_ALGORITHMS} \
-        ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} --out "$OUT/fused_env" 2>&1 | tee "$OUT/fused_env/fused_bench.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      # The fused bench again with FUSED_ENV set (VAR=value ...: an environment switch to compare; several
+      # settings separated by ';' run one after another into $OUT/fused_env/<i>/, each with its env.txt),
+      # FUSED_ENV_OPS (default all_gather_matmul) and FUSED_ENV_ALGORITHMS narrowing it, FUSED_ENV_TIMEOUT
+      # per setting, into $OUT/fused_env/: side by side with the fused stage's run.
+      IFS=';' read -ra settings <<< "${FUSED_ENV:?fused-env needs FUSED_ENV=VAR=value}"
+      i=0
+      for setting in "${settings[@]}"; do
+        dir="$OUT/fused_env"; [ "${#settings[@]}" -gt 1 ] && dir="$OUT/fused_env/$i"
+        mkdir -p "$dir"; echo "$setting" > "$dir/env.txt"
+        env $setting timeout ${FUSED_ENV_TIMEOUT:-300} python3 -m symmcoll bench \
+          --op ${FUSED_ENV_OPS:-all_gather_matmul} --world-size "$ngpu" ${FUSED_ENV_ALGORITHMS:+--algorithms $FUSED_ENV_ALGORITHMS} \
+          ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} --out "$dir" 2>&1 | tee "$dir/fused_bench.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        i=$((i + 1))
+      done
       ;;
     tp_block)
       # The decoder block of symmcoll.models in every mode at one world size (TP_BLOCK_WORLD, default

@@ -220,6 +220,22 @@ def test_fused_with_several_producers(pools, world_size, rows):
     assert pools(world_size).run(_several_producers, rows) == [True] * world_size
 
 
+def test_gpu_producer_count_follows_the_flops_per_pulled_byte(monkeypatch):
+    """On 132 SMs (bf16): 8 producers where the GEMM hides the pull (N = 8192: 9), more where it is thin
+    (N = 3584: 18), never more than the chunks there are (a 512-row gather on 4 ranks: 4), a cap of
+    FUSED_PRODUCERS_MAX, and SYMMCOLL_AGMM_PRODUCERS's fixed count (still capped by the chunks)."""
+    from symmcoll import debug_switches
+    monkeypatch.setattr(debug_switches, "AGMM_PRODUCERS", None)
+    assert agmm.fused_producers(132, 128, 8192, 2) == 9
+    assert agmm.fused_producers(132, 128, 3584, 2) == 18
+    assert agmm.fused_producers(132, 128, 1 << 16, 2) == agmm.FUSED_PRODUCERS["cuda"]
+    assert agmm.fused_producers(132, 4, 3584, 2) == 4
+    assert agmm.fused_producers(132, 512, 256, 2) == agmm.FUSED_PRODUCERS_MAX
+    monkeypatch.setattr(debug_switches, "AGMM_PRODUCERS", 24)
+    assert agmm.fused_producers(132, 128, 8192, 2) == 24
+    assert agmm.fused_producers(132, 8, 8192, 2) == 8
+
+
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------
 
 def _gpu_stress(algorithm, calls, replays):

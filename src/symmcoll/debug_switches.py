@@ -28,6 +28,14 @@ Host side (``symmcoll.memory``):
                                        probe does, after every case).
   SYMMCOLL_DEBUG_SEPARATE_REGIONS=1    every symmetric region is its own allocation (as before 401756e)
                                        instead of one allocation holding them all.
+
+all_gather_matmul's fused producers (benchmarks/NOTES.md, "all_gather_matmul fused: producers' pull rate"),
+to compare the pull designs in one GPU call (``fused.all_gather_matmul`` reads them):
+  SYMMCOLL_AGMM_PRODUCERS=N            exactly N producer programs on a GPU (capped at the chunks there are)
+                                       instead of the rule ``fused_producers``.
+  SYMMCOLL_AGMM_PULL_SINGLE=1          producers copy one [BM, 256] step at a time, loads then stores (the
+                                       pull before 2026-11-27's change), instead of issuing the next step's
+                                       loads before storing the current one.
 """
 
 from __future__ import annotations
@@ -41,13 +49,13 @@ def _flag(name: str) -> bool:
     return value == "1"
 
 
-def _spins(name: str) -> int | None:
-    """A positive spin count from the environment, or None where unset (the default applies)."""
+def _spins(name: str, what: str = "number of spins") -> int | None:
+    """A positive count (spins, programs) from the environment, or None where unset (the default applies)."""
     value = os.environ.get(name)
     if value is None:
         return None
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name} must be a positive number of spins, got {value!r}")
+        raise ValueError(f"{name} must be a positive {what}, got {value!r}")
     return int(value)
 
 
@@ -57,10 +65,13 @@ NO_HEADERS = _flag("SYMMCOLL_DEBUG_NO_HEADERS")
 NO_ANNOUNCE = _flag("SYMMCOLL_DEBUG_NO_ANNOUNCE")
 STATUS_ON_DEVICE = _flag("SYMMCOLL_DEBUG_STATUS_ON_DEVICE")
 SEPARATE_REGIONS = _flag("SYMMCOLL_DEBUG_SEPARATE_REGIONS")
+AGMM_PRODUCERS = _spins("SYMMCOLL_AGMM_PRODUCERS", "number of programs")
+AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 
 
 def active() -> dict[str, object]:
     """The switches that differ from their defaults (for result files)."""
     values = {"NO_ABORT_CHECK": NO_ABORT_CHECK, "ABORT_CHECK_SPINS": ABORT_CHECK_SPINS, "NO_HEADERS": NO_HEADERS,
-              "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS}
+              "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS,
+              "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE}
     return {k: v for k, v in values.items() if v not in (False, None)}

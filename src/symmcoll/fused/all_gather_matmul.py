@@ -41,12 +41,14 @@ cuBLAS against the tiles' 1.06-1.08x on an H100: 2026-11-27-agmm-side-copy-h100.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .. import ops
+from .. import debug_switches, ops
 from .. import plan as planner
 from ..language import (EPOCH_SLOTS, announce, barrier_kernel, block_barrier, end_launch, launch_epoch, peer_ptr,
                         send_tile_flag, wait_tile_flag)
@@ -78,6 +80,40 @@ def _copy_rows(src, dst, dst2, rows, K, src_stride, dst_stride, dst2_stride, ROW
         tl.store(dst + r[:, None].to(tl.int64) * dst_stride + c[None, :], v, mask=mask)
         if TEE:
             tl.store(dst2 + r[:, None].to(tl.int64) * dst2_stride + c[None, :], v, mask=mask)
+
+
+@triton.jit
+def _load_step(src, r, c0, rows, K, src_stride, COLS: tl.constexpr):
+    c = c0 + tl.arange(0, COLS)
+    return tl.load(src + r[:, None].to(tl.int64) * src_stride + c[None, :], mask=(r[:, None] < rows) & (c[None, :] < K))
+
+
+@triton.jit
+def _store_step(dst, dst2, v, r, c0, rows, K, dst_stride, dst2_stride, COLS: tl.constexpr, TEE: tl.constexpr):
+    c = c0 + tl.arange(0, COLS)
+    mask = (r[:, None] < rows) & (c[None, :] < K)
+    tl.store(dst + r[:, None].to(tl.int64) * dst_stride + c[None, :], v, mask=mask)
+    if TEE:
+        tl.store(dst2 + r[:, None].to(tl.int64) * dst2_stride + c[None, :], v, mask=mask)
+
+
+@triton.jit
+def _move_rows(src, dst, dst2, rows, K, src_stride, dst_stride, dst2_stride, ROWS: tl.constexpr, COLS: tl.constexpr,
+               TEE: tl.constexpr, AHEAD: tl.constexpr):
+    """A producer's copy of one chunk, as _copy_rows, in [ROWS, COLS] steps. AHEAD: step i+1's loads are
+    issued before step i's stores, so two steps of loads are in flight while a step is stored (a producer
+    that waits for each step's loads before issuing the next moves one step per NVLink round trip);
+    else one step at a time, loads then stores (the pull before 2026-11-27's change)."""
+    if AHEAD:
+        r = tl.arange(0, ROWS)
+        v = _load_step(src, r, 0, rows, K, src_stride, COLS)
+        for c0 in range(COLS, K, COLS):
+            ahead = _load_step(src, r, c0, rows, K, src_stride, COLS)
+            _store_step(dst, dst2, v, r, c0 - COLS, rows, K, dst_stride, dst2_stride, COLS, TEE)
+            v = ahead
+        _store_step(dst, dst2, v, r, tl.cdiv(K, COLS) * COLS - COLS, rows, K, dst_stride, dst2_stride, COLS, TEE)
+    else:
+        _copy_rows(src, dst, dst2, rows, K, src_stride, dst_stride, dst2_stride, ROWS, COLS, TEE)
 
 
 @triton.jit
@@ -127,6 +163,8 @@ def ag_matmul_kernel(
     # WORLD == 1 only: columns a tile's copy of A into the gathered A loads at once (see the consumer loop);
     # COPY_A False where the caller wants no gathered A (nothing is copied)
     SLICE_COLS: tl.constexpr = 64, COPY_A: tl.constexpr = True,
+    # PRODUCERS only: the producers issue a step's loads before storing the step before (_move_rows)
+    PULL_AHEAD: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     if SOURCE == PRODUCERS:
@@ -143,8 +181,8 @@ def ag_matmul_kernel(
         my_g = g_ptr + tl.cast(rank * shard_stride, tl.int64) * stride_g
         for j in range(_first_block(pid, rank, blocks_per_shard, N_PRODUCERS), blocks_per_shard, N_PRODUCERS):
             # my rows go to my buffer and my gathered A
-            _copy_rows(a_ptr + j * BM * stride_a, my_buf + j * BM * K, my_g + tl.cast(j * BM, tl.int64) * stride_g,
-                       tl.minimum(rows - j * BM, BM), K, stride_a, K, stride_g, BM, COPY_COLS, True)
+            _move_rows(a_ptr + j * BM * stride_a, my_buf + j * BM * K, my_g + tl.cast(j * BM, tl.int64) * stride_g,
+                       tl.minimum(rows - j * BM, BM), K, stride_a, K, stride_g, BM, COPY_COLS, True, PULL_AHEAD)
         failed = block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
         if failed == 0:
             for k in tl.static_range(1, WORLD):
@@ -153,8 +191,8 @@ def ag_matmul_kernel(
                 for j in range(_first_block(pid, owner, blocks_per_shard, N_PRODUCERS), blocks_per_shard,
                                N_PRODUCERS):
                     dst = g_ptr + tl.cast(owner * shard_stride + j * BM, tl.int64) * stride_g
-                    _copy_rows(theirs + j * BM * K, dst, dst, tl.minimum(rows - j * BM, BM), K, K, stride_g, stride_g,
-                               BM, COPY_COLS, False)
+                    _move_rows(theirs + j * BM * K, dst, dst, tl.minimum(rows - j * BM, BM), K, K, stride_g, stride_g,
+                               BM, COPY_COLS, False, PULL_AHEAD)
                     send_tile_flag(flags_ptr + owner * blocks_per_shard + j, ready)
             # Nobody refills its buffer (next call) until every peer's program p has pulled from it.
             block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
@@ -364,14 +402,17 @@ def _slice_cols(config, k: int, n: int) -> int:
     return min(triton.next_power_of_2(max(64, width)), cap, 512)
 
 
-def _copy_cols(alone: bool, source: int, on_gpu: bool) -> int:
+def _copy_cols(alone: bool, source: int, on_gpu: bool, ahead: bool) -> int:
     """Columns of a [BM, COPY_COLS] copy step: alone, the own copy's (64); the fused kernel's producers
-    pull 256 (64 KB of loads in flight at BM 128: their rate is bytes in flight / NVLink round trip,
-    and 128 -- 32 KB -- measured 7-16 GB/s an SM on 4x H100, benchmarks/NOTES.md); the other variants
-    run no producer (their dead producer code keeps the old 128)."""
+    pull 256 a step one step at a time (64 KB of loads in flight at BM 128; 128 -- 32 KB -- measured 7-16
+    GB/s an SM on 4x H100, benchmarks/NOTES.md), AHEAD_COLS a step with the next step's loads issued
+    before a step's stores (two [BM, 256] steps held at once spilled 548 bytes at 255 registers on
+    sm_90); the other variants run no producer (their dead producer code keeps the old 128)."""
     if not on_gpu:
         return 32
-    return 64 if alone else 256 if source == PRODUCERS.value else 128
+    if source == PRODUCERS.value and not alone:
+        return AHEAD_COLS if ahead else 256
+    return 64 if alone else 128
 
 
 def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
@@ -390,12 +431,17 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
         return [out.zero_() for out in outs], g
     b, b_t = gemm.b_layout(bs[0], K)  # a transposed view of a row-major W [N, K] is read as it is
     config = _config(plan, a, bs[0])
-    producers = 0 if alone else producers
     piece = rows_total if alone else _piece_rows(plan, a, config.block_m)  # alone: no buffer is used
+    if alone:
+        producers = 0
+    elif producers and ws.device.type == "cuda":  # (every rank computes the same count: same grid)
+        producers = fused_producers(gemm.programs_for(config, ws.device), world * triton.cdiv(piece, config.block_m),
+                                    bs[0].shape[1], a.element_size())
     flags, epoch, ready = _state(plan, world * triton.cdiv(piece, config.block_m), a.device)
     on_gpu = ws.device.type == "cuda"  # (meta tensors when the compile checks record the launches)
     tma = source != PEER_BUFFERS.value and gemm.use_tma(ws.device.type, a, g, b)
     consumers = max(1, gemm.programs_for(config, ws.device) - producers)
+    ahead = producers > 0 and not debug_switches.AGMM_PULL_SINGLE
     copies = source in (PEER_BUFFERS.value, COPY_ENGINE.value) and not alone
     for start in range(0, rows_total, piece):
         rows = min(piece, rows_total - start)
@@ -420,9 +466,9 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                 b_desc),
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
-                    COPY_COLS=_copy_cols(alone, source, on_gpu), TMA_STORE=tma_store, C_HALVES=config.c_halves,
+                    COPY_COLS=_copy_cols(alone, source, on_gpu, ahead), TMA_STORE=tma_store, C_HALVES=config.c_halves,
                     SLICE_COLS=_slice_cols(config, K, bs[0].shape[1]) if on_gpu else 32, COPY_A=wanted,
-                    **config.meta()))
+                    PULL_AHEAD=ahead, **config.meta()))
         if source == COPY_ENGINE.value and not alone and a.is_cuda:
             torch.cuda.current_stream().wait_stream(plan.cache["side_stream"])
         if source == PEER_BUFFERS.value and (wanted or len(bs) > 1):  # the GEMM read peers' rows in place
@@ -478,8 +524,34 @@ def _copy_engine_producer(plan, a, _out, *bs):
     return _run_kernel(plan, a, bs, COPY_ENGINE.value)
 
 
-# Producer programs of the fused kernel: each pulls with SM loads (~25-40 GB/s an SM over NVLink).
+# Producer programs of the fused kernel: on CPU exactly FUSED_PRODUCERS["cpu"] (the tests raise it); on a
+# GPU fused_producers' rule, at least FUSED_PRODUCERS["cuda"] and at most FUSED_PRODUCERS_MAX.
 FUSED_PRODUCERS = {"cuda": 8, "cpu": 1}
+FUSED_PRODUCERS_MAX = 32
+# The rule's rates: what one producer pulls over NVLink (bytes/s; 7-16 GB/s fitted to the one-step pull on
+# 4x H100, benchmarks/NOTES.md, "all_gather_matmul at world size 4") and what one SM multiplies (flop/s:
+# cuBLAS's ~730 TFLOP/s on 132 H100 SMs).
+PRODUCER_PULL_RATE = 10e9
+# Columns of a producer's step when it issues the next step's loads before storing one (_move_rows).
+AHEAD_COLS = 128
+SM_FLOP_RATE = 5.5e12
+
+
+def fused_producers(programs: int, chunks: int, n: int, itemsize: int) -> int:
+    """Producer programs of the fused kernel on a GPU of ``programs`` persistent programs, for ``chunks``
+    row blocks in all W shards and B's ``n`` columns. Consumers multiply my shard first (1/W of the
+    tiles, no wait) and then the peers' shards in the order the producers pull them, so every chunk
+    arrives in time when the pull of the W-1 peers' shards takes at most (W-1)/W of the GEMM time:
+    (W-1)/W * M*K*e / (P*r) <= (W-1)/W * 2*M*N*K / ((S-P)*f), i.e. P >= S / (1 + 2*N*r / (e*f)), which
+    depends on N only (the flops per pulled byte): 9 at N = 8192, 18 at N = 3584 (132 SMs, bf16). More
+    producers than chunks would have nothing to move, and each one takes an SM from the GEMM.
+    SYMMCOLL_AGMM_PRODUCERS (debug_switches) fixes the count to compare designs in one GPU run."""
+    if debug_switches.AGMM_PRODUCERS is not None:
+        wanted = debug_switches.AGMM_PRODUCERS
+    else:
+        wanted = max(FUSED_PRODUCERS["cuda"], math.ceil(
+            programs / (1 + 2 * n * PRODUCER_PULL_RATE / (itemsize * SM_FLOP_RATE))))
+    return max(1, min(wanted, FUSED_PRODUCERS_MAX, chunks, programs - 1))
 
 
 def _fused(plan, a, _out, *bs):
