@@ -441,9 +441,9 @@ def test_sentinel_bit_patterns(pools, algorithm, dtype):
     assert pools(2).run(_sentinel_words, algorithm, dtype) == [True] * 2
 
 
-def test_rms_norm_auto_runs_unfused_past_two_mib_on_several_ranks():
-    # 4x H100 (2026-11-27): the fused two-shot kernel lost to the all-reduce + torch tail from 2 MiB of x per
-    # rank, except the fp8-per-token output at hidden <= 6144; 2 ranks and smaller tensors keep the kernels.
+def test_rms_norm_auto_runs_the_kernels_at_every_size():
+    # 4x H100 (2026-11-27, after the 16-byte peer words and the bulk launch rule): the two-shot kernel beat the
+    # all-reduce + torch tail at every shape from 138x16384 to 8192x16384, so auto never falls back to unfused.
     from symmcoll import plan
     from symmcoll.fused import all_reduce_rms_norm as rms
 
@@ -454,11 +454,10 @@ def test_rms_norm_auto_runs_unfused_past_two_mib_on_several_ranks():
                                options=(("eps", 1e-5), ("quant", quant)))
         return rms._default(request, world)
     assert default(8, 4096, 4) == "one_shot"
-    assert default(128, 4096, 4) == "two_shot"  # 1 MiB
-    assert default(256, 4096, 4) == "two_shot"  # 2 MiB exactly
-    assert default(257, 4096, 4) == "unfused"
-    assert default(8192, 8192, 8) == "unfused"
-    assert default(8192, 8192, 2) == "two_shot"
+    assert default(32, 4096, 4) == "one_shot"  # 256 KiB exactly
+    assert default(33, 4096, 4) == "two_shot"
+    assert default(64, 4096, 2) == "one_shot"  # 512 KiB on 2 ranks
+    assert default(8192, 16384, 4) == "two_shot"
+    assert default(8192, 8192, 8) == "two_shot"
     assert default(8192, 8192, 1) == "one_shot"
-    assert default(8192, 4096, 4, "fp8_per_token") == "two_shot"
-    assert default(8192, 8192, 4, "fp8_per_token") == "unfused"
+    assert default(8192, 8192, 4, "fp8_per_token") == "two_shot"

@@ -73,12 +73,6 @@ QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
 MAX_HIDDEN = 32768
 # "auto": the one-shot kernel up to this many bytes of x per rank (4 ranks; twice as many on 2; any on 1).
 ONE_SHOT_MAX_BYTES = 256 << 10
-# On 3 or more ranks, past this many bytes of x per rank "auto" runs the unfused path (symmcoll's all-reduce,
-# then torch's add + RMSNorm): on 4x H100 (2026-11-27, benchmarks/results/2026-11-27-multi-gpu-fix-h100x4/
-# fused_tp) the fused two-shot kernel lost to it at every shape from 2 MiB (1.03x at 512x4096, 1.6x at
-# 8192x8192, 2.1x at 8192x16384), except the fp8-per-token output at hidden <= 6144, where the unfused path's
-# quantization in torch costs more (two_shot 0.89x at 8192x4096).
-UNFUSED_FROM_BYTES = 2 << 20
 # Several ranks past the one-shot sizes: bytes of a row a step holds (gpu_config's bulk rule).
 ROW_CHUNK_BYTES = 8 << 10
 
@@ -551,15 +545,14 @@ def _kernel_reason(request: plan.Request, world: int) -> str | None:
 def _default(request: plan.Request, world: int) -> str:
     """What "auto" runs without a table rule. One rank: the one-shot kernel at every size (no peer, so no
     protocol to choose; its launches are the ones the roofline table measured, loads ahead included).
-    Several: one-shot up to ONE_SHOT_MAX_BYTES, then two-shot, and on 3 or more ranks the unfused path past
-    UNFUSED_FROM_BYTES (see there)."""
+    Several: one-shot up to ONE_SHOT_MAX_BYTES, then two-shot. On 4x H100 (2026-11-27,
+    benchmarks/results/2026-11-27-rowpar-branches-h100x4/rms) the two-shot kernel with 16-byte peer words and
+    the bulk launch rule ran 1.7-4.7x faster than the unfused path at every shape from 138x16384 to
+    8192x16384 (1536 against 3650 us there), so no size falls back to it any more."""
     if world == 1:
         return "one_shot"
     if request.nbytes <= one_shot_max_bytes(world):
         return "one_shot"
-    fp8_rows = dict(request.options)["quant"] == "fp8_per_token" and request.shape[-1] <= 6144
-    if world >= 3 and request.nbytes > UNFUSED_FROM_BYTES and not fp8_rows:
-        return "unfused"
     return "two_shot"
 
 
