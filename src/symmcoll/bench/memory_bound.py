@@ -92,10 +92,9 @@ def _norm_reference(inputs, group, shape):
 def _norm_bytes(shape, dtype, world, algorithm):
     """The fused kernels: their model at this world size (auto: the kernel it picks); torch's add +
     RMSNorm on one GPU: the local work; composites of several launches (nccl, unfused): none."""
-    from ..fused.all_reduce_rms_norm import ONE_SHOT_MAX_BYTES
+    from ..fused.all_reduce_rms_norm import auto_kernel
     if algorithm == "auto":
-        nbytes = shape[0] * shape[1] * dtype.itemsize
-        algorithm = "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES * (2 if world <= 2 else 1) else "two_shot"
+        algorithm = auto_kernel(shape[0] * shape[1] * dtype.itemsize, world)
     if algorithm in ("one_shot", "two_shot"):
         return roofline.rms_norm_bytes(shape[0], shape[1], dtype.itemsize, _quant(shape), world, algorithm)
     if algorithm in ("local", "torch.compile add+RMSNorm"):

@@ -71,15 +71,26 @@ from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
 MAX_HIDDEN = 32768
-# "auto": the one-shot kernel up to this many bytes of x per rank (4 ranks; twice as many on 2; any on 1).
+# Several ranks: the kernels' small-tensor launch rule up to this many bytes of x per rank (4 ranks; twice as
+# many on 2), the bulk rule past it.
 ONE_SHOT_MAX_BYTES = 256 << 10
+# "auto" on several ranks: the one-shot kernel up to this many bytes of x per rank, the two-shot past it. On 4x
+# H100 (2026-11-27, benchmarks/results/2026-11-27-rowpar-branches-h100x4/rms2, both kernels at their bulk rule)
+# one-shot 12.4 / 16.9 us against two-shot 16.9 / 17.9 at 512 KiB / 1 MiB, two-shot ahead from 2 MiB (20.3 against
+# 26.4). On 2 ranks one-shot reads half the peer bytes, so it holds at least as far.
+AUTO_ONE_SHOT_MAX_BYTES = 1 << 20
 # Several ranks past the one-shot sizes: bytes of a row a step holds (gpu_config's bulk rule).
 ROW_CHUNK_BYTES = 8 << 10
 
 
 def one_shot_max_bytes(world: int) -> int:
-    """The most bytes of x per rank that "auto" gives the one-shot kernel on several ranks."""
+    """The most bytes of x per rank the small-tensor launch rule takes on several ranks."""
     return ONE_SHOT_MAX_BYTES * (2 if world <= 2 else 1)
+
+
+def auto_kernel(nbytes: int, world: int) -> str:
+    """The kernel "auto" runs for ``nbytes`` of x per rank (no table rule)."""
+    return "one_shot" if world == 1 or nbytes <= AUTO_ONE_SHOT_MAX_BYTES else "two_shot"
 
 
 def one_shot_words(device_type: str, world: int) -> int:
@@ -545,15 +556,11 @@ def _kernel_reason(request: plan.Request, world: int) -> str | None:
 def _default(request: plan.Request, world: int) -> str:
     """What "auto" runs without a table rule. One rank: the one-shot kernel at every size (no peer, so no
     protocol to choose; its launches are the ones the roofline table measured, loads ahead included).
-    Several: one-shot up to ONE_SHOT_MAX_BYTES, then two-shot. On 4x H100 (2026-11-27,
+    Several: one-shot up to AUTO_ONE_SHOT_MAX_BYTES, then two-shot. On 4x H100 (2026-11-27,
     benchmarks/results/2026-11-27-rowpar-branches-h100x4/rms) the two-shot kernel with 16-byte peer words and
     the bulk launch rule ran 1.7-4.7x faster than the unfused path at every shape from 138x16384 to
     8192x16384 (1536 against 3650 us there), so no size falls back to it any more."""
-    if world == 1:
-        return "one_shot"
-    if request.nbytes <= one_shot_max_bytes(world):
-        return "one_shot"
-    return "two_shot"
+    return auto_kernel(request.nbytes, world)
 
 
 def all_reduce_rms_norm_impl(x, residual, weight, eps: float, group_name: str, algorithm: str, quant: str,
