@@ -283,7 +283,10 @@ def test_shipped_defaults_are_the_tables_picks(monkeypatch):
         assert rms(tokens, hidden, None) == mbc.rms_config(entry(tokens=at_tokens, hidden=at_hidden, quant="bf16"),
                                                            1 << (hidden - 1).bit_length())
     untuned = plan.LaunchConfig(8192, 1024, 16)
-    assert rms(512, 8192, None, world=2) == untuned and rms(512, 8192, None, dtype=torch.float32) == untuned
+    # Several ranks: the untuned rule up to the one-shot launch sizes (512 KiB on 2), the bulk rule past them
+    # (one program an SM, 4096-value chunks of a row at 16 bytes a thread: 16 warps).
+    assert rms(32, 8192, None, world=2) == untuned and rms(512, 8192, None, dtype=torch.float32) == untuned
+    assert rms(512, 8192, None, world=2) == plan.LaunchConfig(4096, arn.num_sms(cuda), 16)
     assert rms(512, 1024, None) == plan.LaunchConfig(1024, 1024, 4)  # no hidden size within a factor of 2
 
     for op in ("moe_dispatch", "moe_combine"):
