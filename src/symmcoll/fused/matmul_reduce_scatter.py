@@ -340,8 +340,10 @@ def check_operands(request: plan.Request) -> tuple[int, int, int]:
 # "auto" where the dispatch table has no rule of this op at this world size: torch.matmul +
 # symmcoll.reduce_scatter. On 4x H100 (benchmarks/results/2026-11-27-multi-gpu-fix-h100x4, N = 8192,
 # K = 28672 / 4) the fused kernel lost to it at every M: 2x at M = 16-128 (each rank's row shards
-# read B once per shard: W reads of the weights), 1.2x at 512, 1.03x at 2048-16384. (Since then the
-# kernel makes one pass over B where shards are shorter than a tile, ``tiling``: unmeasured, NOTES.md.)
+# read B once per shard: W reads of the weights), 1.2x at 512, 1.03x at 2048-16384. With one pass over B
+# where shards are shorter than a tile (``tiling``; benchmarks/results/2026-11-27-rowpar-branches-h100x4/mrs)
+# it still lost by 5-13%: 52.2 / 57.6 / 113.6 / 1778.5 us against 46.1 / 53.2 / 105.9 / 1696.0 at M = 16 /
+# 128 / 512 / 8192.
 AUTO_DEFAULT = "unfused"
 
 
