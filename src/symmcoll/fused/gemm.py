@@ -26,6 +26,7 @@ upcasts to fp32 first (triton 3.6's interpreter adds bf16 bit patterns); the GPU
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -450,6 +451,24 @@ class CoreLaunch:
                 self.sharing, self.slots, self.partials, self.counters)
 
 
+@functools.lru_cache(maxsize=4096)
+def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, programs: int | None,
+                device: torch.device) -> tuple:
+    """What core_launch derives from the shape alone (the fitted config, its split plan, the grid's tile
+    units, the plan's constexprs), once per shape: an eager call repeats none of it (issue 25's host
+    work per call)."""
+    config = config.fitted(itemsize)
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
+    nprog = programs or programs_for(config, device)
+    plan = split_plan(config, tiles, K, nprog)
+    units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
+    grid = min(nprog, max(units, plan.whole_tiles)) if plan.shared else min(tiles, nprog)
+    meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
+                REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps) if plan.shared else 1,
+                C_HALVES=config.c_halves, BN2=config.block_n2, **config.meta())
+    return config, tiles, plan, max(1, grid), meta
+
+
 def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor, config: GemmConfig,
                 programs: int | None = None) -> CoreLaunch:
     """The GEMM core's launch of C [M, N] = A [M, K] @ B (``src`` and ``b_t`` from ``b_layout``; M, N, K
@@ -457,19 +476,14 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     programs (default ``programs_for``), descriptors where TMA may load (``use_tma``)."""
     (M, K), N = a.shape, out.shape[1]
     device_type = "meta" if a.device.type == "meta" else a.device.type
-    config = config.fitted(a.element_size())
-    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
-    nprog = programs or programs_for(config, a.device)
-    plan = split_plan(config, tiles, K, nprog)
+    config, tiles, plan, grid, shape_meta = _core_shape(M, N, K, config, a.element_size(), programs, a.device)
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.block_n,),
                                dtype=torch.float32, device=a.device)
         counters = split_counters(a.device, tiles - plan.whole_tiles) if a.device.type != "meta" else torch.empty(
             MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
-        units = plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing
-        grid = min(nprog, max(units, plan.whole_tiles))
     else:
-        partials, counters, grid = out, out, min(tiles, nprog)  # (partials, counters unused)
+        partials, counters = out, out  # (unused)
     tma = use_tma(device_type, a, src, out)
     a_arg, b_arg = host_descriptors(config, a, src, b_t) if tma else (a, src)
     # a two-part tile's second part: B's descriptor with blocks block_n2 wide, or B's pointer again (None, a
@@ -477,13 +491,10 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     b2_arg = None if not config.block_n2 else b_descriptor(src, b_t, config.block_n2, config.block_k) if tma else src
     tma_store = tma and config.tma_store
     c_arg = c_descriptor(out, M, config) if tma_store else out
-    return CoreLaunch(max(1, grid), a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
+    return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                           SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
-                           REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps)
-                           if plan.shared else 1,
-                           C_HALVES=config.c_halves, BN2=config.block_n2, **config.meta(), **pdl_meta(a.device)))
+                           **shape_meta, **pdl_meta(a.device)))
 
 
 def compile_cases(make_workspace):
