@@ -14,7 +14,8 @@
 # 10-minute call allows: split it with TEST_PATHS (e.g. "tests/test_all_reduce.py" in one call,
 # "tests/test_data_movement.py tests/test_reduce_scatter.py tests/test_gpu.py ..." in the next).
 # TEST_FILTER is pytest's -k expression. SWEEP_ALGORITHMS (names in benchmarks/sweep_configs.py) and BENCH_OPS (e.g. all_reduce) narrow a run.
-# Writes logs and result files under $OUT (default ./out). Installs nothing: uses the image's torch and
+# Writes logs and result files under $OUT (default ./out); $OUT/env.txt names the code that ran twice: the carried
+# sha and the digest of src/symmcoll (`python3 -m symmcoll.bench.provenance <commit>` here gives a commit's). Installs nothing: uses the image's torch and
 # triton with src/ on PYTHONPATH. Every step runs under `timeout`; NVLink multicast stays off.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,9 @@ status=0
 python3 - <<'PY' | tee "$OUT/env.txt"
 import os, torch, triton
 print("git", os.environ.get("SYMMCOLL_GIT_SHA", "unknown"))
+# The code that ran, whatever the sha file says: compare with `python3 -m symmcoll.bench.provenance <commit>` here.
+from symmcoll.bench.provenance import tree_digest
+print("src digest", tree_digest("."))
 print("torch", torch.__version__, "triton", triton.__version__, "nccl", torch.cuda.nccl.version())
 print("gpus", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
 PY

@@ -472,3 +472,29 @@ def test_graph_calls_keeps_a_replay_within_the_budget():
     assert graph_calls(GRAPH_BUDGET_US / 4, 20) == 4
     assert graph_calls(10 * GRAPH_BUDGET_US, 20) == 1
     assert graph_calls(5.0, 3) == 3  # never more than asked
+
+
+def test_source_digest_names_the_commit_that_ran(tmp_path):
+    """gpu_check.sh's env.txt carries the digest of the copied sources: the same digest from git's objects of
+    the commit that ran, another for any other commit or a changed file (the device copy has no .git)."""
+    import subprocess
+
+    from symmcoll.bench.provenance import commit_digest, tree_digest
+    git = lambda *args: subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    pkg = tmp_path / "src" / "symmcoll"
+    (pkg / "fused").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    (pkg / "fused" / "table.json").write_text("{}\n")
+    (pkg / "notes.txt").write_text("not digested\n")
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "empty")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    first = tree_digest(tmp_path)
+    assert commit_digest(tmp_path, "HEAD") == first != commit_digest(tmp_path, "HEAD~1")
+    (pkg / "notes.txt").write_text("changed, still not digested\n")
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "junk.py").write_text("y = 2\n")
+    assert tree_digest(tmp_path) == first
+    (pkg / "fused" / "table.json").write_text('{"changed": true}\n')
+    assert tree_digest(tmp_path) != first
