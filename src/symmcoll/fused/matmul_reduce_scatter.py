@@ -115,6 +115,34 @@ def _region_at(ptrs_dev, peer, byte_offset, ELEM: tl.constexpr):
 
 
 @triton.jit
+def _send_tile(acc, mask, owner, j, rank, phase, ready, stage_ptrs_dev, in_tile, WORLD: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, SLOT_ELEMS: tl.constexpr, MAX_TILES: tl.constexpr,
+               DATA_OFFSET: tl.constexpr, ELEM: tl.constexpr):
+    """Tile j's rows for ``owner`` (``mask``: [BM, 1] of its rows, or None for the whole tile), rounded to
+    ELEM, into my slot of its stage, then its flag of (source me, tile j)."""
+    slot = rank - tl.cast(rank > owner, tl.int32)
+    peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
+    tile = peer_slots + (phase * (WORLD - 1) + slot).to(tl.int64) * SLOT_ELEMS + j * (BM * BN)
+    tl.store(tile + in_tile, narrow(acc, ELEM), mask=mask)
+    peer_flags = _region_at(stage_ptrs_dev, owner, 0, tl.int64)
+    send_tile_flag(peer_flags + (phase * MAX_WORLD + rank) * MAX_TILES + j, ready)
+
+
+@triton.jit
+def _add_peer_tiles(acc, mask, other, j, rank, my_flags, my_slots, ready, budget, status_ptr, desc, in_tile,
+                    WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SLOT_ELEMS: tl.constexpr,
+                    MAX_TILES: tl.constexpr):
+    """``acc`` + every peer's tile j in my slots, in rank order, each once its flag arrived (``mask`` /
+    ``other``: [BM, 1] of my rows and 0.0, or None for the whole tile); (acc, budget left)."""
+    for src in tl.static_range(WORLD):
+        if src != rank:
+            budget = wait_tile_flag(my_flags + src * MAX_TILES + j, ready, budget, status_ptr, rank, src, desc)
+            slot = src - tl.cast(src > rank, tl.int32)
+            acc += tl.load(my_slots + slot * SLOT_ELEMS + j * (BM * BN) + in_tile, mask=mask, other=other).to(tl.float32)
+    return acc, budget
+
+
+@triton.jit
 def _one_pass_tiles(
     a_src, b_src, out_ptr, M, N, K, stride_a, stride_b, stride_out, rows_per_shard, first_tile, piece_tiles, rank,
     stage_ptrs_dev, my_flags, my_slots, phase, ready, budget, status_ptr, desc,
@@ -143,26 +171,16 @@ def _one_pass_tiles(
         rows = row0 + tl.arange(0, BM)
         first_owner = row0 // rows_per_shard
         last_owner = (tl.minimum(row0 + BM, grid_rows) - 1) // rows_per_shard
-        sent = narrow(acc, ELEM)
         for owner in range(first_owner, last_owner + 1):
             if owner != rank:
                 owned = (rows >= owner * rows_per_shard) & (rows < (owner + 1) * rows_per_shard)
-                slot = rank - tl.cast(rank > owner, tl.int32)
-                peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
-                tile = peer_slots + (phase * (WORLD - 1) + slot).to(tl.int64) * SLOT_ELEMS + j * (BM * BN)
-                tl.store(tile + in_tile, sent, mask=owned[:, None])
-                peer_flags = _region_at(stage_ptrs_dev, owner, 0, tl.int64)
-                send_tile_flag(peer_flags + (phase * MAX_WORLD + rank) * MAX_TILES + j, ready)
+                _send_tile(acc, owned[:, None], owner, j, rank, phase, ready, stage_ptrs_dev, in_tile, WORLD, BM, BN,
+                           SLOT_ELEMS, MAX_TILES, DATA_OFFSET, ELEM)
         if (first_owner <= rank) & (rank <= last_owner):
             local = rows - rank * rows_per_shard  # my shard's rows; outside [0, rows_per_shard): a peer's
             mine = (local >= 0) & (local < rows_per_shard)
-            for src in tl.static_range(WORLD):
-                if src != rank:
-                    budget = wait_tile_flag(my_flags + src * MAX_TILES + j, ready, budget, status_ptr, rank, src,
-                                            desc)
-                    slot = src - tl.cast(src > rank, tl.int32)
-                    acc += tl.load(my_slots + slot * SLOT_ELEMS + j * (BM * BN) + in_tile, mask=mine[:, None],
-                                   other=0.0).to(tl.float32)
+            acc, budget = _add_peer_tiles(acc, mine[:, None], 0.0, j, rank, my_flags, my_slots, ready, budget,
+                                          status_ptr, desc, in_tile, WORLD, BM, BN, SLOT_ELEMS, MAX_TILES)
             if budget > 0:
                 # rows of my shard below M (a short last shard of matmul_all_reduce ends early)
                 kept = mine & (local < M - rank * rows_per_shard)
@@ -218,19 +236,11 @@ def matmul_reduce_scatter_kernel(
                 acc = k_loop(a_src, b_src, first_row + pid_m * BM, pid_n * BN, 0, K, first_row + shard_rows, N, K,
                              stride_a, stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION)
                 if owner != rank:
-                    slot = rank - tl.cast(rank > owner, tl.int32)
-                    peer_slots = _region_at(stage_ptrs_dev, owner, DATA_OFFSET, ELEM)
-                    tile = peer_slots + (phase * (WORLD - 1) + slot).to(tl.int64) * SLOT_ELEMS + j * (BM * BN)
-                    tl.store(tile + in_tile, narrow(acc, ELEM))
-                    peer_flags = _region_at(stage_ptrs_dev, owner, 0, tl.int64)
-                    send_tile_flag(peer_flags + (phase * MAX_WORLD + rank) * MAX_TILES + j, ready)
+                    _send_tile(acc, None, owner, j, rank, phase, ready, stage_ptrs_dev, in_tile, WORLD, BM, BN,
+                               SLOT_ELEMS, MAX_TILES, DATA_OFFSET, ELEM)
                 else:
-                    for src in tl.static_range(WORLD):
-                        if src != rank:
-                            budget = wait_tile_flag(my_flags + src * MAX_TILES + j, ready, budget, status_ptr, rank,
-                                                    src, desc)
-                            slot = src - tl.cast(src > rank, tl.int32)
-                            acc += tl.load(my_slots + slot * SLOT_ELEMS + j * (BM * BN) + in_tile).to(tl.float32)
+                    acc, budget = _add_peer_tiles(acc, None, None, j, rank, my_flags, my_slots, ready, budget,
+                                                  status_ptr, desc, in_tile, WORLD, BM, BN, SLOT_ELEMS, MAX_TILES)
                     if budget > 0:
                         store_tile(out_ptr, acc, pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN),
                                    shard_rows, N, stride_out)
