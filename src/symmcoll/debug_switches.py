@@ -37,7 +37,7 @@ to compare the pull designs in one GPU call (``fused.all_gather_matmul`` reads t
                                        pull before 2026-11-27's change), instead of issuing the next step's
                                        loads before storing the current one.
   SYMMCOLL_AGMM_ALONE_OWN_LOOP=1       a group of one that wants no gathered A runs the kernel's own consumer
-                                       loop (before 2026-11-28) instead of the GEMM core's persistent loop
+                                       loop (before 2026-11-27's change) instead of the GEMM core's persistent loop
                                        (ALONE_CORE), to time both on one GPU.
 """
 
@@ -52,7 +52,7 @@ def _flag(name: str) -> bool:
     return value == "1"
 
 
-def _spins(name: str, what: str = "number of spins") -> int | None:
+def _count(name: str, what: str) -> int | None:
     """A positive count (spins, programs) from the environment, or None where unset (the default applies)."""
     value = os.environ.get(name)
     if value is None:
@@ -63,12 +63,12 @@ def _spins(name: str, what: str = "number of spins") -> int | None:
 
 
 NO_ABORT_CHECK = _flag("SYMMCOLL_DEBUG_NO_ABORT_CHECK")
-ABORT_CHECK_SPINS = _spins("SYMMCOLL_DEBUG_ABORT_CHECK_SPINS")
+ABORT_CHECK_SPINS = _count("SYMMCOLL_DEBUG_ABORT_CHECK_SPINS", "number of spins")
 NO_HEADERS = _flag("SYMMCOLL_DEBUG_NO_HEADERS")
 NO_ANNOUNCE = _flag("SYMMCOLL_DEBUG_NO_ANNOUNCE")
 STATUS_ON_DEVICE = _flag("SYMMCOLL_DEBUG_STATUS_ON_DEVICE")
 SEPARATE_REGIONS = _flag("SYMMCOLL_DEBUG_SEPARATE_REGIONS")
-AGMM_PRODUCERS = _spins("SYMMCOLL_AGMM_PRODUCERS", "number of programs")
+AGMM_PRODUCERS = _count("SYMMCOLL_AGMM_PRODUCERS", "number of programs")
 AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
 

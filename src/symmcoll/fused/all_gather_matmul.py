@@ -457,9 +457,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     b, b_t = gemm.b_layout(bs[0], K)  # a transposed view of a row-major W [N, K] is read as it is
     if alone and not wanted and not debug_switches.AGMM_ALONE_OWN_LOOP:
         _run_alone_core(plan, a, b, b_t, outs[0], source)
-        for b2, out2 in zip(bs[1:], outs[1:]):
-            gemm.matmul(a, b2, out=out2)
-        return outs, g
+        return _further_bs(g, bs, outs)
     config = _config(plan, a, bs[0])
     piece = rows_total if alone else _piece_rows(plan, a, config.block_m)  # alone: no buffer is used
     if alone:
@@ -512,6 +510,11 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     # side stream during the GEMM slowed it by 6-13% at M = 16384 on an H200, run of 2026-11-24 06:54).
     if source != PRODUCERS.value and not alone and (wanted or len(bs) > 1):
         g[rank * rows_total:(rank + 1) * rows_total].copy_(a)
+    return _further_bs(g, bs, outs)
+
+
+def _further_bs(g, bs, outs):
+    """(outs, g) with the products of the Bs after the first: the GEMM core over the gathered A ``g``."""
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
     return outs, g
@@ -584,9 +587,9 @@ FUSED_PRODUCERS_MAX = 32
 # 4x H100, benchmarks/NOTES.md, "all_gather_matmul at world size 4") and what one SM multiplies (flop/s:
 # cuBLAS's ~730 TFLOP/s on 132 H100 SMs).
 PRODUCER_PULL_RATE = 10e9
+SM_FLOP_RATE = 5.5e12
 # Columns of a producer's step when it issues the next step's loads before storing one (_move_rows).
 AHEAD_COLS = 128
-SM_FLOP_RATE = 5.5e12
 
 
 def fused_producers(programs: int, chunks: int, n: int, itemsize: int) -> int:
