@@ -8,10 +8,13 @@ combine runs twice: with the route the dispatch kept (the op's path) and with on
 row_origin (the path for a row_origin from elsewhere). Host reads: one ``.tolist()`` per dispatch, none
 per combine, and the collectives each calls."""
 
+import collections
 import random
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
@@ -158,3 +161,88 @@ def test_one_host_read_per_dispatch_none_per_combine(pools):
         assert gathers == 1 and dispatch == {"tolist": 1, "all_to_all_single": 1}, rank_calls
         assert combine == {"all_to_all_single": 1}, rank_calls
         assert (op_dispatch_reads, op_combine_reads) == (1, 0), rank_calls
+
+
+# What a CUDA host would wait for or copy, besides the one .tolist() of the counts: a tensor made from
+# Python data (lift_fresh), a scalar read (_local_scalar_dense: item, int(), bool()), ops whose output
+# size depends on the data (nonzero, masked_select, unique, bincount's minlength read, repeat_interleave
+# without output_size, indexing with a mask), a copy between devices.
+SYNCING_OPS = {"lift_fresh", "lift_fresh_copy", "_local_scalar_dense", "nonzero", "masked_select", "_unique",
+               "_unique2", "unique_dim", "unique_consecutive", "bincount", "masked_scatter"}
+# Ops that launch no kernel: allocations (views are told by the op itself).
+NO_KERNEL_OPS = {"empty", "empty_strided", "new_empty"}
+# Kernel-launching torch ops allowed per call (every slot valid, no row dropped, recv padded; at world size 1
+# the layer made 78 and 13 before it was rewritten for few ops): a new op per call fails here.
+MOST_DISPATCH_OPS, MOST_COMBINE_OPS = 32, 6
+
+
+class OpCensus(TorchDispatchMode):
+    """Every aten op in a ``with`` block: ``work`` counts those that launch a kernel, ``syncing`` names
+    the ones in SYNCING_OPS or that move data between devices or mask-index."""
+
+    def __enter__(self):
+        self.work, self.syncing = collections.Counter(), []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        out = func(*args, **kwargs)
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        if name in SYNCING_OPS or len({t.device for t in tensors + outs}) > 1 \
+                or (name in ("index", "index_put", "index_put_")
+                    and any(t.dtype in (torch.bool, torch.uint8) for t in tensors[1:])) \
+                or (name == "repeat_interleave" and kwargs.get("output_size") is None and len(args) < 3):
+            self.syncing.append(str(func))
+        if not func.is_view and name not in NO_KERNEL_OPS:
+            self.work[name] += 1
+        return out
+
+
+def _census(tokens_n, hidden, experts, k, max_rows, invalid):
+    """One rank: the layer's dispatch + combine with every factory's default device set to "meta" (a
+    tensor made without naming its device -- on a GPU, one built on the host and copied -- cannot mix
+    with the CPU ones: the call fails), under OpCensus and CountedCalls; the outputs checked against the
+    oracle's. Returns (work ops of dispatch, of combine, syncing ops, host reads, outputs that differ)."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    gen = torch.Generator().manual_seed(rank)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens_n)])
+    if invalid:
+        ids[::3, 0] = -1
+        ids[1::5, -1] = experts
+    tokens = torch.randn((tokens_n, hidden), generator=gen).to(torch.bfloat16).to(device())
+    weights = torch.randn((tokens_n, k), generator=gen).to(device())
+    ids = ids.to(device())
+    want = reference.moe_dispatch(tokens, ids, experts, max_rows=max_rows)
+    expert_out = want[0] * 3
+    want_combined = reference.moe_combine(expert_out, weights, ids, want[2], experts)
+    outputs = []
+    for _ in range(2):                      # the second call: with the cached constants
+        with torch.device("meta"), CountedCalls() as reads:
+            with OpCensus() as in_dispatch:
+                recv, counts, origin, self_rows, route = moe_nccl.dispatch(tokens, ids, experts, max_rows=max_rows)
+            with OpCensus() as in_combine:
+                combined = moe_nccl.combine(expert_out, weights, ids, experts, route)
+        outputs.append((recv, counts, origin, self_rows, combined))
+    wrong = [name for got in outputs for name, g, w in
+             zip(("recv", "expert_counts", "row_origin", "self_rows", "combine"), got, (*want, want_combined))
+             if not _same(g, w)]
+    return (sum(in_dispatch.work.values()), sum(in_combine.work.values()),
+            in_dispatch.syncing + in_combine.syncing, reads.calls, wrong, dict(in_dispatch.work))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_no_host_copies_or_syncs_but_the_counts_read(pools, world):
+    """Dispatch + combine build every tensor on the tokens' device, read the host once (the counts'
+    .tolist()), call no op that synchronises a CUDA host, and launch at most MOST_*_OPS ops; with
+    invalid ids and dropped rows too (a few more ops then: the weights' mask, the kept prefixes)."""
+    experts, tokens_n, k = 4 * world, 24, 3
+    for max_rows, invalid in ((world * tokens_n * k, False), (5, True)):
+        for rank, (dispatch_ops, combine_ops, syncing, reads, wrong, ops) in enumerate(
+                pools(world).run(_census, tokens_n, 16, experts, k, max_rows, invalid)):
+            where = f"rank {rank} of {world}, max_rows {max_rows}, invalid ids {invalid}"
+            assert wrong == [] and syncing == [] and reads.get("tolist") == 1, (where, wrong, syncing, reads)
+            if not invalid:
+                assert dispatch_ops <= MOST_DISPATCH_OPS and combine_ops <= MOST_COMBINE_OPS, \
+                    (where, dispatch_ops, combine_ops, ops)
