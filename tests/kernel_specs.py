@@ -117,6 +117,46 @@ def spec_of(rec: launcher.Recorded, label: str = "") -> CompileSpec:
                        rec.meta.get("num_stages", 3), tuple(rec.meta.get("extern_libs", ())))
 
 
+def h100_tables():
+    """A context in which the GEMM core's configs come from the H100 table (132 SMs), on any machine."""
+    import contextlib
+    from symmcoll.fused import gemm_configs
+
+    @contextlib.contextmanager
+    def patched():
+        facts = gemm_configs.device_facts
+        gemm_configs.device_facts = lambda device: ("h100", 132)
+        try:
+            yield
+        finally:
+            gemm_configs.device_facts = facts
+    return patched()
+
+
+def alone_launch(m, n, k, algorithm):
+    """all_gather_matmul's launch at world size 1 without a gathered A, on meta tensors (record it)."""
+    from symmcoll.fused import all_gather_matmul as agmm
+    request = plan.Request(agmm.OP, (m, k), torch.bfloat16, torch.device("cuda"),
+                           others=(((k, n), torch.bfloat16, None),), options=(("return_gathered", False),))
+    p = plan.Plan(request, "kernel", plan.algorithms(agmm.OP)[algorithm], None, 1, 0, FakeWorkspace(1, 0), None, 3,
+                  None)
+    plan.algorithms(agmm.OP)[algorithm].run(p, torch.empty((m, k), dtype=torch.bfloat16, device="meta"), None,
+                                            torch.empty((k, n), dtype=torch.bfloat16, device="meta"))
+
+
+def recorded_alone_and_core(m, n, k, algorithm):
+    """(``alone_launch``'s recorded launches, gemm.matmul's) for the same product with the H100 GEMM table
+    (nothing runs)."""
+    from symmcoll.fused import gemm
+    with h100_tables():
+        with launcher.recording() as ours:
+            alone_launch(m, n, k, algorithm)
+        with launcher.recording() as core:
+            gemm.matmul(torch.empty((m, k), dtype=torch.bfloat16, device="meta"),
+                        torch.empty((k, n), dtype=torch.bfloat16, device="meta"))
+    return ours, core
+
+
 # (world, rank, dtype): every world size, rank 1 somewhere (specialised to a constexpr on GPU), each
 # dtype somewhere.
 REDUCTION_CASES = [(2, 0, torch.bfloat16), (3, 1, torch.float16), (4, 0, torch.float32), (8, 1, torch.bfloat16)]

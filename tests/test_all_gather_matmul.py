@@ -4,6 +4,7 @@ sharing one gather and a single B, the gathered A bit-exact, back-to-back calls 
 the workspace (pieces), the fake implementation and torch.compile."""
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -70,6 +71,67 @@ def test_group_of_one_copies_a_in_the_kernel():
     # block's turn (K = 100: 4 k-steps over 3 column blocks, 45 rows over two row blocks, the last short).
     for algorithm in ("naive_remote", "copy_engine_producer", "fused"):
         assert launch.run(_check, 1, algorithm, 45, 100, (70, 8), torch.bfloat16, 1, device=DEVICE) == [True]
+
+
+def _alone_core(split_k):
+    """World size 1, C only, each kernel variant: one launch of ag_matmul_kernel (the variant's own
+    kernel; no matmul_kernel launch) whose C equals the GEMM core's bit for bit on the same data and
+    config -- with split_k > 1 the last wave's tiles split along K (45 x 70 in 32 x 32 tiles: 6 tiles on
+    4 interpreted programs), which a fused op with peers never runs."""
+    from symmcoll import launcher
+    from symmcoll.fused import gemm
+    from symmcoll.fused.gemm_configs import CPU_CONFIG
+    config = replace(CPU_CONFIG, split_k=split_k)
+    saved = agmm.gemm_config
+    agmm.gemm_config = lambda *args, **kwargs: config
+    try:
+        for call, algorithm in enumerate(("naive_remote", "copy_engine_producer", "fused")):
+            a = _shard(0, call, 45, 100, torch.bfloat16)
+            b = _weights(call, 100, 70, torch.bfloat16)
+            before = dict(launcher.LAUNCH_COUNTS)
+            out = symmcoll.all_gather_matmul(a, b, algorithm=algorithm)
+            ran = {k: v - before.get(k, 0) for k, v in launcher.LAUNCH_COUNTS.items() if v != before.get(k, 0)}
+            assert ran == {"ag_matmul_kernel": 1}, f"{algorithm}: launches {ran}"
+            assert torch.equal(out, gemm.matmul(a, b, config=config)), f"{algorithm}: C differs from the core's"
+            ref = a.float() @ b.float()
+            err = float((out.float() - ref).norm() / ref.norm())
+            assert err < TOLERANCE[torch.bfloat16], f"{algorithm}: rel err {err:.2e}"
+    finally:
+        agmm.gemm_config = saved
+    return True
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_group_of_one_without_gathered_a_runs_the_core_loop(split_k):
+    assert launch.run(_alone_core, 1, split_k, device=DEVICE) == [True]
+
+
+# Shapes of the fused bench's all_gather_matmul grid whose H100 table configs differ in kind: 64x64x128
+# flattened (1024^3), 128x256 with the last wave split and C by descriptor (16384x8192x8192; whole tiles
+# only with peers), 128x128 six stages (256x8192x8192), swapped decode tiles (16x8192x8192).
+ALONE_SHAPES = [(1024, 1024, 1024), (16384, 8192, 8192), (256, 8192, 8192), (16, 8192, 8192)]
+
+
+@pytest.mark.parametrize("algorithm", ["copy_engine_producer", "fused"])
+@pytest.mark.parametrize("m, n, k", ALONE_SHAPES, ids=lambda v: str(v))
+def test_group_of_one_launches_what_the_core_launches(m, n, k, algorithm):
+    """The GEMM core's launch inside the variant's kernel: one ag_matmul_kernel launch with the core's
+    grid, every constexpr and launch option of the core's (config, FLATTEN, SPLIT, TMA, HOST_DESC,
+    TMA_STORE, ...), its split counts, and host descriptors of the same blocks for A, B and C."""
+    from kernel_specs import recorded_alone_and_core
+    (ours,), (core,) = recorded_alone_and_core(m, n, k, algorithm)
+    assert ours.kernel is agmm.ag_matmul_kernel and ours.meta["ALONE_CORE"] and ours.meta["WORLD"] == 1
+    assert ours.grid == core.grid
+    assert {key: ours.meta[key] for key in core.meta} == core.meta
+    names = [p.name for p in ours.kernel.params]
+    mine = dict(zip(names, ours.args))
+    theirs = dict(zip([p.name for p in core.kernel.params], core.args))
+    for key in ("whole_tiles", "sharing", "slots", "N", "K", "stride_a", "stride_b", "stride_c"):
+        assert mine[key] == theirs[key], key
+    assert mine["rows"] == theirs["M"]
+    for ag_name, core_name in (("a_desc", "a_ptr"), ("b_desc", "b_ptr"), ("b2_desc", "b2_ptr"), ("c_ptr", "c_ptr")):
+        x, y = mine[ag_name], theirs[core_name]
+        assert type(x) is type(y) and getattr(x, "block_shape", None) == getattr(y, "block_shape", None), ag_name
 
 
 @pytest.mark.parametrize("algorithm", ["naive_remote", "copy_engine_producer", "fused"])
@@ -286,7 +348,9 @@ def _gpu_alone_epilogues():
     """World size 1 where the table's config stores C through its tensor descriptor (16344x8000x1024:
     the H100 and H200 tables' 128x128/f/t; rows and columns not multiples of the tile, so the
     descriptor clips), at 1024^3 (the untuned rule's 64x64x128 tiles) and
-    with K not a multiple of the k-step: C against fp32 and the gathered A exact, twice each."""
+    with K not a multiple of the k-step: C against fp32 and the gathered A exact, twice each; asked for C
+    only, the kernel runs the GEMM core's loop (ALONE_CORE) and C is the core's bit for bit."""
+    from symmcoll.fused import gemm
     from symmcoll.fused.gemm_configs import gemm_config
     configs = []
     for m, n, k in ((16344, 8000, 1024), (1024, 1024, 1024), (1000, 384, 520)):
@@ -302,6 +366,8 @@ def _gpu_alone_epilogues():
                 assert err < TOLERANCE[torch.bfloat16], f"{algorithm} {m}x{n}x{k}: rel err {err:.2e}"
                 bad = (out.float() - ref).abs() > 0.05 * ref.abs().max() + 1e-3
                 assert not bool(bad.any()), f"{algorithm} {m}x{n}x{k}: wrong rows {bad.any(1).nonzero()[:5].tolist()}"
+                c_only = symmcoll.all_gather_matmul(a, b, algorithm=algorithm)
+                assert torch.equal(c_only, gemm.matmul(a, b)), f"{algorithm} {m}x{n}x{k}: C only is not the core's"
     assert any(c.tma_store for c in configs), [c.label for c in configs]
     return True
 

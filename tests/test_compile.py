@@ -256,6 +256,10 @@ def _pdl_cases():
                       chosen.gpu_configs(request, world), 3, None)
         p.algorithm.run(p, x, None, torch.empty_like(x), torch.empty((hidden,), dtype=x.dtype, device="meta"))
 
+    def alone(m, n, k, algorithm):
+        with kernel_specs.h100_tables():
+            kernel_specs.alone_launch(m, n, k, algorithm)
+
     return [("gemm 16x1280x8192 auto", lambda: matmul(16, 1280, 8192)),
             ("gemm 16x1280x8192 stream-K", lambda: matmul(16, 1280, 8192, GemmConfig(16, 64, 128, 1, 4, True, 4, 6,
                                                                                      stream_k=True))),
@@ -268,7 +272,10 @@ def _pdl_cases():
             ("rms ws1 1x8192", lambda: rms(1, 1, 8192)),
             ("rms ws1 8x8192", lambda: rms(1, 8, 8192)),
             ("rms ws1 2048x4096", lambda: rms(1, 2048, 4096)),
-            ("rms ws2 6x8192", lambda: rms(2, 6, 8192))]
+            ("rms ws2 6x8192", lambda: rms(2, 6, 8192)),
+            # all_gather_matmul alone, C only: the GEMM core's loop inside the op's kernel (ALONE_CORE)
+            ("all_gather_matmul ws1 1024^3", lambda: alone(1024, 1024, 1024, "fused")),
+            ("all_gather_matmul ws1 16384x8192x8192", lambda: alone(16384, 8192, 8192, "copy_engine_producer"))]
 
 
 # Instructions that touch global memory (or may: generic addresses): everything but the state spaces a
@@ -340,3 +347,30 @@ def test_rms_bulk_launches_on_several_ranks(kind, world, dtype, quant):
     assert len(re.findall(r"\bst\.global\.v4\.b32", ptx)) >= 4
     # what stays 4 bytes wide: headers, the epoch table, the error record, the wait's give-up path
     assert len(re.findall(r"\bst\.global\.b32", ptx)) <= 24
+
+
+def _opcodes(ptx: str) -> dict:
+    """How many times each PTX instruction occurs (predicates, operands, labels, directives and debug
+    lines left out)."""
+    counts: dict = {}
+    for line in ptx.splitlines():
+        text = re.sub(r"^@!?%p\d+\s+", "", line.strip())
+        if text and not text.startswith(("//", ".", "$L", "{", "}", "(", ")")):
+            op = text.split()[0].rstrip(";")
+            counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("m, n, k", [(1024, 1024, 1024), (16384, 8192, 8192)], ids=lambda v: str(v))
+def test_all_gather_matmul_alone_compiles_to_the_gemm_core(m, n, k):
+    """all_gather_matmul's kernel at world size 1 without a gathered A, compiled as the GPU specialises
+    it with the H100 table's configs (1024^3: 64x64x128 flattened, 2 tiles a program; 16384x8192x8192:
+    128x256 with the last wave split and C by descriptor): the same registers, shared memory and
+    instructions as the GEMM core's matmul_kernel. Its own consumer loop (SYMMCOLL_AGMM_ALONE_OWN_LOOP)
+    compiled to 86 registers, 131104 bytes of shared memory and a pipeline refilled every tile at 1024^3
+    (the core: 68, 139296, one pipeline over all of a program's tiles)."""
+    (ours,), (core,) = kernel_specs.recorded_alone_and_core(m, n, k, "fused")
+    mine, theirs = kernel_specs.compile_specialised(ours), kernel_specs.compile_specialised(core)
+    assert kernel_specs.ptxas_usage(mine.asm["ptx"]) == kernel_specs.ptxas_usage(theirs.asm["ptx"])
+    assert mine.metadata.shared == theirs.metadata.shared
+    assert _opcodes(mine.asm["ptx"]) == _opcodes(theirs.asm["ptx"])

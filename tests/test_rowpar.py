@@ -261,7 +261,7 @@ def _choices_and_errors():
     assert chosen("matmul_all_reduce", torch.zeros(300, 8, **bf), (b,)) == "unfused"
     assert chosen("matmul_reduce_scatter", torch.zeros(4 * world, 8, **bf), (b,)) == "unfused"
     opts = (("eps", 1e-5), ("quant", None))
-    small, big = torch.zeros(4, 64, **bf), torch.zeros(4096, 128, **bf)  # 512 B and 1 MB per rank
+    small, big = torch.zeros(4, 64, **bf), torch.zeros(8192, 128, **bf)  # 512 B and 2 MiB per rank
     assert chosen("all_reduce_rms_norm", small, (small, small[0]), opts) == "one_shot"
     assert chosen("all_reduce_rms_norm", big, (big, big[0]), opts) == "two_shot"
     wide = torch.zeros(1, 40000, **bf)  # longer than the kernels' rows: the unfused path, same result

@@ -36,6 +36,9 @@ to compare the pull designs in one GPU call (``fused.all_gather_matmul`` reads t
   SYMMCOLL_AGMM_PULL_SINGLE=1          producers copy one [BM, 256] step at a time, loads then stores (the
                                        pull before 2026-11-27's change), instead of issuing the next step's
                                        loads before storing the current one.
+  SYMMCOLL_AGMM_ALONE_OWN_LOOP=1       a group of one that wants no gathered A runs the kernel's own consumer
+                                       loop (before 2026-11-28) instead of the GEMM core's persistent loop
+                                       (ALONE_CORE), to time both on one GPU.
 """
 
 from __future__ import annotations
@@ -67,11 +70,13 @@ STATUS_ON_DEVICE = _flag("SYMMCOLL_DEBUG_STATUS_ON_DEVICE")
 SEPARATE_REGIONS = _flag("SYMMCOLL_DEBUG_SEPARATE_REGIONS")
 AGMM_PRODUCERS = _spins("SYMMCOLL_AGMM_PRODUCERS", "number of programs")
 AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
+AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
 
 
 def active() -> dict[str, object]:
     """The switches that differ from their defaults (for result files)."""
     values = {"NO_ABORT_CHECK": NO_ABORT_CHECK, "ABORT_CHECK_SPINS": ABORT_CHECK_SPINS, "NO_HEADERS": NO_HEADERS,
               "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS,
-              "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE}
+              "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE,
+              "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP}
     return {k: v for k, v in values.items() if v not in (False, None)}

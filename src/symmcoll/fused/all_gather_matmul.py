@@ -34,9 +34,12 @@ A group of one has nobody to gather from: variants 1, 3 and 4 run their kernel a
 barriers or copies; host tensor descriptors; C stored by descriptor where the config says so), and
 its tiles write the gathered A after their K-loops (tile (m, n) copies its 1/num_n slice of row block
 m's columns) -- unless the caller does not want the gathered A (``return_gathered=False``, torch's
-``return_A=False``): then a group of one runs the GEMM alone, and naive_remote pulls no peer rows after
-its GEMM. (A copy kernel on a side stream beside the GEMM, instead of the tiles' copies, ran 1.08-1.14x
-cuBLAS against the tiles' 1.06-1.08x on an H100: 2026-11-27-agmm-side-copy-h100.)
+``return_A=False``): then the kernel's consumers are the GEMM core's own persistent loop
+(``ALONE_CORE``: gemm.persistent_matmul with gemm.core_launch's config, split plan, grid and
+descriptors; no epoch, no flag, no per-tile source choice), so one rank runs at the core's speed, and
+naive_remote pulls no peer rows after its GEMM. (A copy kernel on a side stream beside the GEMM,
+instead of the tiles' copies, ran 1.08-1.14x cuBLAS against the tiles' 1.06-1.08x on an H100:
+2026-11-27-agmm-side-copy-h100.)
 """
 
 from __future__ import annotations
@@ -141,7 +144,7 @@ def _first_block(pid, owner, blocks_per_shard, N_PRODUCERS: tl.constexpr):
     return (pid + N_PRODUCERS - (owner * blocks_per_shard) % N_PRODUCERS) % N_PRODUCERS
 
 
-@triton.jit
+@triton.jit(do_not_specialize=gemm.SPLIT_COUNTS)
 def ag_matmul_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -152,6 +155,8 @@ def ag_matmul_kernel(
     a_ptr, b_ptr, c_ptr, g_ptr, rows, N, K, shard_stride, stride_a, stride_b, stride_c, stride_g,
     # HOST_DESC (a group of one, TMA): the host's tensor descriptors of A and B (no device work per tile)
     a_desc, b_desc,
+    # ALONE_CORE only (gemm.CoreLaunch): B's second-part descriptor, the split plan's counts and buffers
+    b2_desc, whole_tiles, sharing, slots, partials_ptr, counters_ptr,
     # SOURCE: PEER_BUFFERS, COPY_ENGINE or PRODUCERS; the first N_PRODUCERS programs pull (PRODUCERS only)
     WORLD: tl.constexpr, SOURCE: tl.constexpr, N_PRODUCERS: tl.constexpr, CONSUMERS: tl.constexpr,
     # the GEMM core's tile config (gemm_configs.GemmConfig.meta, split_k = 1)
@@ -165,108 +170,128 @@ def ag_matmul_kernel(
     SLICE_COLS: tl.constexpr = 64, COPY_A: tl.constexpr = True,
     # PRODUCERS only: the producers issue a step's loads before storing the step before (_move_rows)
     PULL_AHEAD: tl.constexpr = False,
+    # WORLD == 1 without COPY_A: the GEMM core's persistent loop (gemm.persistent_matmul) with the rest of
+    # the core's constexprs (gemm.core_launch's meta); see the kernel's first branch
+    ALONE_CORE: tl.constexpr = False, SPLIT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    STREAM: tl.constexpr = False, REDUCE_LOADS: tl.constexpr = 1, PDL: tl.constexpr = False, BN2: tl.constexpr = 0,
 ):
-    pid = tl.program_id(0)
-    if SOURCE == PRODUCERS:
-        epoch = launch_epoch(epoch_ptr)
+    if ALONE_CORE:
+        # A group of one whose caller wants no gathered A has nothing to wait for and nothing to copy: its
+        # consumers are the GEMM core's persistent tile loop itself (gemm.persistent_matmul, the body of
+        # gemm.matmul_kernel), launched by _run_kernel with the core's config, split plan, grid and host
+        # descriptors (gemm.core_launch). The loop below, compiled at WORLD = 1, is not: its tile loop is
+        # not flattened (Triton 3.6 cannot flatten it around the per-tile source choice, flag waits and the
+        # gathered-A copy), so each tile refills the TMA pipeline from empty (mbarrier init, the prologue
+        # loads waited in full, the drain before the store) -- 8.5 us against the core's 6.8 at 1024^3 on an
+        # H100 (2 tiles a program) -- and its tiles are whole only (no split of the last wave: 1.04-1.05x
+        # cuBLAS at 16384x8192x8192 where the core's split tiles ran 1.00-1.02x).
+        tl.static_assert(WORLD == 1 and not COPY_A, "the core's loop only where nothing is gathered")
+        gemm.persistent_matmul(a_desc, b_desc, b2_desc, c_ptr, rows, N, K, stride_a, stride_b, stride_c, whole_tiles,
+                               sharing, slots, partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA,
+                               HOST_DESC, TMA_STORE, PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL,
+                               BN2)
     else:
-        epoch = tl.load(epoch_ptr)  # COPY_ENGINE: bumped by bump_kernel just before, on this stream
-    ready = (epoch.to(tl.int64) << 32) | desc
-    blocks_per_shard = tl.cdiv(rows, BM)
-    budget = max_spins
-    if pid < N_PRODUCERS:
-        # ---- producer p: publish my chunks p, p+P, ..., then pull the same chunks of every peer ----
-        announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-        my_buf = peer_ptr(buffer_ptrs_dev, rank, a_ptr.dtype.element_ty)
-        my_g = g_ptr + tl.cast(rank * shard_stride, tl.int64) * stride_g
-        for j in range(_first_block(pid, rank, blocks_per_shard, N_PRODUCERS), blocks_per_shard, N_PRODUCERS):
-            # my rows go to my buffer and my gathered A
-            _move_rows(a_ptr + j * BM * stride_a, my_buf + j * BM * K, my_g + tl.cast(j * BM, tl.int64) * stride_g,
-                       tl.minimum(rows - j * BM, BM), K, stride_a, K, stride_g, BM, COPY_COLS, True, PULL_AHEAD)
-        failed = block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
-        if failed == 0:
-            for k in tl.static_range(1, WORLD):
-                owner = (rank + k) % WORLD
-                theirs = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
-                for j in range(_first_block(pid, owner, blocks_per_shard, N_PRODUCERS), blocks_per_shard,
-                               N_PRODUCERS):
-                    dst = g_ptr + tl.cast(owner * shard_stride + j * BM, tl.int64) * stride_g
-                    _move_rows(theirs + j * BM * K, dst, dst, tl.minimum(rows - j * BM, BM), K, K, stride_g, stride_g,
-                               BM, COPY_COLS, False, PULL_AHEAD)
-                    send_tile_flag(flags_ptr + owner * blocks_per_shard + j, ready)
-            # Nobody refills its buffer (next call) until every peer's program p has pulled from it.
-            block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
-    else:
-        # ---- consumer: the persistent GEMM over row blocks, own rows first ----
-        consumer = pid - N_PRODUCERS
-        num_n = tl.cdiv(N, BN)
-        b_src = b_ptr
-        if TMA:
-            if HOST_DESC:
-                b_src = b_desc
-            elif B_T:
-                b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
-            else:
-                b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
-        for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
-            logical, pid_n = _consumer_tile(tile, blocks_per_shard, num_n, GROUP_M)
-            owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
-            local_first = first - owner * rows
-            if WORLD > 1:
-                if owner != rank:
-                    if SOURCE != PEER_BUFFERS:
-                        budget = wait_tile_flag(flags_ptr + owner * blocks_per_shard + local_first // BM, ready,
-                                                budget, status_ptr, rank, owner, desc)
-            # One k-loop with unconditional loads (loads under a branch inside the pipelined loop gave
-            # wrong results on an H200; one loop per source doubles the pipeline's shared memory): pick
-            # the source per tile, and with TMA build its descriptor per tile (a few hundred ns against
-            # a tile's microseconds).
-            if owner == rank:
-                base = a_ptr
-                src_rows = rows
-                stride = stride_a
-                row = local_first
-            elif SOURCE == PEER_BUFFERS:
-                base = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
-                src_rows = rows
-                stride = K
-                row = local_first
-            else:
-                base = g_ptr
-                src_rows = WORLD * shard_stride
-                stride = stride_g
-                row = owner * shard_stride + local_first
+        pid = tl.program_id(0)
+        if SOURCE == PRODUCERS:
+            epoch = launch_epoch(epoch_ptr)
+        else:
+            epoch = tl.load(epoch_ptr)  # COPY_ENGINE: bumped by bump_kernel just before, on this stream
+        ready = (epoch.to(tl.int64) << 32) | desc
+        blocks_per_shard = tl.cdiv(rows, BM)
+        budget = max_spins
+        if pid < N_PRODUCERS:
+            # ---- producer p: publish my chunks p, p+P, ..., then pull the same chunks of every peer ----
+            announce(signal_pad_ptrs_dev, desc, rank, WORLD)
+            my_buf = peer_ptr(buffer_ptrs_dev, rank, a_ptr.dtype.element_ty)
+            my_g = g_ptr + tl.cast(rank * shard_stride, tl.int64) * stride_g
+            for j in range(_first_block(pid, rank, blocks_per_shard, N_PRODUCERS), blocks_per_shard, N_PRODUCERS):
+                # my rows go to my buffer and my gathered A
+                _move_rows(a_ptr + j * BM * stride_a, my_buf + j * BM * K, my_g + tl.cast(j * BM, tl.int64) * stride_g,
+                           tl.minimum(rows - j * BM, BM), K, stride_a, K, stride_g, BM, COPY_COLS, True, PULL_AHEAD)
+            failed = block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
+            if failed == 0:
+                for k in tl.static_range(1, WORLD):
+                    owner = (rank + k) % WORLD
+                    theirs = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
+                    for j in range(_first_block(pid, owner, blocks_per_shard, N_PRODUCERS), blocks_per_shard,
+                                   N_PRODUCERS):
+                        dst = g_ptr + tl.cast(owner * shard_stride + j * BM, tl.int64) * stride_g
+                        _move_rows(theirs + j * BM * K, dst, dst, tl.minimum(rows - j * BM, BM), K, K, stride_g,
+                                   stride_g, BM, COPY_COLS, False, PULL_AHEAD)
+                        send_tile_flag(flags_ptr + owner * blocks_per_shard + j, ready)
+                # Nobody refills its buffer (next call) until every peer's program p has pulled from it.
+                block_barrier(signal_pad_ptrs_dev, rank, desc, status_ptr, max_spins, WORLD)
+        else:
+            # ---- consumer: the persistent GEMM over row blocks, own rows first ----
+            consumer = pid - N_PRODUCERS
+            num_n = tl.cdiv(N, BN)
+            b_src = b_ptr
             if TMA:
-                if HOST_DESC:  # WORLD == 1: every row is mine
-                    a_src = a_desc
+                if HOST_DESC:
+                    b_src = b_desc
+                elif B_T:
+                    b_src = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BN, BK])
                 else:
-                    a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1],
-                                                      block_shape=[BM, BK])
-                src = a_src
-            else:
-                src = base
-                src_rows = row + count
-            acc = gemm.k_loop(src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK, TMA,
-                              SWAP_AB, B_T, PRECISION)
-            if TMA_STORE:  # WORLD == 1: C's descriptor clips at its last row
-                gemm.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True, C_HALVES)
-            elif budget > 0:
-                gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
-                                tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
-            # Alone (WORLD == 1) the gathered A is a copy of A that the tiles make after their K-loops:
-            # tile (m, n) copies its 1/num_n slice of row block m's columns in one round trip (chunks
-            # of SLICE_COLS). Measured on one H100 (2026-11-27): a copy of A's blocks inside the K-loop
-            # (extra loads beside the pipeline, 248 registers) ran 1.16-1.24x cuBLAS at M >= 1024
-            # against 1.04-1.13x this way; [BM, 64] chunks, a round trip each, ran 1.06-1.19x.
-            if WORLD == 1 and COPY_A:
-                width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS  # (whole vectors: aligned slices)
-                c_lo = pid_n * width
-                if c_lo < K:
-                    _copy_rows(a_ptr + tl.cast(local_first, tl.int64) * stride_a + c_lo,
-                               g_ptr + tl.cast(local_first, tl.int64) * stride_g + c_lo, g_ptr, count,
-                               tl.minimum(width, K - c_lo), stride_a, stride_g, stride_g, BM, SLICE_COLS, False)
-    if SOURCE == PRODUCERS:
-        end_launch(epoch_ptr, epoch)
+                    b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
+            for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
+                logical, pid_n = _consumer_tile(tile, blocks_per_shard, num_n, GROUP_M)
+                owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
+                local_first = first - owner * rows
+                if WORLD > 1:
+                    if owner != rank:
+                        if SOURCE != PEER_BUFFERS:
+                            budget = wait_tile_flag(flags_ptr + owner * blocks_per_shard + local_first // BM, ready,
+                                                    budget, status_ptr, rank, owner, desc)
+                # One k-loop with unconditional loads (loads under a branch inside the pipelined loop gave
+                # wrong results on an H200; one loop per source doubles the pipeline's shared memory): pick
+                # the source per tile, and with TMA build its descriptor per tile (a few hundred ns against
+                # a tile's microseconds).
+                if owner == rank:
+                    base = a_ptr
+                    src_rows = rows
+                    stride = stride_a
+                    row = local_first
+                elif SOURCE == PEER_BUFFERS:
+                    base = peer_ptr(buffer_ptrs_dev, owner, a_ptr.dtype.element_ty)
+                    src_rows = rows
+                    stride = K
+                    row = local_first
+                else:
+                    base = g_ptr
+                    src_rows = WORLD * shard_stride
+                    stride = stride_g
+                    row = owner * shard_stride + local_first
+                if TMA:
+                    if HOST_DESC:  # WORLD == 1: every row is mine
+                        a_src = a_desc
+                    else:
+                        a_src = tl.make_tensor_descriptor(base, shape=[src_rows, K], strides=[stride, 1],
+                                                          block_shape=[BM, BK])
+                    src = a_src
+                else:
+                    src = base
+                    src_rows = row + count
+                acc = gemm.k_loop(src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK, TMA,
+                                  SWAP_AB, B_T, PRECISION)
+                if TMA_STORE:  # WORLD == 1: C's descriptor clips at its last row
+                    gemm.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True, C_HALVES)
+                elif budget > 0:
+                    gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
+                                    tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
+                # Alone (WORLD == 1) the gathered A is a copy of A that the tiles make after their K-loops:
+                # tile (m, n) copies its 1/num_n slice of row block m's columns in one round trip (chunks
+                # of SLICE_COLS). Measured on one H100 (2026-11-27): a copy of A's blocks inside the K-loop
+                # (extra loads beside the pipeline, 248 registers) ran 1.16-1.24x cuBLAS at M >= 1024
+                # against 1.04-1.13x this way; [BM, 64] chunks, a round trip each, ran 1.06-1.19x.
+                if WORLD == 1 and COPY_A:
+                    width = tl.cdiv(tl.cdiv(K, num_n), COPY_COLS) * COPY_COLS  # (whole vectors: aligned slices)
+                    c_lo = pid_n * width
+                    if c_lo < K:
+                        _copy_rows(a_ptr + tl.cast(local_first, tl.int64) * stride_a + c_lo,
+                                   g_ptr + tl.cast(local_first, tl.int64) * stride_g + c_lo, g_ptr, count,
+                                   tl.minimum(width, K - c_lo), stride_a, stride_g, stride_g, BM, SLICE_COLS, False)
+        if SOURCE == PRODUCERS:
+            end_launch(epoch_ptr, epoch)
 
 
 @triton.jit
@@ -430,6 +455,11 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     if rows_total == 0 or K == 0:  # nothing to gather or multiply (the plan's handshake met the peers)
         return [out.zero_() for out in outs], g
     b, b_t = gemm.b_layout(bs[0], K)  # a transposed view of a row-major W [N, K] is read as it is
+    if alone and not wanted and not debug_switches.AGMM_ALONE_OWN_LOOP:
+        _run_alone_core(plan, a, b, b_t, outs[0], source)
+        for b2, out2 in zip(bs[1:], outs[1:]):
+            gemm.matmul(a, b2, out=out2)
+        return outs, g
     config = _config(plan, a, bs[0])
     piece = rows_total if alone else _piece_rows(plan, a, config.block_m)  # alone: no buffer is used
     if alone:
@@ -463,7 +493,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
         launch(ag_matmul_kernel, (producers + consumers,),
                (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a_piece, b, c_arg, g[start:],
                 rows, bs[0].shape[1], K, rows_total, a.stride(0), b.stride(0), outs[0].stride(0), g.stride(0), a_desc,
-                b_desc),
+                b_desc, None, 0, 0, 0, None, None),  # (no ALONE_CORE)
                dict(WORLD=world, SOURCE=source, N_PRODUCERS=producers, CONSUMERS=consumers, B_T=b_t, TMA=tma,
                     HOST_DESC=host_desc, PRECISION=gemm.precision(a.dtype),
                     COPY_COLS=_copy_cols(alone, source, on_gpu, ahead), TMA_STORE=tma_store, C_HALVES=config.c_halves,
@@ -485,6 +515,28 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     for b2, out2 in zip(bs[1:], outs[1:]):
         gemm.matmul(g, b2, out=out2)
     return outs, g
+
+
+def _run_alone_core(plan: Plan, a, b, b_t: bool, out, source: int) -> None:
+    """A group of one that wants no gathered A: the variant's kernel runs the GEMM core's persistent loop
+    (ALONE_CORE) with everything the core's own launch would have (gemm.core_launch: the GEMM table's
+    config for the shape, split tiles included -- nothing waits on a tile here --, its grid, host
+    descriptors, C by descriptor where the config says so), so at one rank the fused op runs at the
+    core's speed; SYMMCOLL_AGMM_ALONE_OWN_LOOP=1 (debug_switches) runs the kernel's own consumer loop
+    instead, to compare the two in one GPU run."""
+    M, K = a.shape
+    N = out.shape[1]
+    if N == 0:
+        return
+    core = gemm.core_launch(a, b, b_t, out, gemm_config(M, N, K, a.dtype, a.device))  # (as gemm.matmul asks)
+    flags, epoch, _ = _state(plan, 1, a.device)  # (never read: the core's loop waits on nothing)
+    ws = plan.ws
+    launch(ag_matmul_kernel, (core.grid,),
+           (*ws.kernel_args, plan.desc, ws.buffer_ptrs_dev, flags, epoch, a, b, core.c, a, M, N, K, M, *core.strides,
+            a.stride(0), core.a, core.b, core.b2, core.whole_tiles, core.sharing, core.slots, core.partials,
+            core.counters),
+           dict(WORLD=1, SOURCE=source, N_PRODUCERS=0, CONSUMERS=core.grid, COPY_COLS=64, COPY_A=False,
+                ALONE_CORE=True, **core.meta))
 
 
 def _side_stream(plan: Plan, device: torch.device) -> torch.cuda.Stream:
@@ -590,16 +642,17 @@ SPEC = ops.declare(ops.OpSpec(
 
 def compile_cases(make_workspace):
     """The kernels' launches on meta tensors (tests/test_compile.py compiles them for sm_90)."""
-    def case(world, rank, name, dtype, rows, k, n, b_t=False):
+    def case(world, rank, name, dtype, rows, k, n, b_t=False, gathered=True):
         def thunk():
             ws = make_workspace(world, rank)
-            request = planner.Request(OP, (rows, k), dtype, torch.device("cuda"), others=(((k, n), dtype, None),))
+            request = planner.Request(OP, (rows, k), dtype, torch.device("cuda"), others=(((k, n), dtype, None),),
+                                      options=(("return_gathered", gathered),))
             p = Plan(request, "kernel", planner.algorithms(OP)[name], None, world, rank, ws, None, 3, None)
             a = torch.empty((rows, k), dtype=dtype, device="meta")
             b = (torch.empty((n, k), dtype=dtype, device="meta").t() if b_t
                  else torch.empty((k, n), dtype=dtype, device="meta"))
             planner.algorithms(OP)[name].run(p, a, None, b)
-        return f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}{' B^T' if b_t else ''}", thunk
+        return f"{OP}.{name} ws{world} {dtype} {rows}x{k}x{n}{' B^T' if b_t else ''}{'' if gathered else ' C'}", thunk
     return [*(case(w, r, name, dtype, rows, k, n)
               for name in ("naive_remote", "copy_engine_producer", "fused")
               for w, r, dtype, rows, k, n in ((2, 1, torch.bfloat16, 8192, 8192, 8192),
@@ -611,4 +664,9 @@ def compile_cases(make_workspace):
             # alone: C's host descriptor (the table's 128x128/f/t; the tile loop stays unflattened), the
             # untuned rule's 64x64x128 tiles at 1024^3
             case(1, 0, "fused", torch.bfloat16, 16344, 1024, 8000),
-            case(1, 0, "copy_engine_producer", torch.bfloat16, 1024, 1024, 1024)]
+            case(1, 0, "copy_engine_producer", torch.bfloat16, 1024, 1024, 1024),
+            # alone, C only: the GEMM core's persistent loop (ALONE_CORE), flattened at 1024^3, split tiles at
+            # 16384x8192x8192 (the tables' configs), pointer loads where B's rows are not 16-byte aligned
+            case(1, 0, "fused", torch.bfloat16, 1024, 1024, 1024, gathered=False),
+            case(1, 0, "copy_engine_producer", torch.bfloat16, 16384, 8192, 8192, gathered=False),
+            case(1, 0, "naive_remote", torch.float16, 100, 96, 203, gathered=False)]

@@ -26,6 +26,8 @@ upcasts to fp32 first (triton 3.6's interpreter adds bf16 bit patterns); the GPU
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -206,8 +208,12 @@ def store_result(c_dst, acc, row0, col0, M, N, stride_c, BM: tl.constexpr, BN: t
 
 
 # The split plan's counts are not specialised (Triton would compile a kernel per value class of
-# each: 0, 1, multiples of 16): one compiled kernel per config, which the tuner compiles ahead.
-@triton.jit(do_not_specialize=["whole_tiles", "sharing", "slots"])
+# each: 0, 1, multiples of 16): one compiled kernel per config, which the tuner compiles ahead. Kernels
+# that run ``persistent_matmul`` list them too (SPLIT_COUNTS).
+SPLIT_COUNTS = ["whole_tiles", "sharing", "slots"]
+
+
+@triton.jit(do_not_specialize=SPLIT_COUNTS)
 def matmul_kernel(
     # C [M, N] = A [M, K] @ B (B [K, N] row-major, or W = B^T [N, K] row-major if B_T); row strides given.
     # HOST_DESC: a_ptr and b_ptr are the host's tensor descriptors of A and B; TMA_STORE: c_ptr is C's.
@@ -226,6 +232,21 @@ def matmul_kernel(
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
     BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide, whole only
 ):
+    persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
+                      partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE,
+                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2)
+
+
+@triton.jit
+def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
+                      partials_ptr, counters_ptr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, B_T: tl.constexpr, TMA: tl.constexpr,
+                      HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+                      FLATTEN: tl.constexpr, STREAM: tl.constexpr, REDUCE_LOADS: tl.constexpr, C_HALVES: tl.constexpr,
+                      PDL: tl.constexpr, BN2: tl.constexpr):
+    """``matmul_kernel``'s whole body (its parameters, in its order): every program of the grid runs its
+    whole tiles, then its parts of the split ones. A kernel that calls it compiles the GEMM core's
+    tile loop itself -- all_gather_matmul's kernel does alone, where it has nothing to wait for."""
     # (GemmConfig refuses these; the kernel says so too)
     tl.static_assert(BN2 == 0 or not (SPLIT or SWAP_AB or TMA_STORE), "two-part tiles: whole, straight, masked stores")
     num_m = tl.cdiv(M, BM)
@@ -396,8 +417,47 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
         return out.zero_()
     a = a if a.stride(1) == 1 else a.contiguous()
     src, b_t = b_layout(b, K)
+    core = core_launch(a, src, b_t, out, config or gemm_config(M, N, K, a.dtype, a.device), programs)
+    launch(matmul_kernel, (core.grid,), core.args, core.meta)
+    return out
+
+
+@dataclass(frozen=True)
+class CoreLaunch:
+    """What ``matmul_kernel`` (``persistent_matmul``) is launched with for one product: the grid, the
+    operands as the kernel reads them (host tensor descriptors with TMA, else the tensors), the split
+    plan's counts and buffers, and the constexprs and launch options."""
+    grid: int
+    a: object
+    b: object
+    b2: object
+    c: object
+    M: int
+    N: int
+    K: int
+    strides: tuple  # (A's, B's as read, C's) row strides
+    whole_tiles: int
+    sharing: int
+    slots: int
+    partials: torch.Tensor
+    counters: torch.Tensor
+    meta: dict
+
+    @property
+    def args(self) -> tuple:
+        """``matmul_kernel``'s runtime arguments, in order."""
+        return (self.a, self.b, self.b2, self.c, self.M, self.N, self.K, *self.strides, self.whole_tiles,
+                self.sharing, self.slots, self.partials, self.counters)
+
+
+def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor, config: GemmConfig,
+                programs: int | None = None) -> CoreLaunch:
+    """The GEMM core's launch of C [M, N] = A [M, K] @ B (``src`` and ``b_t`` from ``b_layout``; M, N, K
+    > 0; A row-major): the config fitted to shared memory, its split plan over ``programs`` persistent
+    programs (default ``programs_for``), descriptors where TMA may load (``use_tma``)."""
+    (M, K), N = a.shape, out.shape[1]
     device_type = "meta" if a.device.type == "meta" else a.device.type
-    config = (config or gemm_config(M, N, K, a.dtype, a.device)).fitted(a.element_size())
+    config = config.fitted(a.element_size())
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
     nprog = programs or programs_for(config, a.device)
     plan = split_plan(config, tiles, K, nprog)
@@ -417,14 +477,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     b2_arg = None if not config.block_n2 else b_descriptor(src, b_t, config.block_n2, config.block_k) if tma else src
     tma_store = tma and config.tma_store
     c_arg = c_descriptor(out, M, config) if tma_store else out
-    launch(matmul_kernel, (max(1, grid),),
-           (a_arg, b_arg, b2_arg, c_arg, M, N, K, a.stride(0), src.stride(0), out.stride(0), plan.whole_tiles,
-            plan.sharing, plan.slots, partials, counters),
-           dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
-                REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps) if plan.shared else 1,
-                C_HALVES=config.c_halves, BN2=config.block_n2, **config.meta(), **pdl_meta(a.device)))
-    return out
+    return CoreLaunch(max(1, grid), a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
+                      plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
+                      dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
+                           SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
+                           REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps)
+                           if plan.shared else 1,
+                           C_HALVES=config.c_halves, BN2=config.block_n2, **config.meta(), **pdl_meta(a.device)))
 
 
 def compile_cases(make_workspace):
