@@ -7,8 +7,8 @@ Four measurements, each of which predicts the row's time a different way:
 
 * ``op_host_us``: host microseconds per call of single torch ops (a launching op, a view, a stable
   argsort of 4096 int16 keys, the layer's all-gather of its count vector), queued back to back on an
-  idle GPU (median of rounds). The layer's dispatch makes about 130 aten calls (55 of them launch
-  work) and its combine 22: times these, they give the host floor of each phase.
+  idle GPU (median of rounds). The layer's dispatch makes about 80 aten calls (about 30 of them launch
+  work) and its combine 16 (6): times these, they give the host floor of each phase.
 * ``comm_floor``: the layer's communication alone with its byte counts -- one all-gather of the same
   [W, 1 + E/W] count vector, one ``.tolist()``, one ``all_to_all_single`` of the same padded rows -- timed
   as the row is (``time_eager``: back-to-back calls between CUDA events, slowest rank's median) with its
@@ -17,8 +17,11 @@ Four measurements, each of which predicts the row's time a different way:
   call queued behind another, no peer late): the latency of one call.
 * ``profile``: ``torch.profiler`` over ``PROFILED_CALLS`` calls of each phase: the entries with the most
   self CPU time and the most self device time per call (names, calls per call, us per call), so a
-  single slow step (a host wait, a collective's host path, a kernel) shows by name. The profiler adds
-  a few us per op: the wall time per call it reports is above the row's.
+  single slow step (a host wait, a collective's host path, a kernel) shows by name; and per call every
+  CUDA runtime call counted (cudaLaunchKernel, cudaMemcpyAsync, cudaStreamSynchronize, ...) and every
+  device-side copy or memset by direction ("Memcpy DtoH (Device -> Pageable)", "Memcpy DtoD ..."): the
+  layer should show one DtoH copy per dispatch (the counts' read), none per combine, no HtoD. The
+  profiler adds a few us per op: the wall time per call it reports is above the row's.
 
 On CPU ranks (tests) the same code runs with host timers and no CUDA activity."""
 
@@ -154,8 +157,13 @@ def profile(fn: Callable[[], object], device: torch.device, calls: int = PROFILE
         ranked = sorted(events, key=us_of, reverse=True)[:TOP_ENTRIES]
         return [[e.key, round(e.count / calls, 2), round(us_of(e) / calls, 1)] for e in ranked if us_of(e) > 0]
 
+    def counted(prefixes):
+        return {e.key: round(e.count / calls, 2) for e in events if e.key.startswith(prefixes)}
+
     return {"wall_us_per_call": round(wall, 1),
             "aten_events_per_call": sum(e.count for e in events if e.key.startswith("aten::")) / calls,
+            "runtime_calls_per_call": counted(("cuda", "cuLaunch")),
+            "copies_per_call": counted(("Memcpy", "Memset")),
             "by_self_cpu": top(lambda e: float(e.self_cpu_time_total)),
             "by_self_device": top(_self_device_us) if device.type == "cuda" else []}
 
@@ -189,6 +197,8 @@ def summary_lines(diag: dict) -> list[str]:
             continue
         lines.append(f"nccl diagnose profile {phase}: wall {prof['wall_us_per_call']} us/call, "
                      f"{prof['aten_events_per_call']} aten events/call")
+        lines.append(f"  cuda runtime calls/call: {prof['runtime_calls_per_call']}")
+        lines.append(f"  device copies/call: {prof['copies_per_call']}")
         lines.append(f"  self cpu: {prof['by_self_cpu']}")
         lines.append(f"  self device: {prof['by_self_device']}")
     return lines

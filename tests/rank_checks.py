@@ -239,7 +239,7 @@ class CountedCalls:
     -> count, only names called)."""
 
     def __enter__(self):
-        self.calls = {}
+        self.calls, self._inside = {}, set()
         self._saved = [(torch.Tensor, name, torch.Tensor.__dict__.get(name)) for name in HOST_READS]
         self._saved += [(dist, name, getattr(dist, name)) for name in COUNTED_COLLECTIVES if hasattr(dist, name)]
         for owner, name, _ in self._saved:
@@ -248,8 +248,16 @@ class CountedCalls:
 
     def _counting(self, name, original):
         def counted(*args, **kwargs):
+            # A call made from inside this one (a TorchFunctionMode such as ``torch.device(...)`` calls
+            # the method again) is the same read: counted once.
+            if name in self._inside:
+                return original(*args, **kwargs)
             self.calls[name] = self.calls.get(name, 0) + 1
-            return original(*args, **kwargs)
+            self._inside.add(name)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._inside.discard(name)
         return counted
 
     def __exit__(self, *exc):

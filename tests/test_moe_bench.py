@@ -221,3 +221,5 @@ def test_nccl_diagnose_measures_the_layer_and_its_communication_alone(monkeypatc
             assert c10d == collectives, prof
             assert prof["aten_events_per_call"] >= (100 if phase == "dispatch" else 15), prof
             assert prof["wall_us_per_call"] > 0 and len(prof["by_self_cpu"]) == moe_nccl_diagnose.TOP_ENTRIES, prof
+            # CPU ranks: no CUDA runtime call and no device copy to count (on CUDA: one DtoH per dispatch)
+            assert prof["runtime_calls_per_call"] == {} and prof["copies_per_call"] == {}, prof
