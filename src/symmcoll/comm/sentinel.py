@@ -295,11 +295,15 @@ def _launch_two_shot(plan: Plan, x_words, out_words, n_words: int, shard: int, s
     # The reduce-scatter's push-ahead (0: main's two passes); SYMMCOLL_RS_SENTINEL_LAG, debug_switches.
     lag = 0 if gather else (debug_switches.RS_SENTINEL_LAG or 0)
     region, epochs = ws.region(TWO_SHOT_SLOTS.name), ws.local_state(TWO_SHOT_EPOCHS.name)
+    # Pushing ahead holds two blocks' tiles: 141-143 registers a thread at world 4 (sm_90, 4 warps) where
+    # main's kernel takes 122-124, which would leave room for 3 programs per SM instead of 4 (528 programs,
+    # the large-size config, in two waves). Capped at 128, ptxas fits it in 116-117 with no spill.
+    limits = dict(maxnreg=128) if lag and ws.device.type == "cuda" else {}
     launch_once(plan, two_shot_tiles_kernel, cfg.grid(cdiv(shard, cfg.block)),
                 (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs), x_words, out_words, (n_words, shard, stride),
                 meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[plan.request.dtype],
                      ROW=row_words("two_shot", ws.device.type, world), BLOCK=cfg.block, GATHER=gather,
-                     PEERS=next_power_of_2(world), LAG=lag), whole)
+                     PEERS=next_power_of_2(world), LAG=lag, **limits), whole)
 
 
 def _two_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
