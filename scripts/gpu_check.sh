@@ -7,7 +7,7 @@
 #                                                            [scaleout-multi] [backend] [backend-bench] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
 #                                                            [restructure] [random-calls] [host] [desc-cost]
-#                                                            [multi-diagnose]
+#                                                            [multi-diagnose] [rs-lag]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -97,6 +97,19 @@ for stage in $stages; do
         ${BENCH_ARGS:-} --time-limit $(( ${BENCH_TIMEOUT:-500} - 40 )) --out "$OUT" 2>&1 \
         | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    rs-lag)
+      # benchmarks/NOTES.md "reduce_scatter at 8-16 MB on 4 ranks": main's sentinel reduce-scatter (lag 0) and its
+      # push-ahead (SYMMCOLL_RS_SENTINEL_LAG=1, 2: read at import, so one bench process per lag), each beside
+      # torch's reduce_scatter_out, on the same machine; the bench checks every result before it times it.
+      for lag in ${RS_LAGS:-0 1 2}; do
+        mkdir -p "$OUT/rs-lag$lag"
+        env $([ "$lag" = 0 ] || echo SYMMCOLL_RS_SENTINEL_LAG=$lag) timeout ${RS_LAG_TIMEOUT:-80} python3 -m symmcoll bench \
+          --op reduce_scatter --world-size ${RS_LAG_WORLD_SIZE:-4} -b ${RS_LAG_MIN:-2M} -e ${RS_LAG_MAX:-32M} -f 2 \
+          --algorithms torch:reduce_scatter_out sentinel --link-bytes 64M --time-limit $(( ${RS_LAG_TIMEOUT:-80} - 20 )) \
+          --out "$OUT/rs-lag$lag" 2>&1 | tee "$OUT/rs-lag$lag/bench.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
       ;;
     probe)
       sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"

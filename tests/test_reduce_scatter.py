@@ -116,6 +116,34 @@ def test_reduce_scatter_larger_than_workspace(pools, world_size):
     pools(world_size).run(with_workspace_bytes, 4096, _larger_than_workspace)
 
 
+def _pipelined_sentinel(lag: int):
+    """The sentinel with SYMMCOLL_RS_SENTINEL_LAG's push-ahead, several blocks per program (a forced small
+    launch config: 256-word blocks, 2 programs), in pieces and not, tails, every op, three calls."""
+    from symmcoll import debug_switches
+    from symmcoll.plan import LaunchConfig, resolve
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = LaunchConfig(block=256, max_programs=2, num_warps=4)
+    row = sentinel.row_words("two_shot", device().type, world)
+    saved, debug_switches.RS_SENTINEL_LAG = debug_switches.RS_SENTINEL_LAG, lag
+    try:
+        # bf16 segments of 2 words (one block, one program), 7 blocks + a tail, and a row and a half (two
+        # launches); fp32 a block plus one word.
+        for call, (dtype, op, numel) in enumerate([(torch.bfloat16, "sum", 4), (torch.bfloat16, "max", 2 * 7 * 256 + 6),
+                                                   (torch.bfloat16, "sum", 3 * row), (torch.float32, "min", 257)]):
+            x = _input((numel,), dtype, rank, call, world)
+            got = resolve("reduce_scatter", x, None, "sentinel", reduce_op=op, config=cfg).execute(x)
+            assert_close(got, reference.reduce_scatter(x, op=op), f"sentinel lag {lag} {op} {dtype} {numel}",
+                         exact=True)
+            assert_pads_zero(f"after sentinel lag {lag} call {call}")
+    finally:
+        debug_switches.RS_SENTINEL_LAG = saved
+
+
+@pytest.mark.parametrize("lag", [1, 2, 9])
+def test_reduce_scatter_sentinel_pipelined(pools, world_size, lag):
+    pools(world_size).run(_pipelined_sentinel, lag)
+
+
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------
 
 STRESS_CALLS = int(os.environ.get("SYMMCOLL_STRESS_CALLS", "200"))

@@ -39,6 +39,13 @@ to compare the pull designs in one GPU call (``fused.all_gather_matmul`` reads t
   SYMMCOLL_AGMM_ALONE_OWN_LOOP=1       a group of one that wants no gathered A runs the kernel's own consumer
                                        loop (before 2026-11-27's change) instead of the GEMM core's persistent loop
                                        (ALONE_CORE), to time both on one GPU.
+
+The sentinel reduce-scatter's push-ahead (benchmarks/NOTES.md, "reduce_scatter at 8-16 MB on 4 ranks"), to
+time main's kernel and the pipelined one in one GPU call (``comm.sentinel`` reads it at each launch; on a
+GPU a plan keeps the launch it prepared first, so set it before the process starts):
+  SYMMCOLL_RS_SENTINEL_LAG=K           each program pushes its block i + K before it waits for and reduces
+                                       block i (one loop), instead of pushing all its blocks and then
+                                       reducing them (main). Unset: main's kernel, same PTX.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ SEPARATE_REGIONS = _flag("SYMMCOLL_DEBUG_SEPARATE_REGIONS")
 AGMM_PRODUCERS = _count("SYMMCOLL_AGMM_PRODUCERS", "number of programs")
 AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
+RS_SENTINEL_LAG = _spins("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
 
 
 def active() -> dict[str, object]:
@@ -78,5 +86,5 @@ def active() -> dict[str, object]:
     values = {"NO_ABORT_CHECK": NO_ABORT_CHECK, "ABORT_CHECK_SPINS": ABORT_CHECK_SPINS, "NO_HEADERS": NO_HEADERS,
               "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS,
               "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE,
-              "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP}
+              "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "RS_SENTINEL_LAG": RS_SENTINEL_LAG}
     return {k: v for k, v in values.items() if v not in (False, None)}

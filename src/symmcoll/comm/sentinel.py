@@ -43,6 +43,7 @@ import triton.language as tl
 from ..language import (WORD_FORMAT, combine, declare_slots, end_launch, finalize, open_slots, open_two_stage_slots,
                         pack, padded_words, peer_ptr, peer_rows, post_call, reduce_rows, sanitize, take, take_rows,
                         unpack)
+from .. import debug_switches
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
 from .common import cdiv, chunks, config, launch_once, meta, next_power_of_2
 
@@ -169,6 +170,43 @@ def one_shot_kernel(
 
 
 @triton.jit
+def _scatter_block(x_ptr, to_peers, b, lane, rows, is_peer, n_words, shard_words, x_stride, scatter_base, rank,
+                   FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """Stage 0 for block ``b`` of the shards: shard s of my input -> my row of rank s's scatter slots,
+    every s at once (a block past the shard stores nothing)."""
+    in_shard = b * BLOCK + lane
+    offs = rows[:, None] * x_stride + in_shard[None, :]
+    mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
+    words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
+    tl.store(to_peers + scatter_base + rank * ROW + in_shard[None, :], words, mask=mask)
+
+
+@triton.jit
+def _reduce_block(x_ptr, out_ptr, to_peers, region, b, lane, rows, is_peer, n_words, shard_words, x_stride,
+                  scatter_base, gather_base, rank, budget, check, status_ptr, desc, headers, epoch,
+                  WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr,
+                  BLOCK: tl.constexpr, GATHER: tl.constexpr, PEERS: tl.constexpr):
+    """Stage 1 for block ``b`` of my shard: wait for every peer's words, reduce them with mine, keep the
+    result (and with GATHER push it into my row of every peer's gather slots). Returns spins left."""
+    in_shard = b * BLOCK + lane
+    offs = rank * x_stride + in_shard
+    mask = (in_shard < shard_words) & (offs < n_words)
+    tile_mask = is_peer[:, None] & mask[None, :]
+    tile, budget = take_rows(region + scatter_base + rows[:, None] * ROW + in_shard[None, :], tile_mask, rows,
+                             rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
+    words = _reduce_tile(tile, sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT), rows, rank, WORLD,
+                         REDUCE_OP, FORMAT)
+    if budget > 0:
+        if GATHER:
+            tl.store(out_ptr + offs, words, mask=mask)
+            tl.store(to_peers + gather_base + rank * ROW + in_shard[None, :],
+                     tl.broadcast_to(words[None, :], (PEERS, BLOCK)), mask=tile_mask)
+        else:
+            tl.store(out_ptr + in_shard, words, mask=mask)
+    return budget
+
+
+@triton.jit
 def two_shot_tiles_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -177,10 +215,13 @@ def two_shot_tiles_kernel(
     # this piece, as int32 words: shard s of x = x[s * x_stride :][:shard_words], valid below n_words
     x_ptr, out_ptr, n_words, shard_words, x_stride,
     # ROW = slots per source row (>= shard_words); GATHER: all-reduce (out shaped like x) rather than
-    # reduce-scatter (out = my reduced shard); PEERS = WORLD rounded up to a power of 2
+    # reduce-scatter (out = my reduced shard); PEERS = WORLD rounded up to a power of 2; LAG: 0 = stage 0
+    # for every block of the program, then stage 1; LAG = k > 0 = one loop whose step pushes block i + k
+    # and then reduces block i (the reduce-scatter only: the local reduce overlaps the pushes in flight)
     WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FORMAT: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
-    GATHER: tl.constexpr, PEERS: tl.constexpr,
+    GATHER: tl.constexpr, PEERS: tl.constexpr, LAG: tl.constexpr = 0,
 ):
+    tl.static_assert(LAG == 0 or not GATHER, "LAG: reduce-scatter only")
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
@@ -190,36 +231,32 @@ def two_shot_tiles_kernel(
     rows = tl.arange(0, PEERS)
     is_peer = (rows < WORLD) & (rows != rank)
     to_peers = peer_rows(slot_ptrs_dev, rows, is_peer, tl.int32)
-
-    # Stage 0: shard s of my input -> my row of rank s's scatter slots, every s at once.
-    for b in range(pid, blocks, nprog):
-        in_shard = b * BLOCK + lane
-        offs = rows[:, None] * x_stride + in_shard[None, :]
-        mask = is_peer[:, None] & (in_shard[None, :] < shard_words) & (offs < n_words)
-        words = sanitize(tl.load(x_ptr + offs, mask=mask), FORMAT)
-        tl.store(to_peers + scatter_base + rank * ROW + in_shard[None, :], words, mask=mask)
-    post_call(pads, peer_headers, epoch, desc, rank, WORLD)
-
-    # Stage 1: reduce my shard; keep it and push it into my row of every peer's gather slots.
     budget = max_spins
     check = 1
-    for b in range(pid, blocks, nprog):
-        in_shard = b * BLOCK + lane
-        offs = rank * x_stride + in_shard
-        mask = (in_shard < shard_words) & (offs < n_words)
-        tile_mask = is_peer[:, None] & mask[None, :]
-        tile, budget = take_rows(region + scatter_base + rows[:, None] * ROW + in_shard[None, :], tile_mask, rows,
-                                 rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
-        check = 0
-        words = _reduce_tile(tile, sanitize(tl.load(x_ptr + offs, mask=mask, other=0), FORMAT), rows, rank, WORLD,
-                             REDUCE_OP, FORMAT)
-        if budget > 0:
-            if GATHER:
-                tl.store(out_ptr + offs, words, mask=mask)
-                tl.store(to_peers + gather_base + rank * ROW + in_shard[None, :],
-                         tl.broadcast_to(words[None, :], (PEERS, BLOCK)), mask=tile_mask)
-            else:
-                tl.store(out_ptr + in_shard, words, mask=mask)
+    if LAG == 0:
+        # Stage 0 for all my blocks, then stage 1.
+        for b in range(pid, blocks, nprog):
+            _scatter_block(x_ptr, to_peers, b, lane, rows, is_peer, n_words, shard_words, x_stride, scatter_base,
+                           rank, FORMAT, ROW, BLOCK)
+        post_call(pads, peer_headers, epoch, desc, rank, WORLD)
+        for b in range(pid, blocks, nprog):
+            budget = _reduce_block(x_ptr, out_ptr, to_peers, region, b, lane, rows, is_peer, n_words, shard_words,
+                                   x_stride, scatter_base, gather_base, rank, budget, check, status_ptr, desc,
+                                   headers, epoch, WORLD, REDUCE_OP, FORMAT, ROW, BLOCK, GATHER, PEERS)
+            check = 0
+    else:
+        # My first LAG blocks out, the call posted (before any wait), then push LAG blocks ahead of the reduce.
+        for i in tl.static_range(LAG):
+            _scatter_block(x_ptr, to_peers, pid + i * nprog, lane, rows, is_peer, n_words, shard_words, x_stride,
+                           scatter_base, rank, FORMAT, ROW, BLOCK)
+        post_call(pads, peer_headers, epoch, desc, rank, WORLD)
+        for b in range(pid, blocks, nprog):
+            _scatter_block(x_ptr, to_peers, b + LAG * nprog, lane, rows, is_peer, n_words, shard_words, x_stride,
+                           scatter_base, rank, FORMAT, ROW, BLOCK)
+            budget = _reduce_block(x_ptr, out_ptr, to_peers, region, b, lane, rows, is_peer, n_words, shard_words,
+                                   x_stride, scatter_base, gather_base, rank, budget, check, status_ptr, desc,
+                                   headers, epoch, WORLD, REDUCE_OP, FORMAT, ROW, BLOCK, GATHER, PEERS)
+            check = 0
 
     # Stage 2: every other shard from my gather slots into my output.
     if GATHER:
@@ -255,12 +292,18 @@ def _one_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 def _launch_two_shot(plan: Plan, x_words, out_words, n_words: int, shard: int, stride: int, gather: bool,
                      whole: bool) -> None:
     ws, cfg, world = plan.ws, config(plan), plan.world
+    # The reduce-scatter's push-ahead (0: main's two passes); SYMMCOLL_RS_SENTINEL_LAG, debug_switches.
+    lag = 0 if gather else (debug_switches.RS_SENTINEL_LAG or 0)
     region, epochs = ws.region(TWO_SHOT_SLOTS.name), ws.local_state(TWO_SHOT_EPOCHS.name)
+    # Pushing ahead holds two blocks' tiles: 141-143 registers a thread at world 4 (sm_90, 4 warps) where
+    # main's kernel takes 122-124, which would leave room for 3 programs per SM instead of 4 (528 programs,
+    # the large-size config, in two waves). Capped at 128, ptxas fits it in 116-117 with no spill.
+    limits = dict(maxnreg=128) if lag and ws.device.type == "cuda" else {}
     launch_once(plan, two_shot_tiles_kernel, cfg.grid(cdiv(shard, cfg.block)),
                 (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs), x_words, out_words, (n_words, shard, stride),
                 meta(plan, REDUCE_OP=plan.reduce_code, FORMAT=WORD_FORMAT[plan.request.dtype],
                      ROW=row_words("two_shot", ws.device.type, world), BLOCK=cfg.block, GATHER=gather,
-                     PEERS=next_power_of_2(world)), whole)
+                     PEERS=next_power_of_2(world), LAG=lag, **limits), whole)
 
 
 def _two_shot(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
