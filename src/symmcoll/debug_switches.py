@@ -78,7 +78,7 @@ SEPARATE_REGIONS = _flag("SYMMCOLL_DEBUG_SEPARATE_REGIONS")
 AGMM_PRODUCERS = _count("SYMMCOLL_AGMM_PRODUCERS", "number of programs")
 AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
-RS_SENTINEL_LAG = _spins("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
+RS_SENTINEL_LAG = _count("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
 
 
 def active() -> dict[str, object]:
