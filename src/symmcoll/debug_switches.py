@@ -39,6 +39,11 @@ to compare the pull designs in one GPU call (``fused.all_gather_matmul`` reads t
   SYMMCOLL_AGMM_ALONE_OWN_LOOP=1       a group of one that wants no gathered A runs the kernel's own consumer
                                        loop (before 2026-11-28) instead of the GEMM core's persistent loop
                                        (ALONE_CORE), to time both on one GPU.
+
+matmul_reduce_scatter's fused kernel (and matmul_all_reduce's two_shot, which runs it):
+  SYMMCOLL_MRS_GREEDY_PIECES=1         products larger than a slot go in launches filled to the slot, the
+                                       rest in the last (before 2026-11-27's seventh stop), instead of
+                                       launches of equal size (``fused.matmul_reduce_scatter.pieces``).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ SEPARATE_REGIONS = _flag("SYMMCOLL_DEBUG_SEPARATE_REGIONS")
 AGMM_PRODUCERS = _spins("SYMMCOLL_AGMM_PRODUCERS", "number of programs")
 AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
+MRS_GREEDY_PIECES = _flag("SYMMCOLL_MRS_GREEDY_PIECES")
 
 
 def active() -> dict[str, object]:
@@ -78,5 +84,5 @@ def active() -> dict[str, object]:
     values = {"NO_ABORT_CHECK": NO_ABORT_CHECK, "ABORT_CHECK_SPINS": ABORT_CHECK_SPINS, "NO_HEADERS": NO_HEADERS,
               "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS,
               "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE,
-              "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP}
+              "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES}
     return {k: v for k, v in values.items() if v not in (False, None)}
