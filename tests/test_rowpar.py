@@ -107,6 +107,57 @@ def test_one_pass_small_shards(pools, world, dtype):
     pools(world).run(_one_pass, dtype)
 
 
+# ---- launches of equal size --------------------------------------------------------------------------
+
+
+def test_pieces_are_equal_and_cover_every_tile_once(monkeypatch):
+    """A product larger than a slot goes in as few launches as before, of equal size in whole units: on
+    4 H100s at M = 8192 (512 tiles a shard, 341 a slot) 256 + 256 (8 + 8 waves of 132 programs) where
+    filling the first launch gave 341 + 171 (11 + 6); one pass keeps whole columns of row blocks."""
+    from symmcoll import debug_switches
+    from symmcoll.fused import matmul_reduce_scatter as mrs
+    from symmcoll.fused.gemm_configs import CPU_CONFIG
+    monkeypatch.setattr(debug_switches, "MRS_GREEDY_PIECES", False)
+
+    def sizes(tiles, per_piece, unit=1):
+        got = mrs.pieces(mrs.Tiling(CPU_CONFIG, unit > 1, tiles, per_piece, unit))
+        assert [first for first, _ in got] == [sum(n for _, n in got[:i]) for i in range(len(got))]
+        assert sum(n for _, n in got) == tiles and all(0 < n <= per_piece and n % unit == 0 for _, n in got)
+        assert len(got) == -(-tiles // per_piece)
+        return [n for _, n in got]
+
+    assert sizes(512, 341) == [256, 256]
+    assert sizes(1024, 341) == [256] * 4
+    assert sizes(9, 4) == [3, 3, 3]
+    assert sizes(10, 4) == [4, 4, 2]
+    assert sizes(128, 8192) == [128]
+    assert sizes(6 * 4, 12, unit=4) == [12, 12]  # one pass: 4 row blocks, at most 3 columns a launch
+    assert sizes(5 * 4, 12, unit=4) == [12, 8]
+    monkeypatch.setattr(debug_switches, "MRS_GREEDY_PIECES", True)
+    assert sizes(512, 341) == [341, 171]
+
+
+def _even_pieces(dtype):
+    """3 x 3 tiles a shard (bf16 32x32 tiles, 4 in an 8 KB CPU slot): three launches of 3 tiles (filled
+    launches would run 4 + 4 + 1), twice with fresh data."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    errs = []
+    for call in range(2):
+        m, n, k = 70 * world, 90, 24
+        a, b = operand((m, k), dtype, rank, call), operand((k, n), dtype, rank, call, salt=1)
+        before = launches("matmul_reduce_scatter_kernel")
+        got = symmcoll.matmul_reduce_scatter(a, b, algorithm="fused")
+        errs.append(assert_rel_close(got, reference.matmul_reduce_scatter(a, b), f"fused {m}x{n}x{k} call {call}"))
+        if ON_CPU:
+            assert launches("matmul_reduce_scatter_kernel") - before == 3, "9 tiles in launches of 3"
+    return max(errs)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_fused_launches_of_equal_size(pools, world):
+    pools(world).run(_even_pieces, torch.bfloat16)
+
+
 # ---- matmul_all_reduce -------------------------------------------------------------------------------
 
 MMAR_ALGORITHMS = ["one_shot", "two_shot", "unfused", "nccl"]

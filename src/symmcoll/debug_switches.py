@@ -46,6 +46,10 @@ GPU a plan keeps the launch it prepared first, so set it before the process star
   SYMMCOLL_RS_SENTINEL_LAG=K           each program pushes its block i + K before it waits for and reduces
                                        block i (one loop), instead of pushing all its blocks and then
                                        reducing them (main). Unset: main's kernel, same PTX.
+matmul_reduce_scatter's fused kernel (and matmul_all_reduce's two_shot, which runs it):
+  SYMMCOLL_MRS_GREEDY_PIECES=1         products larger than a slot go in launches filled to the slot, the
+                                       rest in the last (before 2026-11-27's seventh stop), instead of
+                                       launches of equal size (``fused.matmul_reduce_scatter.pieces``).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ AGMM_PRODUCERS = _count("SYMMCOLL_AGMM_PRODUCERS", "number of programs")
 AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
 RS_SENTINEL_LAG = _count("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
+MRS_GREEDY_PIECES = _flag("SYMMCOLL_MRS_GREEDY_PIECES")
 
 
 def active() -> dict[str, object]:
@@ -86,5 +91,6 @@ def active() -> dict[str, object]:
     values = {"NO_ABORT_CHECK": NO_ABORT_CHECK, "ABORT_CHECK_SPINS": ABORT_CHECK_SPINS, "NO_HEADERS": NO_HEADERS,
               "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS,
               "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE,
-              "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "RS_SENTINEL_LAG": RS_SENTINEL_LAG}
+              "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "RS_SENTINEL_LAG": RS_SENTINEL_LAG,
+              "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES}
     return {k: v for k, v in values.items() if v not in (False, None)}

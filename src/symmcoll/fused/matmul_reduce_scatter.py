@@ -64,7 +64,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .. import ops, plan
+from .. import debug_switches, ops, plan
 from ..language import (EPOCH_SLOTS, MAX_WORLD, announce, end_launch, launch_epoch, narrow, send_tile_flag,
                         wait_tile_flag)
 from ..launcher import launch
@@ -252,11 +252,13 @@ class Tiling:
     """How the fused kernel cuts the product: ``one_pass`` tiles over all shards' rows (``tiles`` of
     the whole [W * rows_per_shard, N] grid) or per shard (``tiles`` of each shard); ``per_piece`` tiles
     a launch (one pass: whole columns of row blocks, so every owner hears from every peer in every
-    launch -- what keeps a rank at most one launch ahead)."""
+    launch -- what keeps a rank at most one launch ahead); ``unit`` tiles a launch takes whole (one pass:
+    a column of row blocks; per shard: 1)."""
     config: GemmConfig
     one_pass: bool
     tiles: int
     per_piece: int
+    unit: int = 1
 
 
 def tiling(rows_per_shard: int, n: int, k: int, dtype: torch.dtype, device: torch.device, world: int,
@@ -277,8 +279,24 @@ def tiling(rows_per_shard: int, n: int, k: int, dtype: torch.dtype, device: torc
     whole_columns = min(slot // (whole.block_m * whole.block_n * itemsize), max_tiles) // row_blocks
     if (rows_per_shard < whole.block_m and row_blocks < world * triton.cdiv(rows_per_shard, shard.block_m)
             and whole_columns > 0):
-        return Tiling(whole, True, row_blocks * triton.cdiv(n, whole.block_n), whole_columns * row_blocks)
+        return Tiling(whole, True, row_blocks * triton.cdiv(n, whole.block_n), whole_columns * row_blocks, row_blocks)
     return per_shard
+
+
+def pieces(cut: Tiling) -> list[tuple[int, int]]:
+    """(first tile, tiles) of each launch: as few launches as the slots allow (``per_piece`` tiles at
+    most), of equal size in whole ``unit``s. Filling each launch to the slot and leaving the rest to the
+    last wasted whole waves: on 4 ranks at M = 8192 (512 tiles of 128x256 a shard, 341 a slot) 341 + 171
+    tiles a shard took 11 + 6 waves of 132 programs where 256 + 256 take 8 + 8 (one wave is ~87 us of
+    GEMM, 2048 tiles / 132 SMs in cuBLAS's 1344 us); at M = 16384, 341 x 3 + 1 took 11 x 3 + 1 = 34 waves,
+    4 x 256 take 32. SYMMCOLL_MRS_GREEDY_PIECES=1 (debug_switches) gives the filled pieces back, to time
+    both in one GPU run."""
+    if debug_switches.MRS_GREEDY_PIECES:
+        size = cut.per_piece
+    else:
+        count = triton.cdiv(cut.tiles, cut.per_piece)
+        size = triton.cdiv(cut.tiles // cut.unit, count) * cut.unit
+    return [(first, min(size, cut.tiles - first)) for first in range(0, cut.tiles, size)]
 
 
 def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, rows_per_shard: int) -> torch.Tensor:
@@ -301,8 +319,7 @@ def run_tiles(p: plan.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                 DATA_OFFSET=flag_bytes(device_type), ONE_PASS=cut.one_pass, **cfg.meta())
     # per shard: a launch's tiles are those of every shard (W x n); one pass: n of the whole grid
     shards_per_tile = 1 if cut.one_pass else world
-    for first in range(0, cut.tiles, cut.per_piece):
-        n = min(cut.per_piece, cut.tiles - first)
+    for first, n in pieces(cut):
         launch(matmul_reduce_scatter_kernel, (max(1, min(programs_for(cfg, a.device), shards_per_tile * n)),),
                (*ws.kernel_args, p.desc, region.ptrs_dev, epochs, a_arg, b_arg, out, M, N, K, a.stride(0), b.stride(0),
                 out.stride(0), rows_per_shard, first, n), meta)
