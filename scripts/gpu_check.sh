@@ -536,7 +536,12 @@ done
 # JSONs) travels in one archive beside env.txt; unpack it into benchmarks/results/<dir>/.
 nfiles=$(find "$OUT" -type f | wc -l)
 if [ "$nfiles" -gt 7 ]; then
-  tar czf "$OUT.bundle.tgz" -C "$OUT" . && find "$OUT" -mindepth 1 ! -name env.txt -delete \
-    && mv "$OUT.bundle.tgz" "$OUT/bundle.tgz" && echo "$nfiles files bundled into $OUT/bundle.tgz"
+  # Files go first, then the folders left empty: a stage's folder that keeps its own env.txt is not empty,
+  # and a failed delete must never keep the archive out of $OUT (2026-11-27: fused-env's results were lost so).
+  if tar czf "$OUT.bundle.tgz" -C "$OUT" .; then
+    find "$OUT" -mindepth 1 -type f ! -path "$OUT/env.txt" -delete
+    find "$OUT" -mindepth 1 -type d -empty -delete
+    mv "$OUT.bundle.tgz" "$OUT/bundle.tgz" && echo "$nfiles files bundled into $OUT/bundle.tgz"
+  fi
 fi
 exit $status
