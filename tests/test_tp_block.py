@@ -203,6 +203,8 @@ def test_bench_cases_and_kernel_classes():
         event("matmul_kernel", 50),                                                      # symmcoll's GEMM
         event("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20),
         event("void c10d::symmetric_memory::one_shot_all_reduce_kernel<bf16, 2>(bf16**, ...)", 5),
+        # torch 2.11's name for the same kernel: an anonymous namespace
+        event("void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(c10::BFloat16", 7),
         event("one_shot_kernel", 4),                                                     # symmcoll collective
         event("ag_matmul_kernel", 40),                                                   # symmcoll fused
         event("Memcpy PtoP (Device -> Device)", 3, "gpu_memcpy"),
@@ -212,14 +214,17 @@ def test_bench_cases_and_kernel_classes():
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 1000},     # host side: ignored
     ]
     got = kernel_share.shares(events)
-    assert (got["comm_us"], got["fused_us"], got["compute_us"]) == (38, 40, 153)
-    assert got["comm_share"] == pytest.approx(38 / 231) and got["fused_share"] == pytest.approx(40 / 231)
+    assert (got["comm_us"], got["fused_us"], got["compute_us"]) == (45, 40, 153)
+    assert got["comm_share"] == pytest.approx(45 / 238) and got["fused_share"] == pytest.approx(40 / 238)
     # the longest activities by name, the two local and side-stream copies of one name summed
     assert got["top_kernels"][:3] == [["sm90_xmma_gemm_bf16bf16_bf16f32", 100], ["matmul_kernel", 50],
                                       ["ag_matmul_kernel", 40]]
     assert ["Memcpy DtoD (Device -> Device)", 8] in got["top_kernels"]
     assert all(name != "cudaLaunchKernel" for name, _ in got["top_kernels"])
-    assert (got["busy_us"], got["activities"]) == (231, 10)  # every GPU activity, none of the host's
+    assert (got["busy_us"], got["activities"]) == (238, 11)  # every GPU activity, none of the host's
+    assert kernel_share.kernel_base_name("void (anonymous namespace)::two_shot_all_reduce_kernel<float, 8>(float*") \
+        == "two_shot_all_reduce_kernel"
+    assert kernel_share.kernel_base_name("void at::native::elementwise_kernel<128, 4>(int") == "elementwise_kernel"
     # idle time of the main stream, by the activity that followed it
     gap = [{"ph": "X", "cat": "kernel", "name": n, "dur": 5, "ts": t, "args": {"stream": 7}}
            for n, t in (("a", 0), ("b", 5), ("c", 12), ("a", 400), ("c", 406))]

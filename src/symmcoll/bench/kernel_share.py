@@ -25,6 +25,14 @@ import pkgutil
 import tempfile
 
 COMM_NAME_PARTS = ("nccl", "symmetric_memory", "symm_mem")
+# torch's symmetric-memory kernels by their own names: torch 2.11 defines them in an anonymous namespace
+# (``void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(...)``), so no
+# namespace in the name says what they are (2026-11-27, 4x H100: torch_async_tp's decode read 0% comm).
+TORCH_SYMM_MEM_KERNELS = frozenset({
+    "one_shot_all_reduce_kernel", "two_shot_all_reduce_kernel", "multimem_all_reduce_kernel",
+    "multimem_one_shot_all_reduce_kernel", "multimem_all_gather_kernel", "barrier_kernel",
+    "put_signal_kernel", "wait_signal_kernel", "reduce_scatter_kernel", "all_gather_kernel",
+    "one_shot_all_gather_kernel", "two_shot_reduce_scatter_kernel"})
 KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # The GPU activities that took longest, by name (cut to this many characters), as shares() lists them:
 # where two modes of a step differ (the TP block bench keeps them per row).
@@ -54,6 +62,16 @@ def symmcoll_kernel_names() -> tuple[frozenset[str], frozenset[str]]:
     return kernels(symmcoll.comm), kernels(symmcoll.fused, skip=("gemm",))
 
 
+def kernel_base_name(name: str) -> str:
+    """A kernel's own name without return type, namespaces, template and parameter lists:
+    ``void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(c10::BFloat16**, ...)``
+    -> ``one_shot_all_reduce_kernel``; a Triton kernel's name is its own."""
+    name = name.replace("(anonymous namespace)::", "")
+    head = name.split("(")[0].split("<")[0].strip()
+    head = head.split()[-1] if head.split() else head   # strip "void "
+    return head.rsplit("::", 1)[-1]
+
+
 def classify(event: dict, main_stream, comm_kernels=frozenset(), fused_kernels=frozenset()) -> str | None:
     """"comm" | "fused" | "compute" for a GPU activity of a chrome trace; None for anything else."""
     category, name = event.get("cat"), event.get("name", "")
@@ -64,10 +82,10 @@ def classify(event: dict, main_stream, comm_kernels=frozenset(), fused_kernels=f
         return "comm" if peer else "compute"
     if category == "gpu_memset":
         return "compute"
-    base = name.split("(")[0].split("<")[0].split()[-1] if name.split() else name   # strip "void ", templates
+    base = kernel_base_name(name)
     if base in fused_kernels:
         return "fused"
-    if base in comm_kernels or any(part in name.lower() for part in COMM_NAME_PARTS):
+    if base in comm_kernels or base in TORCH_SYMM_MEM_KERNELS or any(part in name.lower() for part in COMM_NAME_PARTS):
         return "comm"
     return "compute"
 
