@@ -61,6 +61,12 @@ CASES = [
     (37, 100, 45, GemmConfig(16, 32, 16, 2, 1, False, 4, 1, block_n2=16), True, "", None),
     # 96 = 64 + 32 columns: N = 192 in exactly 2 tiles a row block, 12 tiles on 4 programs (flattened)
     (90, 192, 70, GemmConfig(32, 64, 16, 2, 1, False, 4, 1, flatten=True, block_n2=32), True, "", None),
+    # two-part tiles wave-split: 9 tiles of 16 x (32+16) on 4 programs, 8 whole, the last (a partial wave)
+    # in 3 parts of 13 k-steps (odd K: 5, 5, 3), its second part partly past N (128..143 of 136); B and W [N, K]
+    (37, 136, 200, GemmConfig(16, 32, 16, 2, 3, False, 4, 1, block_n2=16), False, "wave", None),
+    (37, 136, 200, GemmConfig(16, 32, 16, 2, 3, False, 4, 1, block_n2=16), True, "wave", None),
+    # 2 tiles of 16 x (64+32), all shared: 4 parts each on 8 programs (odd K: 16 k-steps, the last short)
+    (20, 96, 250, GemmConfig(16, 64, 16, 1, 4, False, 4, 1, block_n2=32), True, "wave", 8),
 ]
 
 
@@ -81,7 +87,7 @@ def _rel_err(got, a, b):
 
 # bf16 and fp32 for every case; fp16 shares bf16's code, so three cases of it suffice.
 DTYPE_CASES = [(c, d) for c in CASES for d in (torch.bfloat16, torch.float32)] + \
-    [(CASES[i], torch.float16) for i in (0, 2, 5, len(CASES) - 3)]
+    [(CASES[i], torch.float16) for i in (0, 2, 5, len(CASES) - 6, len(CASES) - 3)]
 
 
 @pytest.mark.parametrize("case,dtype", DTYPE_CASES,
@@ -142,8 +148,9 @@ def _split_k_counters():
     launch, or graph replay, starts clean) and the sum does not depend on which part finished last
     (fixed order)."""
     programs = gemm.num_sms(torch.device(_device()))
-    for config, n in ((GemmConfig(16, 32, 32, 1, 4, True, 4, 1), 64), (GemmConfig(16, 32, 32, 1, 4, True, 4, 1,
-                                                                                  stream_k=True), 32)):
+    for config, n in ((GemmConfig(16, 32, 32, 1, 4, True, 4, 1), 64),
+                      (GemmConfig(16, 32, 32, 1, 4, True, 4, 1, stream_k=True), 32),
+                      (GemmConfig(16, 32, 32, 1, 4, False, 4, 1, block_n2=16), 48)):  # two-part, 4 parts
         assert gemm_configs.split_plan(config, gemm_configs.tiles_of(config, 9, n), 256, programs).shared
         counters = gemm.split_counters(torch.device(_device()))
         results = []
@@ -169,6 +176,7 @@ def _split_sum_bits():
     cases = [(GemmConfig(16, 32, 32, 1, cap, True, 4, 1), 9, 64, 32 * steps, 2 * cap)
              for cap, steps in ((3, 12), (4, 8), (5, 10))]
     cases.append((GemmConfig(16, 32, 32, 1, 3, True, 4, 1, stream_k=True), 5, 70, 1000, 10))
+    cases.append((GemmConfig(16, 32, 32, 1, 3, False, 4, 1, block_n2=16), 9, 96, 32 * 12, 6))  # two-part tiles
     try:
         for config, m, n, k, programs in cases:
             tiles = gemm_configs.tiles_of(config, m, n)
@@ -581,8 +589,13 @@ def test_two_part_tiles_are_one_wave_whole_and_read_from_older_lists():
     plain = GemmConfig(64, 128, 64, 8, 1, False, 4, 4)
     assert len(plain.as_list()) == 13 and GemmConfig.from_list(plain.as_list()).block_n2 == 0
     assert gemm_configs.split_plan(config, 128, 8192, 132) == gemm_configs.SplitPlan(128)
-    for bad in (dict(split_k=4), dict(split_k=4, stream_k=True), dict(swap_ab=True), dict(tma_store=True)):
-        with pytest.raises(ValueError, match="two-part tile"):
+    # the wave split shares whole two-part tiles: 32 of 128 x (128+32) at 256x2560 in 4 parts, one wave
+    split = GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32)
+    assert gemm_configs.split_plan(split, gemm_configs.tiles_of(split, 256, 2560), 8192, 132) == \
+        gemm_configs.SplitPlan(0, 4, 4)
+    for bad, field in ((dict(split_k=4, stream_k=True), "stream_k"), (dict(swap_ab=True), "swap_ab"),
+                       (dict(tma_store=True), "tma_store")):
+        with pytest.raises(ValueError, match=f"two-part tile.*{field}"):
             GemmConfig(64, 128, 64, block_n2=32, **bad)
     for width in (8, 48, 128, 256):  # not a power of two >= 16, or a whole power-of-two tile
         with pytest.raises(ValueError, match="block_n2"):
@@ -646,7 +659,8 @@ def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
 GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 128, 64, 8, 2, False, 4, 4),
                GemmConfig(128, 256, 64, 8, 1, False, 8, 3), GemmConfig(32, 128, 256, 1, 8, True, 4, 3),
                GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), GemmConfig(128, 64, 64, 8, 1, False, 8, 4,
-                                                                                   block_n2=16)]
+                                                                                   block_n2=16),
+               GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32)]  # two-part, wave-split
 
 
 @pytest.mark.gpu

@@ -62,7 +62,8 @@ class GemmConfig:
     ``block_n2`` (0: off) a second column part: tiles ``block_n + block_n2`` columns wide (``tile_n``,
     e.g. 128 + 32 = 160: N = 2560 in 16 column blocks, so 512 x 2560 makes 128 tiles of 64 rows -- one
     wave on 132 SMs), computed as two accumulators from one A block per k-step. Two-part tiles are
-    whole (no split, no stream-K), straight (no swap) and stored by masked stores (no tma_store)."""
+    whole or wave-split (``split_k``; no stream-K), straight (no swap) and stored by masked stores (no
+    tma_store)."""
 
     block_m: int
     block_n: int
@@ -94,12 +95,12 @@ class GemmConfig:
             if self.block_n2 < 16 or self.block_n2 & (self.block_n2 - 1) or self.block_n2 >= self.block_n:
                 raise ValueError(f"block_n2 must be 0 or a power of two >= 16 below block_n ({self.block_n}): "
                                  f"got {self.block_n2}")
-            unsupported = [name for name, on in (("split_k > 1", self.split_k > 1), ("stream_k", self.stream_k),
-                                                 ("split_wave", self.split_wave), ("swap_ab", self.swap_ab),
-                                                 ("tma_store", self.tma_store)) if on]
+            # (split_k > 1 is the wave split: whole tiles' parts; stream-K's ranges cross tiles)
+            unsupported = [name for name, on in (("stream_k", self.stream_k), ("split_wave", self.split_wave),
+                                                 ("swap_ab", self.swap_ab), ("tma_store", self.tma_store)) if on]
             if unsupported:
-                raise ValueError(f"a two-part tile (block_n2={self.block_n2}) is whole, straight and stored by "
-                                 f"masked stores: {', '.join(unsupported)} not supported")
+                raise ValueError(f"a two-part tile (block_n2={self.block_n2}) is whole or wave-split, straight and "
+                                 f"stored by masked stores: {', '.join(unsupported)} not supported")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
