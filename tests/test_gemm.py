@@ -605,24 +605,55 @@ def test_two_part_tiles_are_one_wave_whole_and_read_from_older_lists():
 def test_tuner_offers_one_wave_two_part_tiles_for_the_narrow_n_cells():
     """The QKV cells at 1.10-1.22x on the settled H100 grid (N = 1280-5120, K = 8192, M = 256-4096) get
     two-part tiles that make 128 tiles -- one wave, less 4 SMs -- on 132 SMs: 512x2560 in 64 x (128+32)
-    and 128 x (64+16); every two-part candidate fills its last wave to >= 90%; none at decode or short K;
+    and 128 x (64+16); every whole two-part candidate fills its last wave to >= 90%; none at decode or short K;
     a fused op (split=False) never gets one from a table."""
     from symmcoll.bench.gemm import cell_candidates
     labels = {c.label for c in cell_candidates(512, 2560, 8192, 132, {})}
     assert {"N64x128+32x64/g8/s1/w4/p4", "N64x128+32x64/g8/s1/w4/p6", "N128x64+16x64/g8/s1/w8/p4"} <= labels
     for m, n, tile in ((512, 5120, "N128x128+32x64"), (2048, 1280, "N128x128+32x64"), (256, 2560, "N64x64+16x64"),
                        (2048, 2560, "N128x256+64x64"), (4096, 1280, "N128x256+64x64"), (1024, 2560, "N128x128+32x64")):
-        found = [c for c in gemm_configs.candidates(m, n, 8192) if c.block_n2]
+        found = [c for c in gemm_configs.candidates(m, n, 8192) if c.block_n2 and c.split_k == 1]  # (whole tiles)
         assert tile in {c.label.split("/")[0] for c in found}, (m, n, [c.label for c in found])
         for config in found:
             tiles = gemm_configs.tiles_of(config, m, n)
             assert gemm_configs.wave_fill(tiles, 132) >= 0.9 and tiles <= 2 * 132, (m, n, config.label, tiles)
-            assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES and config.split_k == 1
+            assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
     assert not gemm_configs.two_part_candidates(64, 2560, 8192) and not gemm_configs.two_part_candidates(512, 2560, 512)
     two_part = GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32)
     table = gemm_configs.table_of([dict(m=512, n=2560, k=8192, config=two_part.as_list(), no_split=two_part.as_list())])
     assert gemm_configs.lookup(table, 512, 2560, 8192, True) == two_part
     assert gemm_configs.lookup(table, 512, 2560, 8192, False) == replace(two_part, block_n2=0)
+
+
+# The H100 grid's cells above 1.10x after round 8 (Llama-3-70B QKV, K = 8192) and the wave-split two-part
+# tilings that make one wave there: (m, n, tile, parts) -- tiles x parts = 128 units on 132 SMs.
+SPLIT_TWO_PART_CELLS = [(256, 2560, "N128x128+32x64", 4), (512, 2560, "N128x128+32x64", 2),
+                        (256, 5120, "N128x128+32x64", 2), (128, 1280, "N64x64+16x64", 4),
+                        (512, 1280, "N128x128+32x64", 4)]
+
+
+def test_tuner_offers_wave_split_two_part_tiles_under_one_wave():
+    """Where M <= 512 leaves too few two-part tiles for a wave, the tune gets them wave-split: the
+    decompositions of SPLIT_TWO_PART_CELLS among the candidates, each split two-part candidate's
+    (tile, part) units >= 90% of the SMs and at most all of them, parts of >= 16 k-steps, no tile wider
+    than 96 accumulator values a thread (ptxas spills beyond), at most ~120 candidates a cell; 128x128
+    in 3 parts (40 tiles: 120 units) at the 40-tile cells; none past M = 512, at decode or short K."""
+    for m, n, tile, parts in SPLIT_TWO_PART_CELLS:
+        found = gemm_configs.candidates(m, n, 8192)
+        assert len(found) <= 120, (m, n, len(found))
+        split = [c for c in found if c.block_n2 and c.split_k > 1]
+        assert any(c.label.startswith(tile) and c.split_k == parts for c in split), (m, n, [c.label for c in split])
+        for config in split:
+            tiles = gemm_configs.tiles_of(config, m, n)
+            plan = gemm_configs.split_plan(config, tiles, 8192, 132)
+            assert plan == gemm_configs.SplitPlan(0, config.split_k, config.split_k), (config.label, plan)
+            assert 0.9 * 132 <= tiles * plan.sharing <= 132 and 8192 // 64 >= 16 * plan.sharing, config.label
+            assert config.block_m * config.tile_n // (32 * config.num_warps) <= 96 and config.num_stages >= 5
+        if gemm_configs.tiles_of(GemmConfig(128, 128, 64), m, n) == 40:
+            assert any(gemm_configs.split_plan(c, 40, 8192, 132) == gemm_configs.SplitPlan(0, 3, 3)
+                       for c in found if (c.block_m, c.block_n, c.block_n2, c.stream_k) == (128, 128, 0, False))
+    for m, n, k in ((1024, 2560, 8192), (64, 1280, 8192), (256, 2560, 1024)):
+        assert not any(c.block_n2 and c.split_k > 1 for c in gemm_configs.candidates(m, n, k)), (m, n, k)
 
 
 def test_config_validation_names_the_field():
@@ -707,6 +738,8 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data():
     (SK(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                         # 0.61 of a wave: whole
     (GemmConfig(128, 256, 64, 8, 1, False, 8, 3), 16384, 8192, 8192),
     (GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), 512, 2560, 8192),        # two-part: one wave
+    (GemmConfig(128, 128, 64, 8, 4, False, 8, 5, block_n2=32), 256, 2560, 8192),       # two-part, wave-split
+    (GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), 128, 1280, 8192),
 ])
 def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     """The tiny launch a precompile worker makes compiles what the real cell launches: the same

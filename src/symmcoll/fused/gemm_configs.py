@@ -341,13 +341,45 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
         width = bn + bn2
         columns = math.ceil(n / width)
         tiles = math.ceil(m / bm) * columns
-        if (tiles > TWO_PART_MAX_WAVES * sms or wave_fill(tiles, sms) < TWO_PART_MIN_FILL
-                or columns * width > n * (1 + TWO_PART_MAX_WASTE)):
+        if columns * width > n * (1 + TWO_PART_MAX_WASTE):
             continue
-        for stages in TWO_PART_STAGES:
-            found.append(GemmConfig(bm, bn, 64, group_m=8, num_warps=warps, num_stages=stages,
-                                    block_n2=bn2).fitted(2))
+        if tiles <= TWO_PART_MAX_WAVES * sms and wave_fill(tiles, sms) >= TWO_PART_MIN_FILL:
+            split = 1
+        else:
+            split = two_part_split(bm, bn, bn2, tiles, m, k, sms)
+        if split:
+            for stages in TWO_PART_STAGES if split == 1 else TWO_PART_SPLIT_STAGES:
+                found.append(GemmConfig(bm, bn, 64, group_m=8, split_k=split, num_warps=warps, num_stages=stages,
+                                        block_n2=bn2).fitted(2))
     return list(dict.fromkeys(found))
+
+
+# Wave-split two-part tiles (M <= TWO_PART_SPLIT_MAX_M): tiles of at most this many fp32 accumulator values a
+# thread (sm_90 ptxas, split at 256x5120x8192: 128 x (128+64) on 8 warps, 96 values, 178 registers; 128 x
+# (256+64) and 64 x (256+64), 160 values, 255 registers and 72 bytes spilled).
+TWO_PART_SPLIT_MAX_M = 512
+TWO_PART_SPLIT_MAX_VALUES = 96
+TWO_PART_MIN_PART_STEPS = 16
+# Their pipelines: deep (fitted to shared memory), as B comes from DRAM at these M -- on one H100
+# (2026-11-27 tune) 64x(128+32) ran 43.5 us at 6 stages against 45.9 at 4 (512x2560x8192), 42.4 against
+# 48.8 (256x5120), 64x(64+16) 31.4 against 38.8 (256x2560).
+TWO_PART_SPLIT_STAGES = (6, 8)
+
+
+def two_part_split(bm: int, bn: int, bn2: int, tiles: int, m: int, k: int, sms: int) -> int:
+    """Parts (>= 2; 0: none) of the wave split that makes ``tiles`` two-part tiles (fewer than the SMs) one
+    wave, or nearly: (tile, part) units >= TWO_PART_MIN_FILL of the SMs and at most all of them -- where
+    M <= 512 leaves too few rows for whole two-part tiles to fill the SMs (256 x 2560 in 32 tiles of
+    128 x (128+32), 4 parts each: 128 units on 132 SMs; 512 x 2560 in 64 of them, 2 parts). Each part
+    keeps >= TWO_PART_MIN_PART_STEPS k-steps of 64: a 128 x 160 fp32 partial moves as many bytes as ~2.2
+    k-steps of loads, written by every part and read back, every part's, by the last."""
+    warps = 8 if bm == 128 else 4
+    if m > TWO_PART_SPLIT_MAX_M or tiles >= sms or bm * (bn + bn2) // (32 * warps) > TWO_PART_SPLIT_MAX_VALUES:
+        return 0
+    parts = sms // tiles
+    if parts < 2 or tiles * parts < TWO_PART_MIN_FILL * sms or k // 64 < TWO_PART_MIN_PART_STEPS * parts:
+        return 0
+    return min(parts, MAX_SPLIT)
 
 
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
