@@ -708,8 +708,10 @@ def test_gpu_matmul_configs(config, shape, b_t):
 
 
 @pytest.mark.gpu
-def test_gpu_split_k_in_graph_replays_with_fresh_data():
-    config = GemmConfig(16, 64, 128, 1, 8, True, 4, 5)
+@pytest.mark.parametrize("config", [GemmConfig(16, 64, 128, 1, 8, True, 4, 5),
+                                    GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16)],  # two-part, 4 parts
+                         ids=lambda c: c.label)
+def test_gpu_split_k_in_graph_replays_with_fresh_data(config):
     a = torch.empty((16, 8192), dtype=torch.bfloat16, device="cuda")
     b = torch.randn((8192, 1280), dtype=torch.bfloat16, device="cuda")
     a.normal_()
