@@ -460,7 +460,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
             config = replace(base, split_k=cap, stream_k=stream)
             plans.setdefault(split_plan(config, tiles, k, programs), config)
         found.extend(plans.values())
-    found.extend(two_part_candidates(m, n, k, sms))  # (whole tiles only: no split variants)
+    found.extend(two_part_candidates(m, n, k, sms))  # (whole, or wave-split where under one wave)
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
 
