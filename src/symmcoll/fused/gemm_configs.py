@@ -332,8 +332,9 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
     SMs, or nearly: where the power-of-two tiles make ~1.2 waves (QKV of Llama-3-70B, N = 1280-5120 at
     M = 256-4096: 160 tiles of 128x128 on 132 SMs, whose split along K costs more than it saves on one
     H100) -- e.g. 512 x 2560 in 8 x 16 tiles of 64 x (128+32), or 4 x 32 of 128 x (64+16): 128 tiles.
-    Only past decode (M > 64: there the swapped tiles read B) and for a long K (a k-loop to amortise
-    the extra B load per k-step)."""
+    Where they are fewer than the SMs (M <= 512), wave-split along K into one wave instead
+    (``two_part_split``). Only past decode (M > 64: there the swapped tiles read B) and for a long K (a
+    k-loop to amortise the extra B load per k-step)."""
     if m <= 64 or k < 1024:
         return []
     found = []
