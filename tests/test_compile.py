@@ -154,6 +154,48 @@ def test_gemm_two_part_tiles_run_two_wgmma_widths_from_three_tma_loads(fields, b
     assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
 
 
+# Two-part tiles wave-split (round 9) as the tuner offers them under one wave: 256x2560 in 32 tiles of
+# 128x(128+32), 4 parts; 128x1280 in 32 of 64x(64+16), 4 parts; 128x1280 in 16 of 128x(64+16), 8 parts.
+# ptxas on CPU (triton 3.6): 140, 78 and 78 registers (B and W^T alike), no spills.
+SPLIT_TWO_PART_TILES = [(256, 2560, (128, 128, 64, 8, 4, False, 8, 5, 1, False, False, False, False, 32)),
+                        (128, 1280, (64, 64, 64, 8, 4, False, 4, 6, 1, False, False, False, False, 16)),
+                        (128, 1280, (128, 64, 64, 8, 8, False, 8, 6, 1, False, False, False, False, 16))]
+
+
+@pytest.mark.parametrize("b_t", [False, True], ids=["B", "W^T"])
+@pytest.mark.parametrize("m, n, fields", SPLIT_TWO_PART_TILES, ids=lambda v: str(v) if isinstance(v, int) else
+                         f"{v[0]}x{v[1]}+{v[13]}-s{v[4]}")
+def test_gemm_two_part_tiles_wave_split_store_both_partials_from_registers(m, n, fields, b_t):
+    """Compiled as the GPU specialises the launch: the split kernel (SPLIT) runs both column parts as
+    tensor-core dots, stores both fp32 partials 16 bytes at a time straight from the accumulators (no
+    tile through shared memory but a 16-wide second part), bumps the tile's counter once, and ptxas
+    spills nothing."""
+    from symmcoll.fused import gemm
+    from symmcoll.fused.gemm_configs import GemmConfig
+
+    config = GemmConfig(*fields)
+    with launcher.recording() as recorded:
+        a = torch.empty((m, 8192), dtype=torch.bfloat16, device="meta")
+        b = (torch.empty((n, 8192), dtype=torch.bfloat16, device="meta").t() if b_t else
+             torch.empty((8192, n), dtype=torch.bfloat16, device="meta"))
+        gemm.matmul(a, b, config=config, programs=132)
+    constexprs = dict(kernel_specs.spec_of(recorded[0]).constexprs)
+    assert constexprs["SPLIT"] and not constexprs["STREAM"] and constexprs["BN2"] == config.block_n2
+    ptx = kernel_specs.compile_specialised(recorded[0]).asm["ptx"]
+    widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16", ptx))
+    assert widths == {str(config.block_n), str(config.block_n2)}, widths
+    per_thread = config.block_m * config.tile_n // (32 * config.num_warps)
+    assert len(re.findall(r"\bst\.global\.v4\.b32", ptx)) >= per_thread // 4  # both partials, 16 bytes a store
+    # a 16-wide second part's [BM, 16] is converted through shared memory (4 KB at 64 rows; in the whole tile's
+    # store too), never the first part: at most 2 such conversions, 16 bytes a thread's 4 values
+    second_values = config.block_m * config.block_n2 // (32 * config.num_warps)
+    allowed = 2 * second_values // 4 if config.block_n2 == 16 else 0
+    assert len(re.findall(r"\bld\.shared\.v4", ptx)) <= allowed, "an fp32 tile converted through shared memory"
+    assert len(re.findall(r"\batom\.[\w.]*\.add\.", ptx)) == 1, "one counter bump a shared tile"
+    registers, spilled = kernel_specs.ptxas_usage(ptx)
+    assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
+
+
 @pytest.mark.parametrize("fields", [(128, 256, 64, 8, 4, False, 8, 3, 1, False, True), (128, 128, 64, 8, 4, False, 8, 6)],
                          ids=lambda v: "x".join(map(str, v[:3])))
 def test_gemm_split_partials_go_from_the_accumulators_registers(fields):

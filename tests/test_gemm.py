@@ -61,6 +61,12 @@ CASES = [
     (37, 100, 45, GemmConfig(16, 32, 16, 2, 1, False, 4, 1, block_n2=16), True, "", None),
     # 96 = 64 + 32 columns: N = 192 in exactly 2 tiles a row block, 12 tiles on 4 programs (flattened)
     (90, 192, 70, GemmConfig(32, 64, 16, 2, 1, False, 4, 1, flatten=True, block_n2=32), True, "", None),
+    # two-part tiles wave-split: 9 tiles of 16 x (32+16) on 4 programs, 8 whole, the last (a partial wave)
+    # in 3 parts of 13 k-steps (odd K: 5, 5, 3), its second part partly past N (128..143 of 136); B and W [N, K]
+    (37, 136, 200, GemmConfig(16, 32, 16, 2, 3, False, 4, 1, block_n2=16), False, "wave", None),
+    (37, 136, 200, GemmConfig(16, 32, 16, 2, 3, False, 4, 1, block_n2=16), True, "wave", None),
+    # 2 tiles of 16 x (64+32), all shared: 4 parts each on 8 programs (odd K: 16 k-steps, the last short)
+    (20, 96, 250, GemmConfig(16, 64, 16, 1, 4, False, 4, 1, block_n2=32), True, "wave", 8),
 ]
 
 
@@ -81,7 +87,7 @@ def _rel_err(got, a, b):
 
 # bf16 and fp32 for every case; fp16 shares bf16's code, so three cases of it suffice.
 DTYPE_CASES = [(c, d) for c in CASES for d in (torch.bfloat16, torch.float32)] + \
-    [(CASES[i], torch.float16) for i in (0, 2, 5, len(CASES) - 3)]
+    [(CASES[i], torch.float16) for i in (0, 2, 5, len(CASES) - 6, len(CASES) - 3)]
 
 
 @pytest.mark.parametrize("case,dtype", DTYPE_CASES,
@@ -142,8 +148,9 @@ def _split_k_counters():
     launch, or graph replay, starts clean) and the sum does not depend on which part finished last
     (fixed order)."""
     programs = gemm.num_sms(torch.device(_device()))
-    for config, n in ((GemmConfig(16, 32, 32, 1, 4, True, 4, 1), 64), (GemmConfig(16, 32, 32, 1, 4, True, 4, 1,
-                                                                                  stream_k=True), 32)):
+    for config, n in ((GemmConfig(16, 32, 32, 1, 4, True, 4, 1), 64),
+                      (GemmConfig(16, 32, 32, 1, 4, True, 4, 1, stream_k=True), 32),
+                      (GemmConfig(16, 32, 32, 1, 4, False, 4, 1, block_n2=16), 48)):  # two-part, 4 parts
         assert gemm_configs.split_plan(config, gemm_configs.tiles_of(config, 9, n), 256, programs).shared
         counters = gemm.split_counters(torch.device(_device()))
         results = []
@@ -169,6 +176,7 @@ def _split_sum_bits():
     cases = [(GemmConfig(16, 32, 32, 1, cap, True, 4, 1), 9, 64, 32 * steps, 2 * cap)
              for cap, steps in ((3, 12), (4, 8), (5, 10))]
     cases.append((GemmConfig(16, 32, 32, 1, 3, True, 4, 1, stream_k=True), 5, 70, 1000, 10))
+    cases.append((GemmConfig(16, 32, 32, 1, 3, False, 4, 1, block_n2=16), 9, 96, 32 * 12, 6))  # two-part tiles
     try:
         for config, m, n, k, programs in cases:
             tiles = gemm_configs.tiles_of(config, m, n)
@@ -581,8 +589,13 @@ def test_two_part_tiles_are_one_wave_whole_and_read_from_older_lists():
     plain = GemmConfig(64, 128, 64, 8, 1, False, 4, 4)
     assert len(plain.as_list()) == 13 and GemmConfig.from_list(plain.as_list()).block_n2 == 0
     assert gemm_configs.split_plan(config, 128, 8192, 132) == gemm_configs.SplitPlan(128)
-    for bad in (dict(split_k=4), dict(split_k=4, stream_k=True), dict(swap_ab=True), dict(tma_store=True)):
-        with pytest.raises(ValueError, match="two-part tile"):
+    # the wave split shares whole two-part tiles: 32 of 128 x (128+32) at 256x2560 in 4 parts, one wave
+    split = GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32)
+    assert gemm_configs.split_plan(split, gemm_configs.tiles_of(split, 256, 2560), 8192, 132) == \
+        gemm_configs.SplitPlan(0, 4, 4)
+    for bad, field in ((dict(split_k=4, stream_k=True), "stream_k"), (dict(swap_ab=True), "swap_ab"),
+                       (dict(tma_store=True), "tma_store")):
+        with pytest.raises(ValueError, match=f"two-part tile.*{field}"):
             GemmConfig(64, 128, 64, block_n2=32, **bad)
     for width in (8, 48, 128, 256):  # not a power of two >= 16, or a whole power-of-two tile
         with pytest.raises(ValueError, match="block_n2"):
@@ -592,24 +605,55 @@ def test_two_part_tiles_are_one_wave_whole_and_read_from_older_lists():
 def test_tuner_offers_one_wave_two_part_tiles_for_the_narrow_n_cells():
     """The QKV cells at 1.10-1.22x on the settled H100 grid (N = 1280-5120, K = 8192, M = 256-4096) get
     two-part tiles that make 128 tiles -- one wave, less 4 SMs -- on 132 SMs: 512x2560 in 64 x (128+32)
-    and 128 x (64+16); every two-part candidate fills its last wave to >= 90%; none at decode or short K;
+    and 128 x (64+16); every whole two-part candidate fills its last wave to >= 90%; none at decode or short K;
     a fused op (split=False) never gets one from a table."""
     from symmcoll.bench.gemm import cell_candidates
     labels = {c.label for c in cell_candidates(512, 2560, 8192, 132, {})}
     assert {"N64x128+32x64/g8/s1/w4/p4", "N64x128+32x64/g8/s1/w4/p6", "N128x64+16x64/g8/s1/w8/p4"} <= labels
     for m, n, tile in ((512, 5120, "N128x128+32x64"), (2048, 1280, "N128x128+32x64"), (256, 2560, "N64x64+16x64"),
                        (2048, 2560, "N128x256+64x64"), (4096, 1280, "N128x256+64x64"), (1024, 2560, "N128x128+32x64")):
-        found = [c for c in gemm_configs.candidates(m, n, 8192) if c.block_n2]
+        found = [c for c in gemm_configs.candidates(m, n, 8192) if c.block_n2 and c.split_k == 1]  # (whole tiles)
         assert tile in {c.label.split("/")[0] for c in found}, (m, n, [c.label for c in found])
         for config in found:
             tiles = gemm_configs.tiles_of(config, m, n)
             assert gemm_configs.wave_fill(tiles, 132) >= 0.9 and tiles <= 2 * 132, (m, n, config.label, tiles)
-            assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES and config.split_k == 1
+            assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
     assert not gemm_configs.two_part_candidates(64, 2560, 8192) and not gemm_configs.two_part_candidates(512, 2560, 512)
     two_part = GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32)
     table = gemm_configs.table_of([dict(m=512, n=2560, k=8192, config=two_part.as_list(), no_split=two_part.as_list())])
     assert gemm_configs.lookup(table, 512, 2560, 8192, True) == two_part
     assert gemm_configs.lookup(table, 512, 2560, 8192, False) == replace(two_part, block_n2=0)
+
+
+# The H100 grid's cells above 1.10x after round 8 (Llama-3-70B QKV, K = 8192) and the wave-split two-part
+# tilings that make one wave there: (m, n, tile, parts) -- tiles x parts = 128 units on 132 SMs.
+SPLIT_TWO_PART_CELLS = [(256, 2560, "N128x128+32x64", 4), (512, 2560, "N128x128+32x64", 2),
+                        (256, 5120, "N128x128+32x64", 2), (128, 1280, "N64x64+16x64", 4),
+                        (512, 1280, "N128x128+32x64", 4)]
+
+
+def test_tuner_offers_wave_split_two_part_tiles_under_one_wave():
+    """Where M <= 512 leaves too few two-part tiles for a wave, the tune gets them wave-split: the
+    decompositions of SPLIT_TWO_PART_CELLS among the candidates, each split two-part candidate's
+    (tile, part) units >= 90% of the SMs and at most all of them, parts of >= 16 k-steps, no tile wider
+    than 96 accumulator values a thread (ptxas spills beyond), at most ~120 candidates a cell; 128x128
+    in 3 parts (40 tiles: 120 units) at the 40-tile cells; none past M = 512, at decode or short K."""
+    for m, n, tile, parts in SPLIT_TWO_PART_CELLS:
+        found = gemm_configs.candidates(m, n, 8192)
+        assert len(found) <= 120, (m, n, len(found))
+        split = [c for c in found if c.block_n2 and c.split_k > 1]
+        assert any(c.label.startswith(tile) and c.split_k == parts for c in split), (m, n, [c.label for c in split])
+        for config in split:
+            tiles = gemm_configs.tiles_of(config, m, n)
+            plan = gemm_configs.split_plan(config, tiles, 8192, 132)
+            assert plan == gemm_configs.SplitPlan(0, config.split_k, config.split_k), (config.label, plan)
+            assert 0.9 * 132 <= tiles * plan.sharing <= 132 and 8192 // 64 >= 16 * plan.sharing, config.label
+            assert config.block_m * config.tile_n // (32 * config.num_warps) <= 96 and config.num_stages >= 5
+        if gemm_configs.tiles_of(GemmConfig(128, 128, 64), m, n) == 40:
+            assert any(gemm_configs.split_plan(c, 40, 8192, 132) == gemm_configs.SplitPlan(0, 3, 3)
+                       for c in found if (c.block_m, c.block_n, c.block_n2, c.stream_k) == (128, 128, 0, False))
+    for m, n, k in ((1024, 2560, 8192), (64, 1280, 8192), (256, 2560, 1024)):
+        assert not any(c.block_n2 and c.split_k > 1 for c in gemm_configs.candidates(m, n, k)), (m, n, k)
 
 
 def test_config_validation_names_the_field():
@@ -646,7 +690,8 @@ def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
 GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 128, 64, 8, 2, False, 4, 4),
                GemmConfig(128, 256, 64, 8, 1, False, 8, 3), GemmConfig(32, 128, 256, 1, 8, True, 4, 3),
                GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), GemmConfig(128, 64, 64, 8, 1, False, 8, 4,
-                                                                                   block_n2=16)]
+                                                                                   block_n2=16),
+               GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32)]  # two-part, wave-split
 
 
 @pytest.mark.gpu
@@ -663,8 +708,10 @@ def test_gpu_matmul_configs(config, shape, b_t):
 
 
 @pytest.mark.gpu
-def test_gpu_split_k_in_graph_replays_with_fresh_data():
-    config = GemmConfig(16, 64, 128, 1, 8, True, 4, 5)
+@pytest.mark.parametrize("config", [GemmConfig(16, 64, 128, 1, 8, True, 4, 5),
+                                    GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16)],  # two-part, 4 parts
+                         ids=lambda c: c.label)
+def test_gpu_split_k_in_graph_replays_with_fresh_data(config):
     a = torch.empty((16, 8192), dtype=torch.bfloat16, device="cuda")
     b = torch.randn((8192, 1280), dtype=torch.bfloat16, device="cuda")
     a.normal_()
@@ -693,6 +740,8 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data():
     (SK(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                         # 0.61 of a wave: whole
     (GemmConfig(128, 256, 64, 8, 1, False, 8, 3), 16384, 8192, 8192),
     (GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), 512, 2560, 8192),        # two-part: one wave
+    (GemmConfig(128, 128, 64, 8, 4, False, 8, 5, block_n2=32), 256, 2560, 8192),       # two-part, wave-split
+    (GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), 128, 1280, 8192),
 ])
 def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     """The tiny launch a precompile worker makes compiles what the real cell launches: the same

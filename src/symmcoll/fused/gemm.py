@@ -223,7 +223,7 @@ def matmul_kernel(
     a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c,
     # split (gemm_configs.split_plan): tiles [0, whole_tiles) whole; the k-steps of the rest shared by
     # programs [0, sharing) (STREAM: stream-K) or cut into `sharing` parts a tile (the wave split);
-    # fp32 partials [shared tiles, slots, BM, BN] and per-shared-tile counters (all zero)
+    # fp32 partials [shared tiles, slots, BM, BN + BN2] and per-shared-tile counters (all zero)
     whole_tiles, sharing, slots, partials_ptr, counters_ptr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr,
@@ -231,7 +231,7 @@ def matmul_kernel(
     REDUCE_LOADS: tl.constexpr = 1,  # partial slots a shared tile's last part loads at once (gemm_split.reduce_loads)
     C_HALVES: tl.constexpr = 1,  # C's tile stored whole or in two column halves (GemmConfig.c_halves)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
-    BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide, whole only
+    BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide (no stream-K)
 ):
     persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
                       partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE,
@@ -249,7 +249,8 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
     whole tiles, then its parts of the split ones. A kernel that calls it compiles the GEMM core's
     tile loop itself -- all_gather_matmul's kernel does alone, where it has nothing to wait for."""
     # (GemmConfig refuses these; the kernel says so too)
-    tl.static_assert(BN2 == 0 or not (SPLIT or SWAP_AB or TMA_STORE), "two-part tiles: whole, straight, masked stores")
+    tl.static_assert(BN2 == 0 or not (STREAM or SWAP_AB or TMA_STORE),
+                     "two-part tiles: whole or wave-split (no stream-K), straight, masked stores")
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN + BN2)
     tiles = num_m * num_n
@@ -257,6 +258,8 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
     # PDL: nothing global before this (a device-side descriptor is written to global scratch)
     wait_prior_grid(PDL)
     a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
+    if BN2 > 0:  # B's second column part, blocks BN2 wide
+        b2_src = b_source(b2_ptr, N, K, stride_b, BN2, BK, TMA, B_T, HOST_DESC)
     if SPLIT:
         # one loop over my work: whole tiles program, program + P, ... below whole_tiles, then my parts
         # of the shared tiles (one k_loop call site: two would hold two sets of registers)
@@ -289,8 +292,15 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                 lo = tl.where(in_whole, 0, part_lo)
                 hi = tl.where(in_whole, steps, part_hi)
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
-            acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, lo * BK, tl.minimum(K, hi * BK), M, N, K, stride_a,
-                         stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION)
+            row0 = pid_m * BM
+            col0 = pid_n * (BN + BN2)
+            if BN2 > 0:
+                acc, acc2 = k_loop(a_src, b_src, row0, col0, lo * BK, tl.minimum(K, hi * BK), M, N, K, stride_a,
+                                   stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION, BN2, b2_src)
+            else:
+                acc = k_loop(a_src, b_src, row0, col0, lo * BK, tl.minimum(K, hi * BK), M, N, K, stride_a, stride_b,
+                             BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION)
+                acc2 = None
             release_dependents(PDL)  # (the first call counts: the next kernel's launch overlaps what follows)
             if STREAM:
                 opener = stream_owner(t_first, least, longer)
@@ -299,15 +309,17 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
             else:
                 parts = tl.where(in_whole, 1, sharing)
             if parts > 1:
-                is_last, acc = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN,
-                                            REDUCE_LOADS)
+                if BN2 > 0:  # both parts' partials, one counter bump; the last part sums each
+                    is_last, acc, acc2 = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN,
+                                                      REDUCE_LOADS, acc2, BN2)
+                else:
+                    is_last, acc = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN,
+                                                REDUCE_LOADS)
             else:
                 is_last = True
             if is_last:
-                store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES)
+                store_result(c_ptr, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES, acc2, BN2)
     else:
-        if BN2 > 0:  # B's second column part, blocks BN2 wide
-            b2_src = b_source(b2_ptr, N, K, stride_b, BN2, BK, TMA, B_T, HOST_DESC)
         for tile in tl.range(program, tiles, tl.num_programs(0), flatten=FLATTEN):
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
             row0 = pid_m * BM
@@ -464,7 +476,7 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
     grid = min(nprog, max(units, plan.whole_tiles)) if plan.shared else min(tiles, nprog)
     meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
-                REDUCE_LOADS=reduce_loads(config.block_m, config.block_n, config.num_warps) if plan.shared else 1,
+                REDUCE_LOADS=reduce_loads(config.block_m, config.tile_n, config.num_warps) if plan.shared else 1,
                 C_HALVES=config.c_halves, BN2=config.block_n2, **config.meta())
     return config, tiles, plan, max(1, grid), meta
 
@@ -478,7 +490,7 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     device_type = "meta" if a.device.type == "meta" else a.device.type
     config, tiles, plan, grid, shape_meta = _core_shape(M, N, K, config, a.element_size(), programs, a.device)
     if plan.shared:
-        partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.block_n,),
+        partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.tile_n,),
                                dtype=torch.float32, device=a.device)
         counters = split_counters(a.device, tiles - plan.whole_tiles) if a.device.type != "meta" else torch.empty(
             MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
@@ -501,7 +513,8 @@ def compile_cases(make_workspace):
     """The plain GEMM's launches on meta tensors: large-M TMA, swapped decode tiles with the wave split
     and with stream-K, B given transposed, mid-M stream-K (the last wave shared, and the last full wave
     with it; two programs per SM) and the wave split, C stored in halves through TMA (whole and split
-    tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T), odd K and N by pointer loads,
+    tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T; whole and wave-split), odd K
+    and N by pointer loads,
     fp16 and fp32."""
     def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
@@ -534,6 +547,9 @@ def compile_cases(make_workspace):
             # two-part tiles (block_n2): one wave of 128 tiles at 512x2560 on 132 SMs, B and W^T
             case(512, 2560, 8192, torch.bfloat16, GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32)),
             case(512, 2560, 8192, torch.bfloat16, GemmConfig(128, 64, 64, 8, 1, False, 8, 4, block_n2=16), b_t=True),
+            # two-part tiles wave-split: 32 tiles x 4 parts = 128 units on 132 SMs (256x2560, 128x1280)
+            case(256, 2560, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 4, False, 8, 5, block_n2=32)),
+            case(128, 1280, 8192, torch.bfloat16, GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), b_t=True),
             case(1000, 3584, 4096, torch.float16),
             case(33, 100, 72, torch.bfloat16),
             case(300, 512, 1000, torch.float32)]

@@ -62,7 +62,8 @@ class GemmConfig:
     ``block_n2`` (0: off) a second column part: tiles ``block_n + block_n2`` columns wide (``tile_n``,
     e.g. 128 + 32 = 160: N = 2560 in 16 column blocks, so 512 x 2560 makes 128 tiles of 64 rows -- one
     wave on 132 SMs), computed as two accumulators from one A block per k-step. Two-part tiles are
-    whole (no split, no stream-K), straight (no swap) and stored by masked stores (no tma_store)."""
+    whole or wave-split (``split_k``; no stream-K), straight (no swap) and stored by masked stores (no
+    tma_store)."""
 
     block_m: int
     block_n: int
@@ -94,12 +95,12 @@ class GemmConfig:
             if self.block_n2 < 16 or self.block_n2 & (self.block_n2 - 1) or self.block_n2 >= self.block_n:
                 raise ValueError(f"block_n2 must be 0 or a power of two >= 16 below block_n ({self.block_n}): "
                                  f"got {self.block_n2}")
-            unsupported = [name for name, on in (("split_k > 1", self.split_k > 1), ("stream_k", self.stream_k),
-                                                 ("split_wave", self.split_wave), ("swap_ab", self.swap_ab),
-                                                 ("tma_store", self.tma_store)) if on]
+            # (split_k > 1 is the wave split: whole tiles' parts; stream-K's ranges cross tiles)
+            unsupported = [name for name, on in (("stream_k", self.stream_k), ("split_wave", self.split_wave),
+                                                 ("swap_ab", self.swap_ab), ("tma_store", self.tma_store)) if on]
             if unsupported:
-                raise ValueError(f"a two-part tile (block_n2={self.block_n2}) is whole, straight and stored by "
-                                 f"masked stores: {', '.join(unsupported)} not supported")
+                raise ValueError(f"a two-part tile (block_n2={self.block_n2}) is whole or wave-split, straight and "
+                                 f"stored by masked stores: {', '.join(unsupported)} not supported")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
@@ -331,8 +332,9 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
     SMs, or nearly: where the power-of-two tiles make ~1.2 waves (QKV of Llama-3-70B, N = 1280-5120 at
     M = 256-4096: 160 tiles of 128x128 on 132 SMs, whose split along K costs more than it saves on one
     H100) -- e.g. 512 x 2560 in 8 x 16 tiles of 64 x (128+32), or 4 x 32 of 128 x (64+16): 128 tiles.
-    Only past decode (M > 64: there the swapped tiles read B) and for a long K (a k-loop to amortise
-    the extra B load per k-step)."""
+    Where they are fewer than the SMs (M <= 512), wave-split along K into one wave instead
+    (``two_part_split``). Only past decode (M > 64: there the swapped tiles read B) and for a long K (a
+    k-loop to amortise the extra B load per k-step)."""
     if m <= 64 or k < 1024:
         return []
     found = []
@@ -340,13 +342,45 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
         width = bn + bn2
         columns = math.ceil(n / width)
         tiles = math.ceil(m / bm) * columns
-        if (tiles > TWO_PART_MAX_WAVES * sms or wave_fill(tiles, sms) < TWO_PART_MIN_FILL
-                or columns * width > n * (1 + TWO_PART_MAX_WASTE)):
+        if columns * width > n * (1 + TWO_PART_MAX_WASTE):
             continue
-        for stages in TWO_PART_STAGES:
-            found.append(GemmConfig(bm, bn, 64, group_m=8, num_warps=warps, num_stages=stages,
-                                    block_n2=bn2).fitted(2))
+        if tiles <= TWO_PART_MAX_WAVES * sms and wave_fill(tiles, sms) >= TWO_PART_MIN_FILL:
+            split = 1
+        else:
+            split = two_part_split(bm, bn, bn2, tiles, m, k, sms)
+        if split:
+            for stages in TWO_PART_STAGES if split == 1 else TWO_PART_SPLIT_STAGES:
+                found.append(GemmConfig(bm, bn, 64, group_m=8, split_k=split, num_warps=warps, num_stages=stages,
+                                        block_n2=bn2).fitted(2))
     return list(dict.fromkeys(found))
+
+
+# Wave-split two-part tiles (M <= TWO_PART_SPLIT_MAX_M): tiles of at most this many fp32 accumulator values a
+# thread (sm_90 ptxas, split at 256x5120x8192: 128 x (128+64) on 8 warps, 96 values, 178 registers; 128 x
+# (256+64) and 64 x (256+64), 160 values, 255 registers and 72 bytes spilled).
+TWO_PART_SPLIT_MAX_M = 512
+TWO_PART_SPLIT_MAX_VALUES = 96
+TWO_PART_MIN_PART_STEPS = 16
+# Their pipelines: deep (fitted to shared memory), as B comes from DRAM at these M -- on one H100
+# (2026-11-27 tune) 64x(128+32) ran 43.5 us at 6 stages against 45.9 at 4 (512x2560x8192), 42.4 against
+# 48.8 (256x5120), 64x(64+16) 31.4 against 38.8 (256x2560).
+TWO_PART_SPLIT_STAGES = (6, 8)
+
+
+def two_part_split(bm: int, bn: int, bn2: int, tiles: int, m: int, k: int, sms: int) -> int:
+    """Parts (>= 2; 0: none) of the wave split that makes ``tiles`` two-part tiles (fewer than the SMs) one
+    wave, or nearly: (tile, part) units >= TWO_PART_MIN_FILL of the SMs and at most all of them -- where
+    M <= 512 leaves too few rows for whole two-part tiles to fill the SMs (256 x 2560 in 32 tiles of
+    128 x (128+32), 4 parts each: 128 units on 132 SMs; 512 x 2560 in 64 of them, 2 parts). Each part
+    keeps >= TWO_PART_MIN_PART_STEPS k-steps of 64: a 128 x 160 fp32 partial moves as many bytes as ~2.2
+    k-steps of loads, written by every part and read back, every part's, by the last."""
+    warps = 8 if bm == 128 else 4
+    if m > TWO_PART_SPLIT_MAX_M or tiles >= sms or bm * (bn + bn2) // (32 * warps) > TWO_PART_SPLIT_MAX_VALUES:
+        return 0
+    parts = sms // tiles
+    if parts < 2 or tiles * parts < TWO_PART_MIN_FILL * sms or k // 64 < TWO_PART_MIN_PART_STEPS * parts:
+        return 0
+    return min(parts, MAX_SPLIT)
 
 
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
@@ -427,7 +461,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
             config = replace(base, split_k=cap, stream_k=stream)
             plans.setdefault(split_plan(config, tiles, k, programs), config)
         found.extend(plans.values())
-    found.extend(two_part_candidates(m, n, k, sms))  # (whole tiles only: no split variants)
+    found.extend(two_part_candidates(m, n, k, sms))  # (whole, or wave-split where under one wave)
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
 

@@ -8,10 +8,11 @@ gemm_configs.split_plan) and how the parts of a shared tile are summed.
     wave_part       the wave split: each of those tiles cut into equal parts of whole k-steps, the
                     (tile, part) units, part-major, round-robin over the programs (gemm_configs.wave_split).
     split_reduce    the parts of a shared tile without a second kernel: every part stores its fp32
-                    partial, bumps the tile's counter (acq_rel); the part that arrives last sums the
-                    partials in part order (the result does not depend on who came last), a few
-                    slots per round trip (``reduce_loads``), resets the counter (graph replays need
-                    no host work) and owns the epilogue. Nobody waits.
+                    partial (both accumulators of a two-part tile), bumps the tile's counter once
+                    (acq_rel); the part that arrives last sums the partials in part order (the
+                    result does not depend on who came last), a few slots per round trip
+                    (``reduce_loads``), resets the counter (graph replays need no host work) and
+                    owns the epilogue. Nobody waits.
     split_counters  the zeroed per-tile counters: one table per (device, stream) for launches made
                     eagerly; for a launch captured into a CUDA graph, a slice of its own of one
                     zeroed arena made outside any capture (no fill kernel in the graph).
@@ -59,7 +60,8 @@ def wave_part(unit, shared_tiles, parts, steps):
 
 
 def reduce_loads(block_m: int, block_n: int, num_warps: int) -> int:
-    """Partial slots the last part of a shared tile loads at once (split_reduce's REDUCE_LOADS). One
+    """Partial slots the last part of a shared tile ``block_n`` wide (a two-part tile: both parts, its
+    tile_n) loads at once (split_reduce's REDUCE_LOADS). One
     slot a round trip made the reduction latency-bound: on one H100 (2026-11-27 tune, 128x128 tiles
     of 128x1280x8192) each further part cost ~1.4 us, 64 KB a round trip. More at once where the
     sum and the loads fit the registers: a thread's share of a tile is at most 64 fp32 values for
@@ -92,41 +94,62 @@ def from_slot_order(x, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
+def sum_slots(total, base, in_slot, parts, stride, REDUCE_LOADS: tl.constexpr):
+    """``total`` (zeros) plus, elementwise and in part order, ``parts`` fp32 pieces shaped as ``in_slot``
+    ``stride`` floats apart from ``base`` (one piece a partial slot), REDUCE_LOADS (1, 2 or 4) loaded
+    per round trip (a piece past the last part reads as zeros: adding 0.0 changes no sum)."""
+    for s in range(0, parts, REDUCE_LOADS):
+        first = tl.load(base + s * stride + in_slot, cache_modifier=".cg")
+        if REDUCE_LOADS >= 2:
+            second = tl.load(base + (s + 1) * stride + in_slot, mask=s + 1 < parts, other=0.0, cache_modifier=".cg")
+        if REDUCE_LOADS >= 4:
+            third = tl.load(base + (s + 2) * stride + in_slot, mask=s + 2 < parts, other=0.0, cache_modifier=".cg")
+            fourth = tl.load(base + (s + 3) * stride + in_slot, mask=s + 3 < parts, other=0.0, cache_modifier=".cg")
+        total += first
+        if REDUCE_LOADS >= 2:
+            total += second
+        if REDUCE_LOADS >= 4:
+            total += third
+            total += fourth
+    return total
+
+
+@triton.jit
 def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: tl.constexpr, BN: tl.constexpr,
-                 REDUCE_LOADS: tl.constexpr = 1):
+                 REDUCE_LOADS: tl.constexpr = 1, acc2=None, BN2: tl.constexpr = 0):
     """Publish this part's fp32 partial of shared ``tile`` (part ``part`` of ``parts``; the tile owns
     ``slots`` partial slots, each a tile in ``to_slot_order``); returns (is_last, the tile's sum
     over its parts in part order -- meaningful only where is_last). The last part loads
     REDUCE_LOADS (1, 2 or 4) slots per round trip and adds them in part order (a slot past the last
     part reads as zeros: adding 0.0 changes no sum), so the bits do not depend on REDUCE_LOADS, on
-    who came last, or on the slot order (an elementwise sum)."""
+    who came last, or on the slot order (an elementwise sum).
+
+    BN2 > 0 (a two-part tile, gemm.k_loop's BN2): a slot is BM x (BN + BN2) floats, the first part's
+    [BM, BN] then the second's [BM, BN2] ``acc2``; both are stored before the one counter bump, the
+    last part sums each in part order and returns (is_last, sum, sum of the second part)."""
     in_slot = tl.arange(0, BM * BN // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
-    base = partials_ptr + tl.cast(tile, tl.int64) * slots * (BM * BN)  # (tile: an int under the interpreter)
-    tl.store(base + part * (BM * BN) + in_slot, to_slot_order(acc, BM, BN))
+    slot_size = BM * (BN + BN2)
+    base = partials_ptr + tl.cast(tile, tl.int64) * slots * slot_size  # (tile: an int under the interpreter)
+    tl.store(base + part * slot_size + in_slot, to_slot_order(acc, BM, BN))
+    if BN2 > 0:
+        in_slot2 = tl.arange(0, BM * BN2 // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        tl.store(base + part * slot_size + BM * BN + in_slot2, to_slot_order(acc2, BM, BN2))
     tl.debug_barrier()  # every thread's partial is stored before the counter says so
     arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
     is_last = arrived == parts - 1
     total = tl.zeros([BM * BN // 4, 4], tl.float32)
+    if BN2 > 0:
+        total2 = tl.zeros([BM * BN2 // 4, 4], tl.float32)
     if is_last:
         # (my own part read back too: holding it in registers beside the sum and the loads spills)
-        for s in range(0, parts, REDUCE_LOADS):
-            first = tl.load(base + s * (BM * BN) + in_slot, cache_modifier=".cg")
-            if REDUCE_LOADS >= 2:
-                second = tl.load(base + (s + 1) * (BM * BN) + in_slot, mask=s + 1 < parts, other=0.0,
-                                 cache_modifier=".cg")
-            if REDUCE_LOADS >= 4:
-                third = tl.load(base + (s + 2) * (BM * BN) + in_slot, mask=s + 2 < parts, other=0.0,
-                                cache_modifier=".cg")
-                fourth = tl.load(base + (s + 3) * (BM * BN) + in_slot, mask=s + 3 < parts, other=0.0,
-                                 cache_modifier=".cg")
-            total += first
-            if REDUCE_LOADS >= 2:
-                total += second
-            if REDUCE_LOADS >= 4:
-                total += third
-                total += fourth
+        total = sum_slots(total, base, in_slot, parts, slot_size, REDUCE_LOADS)
+        if BN2 > 0:
+            total2 = sum_slots(total2, base + BM * BN, in_slot2, parts, slot_size, REDUCE_LOADS)
         tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-    return is_last, from_slot_order(total, BM, BN)
+    if BN2 > 0:
+        return is_last, from_slot_order(total, BM, BN), from_slot_order(total2, BM, BN2)
+    else:
+        return is_last, from_slot_order(total, BM, BN)
 
 
 _COUNTERS: dict = {}
