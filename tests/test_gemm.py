@@ -827,3 +827,15 @@ def test_small_products_get_one_wave_tiles_and_deep_pipelines():
     assert set(found) <= set(everything) and len(everything) <= 80 and len(set(everything)) == len(everything)
     for m, n, k in ((1024, 8192, 8192), (1024, 1024, 4096), (64, 1024, 1024), (4096, 1024, 1024)):
         assert not gemm_configs.small_candidates(m, n, k, 132), (m, n, k)
+
+
+def test_one_fused_shape_can_be_named_on_a_command_line():
+    """GEMM_SHAPES="fused-1024x1024" (a word: the shell splits "fused 1024x1024") selects that fused shape
+    alone; "fused" every one; a layer prefix the layers it names."""
+    from symmcoll.bench.gemm import FUSED_SHAPES, SHAPES, named
+    assert [s[0] for s in FUSED_SHAPES if named(s[0], ["fused-1024x1024"])] == ["fused 1024x1024"]
+    assert [s[0] for s in FUSED_SHAPES if named(s[0], ["fused 1024x1024"])] == ["fused 1024x1024"]
+    assert all(named(s[0], ["fused"]) for s in FUSED_SHAPES) and all(named(s[0], None) for s in SHAPES)
+    assert {s[0] for s in SHAPES if named(s[0], ["70b-tp8"])} == {"70b-tp8 qkv", "70b-tp8 o", "70b-tp8 gate_up",
+                                                                  "70b-tp8 down"}
+    assert not any(named(s[0], ["fused-1024x1024"]) for s in SHAPES)
