@@ -67,6 +67,9 @@ CASES = [
     (37, 136, 200, GemmConfig(16, 32, 16, 2, 3, False, 4, 1, block_n2=16), True, "wave", None),
     # 2 tiles of 16 x (64+32), all shared: 4 parts each on 8 programs (odd K: 16 k-steps, the last short)
     (20, 96, 250, GemmConfig(16, 64, 16, 1, 4, False, 4, 1, block_n2=32), True, "wave", 8),
+    # a small product's tile (gemm_configs.small_candidates): 128 x 64, two programs per SM, flattened --
+    # 12 tiles on 8 programs, odd M, N and K
+    (300, 200, 150, GemmConfig(128, 64, 64, 8, 1, False, 8, 8, occupancy=2, flatten=True), False, "", None),
 ]
 
 
@@ -691,7 +694,8 @@ GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 1
                GemmConfig(128, 256, 64, 8, 1, False, 8, 3), GemmConfig(32, 128, 256, 1, 8, True, 4, 3),
                GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), GemmConfig(128, 64, 64, 8, 1, False, 8, 4,
                                                                                    block_n2=16),
-               GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32)]  # two-part, wave-split
+               GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32),  # two-part, wave-split
+               GemmConfig(128, 64, 64, 8, 1, False, 8, 8)]  # (a small product's one-wave tile, eight stages)
 
 
 @pytest.mark.gpu
@@ -742,6 +746,7 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data(config):
     (GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), 512, 2560, 8192),        # two-part: one wave
     (GemmConfig(128, 128, 64, 8, 4, False, 8, 5, block_n2=32), 256, 2560, 8192),       # two-part, wave-split
     (GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), 128, 1280, 8192),
+    (GemmConfig(64, 64, 128, 8, 1, False, 4, 3, occupancy=2, flatten=True), 2048, 1024, 1024),  # a small product
 ])
 def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     """The tiny launch a precompile worker makes compiles what the real cell launches: the same
@@ -849,3 +854,37 @@ def test_tune_loop_keeps_the_base_writes_every_cell_and_stops_at_the_budget(tmp_
         assert measured_order == [] and json.loads(out.read_text())["entries"]  # nothing started, table kept
     finally:
         gemm_configs.load_table.cache_clear()
+
+
+def test_small_products_get_one_wave_tiles_and_deep_pipelines():
+    """1024^3 (the H100 table's best of 25 at 1.21x cuBLAS, every whole tile at 8.3-9.4 us with 72-96 KB of
+    loads in flight a program): one wave of 128 tiles as 64 x 128 and 128 x 64 (two warpgroups) at up to eight
+    stages, k-steps of 128, 64 x 64 at up to twelve stages, two programs per SM only where the tiles
+    outnumber the SMs; whole tiles of one part, each within shared memory (a program's share of it); none
+    for long K, wide products or decode."""
+    found = gemm_configs.small_candidates(1024, 1024, 1024, 132)
+    labels = {c.label for c in found}
+    assert {"N64x128x64/g8/s1/w4/p8", "N128x64x64/g8/s1/w8/p8", "N128x64x128/g8/s1/w8/p4", "N64x64x64/g8/s1/w4/p12",
+            "N64x64x128/g8/s1/w4/p6/f", "N64x64x128/g8/s1/w4/p3/o2"} <= labels, labels
+    assert all(c.split_k == 1 and not c.block_n2 and not c.swap_ab for c in found)
+    assert all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES // c.occupancy and c.fitted(2) == c for c in found)
+    assert all(gemm_configs.tiles_of(c, 1024, 1024) > 132 for c in found if c.occupancy == 2)
+    assert all(gemm_configs.tiles_of(c, 1024, 1024) > 132 for c in found if c.flatten)
+    assert gemm_configs.tiles_of(GemmConfig(128, 64, 64), 1024, 1024) == 128
+    assert not any(c.occupancy == 2 for c in gemm_configs.small_candidates(512, 1024, 1024, 132))
+    everything = gemm_configs.candidates(1024, 1024, 1024, 132)
+    assert set(found) <= set(everything) and len(everything) <= 80 and len(set(everything)) == len(everything)
+    for m, n, k in ((1024, 8192, 8192), (1024, 1024, 4096), (64, 1024, 1024), (4096, 1024, 1024)):
+        assert not gemm_configs.small_candidates(m, n, k, 132), (m, n, k)
+
+
+def test_one_fused_shape_can_be_named_on_a_command_line():
+    """GEMM_SHAPES="fused-1024x1024" (a word: the shell splits "fused 1024x1024") selects that fused shape
+    alone; "fused" every one; a layer prefix the layers it names."""
+    from symmcoll.bench.gemm import FUSED_SHAPES, SHAPES, named
+    assert [s[0] for s in FUSED_SHAPES if named(s[0], ["fused-1024x1024"])] == ["fused 1024x1024"]
+    assert [s[0] for s in FUSED_SHAPES if named(s[0], ["fused 1024x1024"])] == ["fused 1024x1024"]
+    assert all(named(s[0], ["fused"]) for s in FUSED_SHAPES) and all(named(s[0], None) for s in SHAPES)
+    assert {s[0] for s in SHAPES if named(s[0], ["70b-tp8"])} == {"70b-tp8 qkv", "70b-tp8 o", "70b-tp8 gate_up",
+                                                                  "70b-tp8 down"}
+    assert not any(named(s[0], ["fused-1024x1024"]) for s in SHAPES)

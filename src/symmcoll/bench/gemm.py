@@ -225,8 +225,15 @@ def _line(row: dict) -> str:
             f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}")
 
 
+def named(name: str, wanted: list[str] | None) -> bool:
+    """Whether a shape's name is selected by the name prefixes ``wanted`` (None: every shape). A space in a
+    name reads as '-' (a command line splits "fused 1024x1024" in two words, whose "fused" selects every
+    fused shape; "fused-1024x1024" selects that one)."""
+    return not wanted or any(name.replace(" ", "-").startswith(w.replace(" ", "-")) for w in wanted)
+
+
 def _shapes(names: list[str] | None):
-    return [s for s in SHAPES if not names or any(s[0].startswith(n) for n in names)]
+    return [s for s in SHAPES if named(s[0], names)]
 
 
 # ---- tuning -----------------------------------------------------------------------------------------
@@ -303,8 +310,7 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
     facts = gpu_facts()
     sms = facts["sms"]
     if cells is None:
-        shapes = _shapes(shape_filter) + [s for s in FUSED_SHAPES if not shape_filter or any(
-            s[0].startswith(f) for f in shape_filter)]
+        shapes = _shapes(shape_filter) + [s for s in FUSED_SHAPES if named(s[0], shape_filter)]
         cells = [(name, m, n, k) for name, n, k in shapes for m in ms]
     kept = json.loads(base.read_text())["entries"] if base and base.exists() else []
     configs = {cell: cell_candidates(*cell[1:], sms, table_of(kept)) for cell in cells}

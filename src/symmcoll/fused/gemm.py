@@ -513,9 +513,8 @@ def compile_cases(make_workspace):
     """The plain GEMM's launches on meta tensors: large-M TMA, swapped decode tiles with the wave split
     and with stream-K, B given transposed, mid-M stream-K (the last wave shared, and the last full wave
     with it; two programs per SM) and the wave split, C stored in halves through TMA (whole and split
-    tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T; whole and wave-split), odd K
-    and N by pointer loads,
-    fp16 and fp32."""
+    tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T; whole and wave-split), the small
+    products' one-wave and two-per-SM tiles, odd K and N by pointer loads, fp16 and fp32."""
     def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
             a = torch.empty((m, k), dtype=dtype, device="meta")
@@ -550,6 +549,11 @@ def compile_cases(make_workspace):
             # two-part tiles wave-split: 32 tiles x 4 parts = 128 units on 132 SMs (256x2560, 128x1280)
             case(256, 2560, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 4, False, 8, 5, block_n2=32)),
             case(128, 1280, 8192, torch.bfloat16, GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), b_t=True),
+            # small products (gemm_configs.small_candidates): one wave of 128 x 64 tiles, two warpgroups,
+            # eight stages at 1024^3; two flattened programs per SM at 2048 x 1024 x 1024
+            case(1024, 1024, 1024, torch.bfloat16, GemmConfig(128, 64, 64, 8, 1, False, 8, 8)),
+            case(2048, 1024, 1024, torch.bfloat16, GemmConfig(64, 64, 128, 8, 1, False, 4, 3, occupancy=2,
+                                                              flatten=True)),
             case(1000, 3584, 4096, torch.float16),
             case(33, 100, 72, torch.bfloat16),
             case(300, 512, 1000, torch.float32)]

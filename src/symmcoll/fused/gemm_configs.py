@@ -383,6 +383,43 @@ def two_part_split(bm: int, bn: int, bn2: int, tiles: int, m: int, k: int, sms: 
     return min(parts, MAX_SPLIT)
 
 
+# Small products (M x N <= SMALL_MAX_OUTPUTS, 128 <= M, K <= SMALL_MAX_K: 1024^3 and its neighbours), where
+# the H100 table's best of 25 candidates ran 1.21x cuBLAS at 1024^3 (8.0 us against 6.6; 2026-11-27) and every
+# whole-tile candidate landed at 8.3-9.4 us whatever its shape (benchmarks/NOTES.md, "Issue 22: the GEMM
+# core at 1024^3"). Each SM computes one or two tiles of 8-16 k-steps whose operands come from DRAM or a
+# loaded L2; a program's load rate is then about (bytes its pipeline has in flight) / (load latency), and
+# those candidates had 72-96 KB in flight. These keep up to ~192 KB in flight -- deeper pipelines of the
+# one-wave tiles (64 x 128 and its transpose 128 x 64 with two warpgroups: 128 tiles at 1024^2), k-steps of
+# 128, and two programs per SM of half that -- and 128 x 128 deeper for M = 2048 (128 tiles). Whole tiles
+# only: a split tile's partials cost ~1.4 us a 64 KB slot here (the split candidates ran 11-20 us).
+SMALL_MAX_OUTPUTS = 1 << 21
+SMALL_MAX_K = 2048
+# (block_m, block_n, block_k, warps, stages, programs per SM)
+SMALL_TILES = ((64, 128, 64, 4, 6, 1), (64, 128, 64, 4, 8, 1), (64, 128, 128, 4, 4, 1), (64, 128, 64, 8, 8, 1),
+               (128, 64, 64, 8, 4, 1), (128, 64, 64, 8, 6, 1), (128, 64, 64, 8, 8, 1), (128, 64, 128, 8, 4, 1),
+               (64, 64, 128, 4, 6, 1), (64, 64, 64, 4, 8, 1), (64, 64, 64, 4, 12, 1),
+               (64, 64, 128, 4, 3, 2), (64, 64, 64, 4, 6, 2), (128, 64, 64, 8, 4, 2),
+               (128, 128, 64, 8, 6, 1))
+
+
+def small_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
+    """SMALL_TILES where (m, n, k) is a small product: two programs per SM only where the tiles outnumber
+    the SMs (else the launch is the one-program one); a tiling that gives some program two or more tiles
+    comes flattened too (the next tile's loads under this one's epilogue)."""
+    if not (128 <= m and m * n <= SMALL_MAX_OUTPUTS and k <= SMALL_MAX_K):
+        return []
+    found = []
+    for bm, bn, bk, warps, stages, occupancy in SMALL_TILES:
+        config = GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages, occupancy=occupancy)
+        tiles = tiles_of(config, m, n)
+        if occupancy > 1 and tiles <= sms:
+            continue
+        found.append(config)
+        if tiles > sms * occupancy:
+            found.append(replace(config, flatten=True))
+    return found
+
+
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
     the dimensions each regime cares about (wave splits and stream-K where the last wave of tiles is
@@ -462,6 +499,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
             plans.setdefault(split_plan(config, tiles, k, programs), config)
         found.extend(plans.values())
     found.extend(two_part_candidates(m, n, k, sms))  # (whole, or wave-split where under one wave)
+    found.extend(small_candidates(m, n, k, sms))  # (whole tiles only)
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
 
@@ -582,5 +620,5 @@ def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None 
 
 
 __all__ = ["GemmConfig", "CPU_CONFIG", "SplitPlan", "split_plan", "stream_split", "wave_split", "gemm_config",
-           "untuned_config", "candidates", "device_facts", "two_part_candidates", "load_table", "read_table",
+           "untuned_config", "candidates", "device_facts", "two_part_candidates", "small_candidates", "load_table", "read_table",
            "table_of", "lookup", "write_table", "gpu_key", "tiles_of", "asdict"]
