@@ -143,3 +143,64 @@ def test_fused_bench_times_in_batches_when_memory_runs_low(pools):
     assert order[6:12] == ["local", "b", "b", "local", "local", "b"]
     local = rows[0]
     assert local["samples"] == 3 * 3 * 3 and len(local["round_median_us"]) == 9   # three batches of three rounds
+
+
+# ---- the decoder-block bench --------------------------------------------------------------------------
+
+def _tp_block_rows_with_recorders():
+    """run_case on a prefill case with the blocks replaced by labelled CPU steps (update 1.0 in mode nccl,
+    1.001 in symmcoll, 0.999 in torch_async_tp) and CUDA-event timing, profiling and the first capture
+    replaced by recorders; torch_async_tp fails in round 2 on rank 1. Returns (rows, timing order)."""
+    import torch.distributed as dist
+
+    from symmcoll.bench import kernel_share, tp_block
+    rank, order, turns = dist.get_rank(), [], {}
+    x = torch.ones(4, 8)
+    update = {"nccl": 1.0, "symmcoll": 1.001, "torch_async_tp": 0.999}
+    samples_us = {"nccl": ([1000, 1000, 9000], [2000, 2000, 9000], [3000, 9000, 9000]),
+                  "symmcoll": ([500] * 3, [600] * 3, [700] * 3), "torch_async_tp": ([800] * 3,) * 3}
+
+    def make(mode):
+        return _labelled(mode, lambda: x + update[mode])
+
+    def event_times_us(run, samples, group=None, per=1):
+        mode = run.label
+        turns[mode] = turns.get(mode, -1) + 1
+        order.append(mode)
+        if mode == "torch_async_tp" and turns[mode] == 1 and rank == 1:
+            raise RuntimeError("deliberate failure in round 2")
+        assert samples == 2 and per == 1   # 6 replays over 3 rounds
+        return [float(v) for v in samples_us[mode][turns[mode]]]
+    patches = {"_blocks": lambda config, dtype, modes: {m: m for m in modes},
+               "_inputs": lambda config, case, dtype: (x, make),
+               "_prepare": lambda step, timing: (step, 1, step(), None),
+               "event_times_us": event_times_us, "_release": lambda: None}
+    saved = {k: getattr(tp_block, k) for k in patches}
+    saved_profile = kernel_share.profile
+    try:
+        for k, v in patches.items():
+            setattr(tp_block, k, v)
+        kernel_share.profile = lambda run, tag, steps=1: {"comm_share": 0.25, "fused_share": 0.5, "busy_us": 1.0}
+        rows = tp_block.run_case(None, "prefill:1x8:eager", tp_block.MODES, "bf16", 6, rounds=3)
+    finally:
+        kernel_share.profile = saved_profile
+        for k, v in saved.items():
+            setattr(tp_block, k, v)
+    return rows, order
+
+
+def test_tp_block_bench_interleaves_rounds(pools):
+    results = pools(2).run(_tp_block_rows_with_recorders)
+    assert results[0][0] == results[1][0], "every rank returns the same rows"
+    rows, order = results[0]
+    assert order == ["nccl", "torch_async_tp", "symmcoll",     # round 1: MODES' order
+                     "torch_async_tp", "symmcoll", "nccl",     # round 2: rotated; torch_async_tp fails on rank 1
+                     "nccl", "symmcoll"]                       # round 3: rotated again, torch_async_tp out
+    nccl, async_tp, ours = rows
+    assert [r["mode"] for r in rows] == ["nccl", "torch_async_tp", "symmcoll"]
+    assert nccl["ms_per_step"] == 3.0 and nccl["round_ms"] == [1.0, 2.0, 9.0]   # the median of all 9 samples
+    assert nccl["samples"] == 9 and nccl["rounds"] == 3 and nccl["recompiles_in_rounds"] == 0
+    assert ours["ms_per_step"] == 0.6 and ours["tokens_per_s"] == pytest.approx(8 / 0.6e-3)
+    assert ours["rel_diff_vs_nccl"] == pytest.approx(1e-3, rel=1e-3) and ours["comm_share"] == 0.25
+    assert async_tp["error"].startswith("rank 1: round 2: RuntimeError: deliberate") and async_tp["ms_per_step"] is None
+    assert set(async_tp) == set(ours) == set(nccl)
