@@ -96,7 +96,8 @@ def mode_order() -> tuple[str, ...]:
     figures: the first three graphs a process captures replay faster than all later ones, so whichever
     mode came third (and every later case) ran ~20 us a decode step slower (2026-11-27-graph-position-h100:
     symmcoll third 706 us, second 688 us; torch_async_tp second 715 us, third 738 us). Settled, any
-    order gives the same figures; the variable reorders them to check that."""
+    order gives the same figures; the variable reorders them to check that. The modes are prepared in
+    this order and timed in rounds that rotate it (bench/rounds.py)."""
     spec = os.environ.get("SYMMCOLL_TP_ORDER", "").strip()
     if not spec:
         return MODES
