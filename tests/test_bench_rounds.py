@@ -4,7 +4,6 @@ GPU parts (graph capture, CUDA-event timing) are replaced by recorders: the test
 the implementations were timed, which samples each row's median is over, and that a failing
 implementation is still an error row while the others go on."""
 
-import statistics
 from dataclasses import replace
 
 import pytest
