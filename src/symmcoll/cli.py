@@ -111,7 +111,7 @@ def _bench_fused(args: argparse.Namespace, ops: list[str]) -> int:
             list(fused.SPECS[op].shapes)
         status = max(status, fused.run(op, shapes, worlds, args.dtype, tuple(_split(args.algorithms)) or None,
                                        Path(args.out), console, replays=args.iters or 20,
-                                       calls_per_graph=args.calls_per_graph))
+                                       calls_per_graph=args.calls_per_graph, rounds=_rounds(args)))
     return status
 
 
@@ -158,7 +158,15 @@ def _bench_tp_block(args: argparse.Namespace) -> int:
         console.print(f"[bold red]{TP_BLOCK}: --algorithms takes modes {', '.join(MODES)}[/]")
         return 2
     worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
-    return tp_block.run(worlds, cases, modes, args.dtype, args.iters or 20, Path(args.out), console)
+    return tp_block.run(worlds, cases, modes, args.dtype, args.iters or 20, Path(args.out), console,
+                        rounds=_rounds(args))
+
+
+def _rounds(args: argparse.Namespace) -> int:
+    from .bench.rounds import ROUNDS
+    if args.rounds is not None and args.rounds < 1:
+        raise SystemExit("--rounds must be >= 1")
+    return args.rounds or ROUNDS
 
 
 def _bench_backend_block(args: argparse.Namespace) -> int:
@@ -400,6 +408,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--calls-per-graph", type=int, default=20,
                        help="calls captured per CUDA graph, collectives and fused ops alike (a fused-op call "
                             "slower than 1 ms gets fewer: bench/timing.graph_calls)")
+    bench.add_argument("--rounds", type=int, default=None,
+                       help=f"fused ops and {TP_BLOCK}: interleaved timing rounds (every implementation in turn, "
+                            "the order rotated, the samples split over the rounds; default 3)")
     bench.add_argument("--seconds-per-case", type=float, default=None,
                        help="time budget for one case's timed samples (GPU default 0.5; min 5 samples)")
     bench.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",

@@ -3,9 +3,11 @@ Memory-bound ops (bench/memory_bound.py: all_reduce_rms_norm, all_reduce_quantiz
 moe_combine) get the roofline instead of FLOPs: bytes per rank, GB/s and % of the SM copy rate measured
 at the start of the same run (bench/roofline.py).
 
-Per (shape, implementation), on every rank: bind inputs (random, seeded by rank), check the result
-against an fp32 reference (relative error; nothing is timed that does not match), time CUDA-graph
-replays (median, slowest rank; eager where capture fails), check again on fresh data after timing.
+Per shape, on every rank: every implementation binds inputs (random, seeded by rank), checks its result
+against an fp32 reference (relative error; nothing is timed that does not match) and captures its CUDA
+graph (eager where capture fails); then all are timed in interleaved rounds (bench/rounds.py: each round
+every implementation in turn, the order rotated, the replays split over the rounds; the row's time is
+the median of all its samples, slowest rank), and each is checked again on fresh data after timing.
 The same run times cuBLAS on the full problem on one GPU (``torch.matmul`` of the whole A), the
 denominator of every ratio. Result: one JSON per (op, world size), rows with time, TFLOP/s, ratio to
 cuBLAS and relative error.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+import gc
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -32,6 +35,7 @@ from symmcoll import plan
 from . import memory_bound, provenance, roofline
 from .plan import TimingPlan
 from .metrics import summarize
+from .rounds import ROUNDS, interleave, per_round
 from .timing import CapturedCalls, Timing, event_times_us, graph_calls, time_eager, time_graph
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -183,16 +187,24 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 # Timed samples per implementation: ``replays`` unless they would take longer than CASE_BUDGET_S.
 CASE_BUDGET_S = 1.0
 MIN_REPLAYS = 5
-# Untimed replays first, as the collective bench's (driver.DEFAULTS["cuda"].warmup).
+# Untimed replays first, as the collective bench's (driver.DEFAULTS["cuda"].warmup); in every round.
 WARMUP_REPLAYS = 3
 # Calls per graph when the command line does not say: the collective bench's (--calls-per-graph).
 CALLS_PER_GRAPH = 20
+# The implementations of a shape are captured all before they are timed (bench/rounds.py). Should the
+# free GPU memory (the least of any rank) fall below this share of the GPU's after a capture, the
+# captured ones are timed and freed first, and the rest form the next batch (cuBLAS is timed in every
+# batch). At the default shapes on an 80 GB GPU all of a shape fit in one batch.
+MIN_FREE_SHARE = 0.2
 
 
-def replay_plan(replays: int, calls_per_graph: int) -> TimingPlan:
-    """Up to ``replays`` timed replays within CASE_BUDGET_S, never fewer than MIN_REPLAYS (nor more than asked)."""
-    return TimingPlan(mode="graph", warmup=WARMUP_REPLAYS, iters=replays, min_iters=min(MIN_REPLAYS, replays),
-                      calls_per_graph=calls_per_graph, seconds_per_case=CASE_BUDGET_S)
+def replay_plan(replays: int, calls_per_graph: int, rounds: int = 1) -> TimingPlan:
+    """One round's share of ``replays`` timed replays (within its share of CASE_BUDGET_S), never fewer
+    than its share of MIN_REPLAYS (nor more than asked)."""
+    iters = per_round(replays, rounds)
+    return TimingPlan(mode="graph", warmup=WARMUP_REPLAYS, iters=iters,
+                      min_iters=min(per_round(min(MIN_REPLAYS, replays), rounds), iters),
+                      calls_per_graph=calls_per_graph, seconds_per_case=CASE_BUDGET_S / rounds)
 
 
 def _agreed(value, group) -> list:
@@ -201,11 +213,31 @@ def _agreed(value, group) -> list:
     return values
 
 
-def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[Timing, str]:
-    """Every rank's samples (us per call) and the timing note, as the collective bench times
-    (bench/timing.py: ``time_graph``): ``graph_calls`` calls in one CUDA graph (fewer only for a call
-    slower than GRAPH_BUDGET_US / calls_per_graph), WARMUP_REPLAYS replays, then the timed replays back
-    to back after one barrier; eager calls, back to back, where capture fails on any rank.
+def _first_error(error: str | None, group) -> str | None:
+    """The first error any rank saw (collective), prefixed with its rank."""
+    mine = f"rank {dist.get_rank(group)}: {error}"[:300] if error else None
+    return next((e for e in _agreed(mine, group) if e), None)
+
+
+@dataclass
+class Prepared:
+    """One implementation ready to be timed: ``calls`` calls of ``thunk`` in one CUDA graph, or (where
+    capture failed on any rank: ``failure`` says why) the thunk called eagerly."""
+
+    thunk: Callable
+    calls: int
+    captured: CapturedCalls | None
+    failure: str | None
+
+    def mode(self, samples: int, replays: int, calls_per_graph: int) -> str:
+        mode = self.failure or ("graph" if self.calls == calls_per_graph else f"graph, {self.calls} calls per replay")
+        return f"{mode}, {samples} replays" if samples < replays else mode
+
+
+def prepare(thunk, calls_per_graph: int, group) -> Prepared:
+    """As the collective bench times (bench/timing.py: ``time_graph``): ``graph_calls`` calls in one CUDA
+    graph (fewer only for a call slower than GRAPH_BUDGET_US / calls_per_graph, the slowest rank's
+    eager call deciding), eager calls where capture fails on any rank.
 
     Until 2026-11-27 this captured 3 calls and isolated every replay (barrier, synchronize, replay,
     synchronize): each sample then held a graph launch onto an idle GPU and the ranks' start skew,
@@ -215,7 +247,6 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[Timing, str
     torch.cuda.synchronize()
     call_us = max(_agreed(event_times_us(thunk, 1, group=group)[0], group))
     calls = graph_calls(call_us, calls_per_graph)
-    plan = replay_plan(replays, calls)
     # (capture_steps, under CapturedCalls, holds the garbage collector off: tensors of earlier cases,
     # which torch's symmetric-memory ops allocate themselves, must not be freed during the capture)
     try:
@@ -224,88 +255,199 @@ def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[Timing, str
         torch.cuda.synchronize()
         captured, failure = None, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
     failure = next((f for f in _agreed(failure, group) if f is not None), None)
-    if failure is not None:
-        timing, mode = time_eager(thunk, replace(plan, mode="eager"), group, host=False), failure
-    else:
-        timing = time_graph(captured, plan, group)
-        mode = "graph" if calls == calls_per_graph else f"graph, {calls} calls per replay"
-    if len(timing.samples_us) < replays:
-        mode = f"{mode}, {len(timing.samples_us)} replays"
-    return timing, mode
+    return Prepared(thunk, calls, None if failure else captured, failure)
 
 
-def _slowest_rank(samples_us, group) -> dict:
-    """The slowest rank's median (the row's time) with its p20 / p80, and every rank's median."""
+def time_round(prepared: Prepared, plan: TimingPlan, group) -> Timing:
+    """One round of a prepared implementation: WARMUP_REPLAYS replays, then the timed replays back to
+    back after one barrier (every rank the same number); eager calls where it was not captured."""
+    if prepared.captured is None:
+        return time_eager(prepared.thunk, replace(plan, mode="eager"), group, host=False)
+    return time_graph(prepared.captured, plan, group)
+
+
+def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[Timing, str]:
+    """One implementation alone, in one round: every rank's samples (us per call) and the timing note."""
+    prepared = prepare(thunk, calls_per_graph, group)
+    timing = time_round(prepared, replay_plan(replays, prepared.calls), group)
+    return timing, prepared.mode(len(timing.samples_us), replays, calls_per_graph)
+
+
+def _slowest_rank(samples_us, group, round_medians: list | None = None) -> dict:
+    """The slowest rank's median (the row's time) with its p20 / p80, and every rank's median; with
+    ``round_medians`` (this rank's median of each round), the slowest rank's of each round too."""
     summaries = _agreed(summarize(samples_us), group)
     slowest = max(summaries, key=lambda s: s.median_us)
-    return {"median_us": slowest.median_us, "p20_us": slowest.p20_us, "p80_us": slowest.p80_us,
-            "per_rank_median_us": [s.median_us for s in summaries]}
+    spread = {"median_us": slowest.median_us, "p20_us": slowest.p20_us, "p80_us": slowest.p80_us,
+              "per_rank_median_us": [s.median_us for s in summaries]}
+    if round_medians is not None:
+        spread["round_median_us"] = [max(per_rank) for per_rank in zip(*_agreed(round_medians, group))]
+    return spread
+
+
+@dataclass(eq=False)  # (hashed by identity: bench/rounds.py keys its results by implementation)
+class _Impl:
+    """One row of a shape: what it runs and, once checked and captured, what it measured."""
+
+    name: str
+    family: str                          # local | symmcoll | baseline
+    what: object = None                  # an algorithm name, or a baseline's maker
+    thunk: Callable | None = None
+    inputs: tuple = ()
+    err: float | None = None
+    prepared: Prepared | None = None
+    error: str | None = None
+    nbytes: int | None = None
+    samples: list = field(default_factory=list)
+    round_medians: list = field(default_factory=list)
+    mode: str | None = None              # the row's timing note
+    calls_per_sample: int = 1
+
+    def timed(self, replays: int, calls_per_graph: int) -> None:
+        """Its rounds are over: the timing note, and the graph (with its memory) let go."""
+        if self.prepared is not None:
+            self.mode = self.prepared.mode(len(self.samples), replays, calls_per_graph)
+            self.calls_per_sample = self.prepared.calls if self.prepared.captured is not None else 1
+        self.prepared, self.thunk, self.inputs = None, None, ()
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _free_share(group) -> float:
+    """The least share of its GPU's memory any rank has free, counting what torch's allocator holds unused."""
+    free, total = torch.cuda.mem_get_info()
+    unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    return min(_agreed((free + unused) / total, group))
+
+
+def _release() -> None:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
 
 
 def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, replays: int,
-              calls_per_graph: int, copy_gbps: float | None = None) -> list[dict]:
-    """Every implementation of ``op`` at ``shape`` (collective; the same rows on every rank)."""
+              calls_per_graph: int, copy_gbps: float | None = None, rounds: int = ROUNDS) -> list[dict]:
+    """Every implementation of ``op`` at ``shape`` (collective; the same rows on every rank): each checked
+    against the reference and captured, then all timed in ``rounds`` interleaved rounds
+    (bench/rounds.py), checked again on fresh data."""
     spec = SPECS[op]
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = _device()
     dtype = TORCH_DTYPES[dtype_name]
-    rows, local_us = [], None
     tolerance = (spec.tolerance and spec.tolerance(shape, dtype_name)) or TOLERANCE[dtype_name]
 
-    def moved(algorithm, inputs):
-        return spec.bytes(shape, dtype, world, algorithm, inputs, rank) if spec.bytes else None
-    if spec.local is not None:
-        local_timing, local_mode = _time(spec.local(shape, dtype, device), replays, calls_per_graph, group)
-        spread = _slowest_rank(local_timing.samples_us, group)
-        local_us = spread["median_us"]
-        rows.append(_row(op, spec.local_name, "local", shape, dtype_name, world, local_us, local_us,
-                         spec.flops(shape), None, local_mode, None, moved("local", None), copy_gbps,
-                         _method(local_timing, spread)))
-    impls = [(f"symmcoll:{n}", "symmcoll", n) for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
-    impls += [(name, "baseline", make) for name, make in spec.baselines.items()]
-    for name, family, what in impls:
-        if algorithms and not any(p == name or name.endswith(":" + p) for p in algorithms):
-            continue
-        error, us, err, mode, nbytes, timing = None, None, None, None, None, None
+    def check_and_capture(impl: _Impl) -> None:
+        error = None
         try:
-            inputs = spec.inputs(shape, dtype, rank, world, 0, device)
-            thunk = (lambda i=inputs, w=what: spec.call(spec.run, w, i, group, shape=shape)) \
-                if family == "symmcoll" else spec.call(what, inputs, group, shape=shape)
-            reference = spec.baseline_references.get(name, spec.reference)
-            want = spec.call(reference, inputs, group, shape=shape)
-            err = spec.checked_error(thunk(), want, inputs, group, shape)
-            if err > tolerance:
-                raise AssertionError(f"relative error {err:.2e} before timing")
-            timing, mode = _time(thunk, replays, calls_per_graph, group)
+            impl.inputs = spec.inputs(shape, dtype, rank, world, 0, device)
+            impl.thunk = (lambda i=impl.inputs, w=impl.what: spec.call(spec.run, w, i, group, shape=shape)) \
+                if impl.family == "symmcoll" else spec.call(impl.what, impl.inputs, group, shape=shape)
+            reference = spec.baseline_references.get(impl.name, spec.reference)
+            impl.err = spec.checked_error(impl.thunk(), spec.call(reference, impl.inputs, group, shape=shape),
+                                          impl.inputs, group, shape)
+            if impl.err > tolerance:
+                raise AssertionError(f"relative error {impl.err:.2e} before timing")
+            impl.prepared = prepare(impl.thunk, calls_per_graph, group)
+        except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
+            error = f"{type(exc).__name__}: {exc}"
+        fail(impl, _first_error(error, group))
+
+    def check_after(impl: _Impl) -> None:
+        """Fresh data through the thunk, checked again: the timed replays left nothing wrong behind."""
+        error = None
+        try:
+            reference = spec.baseline_references.get(impl.name, spec.reference)
             fresh = spec.inputs(shape, dtype, rank, world, 1, device)
-            for dst, src in zip(inputs, fresh):
+            for dst, src in zip(impl.inputs, fresh):
                 if isinstance(dst, torch.Tensor):
                     dst.copy_(src)
-            err = max(err, spec.checked_error(thunk(), spec.call(reference, inputs, group, shape=shape), inputs,
-                                          group, shape))
-            nbytes = moved(what if family == "symmcoll" else name, inputs)
+            impl.err = max(impl.err, spec.checked_error(impl.thunk(), spec.call(reference, impl.inputs, group,
+                                                                                shape=shape), impl.inputs, group, shape))
+            impl.nbytes = spec.bytes(shape, dtype, world, impl.what if impl.family == "symmcoll" else impl.name,
+                                     impl.inputs, rank) if spec.bytes else None
             symmcoll.check()
-        except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
-            error = f"rank {rank}: {type(exc).__name__}: {exc}"[:300]
-            symmcoll.reset()
-        errors = [None] * world
-        dist.all_gather_object(errors, error, group=group)
-        error = next((e for e in errors if e), None)
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"
+        fail(impl, _first_error(error, group))
+
+    batch: list[_Impl] = []
+
+    def fail(impl: _Impl, error: str | None) -> None:
+        """An implementation's error (agreed: every rank calls this): it is out, and the workspaces are
+        rebuilt (symmcoll.reset), so the batch's captured symmcoll graphs, which point into the old
+        buffers, are checked and captured again."""
+        if error is None:
+            return
+        impl.error, impl.prepared = error, None
+        symmcoll.reset()
+        for other in [b for b in batch if b.family == "symmcoll" and b.error is None and b is not impl]:
+            other.prepared = None
+            check_and_capture(other)
+
+    def time_one(impl: _Impl, _round: int):
+        samples = time_round(impl.prepared, replay_plan(replays, impl.prepared.calls, rounds), group).samples_us
+        if impl.family == "symmcoll":
+            symmcoll.check()  # (a kernel's recorded failure belongs to this turn's implementation)
+        return samples
+
+    def time_batch() -> None:
+        """The batch (and cuBLAS) in interleaved rounds, then each checked again on fresh data, then freed."""
+        timed = [i for i in [local, *batch] if i is not None and i.error is None]
+        result = interleave(timed, rounds, time_one, agree=lambda e: _first_error(e, group), on_failure=fail)
+        for impl in timed:
+            impl.samples += result.samples[impl]
+            impl.round_medians += result.round_medians[impl]
+        for impl in batch:
+            if impl.error is None:
+                check_after(impl)
+            impl.timed(replays, calls_per_graph)
+        batch.clear()
+        _release()
+
+    local = None
+    if spec.local is not None:
+        local = _Impl(spec.local_name, "local", thunk=spec.local(shape, dtype, device))
+        local.prepared = prepare(local.thunk, calls_per_graph, group)
+    names = [(f"symmcoll:{n}", "symmcoll", n) for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
+    names += [(name, "baseline", make) for name, make in spec.baselines.items()]
+    impls = [_Impl(name, family, what) for name, family, what in names
+             if not algorithms or any(p == name or name.endswith(":" + p) for p in algorithms)]
+    for impl in impls:
+        check_and_capture(impl)
+        if impl.error is None:
+            batch.append(impl)
+            if _free_share(group) < MIN_FREE_SHARE:
+                time_batch()
+    if batch or (local is not None and not local.samples):
+        time_batch()
+
+    if local is not None:
+        local.timed(replays, calls_per_graph)
+        _release()
+    rows = []
+    local_us = None
+    for impl in ([local] if local else []) + impls:
         # (every rank timed, or every rank reports the error: the summaries are gathered only then)
-        spread = None if error else _slowest_rank(timing.samples_us, group)
+        spread = None if impl.error else _slowest_rank(impl.samples, group, impl.round_medians)
         us = spread["median_us"] if spread else None
-        rows.append(_row(op, name, family, shape, dtype_name, world, us, local_us, spec.flops(shape), err, mode, error,
-                         nbytes, copy_gbps, _method(timing, spread) if spread else None))
-        torch.cuda.empty_cache()
+        if impl is local:
+            local_us = us
+        rows.append(_row(op, impl.name, impl.family, shape, dtype_name, world, us, local_us, spec.flops(shape),
+                         impl.err, impl.mode, impl.error, impl.nbytes, copy_gbps,
+                         _method(impl, spread, rounds) if spread else None))
     return rows
 
 
-def _method(timing: Timing, spread: dict) -> dict:
-    """A row's timing details: calls per graph, timed samples, the slowest rank's p20 / p80, every rank's
-    median (the spread that tells launch skew from the op's own time)."""
-    return {"calls_per_graph": timing.calls_per_sample, "samples": len(timing.samples_us),
-            **{k: v for k, v in spread.items() if k != "median_us"}}
+def _method(impl: _Impl, spread: dict, rounds: int) -> dict:
+    """A row's timing details: calls per graph, timed samples (all rounds), the slowest rank's p20 / p80,
+    every rank's median (the spread that tells launch skew from the op's own time), the rounds and the
+    slowest rank's median in each (the drift a single pass would have handed to whatever came later)."""
+    return {"calls_per_graph": impl.calls_per_sample, "samples": len(impl.samples),
+            **{k: v for k, v in spread.items() if k != "median_us"}, "rounds": rounds}
 
 
 def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, error, nbytes=None,
@@ -321,7 +463,7 @@ def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, 
 # ---- driver ------------------------------------------------------------------------------------------
 
 def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms, out_dir: Path, console,
-        replays: int = 20, calls_per_graph: int = CALLS_PER_GRAPH) -> int:
+        replays: int = 20, calls_per_graph: int = CALLS_PER_GRAPH, rounds: int = ROUNDS) -> int:
     from ..launch import RankPool
     status = 0
     written = []
@@ -336,7 +478,7 @@ def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms
             for shape in shapes:
                 t0 = time.monotonic()
                 rows += pool.run(run_shape, op, tuple(shape), dtype, algorithms, replays, calls_per_graph, copy,
-                                 timeout=600)[0]
+                                 rounds, timeout=600)[0]
                 console.print(f"ws{world} {op} {shape}: {time.monotonic() - t0:.0f} s", highlight=False)
         console.print(_table(op, world, dtype, rows, spec))
         status |= int(any(r["family"] == "symmcoll" and r["error"] is not None for r in rows))
@@ -345,7 +487,8 @@ def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms
         written.append(path)
         path.write_text(json.dumps({"schema": "symmcoll.bench.fused/1", "provenance": asdict(info),
                                     "op": op, "dtype": dtype, "world_size": world, "replays": replays,
-                                    "calls_per_graph": calls_per_graph, "copy_gbps": copy, "rows": rows}, indent=1))
+                                    "calls_per_graph": calls_per_graph, "rounds": rounds, "copy_gbps": copy,
+                                    "rows": rows}, indent=1))
         console.print(f"result written: {path}", highlight=False)
     return status
 

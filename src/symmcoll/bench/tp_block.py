@@ -9,13 +9,16 @@ Cases (``--shapes`` keeps those whose name starts with one of its values, e.g. `
 * ``prefill:BxS:eager`` / ``prefill:BxS:compile`` (1 x 2048, 4 x 4096): sequence-parallel, eager and
   ``torch.compile`` (default mode, static shapes).
 
-Per (case, mode), on every rank, with the same weights (seeded, 70B-class: hidden 8192, 64 heads, 8 KV
-heads, ffn 28672) and inputs:
-1. warm up (compile, plan, allocate), then capture the graph (decode);
+Per case, on every rank, with the same weights (seeded, 70B-class: hidden 8192, 64 heads, 8 KV heads,
+ffn 28672) and inputs:
+1. every mode warms up (compile, plan, allocate), then captures its graph (decode);
 2. the relative difference of the block's update (output - input) against mode nccl's, of the first
    eager step and again of what the timed runs computed (nccl's row: its timed output against its
    first); must stay under ``TOLERANCE``;
-3. the median time per step of the timed samples (slowest rank), and tokens/s;
+3. the modes timed in ``rounds`` interleaved rounds (bench/rounds.py: each round every mode in turn, the
+   order rotated, the replays split over the rounds); the median time per step of all samples (slowest
+   rank), and tokens/s; a compiled mode that compiled again during the rounds says so
+   (``recompiles_in_rounds``);
 4. the shares of GPU time in communication and in fused compute+communication kernels, from a
    torch.profiler trace of the same runs (``kernel_share``).
 A mode that fails is a row with its error; the sweep goes on.
@@ -35,6 +38,7 @@ import torch.distributed as dist
 
 from ..models import LLAMA_70B, MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 from . import kernel_share, provenance
+from .rounds import ROUNDS, interleave, per_round
 from .timing import capture_steps, event_times_us
 
 DECODE_BATCHES = (1, 8, 64)
@@ -92,7 +96,8 @@ def mode_order() -> tuple[str, ...]:
     figures: the first three graphs a process captures replay faster than all later ones, so whichever
     mode came third (and every later case) ran ~20 us a decode step slower (2026-11-27-graph-position-h100:
     symmcoll third 706 us, second 688 us; torch_async_tp second 715 us, third 738 us). Settled, any
-    order gives the same figures; the variable reorders them to check that."""
+    order gives the same figures; the variable reorders them to check that. The modes are prepared in
+    this order and timed in rounds that rotate it (bench/rounds.py)."""
     spec = os.environ.get("SYMMCOLL_TP_ORDER", "").strip()
     if not spec:
         return MODES
@@ -147,19 +152,14 @@ def _inputs(config: BlockConfig, case: dict, dtype: torch.dtype):
 
 def _prepare(step, timing: str):
     """(run, steps per run, output of a first eager step, output the timed runs leave or None). Warms
-    up first: compiles, plans, allocates symmetric buffers, none of which may happen during capture."""
+    up first: compiles, plans, allocates symmetric buffers, none of which may happen during capture.
+    (``run``, a graph's bound replay, keeps its graph alive.)"""
     first = step()
     torch.cuda.synchronize()
     if timing != "graph":
         return step, 1, first, None
     graph, captured = capture_steps(step, STEPS_PER_GRAPH)
-    _STATE["graph"] = graph    # kept alive until the next case
     return graph.replay, STEPS_PER_GRAPH, first, captured
-
-
-def _time_ms(run, per: int, replays: int, group) -> float:
-    run()
-    return statistics.median(event_times_us(run, replays, group=group, per=per)) / 1e3
 
 
 def _rel_diff(update: torch.Tensor, reference: torch.Tensor | None) -> float | None:
@@ -174,23 +174,48 @@ def _agree(value, group) -> list:
     return values
 
 
-def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replays: int) -> list[dict]:
-    """Every mode on one case (collective; the same rows on every rank)."""
+def _first_error(error: str | None, group) -> str | None:
+    mine = f"rank {dist.get_rank()}: {error}"[:300] if error else None
+    return next((e for e in _agree(mine, group) if e), None)
+
+
+def _compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process (a count that grows on every recompile)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _release() -> None:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replays: int,
+             rounds: int = ROUNDS) -> list[dict]:
+    """Every mode on one case (collective; the same rows on every rank): each prepared (compiled,
+    captured) and checked first, then all timed in ``rounds`` interleaved rounds (bench/rounds.py),
+    then profiled and checked again."""
     group, world = dist.group.WORLD, dist.get_world_size()
     case, dtype = parse_case(case_name), TORCH_DTYPES[dtype_name]
     modes = [m for m in mode_order() if m in modes]   # nccl first: the reference of the others
     blocks = _blocks(config, dtype, modes)
     x, make = _inputs(config, case, dtype)
     tokens = case["batch"] * case["seq"]
-    rows, reference = [], None
+    if case["timing"] == "compile":
+        # Once per case, not per mode: the modes' compiled prefills are called in turn, and a reset
+        # would drop the compiled code of the others (they would compile again inside the rounds).
+        torch._dynamo.reset()
+    rows = {mode: {"case": case_name, "phase": case["phase"], "batch": case["batch"], "seq": case["seq"],
+                   "cache_tokens": CACHE_TOKENS if case["phase"] == "decode" else 0, "timing": case["timing"],
+                   "mode": mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
+                   "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None,
+                   "top_kernels": None, "busy_us": None, "kernels": None, "idle_us": None, "idle_before": None,
+                   "error": None, "rounds": rounds, "samples": None, "round_ms": None, "recompiles_in_rounds": None}
+            for mode in modes}
+    ready, reference = {}, None
     for mode in modes:
-        row = {"case": case_name, "phase": case["phase"], "batch": case["batch"], "seq": case["seq"],
-               "cache_tokens": CACHE_TOKENS if case["phase"] == "decode" else 0, "timing": case["timing"],
-               "mode": mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
-               "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None,
-               "top_kernels": None, "busy_us": None, "kernels": None, "idle_us": None, "idle_before": None,
-               "error": None}
-        error, ms, shares, diff = None, None, None, None
+        error = None
         try:
             step = make(blocks[mode])
             run, per, first, captured = _prepare(step, case["timing"])
@@ -198,54 +223,71 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
             if mode == "nccl":
                 reference = first - x
         except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
-            error = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"[:300]
-        error = next((e for e in _agree(error, group) if e), None)
+            error = f"{type(exc).__name__}: {exc}"
+        error = _first_error(error, group)
         if error is None:
-            try:
-                ms = _time_ms(run, per, replays, group)
-                tag = f"{case_name}-{mode}-rank{dist.get_rank()}".replace(":", "_")
-                shares = kernel_share.profile(run, tag=tag, steps=per)  # (a graph replay is `per` steps)
-                if shares["comm_share"] is None and captured is not None:
-                    # No kernels seen inside graph replays (CUPTI without graph-node tracing): the same
-                    # kernels, launched eagerly.
-                    shares = dict(kernel_share.profile(step, tag=tag), profiled="eager steps")
-                # What the timed runs compute (a graph's replayed output; nccl's against its first).
-                last = captured if captured is not None else step()
-                after = _rel_diff(last - x, reference)
-                diff = max(d for d in (diff, after) if d is not None) if after is not None else diff
-            except Exception as exc:  # noqa: BLE001
-                error = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"[:300]
-            error = next((e for e in _agree(error, group) if e), None)
-        if error is None:
-            ms = max(_agree(ms, group))                                  # the slowest rank
-            diffs = [d for d in _agree(diff, group) if d is not None]
-            per_rank = _agree(shares, group)
-            row.update(ms_per_step=ms, tokens_per_s=tokens / ms * 1e3, rel_diff_vs_nccl=max(diffs) if diffs else None,
-                       comm_share=_mean(s["comm_share"] for s in per_rank),
-                       fused_share=_mean(s["fused_share"] for s in per_rank),
-                       profiled=per_rank[0].get("profiled", "timed runs"),
-                       top_kernels=per_rank[0].get("top_kernels"),  # rank 0's, us a step
-                       busy_us=per_rank[0].get("busy_us"), kernels=per_rank[0].get("activities"),
-                       idle_us=per_rank[0].get("idle_us"), idle_before=per_rank[0].get("idle_before"))
+            ready[mode] = {"step": step, "run": run, "per": per, "captured": captured, "diff": diff}
         else:
-            row["error"] = error
-            if mode == "nccl":
-                reference = None
-        rows.append(row)
-        _STATE.pop("graph", None)
-        # Nothing of this mode (its graph and the pool its replays write) outlives its row: the next
-        # mode captures on an allocator as the first found it.
-        step = run = first = captured = last = None
-        gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    return rows
+            rows[mode]["error"] = error
+        step = run = first = captured = None
+
+    def time_one(mode: str, _round: int):
+        run, per = ready[mode]["run"], ready[mode]["per"]
+        run()
+        return event_times_us(run, per_round(replays, rounds), group=group, per=per)
+    compiled = _compiled_graphs()
+    timed = interleave(list(ready), rounds, time_one, agree=lambda e: _first_error(e, group))
+    recompiles = _compiled_graphs() - compiled
+    for mode, error in timed.errors.items():
+        rows[mode]["error"] = error
+    for mode, prepared in ready.items():
+        if mode in timed.errors:
+            continue
+        error, shares, diff = None, None, prepared["diff"]
+        try:
+            run, per, captured, step = prepared["run"], prepared["per"], prepared["captured"], prepared["step"]
+            tag = f"{case_name}-{mode}-rank{dist.get_rank()}".replace(":", "_")
+            shares = kernel_share.profile(run, tag=tag, steps=per)  # (a graph replay is `per` steps)
+            if shares["comm_share"] is None and captured is not None:
+                # No kernels seen inside graph replays (CUPTI without graph-node tracing): the same
+                # kernels, launched eagerly.
+                shares = dict(kernel_share.profile(step, tag=tag), profiled="eager steps")
+            # What the timed runs compute (a graph's replayed output; nccl's against its first).
+            last = captured if captured is not None else step()
+            after = _rel_diff(last - x, reference)
+            diff = max(d for d in (diff, after) if d is not None) if after is not None else diff
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"
+        error = _first_error(error, group)
+        if error is not None:
+            rows[mode]["error"] = error
+            continue
+        ms = max(_agree(statistics.median(timed.samples[mode]) / 1e3, group))     # the slowest rank
+        round_ms = [max(per_rank) / 1e3 for per_rank in zip(*_agree(timed.round_medians[mode], group))]
+        diffs = [d for d in _agree(diff, group) if d is not None]
+        per_rank = _agree(shares, group)
+        rows[mode].update(ms_per_step=ms, tokens_per_s=tokens / ms * 1e3,
+                          rel_diff_vs_nccl=max(diffs) if diffs else None,
+                          comm_share=_mean(s["comm_share"] for s in per_rank),
+                          fused_share=_mean(s["fused_share"] for s in per_rank),
+                          profiled=per_rank[0].get("profiled", "timed runs"),
+                          top_kernels=per_rank[0].get("top_kernels"),  # rank 0's, us a step
+                          busy_us=per_rank[0].get("busy_us"), kernels=per_rank[0].get("activities"),
+                          idle_us=per_rank[0].get("idle_us"), idle_before=per_rank[0].get("idle_before"),
+                          samples=len(timed.samples[mode]), round_ms=round_ms,
+                          recompiles_in_rounds=max(_agree(recompiles, group)))
+    # Nothing of this case (its graphs and the pools their replays write, its compiled code) outlives
+    # its rows: the next case captures on an allocator as the first found it.
+    ready.clear()
+    prepared = timed = None
+    _release()
+    return [rows[mode] for mode in modes]
 
 
 # ---- driver ------------------------------------------------------------------------------------------
 
 def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
-        config: BlockConfig = LLAMA_70B) -> int:
+        config: BlockConfig = LLAMA_70B, rounds: int = ROUNDS) -> int:
     """Every case in every mode at each world size; one JSON per world size. Returns 1 if a symmcoll
     row failed or differs from nccl beyond the tolerance."""
     from rich.table import Table
@@ -258,7 +300,7 @@ def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
             info = pool.run(provenance.collect, "cuda")[0]
             for case in cases:
                 t0 = time.monotonic()
-                rows += pool.run(run_case, config, case, tuple(modes), dtype, replays, timeout=900)[0]
+                rows += pool.run(run_case, config, case, tuple(modes), dtype, replays, rounds, timeout=900)[0]
                 console.print(f"ws{world} tp_block {case}: {time.monotonic() - t0:.0f} s", highlight=False)
         _add_speedups(rows)
         table = Table(title=f"tp_block (decoder block, {_dims(config)}), world size {world}, {dtype}: "
@@ -269,7 +311,8 @@ def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
             table.add_row(r["case"], r["mode"], _fmt(r["ms_per_step"], "{:.3f}"), _fmt(r["tokens_per_s"], "{:,.0f}"),
                           _fmt(r["speedup_vs_nccl"], "{:.3f}"), _fmt(r["comm_share"], "{:.0%}"),
                           _fmt(r["fused_share"], "{:.0%}"), _fmt(r["rel_diff_vs_nccl"], "{:.1e}"),
-                          (r["error"] or "")[:70])
+                          (r["error"] or (f"recompiled {r['recompiles_in_rounds']}x in the rounds"
+                                          if r.get("recompiles_in_rounds") else ""))[:70])
             bad_diff = (r["rel_diff_vs_nccl"] or 0) > TOLERANCE[dtype]
             status |= int(r["mode"] == "symmcoll" and (r["error"] is not None or bad_diff))
         console.print(table)
@@ -277,7 +320,8 @@ def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
         path = out_dir / f"tp_block-ws{world}-{info.created_utc.replace(':', '')}.json"
         path.write_text(json.dumps({
             "schema": "symmcoll.bench.tp_block/1", "provenance": asdict(info), "world_size": world,
-            "config": asdict(config), "dtype": dtype, "replays": replays, "steps_per_graph": STEPS_PER_GRAPH,
+            "config": asdict(config), "dtype": dtype, "replays": replays, "rounds": rounds,
+            "steps_per_graph": STEPS_PER_GRAPH,
             "tolerance": {"rel_diff_vs_nccl": TOLERANCE[dtype],
                           "measure": "||update - update_nccl|| / ||update_nccl||, update = block output - input, "
                                      "max over ranks, of the first eager step and of what the timed runs "
