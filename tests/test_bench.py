@@ -434,6 +434,20 @@ def test_time_graph_replays_back_to_back_with_no_host_sync_inside(monkeypatch):
     assert gpu.log[:gpu.log.index("barrier")].count("replay") == 5
 
 
+def test_time_graph_takes_no_probe_where_the_replays_are_planned(monkeypatch):
+    """min_iters == iters (bench/rounds.py planned them, the same on every rank): no probe replays, no
+    agreement; exactly the warm-up replays, then the planned timed ones."""
+    from symmcoll.bench import timing
+
+    gpu = _FakeGpu()
+    gpu.install(monkeypatch, timing)
+    monkeypatch.setattr(timing, "agreed_iters", lambda *a: pytest.fail("no agreement needed"))
+    captured = timing.CapturedCalls(lambda: None, 3)
+    plan = TimingPlan(mode="graph", warmup=1, iters=2, min_iters=2, calls_per_graph=3, seconds_per_case=1.0)
+    result = timing.time_graph(captured, plan, group="the ranks")
+    assert len(result.samples_us) == 2 and gpu.log[:gpu.log.index("barrier")].count("replay") == 1
+
+
 def test_fused_bench_times_like_the_collective_bench(monkeypatch):
     """bench/fused.py's _time is timing.time_graph over CapturedCalls of the command line's calls per graph
     (20, as the collective bench), WARMUP_REPLAYS warm-up replays as the collective bench's; a call slower

@@ -306,8 +306,6 @@ def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
         config: BlockConfig = LLAMA_70B, rounds: int | None = None) -> int:
     """Every case in every mode at each world size; one JSON per world size. Returns 1 if a symmcoll
     row failed or differs from nccl beyond the tolerance."""
-    from rich.table import Table
-
     from ..launch import RankPool
     status = 0
     for world in world_sizes:
@@ -319,23 +317,11 @@ def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
                 rows += pool.run(run_case, config, case, tuple(modes), dtype, replays, rounds, timeout=900)[0]
                 console.print(f"ws{world} tp_block {case}: {time.monotonic() - t0:.0f} s", highlight=False)
         _add_speedups(rows)
-        table = Table(title=f"tp_block (decoder block, {_dims(config)}), world size {world}, {dtype}: "
-                            f"ms per step (slowest rank)")
-        # The speedup column: the paired one (median of per-round ratios) where rows have it.
-        paired = any(r["speedup_vs_nccl_paired"] is not None for r in rows)
-        speedup = "speedup_vs_nccl_paired" if paired else "speedup_vs_nccl"
-        for column in ("case", "mode", "ms/step", "tokens/s", "x nccl (paired rounds)" if paired else "x nccl",
-                       "comm %", "fused %", "rel diff", "note"):
-            table.add_column(column)
         for r in rows:
-            table.add_row(r["case"], r["mode"], _fmt(r["ms_per_step"], "{:.3f}"), _fmt(r["tokens_per_s"], "{:,.0f}"),
-                          _fmt(r[speedup], "{:.3f}"), _fmt(r["comm_share"], "{:.0%}"),
-                          _fmt(r["fused_share"], "{:.0%}"), _fmt(r["rel_diff_vs_nccl"], "{:.1e}"),
-                          (r["error"] or (f"recompiled {r['recompiles_in_rounds']}x in the rounds"
-                                          if r.get("recompiles_in_rounds") else ""))[:70])
             bad_diff = (r["rel_diff_vs_nccl"] or 0) > TOLERANCE[dtype]
             status |= int(r["mode"] == "symmcoll" and (r["error"] is not None or bad_diff))
-        console.print(table)
+        console.print(table(rows, f"tp_block (decoder block, {_dims(config)}), world size {world}, {dtype}: "
+                                  f"ms per step (slowest rank)"))
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"tp_block-ws{world}-{info.created_utc.replace(':', '')}.json"
         path.write_text(json.dumps({
@@ -351,6 +337,25 @@ def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
             "comm_share": kernel_share.__doc__.strip(), "rows": rows}, indent=1))
         console.print(f"result written: {path}", highlight=False)
     return status
+
+
+def table(rows: list[dict], title: str):
+    """The printed table; its speedup column is the paired one (median of per-round ratios) where rows
+    have it, and says so."""
+    from rich.table import Table
+    out = Table(title=title)
+    paired = any(r.get("speedup_vs_nccl_paired") is not None for r in rows)
+    speedup = "speedup_vs_nccl_paired" if paired else "speedup_vs_nccl"
+    for column in ("case", "mode", "ms/step", "tokens/s", "x nccl (paired rounds)" if paired else "x nccl",
+                   "comm %", "fused %", "rel diff", "note"):
+        out.add_column(column)
+    for r in rows:
+        out.add_row(r["case"], r["mode"], _fmt(r["ms_per_step"], "{:.3f}"), _fmt(r["tokens_per_s"], "{:,.0f}"),
+                    _fmt(r.get(speedup), "{:.3f}"), _fmt(r["comm_share"], "{:.0%}"),
+                    _fmt(r["fused_share"], "{:.0%}"), _fmt(r["rel_diff_vs_nccl"], "{:.1e}"),
+                    (r["error"] or (f"recompiled {r['recompiles_in_rounds']}x in the rounds"
+                                    if r.get("recompiles_in_rounds") else ""))[:70])
+    return out
 
 
 def _add_speedups(rows: list[dict]) -> None:
