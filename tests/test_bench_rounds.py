@@ -96,6 +96,15 @@ def _fused_rows_with_recorders(low_memory: bool):
         prepared.thunk()
         samples = SAMPLES.get(name, SAMPLES["b"])
         return fused.Timing(tuple(float(v) for v in samples[rounds_seen[name] % 3]), "graph", 20)
+    rows = _run_shape_patched(spec, prepare, time_round, low_memory, tuple(f"test:{n}" for n in names),
+                              replays=6, rounds=3)
+    return rows, order, sorted(iters)
+
+
+def _run_shape_patched(spec, prepare, time_round, low_memory: bool, algorithms, **kwargs):
+    """fused.run_shape on all_gather_matmul with ``spec``, ``prepare`` and ``time_round`` in place of the
+    module's, on CPU (free memory: none if ``low_memory``, every implementation its own batch)."""
+    from symmcoll.bench import fused
     saved = {k: getattr(fused, k) for k in ("prepare", "time_round", "_device", "_release", "_free_share")}
     saved_spec = fused.SPECS["all_gather_matmul"]
     try:
@@ -103,13 +112,11 @@ def _fused_rows_with_recorders(low_memory: bool):
         fused.prepare, fused.time_round = prepare, time_round
         fused._device, fused._release = (lambda: torch.device("cpu")), (lambda: None)
         fused._free_share = lambda group: 0.0 if low_memory else 1.0
-        rows = fused.run_shape("all_gather_matmul", (8, 16, 32), "bf16", tuple(f"test:{n}" for n in names),
-                               replays=6, calls_per_graph=20, rounds=3)
+        return fused.run_shape("all_gather_matmul", (8, 16, 32), "bf16", algorithms, calls_per_graph=20, **kwargs)
     finally:
         fused.SPECS["all_gather_matmul"] = saved_spec
         for k, v in saved.items():
             setattr(fused, k, v)
-    return rows, order, sorted(iters)
 
 
 def test_fused_bench_interleaves_rounds(pools):
@@ -284,19 +291,7 @@ def _fused_planned_rows(low_memory: bool):
         if name == "flat":
             samples = [v * TRUE_RATIO for v in samples]
         return fused.Timing(tuple(samples), "graph", 2)
-    saved = {k: getattr(fused, k) for k in ("prepare", "time_round", "_device", "_release", "_free_share")}
-    saved_spec = fused.SPECS["all_gather_matmul"]
-    try:
-        fused.SPECS["all_gather_matmul"] = spec
-        fused.prepare, fused.time_round = prepare, time_round
-        fused._device, fused._release = (lambda: torch.device("cpu")), (lambda: None)
-        fused._free_share = lambda group: 0.0 if low_memory else 1.0
-        rows = fused.run_shape("all_gather_matmul", (8, 16, 32), "bf16", tuple(f"test:{n}" for n in names),
-                               replays=20, calls_per_graph=20)
-    finally:
-        fused.SPECS["all_gather_matmul"] = saved_spec
-        for k, v in saved.items():
-            setattr(fused, k, v)
+    rows = _run_shape_patched(spec, prepare, time_round, low_memory, tuple(f"test:{n}" for n in names), replays=20)
     out = io.StringIO()
     Console(file=out, width=200).print(fused._table("all_gather_matmul", dist.get_world_size(), "bf16", rows, spec))
     return rows, sorted(plans), out.getvalue()

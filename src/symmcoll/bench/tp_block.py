@@ -240,7 +240,8 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
             rows[mode]["error"] = error
         step = run = first = captured = None
 
-    count, each = rounds, per_round(replays, rounds or ROUNDS)
+    count = rounds or ROUNDS
+    each = per_round(replays, count)
     if not rounds and ready:   # one warm-up run a turn, as time_one makes
         planned = plan_rounds([_run_seconds(ready[m]["run"], group) for m in ready], [1] * len(ready), replays)
         count, each = planned.rounds, planned.per_round
