@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
+from symmcoll.bench.gemm import decided_ratio
+
 
 def markdown(path: str) -> str:
     data = json.loads(open(path).read())
@@ -17,13 +19,14 @@ def markdown(path: str) -> str:
     layers = list(dict.fromkeys((r["shape"], r["n"], r["k"]) for r in rows))
     cell = {(r["shape"], r["m"]): r for r in rows}
     out = [f"**one {prov['gpu']}** (`{path}`, git {str(prov['git'])[:10]}, torch {prov['torch']}, "
-           f"triton {prov['triton']}): time / cuBLAS time, bf16, CUDA-graph replays; geomean "
+           f"triton {prov['triton']}): time / cuBLAS time ({summary.get('ratio', 'median over median')}), bf16, "
+           f"CUDA-graph replays; geomean "
            f"**{summary['geomean_ratio']:.3f}**, worst {summary['worst_ratio']:.2f} ({summary['worst_cell']}), "
            f"{summary['above_1_10']} of {summary['cells']} cells above 1.10x, {summary['wrong']} wrong.", "",
            "| layer (N, K) | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
     for shape, n, k in layers:
         out.append(f"| {shape} ({n}, {k}) | "
-                   + " | ".join(f"{cell[(shape, m)]['ratio']:.2f}" if (shape, m) in cell else "-" for m in ms) + " |")
+                   + " | ".join(f"{decided_ratio(cell[(shape, m)]):.2f}" if (shape, m) in cell else "-" for m in ms) + " |")
     decode = [r for r in rows if r["m"] <= 64 and r["weight_mb"] >= 32]
     if decode:
         out += ["", f"Weight-read rate at M <= 64 for B >= 32 MB: ours {min(r['weight_tbs'] for r in decode):.2f}-"

@@ -434,10 +434,25 @@ def test_time_graph_replays_back_to_back_with_no_host_sync_inside(monkeypatch):
     assert gpu.log[:gpu.log.index("barrier")].count("replay") == 5
 
 
+def test_time_graph_takes_no_probe_where_the_replays_are_planned(monkeypatch):
+    """min_iters == iters (bench/rounds.py planned them, the same on every rank): no probe replays, no
+    agreement; exactly the warm-up replays, then the planned timed ones."""
+    from symmcoll.bench import timing
+
+    gpu = _FakeGpu()
+    gpu.install(monkeypatch, timing)
+    monkeypatch.setattr(timing, "agreed_iters", lambda *a: pytest.fail("no agreement needed"))
+    captured = timing.CapturedCalls(lambda: None, 3)
+    plan = TimingPlan(mode="graph", warmup=1, iters=2, min_iters=2, calls_per_graph=3, seconds_per_case=1.0)
+    result = timing.time_graph(captured, plan, group="the ranks")
+    assert len(result.samples_us) == 2 and gpu.log[:gpu.log.index("barrier")].count("replay") == 1
+
+
 def test_fused_bench_times_like_the_collective_bench(monkeypatch):
     """bench/fused.py's _time is timing.time_graph over CapturedCalls of the command line's calls per graph
     (20, as the collective bench), WARMUP_REPLAYS warm-up replays as the collective bench's; a call slower
-    than GRAPH_BUDGET_US / 20 gets fewer calls per graph (at least one), the same on every rank."""
+    than fused.GRAPH_BUDGET_US (10 ms: half the collective bench's, so a round stays short) / 20 gets fewer
+    calls per graph (at least one), the same on every rank."""
     from symmcoll.bench import fused, timing, worker
 
     assert fused.time_graph is worker.time_graph and fused.CapturedCalls is worker.CapturedCalls
@@ -452,7 +467,8 @@ def test_fused_bench_times_like_the_collective_bench(monkeypatch):
     def gather(out, value, group=None):  # two ranks; the other one's eager call is 1.5x slower
         out[:] = [value, value * 1.5 if isinstance(value, float) else value]
     monkeypatch.setattr(fused.dist, "all_gather_object", gather)
-    for eager_us, calls in ((30.0, 20), (1000.0, 13), (5e5, 1)):  # 1.5 ms x 13 <= 20 ms budget
+    assert fused.GRAPH_BUDGET_US == 10_000.0
+    for eager_us, calls in ((30.0, 20), (1000.0, 6), (5e5, 1)):  # 1.5 ms x 6 <= 10 ms budget
         monkeypatch.setattr(fused, "event_times_us", lambda step, n, group=None, e=eager_us: [e])
         gpu.log.clear()
         result, mode = fused._time(lambda: None, 10, 20, group="the ranks")
@@ -473,6 +489,7 @@ def test_graph_calls_keeps_a_replay_within_the_budget():
     assert graph_calls(GRAPH_BUDGET_US / 4, 20) == 4
     assert graph_calls(10 * GRAPH_BUDGET_US, 20) == 1
     assert graph_calls(5.0, 3) == 3  # never more than asked
+    assert graph_calls(GRAPH_BUDGET_US / 4, 20, budget_us=GRAPH_BUDGET_US / 2) == 2  # the fused bench's budget
 
 
 def test_source_digest_names_the_commit_that_ran(tmp_path):

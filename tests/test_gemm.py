@@ -677,6 +677,23 @@ def test_bench_summary_flags_targets():
     assert abs(s["geomean_ratio"] - (0.9 * 1.2) ** 0.5) < 1e-12 and s["min_decode_weight_tbs"] == 2.9
 
 
+def test_bench_summary_judges_by_the_paired_ratio():
+    """A row with ratio_paired (the median of per-round ratios) is judged by it: geomean, worst and cells
+    above 1.10x; the pooled figures stay beside them; rows without one (older results) by ratio."""
+    from symmcoll.bench.gemm import summarize
+    from symmcoll.bench.rounds import paired_ratio, paired_ratios
+    mine, theirs = [10.0, 13.0, 11.5], [9.5, 12.0, 10.0]          # cuBLAS's round 1 slow with ours'
+    paired = paired_ratio(paired_ratios(mine, theirs))
+    rows = [dict(shape="a", m=16, ratio=sorted(mine)[1] / sorted(theirs)[1], ratio_paired=paired, weight_tbs=3.8,
+                 weight_mb=64.0),
+            dict(shape="b", m=16, ratio=1.05, weight_tbs=2.9, weight_mb=40.0)]
+    assert rows[0]["ratio"] == pytest.approx(1.15) and paired == pytest.approx(13.0 / 12.0)
+    s = summarize(rows)
+    assert s["ratio"] == "paired rounds" and s["above_1_10"] == 0 and s["above_1_10_pooled"] == 1
+    assert s["geomean_ratio"] == pytest.approx((paired * 1.05) ** 0.5) and s["worst_ratio"] == pytest.approx(paired)
+    assert s["geomean_ratio_pooled"] == pytest.approx((1.15 * 1.05) ** 0.5)
+
+
 def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
     from symmcoll.bench.gemm import cells_above
     rows = [dict(shape="a", m=16, n=1280, k=8192, ratio=1.02), dict(shape="b", m=256, n=5120, k=8192, ratio=1.35),

@@ -162,11 +162,11 @@ def _bench_tp_block(args: argparse.Namespace) -> int:
                         rounds=_rounds(args))
 
 
-def _rounds(args: argparse.Namespace) -> int:
-    from .bench.rounds import ROUNDS
+def _rounds(args: argparse.Namespace) -> int | None:
+    """--rounds, or None: the benches plan the rounds per shape (bench/rounds.py plan_rounds)."""
     if args.rounds is not None and args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
-    return args.rounds or ROUNDS
+    return args.rounds
 
 
 def _bench_backend_block(args: argparse.Namespace) -> int:
@@ -407,10 +407,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("-w", "--warmup", type=int, default=None, help="untimed samples first")
     bench.add_argument("--calls-per-graph", type=int, default=20,
                        help="calls captured per CUDA graph, collectives and fused ops alike (a fused-op call "
-                            "slower than 1 ms gets fewer: bench/timing.graph_calls)")
+                            "slower than 0.5 ms gets fewer: bench/timing.graph_calls)")
     bench.add_argument("--rounds", type=int, default=None,
                        help=f"fused ops and {TP_BLOCK}: interleaved timing rounds (every implementation in turn, "
-                            "the order rotated, the samples split over the rounds; default 3)")
+                            "the order rotated, the samples split over the rounds; default: planned per shape, at least "
+                            "3, more and shorter where a round of all of them would pass 0.15 s of GPU time)")
     bench.add_argument("--seconds-per-case", type=float, default=None,
                        help="time budget for one case's timed samples (GPU default 0.5; min 5 samples)")
     bench.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",

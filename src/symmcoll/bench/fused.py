@@ -6,11 +6,13 @@ at the start of the same run (bench/roofline.py).
 Per shape, on every rank: every implementation binds inputs (random, seeded by rank), checks its result
 against an fp32 reference (relative error; nothing is timed that does not match) and captures its CUDA
 graph (eager where capture fails); then all are timed in interleaved rounds (bench/rounds.py: each round
-every implementation in turn, the order rotated, the replays split over the rounds; the row's time is
-the median of all its samples, slowest rank), and each is checked again on fresh data after timing.
-The same run times cuBLAS on the full problem on one GPU (``torch.matmul`` of the whole A), the
-denominator of every ratio. Result: one JSON per (op, world size), rows with time, TFLOP/s, ratio to
-cuBLAS and relative error.
+every implementation in turn, the order rotated, the replays split over the rounds, as many rounds as
+keep one round within ROUND_BUDGET_S unless ``--rounds`` says; the row's time is the median of all its
+samples, slowest rank), and each is checked again on fresh data after timing. The same run times
+cuBLAS on the full problem on one GPU (``torch.matmul`` of the whole A), the denominator of every
+ratio: ``x_cublas`` (median over median, all samples) and ``x_cublas_paired`` (the median of the
+per-round ratios ``x_cublas_per_round``: the GPU's drift between rounds cancels; the table shows it).
+Result: one JSON per (op, world size), rows with time, TFLOP/s, ratios to cuBLAS and relative error.
 
 A ``FusedSpec`` says, per op, how to make inputs, the reference, the FLOPs, the local GEMM and the
 baselines outside symmcoll; symmcoll's variants are the op's registered algorithms (plus "auto").
@@ -35,7 +37,7 @@ from symmcoll import plan
 from . import memory_bound, provenance, roofline
 from .plan import TimingPlan
 from .metrics import summarize
-from .rounds import ROUNDS, interleave, per_round
+from .rounds import ROUND_BUDGET_S, ROUNDS, interleave, paired_ratio, paired_ratios, per_round, plan_rounds
 from .timing import CapturedCalls, Timing, event_times_us, graph_calls, time_eager, time_graph
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -191,6 +193,13 @@ MIN_REPLAYS = 5
 WARMUP_REPLAYS = 3
 # Calls per graph when the command line does not say: the collective bench's (--calls-per-graph).
 CALLS_PER_GRAPH = 20
+# A replay lasts about this long at most (bench/timing.py's GRAPH_BUDGET_US is 20 ms): half of it lets
+# a round of nine implementations of a multi-millisecond shape, three replays each, stay within
+# ROUND_BUDGET_S (a call of 3.3 ms: 3 calls a replay, not 6).
+GRAPH_BUDGET_US = 10_000.0
+# Where rounds are planned: untimed replays of an implementation in each round, WARMUP_REPLAYS for a
+# replay shorter than this, one for a longer one (already milliseconds of the same kernels).
+LONG_REPLAY_S = 1e-3
 # The implementations of a shape are captured all before they are timed (bench/rounds.py). Should the
 # free GPU memory (the least of any rank) fall below this share of the GPU's after a capture, the
 # captured ones are timed and freed first, and the rest form the next batch (cuBLAS is timed in every
@@ -205,6 +214,22 @@ def replay_plan(replays: int, calls_per_graph: int, rounds: int = 1) -> TimingPl
     return TimingPlan(mode="graph", warmup=WARMUP_REPLAYS, iters=iters,
                       min_iters=min(per_round(min(MIN_REPLAYS, replays), rounds), iters),
                       calls_per_graph=calls_per_graph, seconds_per_case=CASE_BUDGET_S / rounds)
+
+
+def planned_round(per_round_replays: int, prepared: "Prepared") -> TimingPlan:
+    """One planned round (rounds.plan_rounds) of a prepared implementation: exactly ``per_round_replays``
+    timed replays (no probe: the plan is the same on every rank), after its warm-up replays."""
+    return TimingPlan(mode="graph", warmup=warmup_replays(prepared), iters=per_round_replays,
+                      min_iters=per_round_replays, calls_per_graph=prepared.calls, seconds_per_case=CASE_BUDGET_S)
+
+
+def replay_seconds(prepared: "Prepared") -> float:
+    """One replay of a prepared implementation (its calls at the eager call's pace, the slowest rank's)."""
+    return (prepared.call_us or 0.0) * prepared.calls * 1e-6
+
+
+def warmup_replays(prepared: "Prepared") -> int:
+    return 1 if replay_seconds(prepared) >= LONG_REPLAY_S else WARMUP_REPLAYS
 
 
 def _agreed(value, group) -> list:
@@ -228,6 +253,7 @@ class Prepared:
     calls: int
     captured: CapturedCalls | None
     failure: str | None
+    call_us: float | None = None          # an eager call's time, the slowest rank's (plans the rounds)
 
     def mode(self, samples: int, replays: int, calls_per_graph: int) -> str:
         mode = self.failure or ("graph" if self.calls == calls_per_graph else f"graph, {self.calls} calls per replay")
@@ -236,8 +262,8 @@ class Prepared:
 
 def prepare(thunk, calls_per_graph: int, group) -> Prepared:
     """As the collective bench times (bench/timing.py: ``time_graph``): ``graph_calls`` calls in one CUDA
-    graph (fewer only for a call slower than GRAPH_BUDGET_US / calls_per_graph, the slowest rank's
-    eager call deciding), eager calls where capture fails on any rank.
+    graph (fewer only for a call slower than this module's GRAPH_BUDGET_US / calls_per_graph, the
+    slowest rank's eager call deciding), eager calls where capture fails on any rank.
 
     Until 2026-11-27 this captured 3 calls and isolated every replay (barrier, synchronize, replay,
     synchronize): each sample then held a graph launch onto an idle GPU and the ranks' start skew,
@@ -246,7 +272,7 @@ def prepare(thunk, calls_per_graph: int, group) -> Prepared:
     thunk()
     torch.cuda.synchronize()
     call_us = max(_agreed(event_times_us(thunk, 1, group=group)[0], group))
-    calls = graph_calls(call_us, calls_per_graph)
+    calls = graph_calls(call_us, calls_per_graph, GRAPH_BUDGET_US)
     # (capture_steps, under CapturedCalls, holds the garbage collector off: tensors of earlier cases,
     # which torch's symmetric-memory ops allocate themselves, must not be freed during the capture)
     try:
@@ -255,7 +281,7 @@ def prepare(thunk, calls_per_graph: int, group) -> Prepared:
         torch.cuda.synchronize()
         captured, failure = None, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
     failure = next((f for f in _agreed(failure, group) if f is not None), None)
-    return Prepared(thunk, calls, None if failure else captured, failure)
+    return Prepared(thunk, calls, None if failure else captured, failure, call_us)
 
 
 def time_round(prepared: Prepared, plan: TimingPlan, group) -> Timing:
@@ -300,6 +326,10 @@ class _Impl:
     nbytes: int | None = None
     samples: list = field(default_factory=list)
     round_medians: list = field(default_factory=list)
+    # for each of its rounds, the index of the same round in cuBLAS's round_medians (cuBLAS is timed
+    # in every batch: its rounds are those of all batches)
+    local_rounds: list = field(default_factory=list)
+    per_round: int | None = None         # timed replays a round, where planned
     mode: str | None = None              # the row's timing note
     calls_per_sample: int = 1
 
@@ -329,10 +359,11 @@ def _release() -> None:
 
 
 def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, replays: int,
-              calls_per_graph: int, copy_gbps: float | None = None, rounds: int = ROUNDS) -> list[dict]:
+              calls_per_graph: int, copy_gbps: float | None = None, rounds: int | None = None) -> list[dict]:
     """Every implementation of ``op`` at ``shape`` (collective; the same rows on every rank): each checked
-    against the reference and captured, then all timed in ``rounds`` interleaved rounds
-    (bench/rounds.py), checked again on fresh data."""
+    against the reference and captured, then all timed in interleaved rounds (bench/rounds.py:
+    ``rounds`` of them, or as many as rounds.plan_rounds gives for the batch's pace when None), checked
+    again on fresh data."""
     spec = SPECS[op]
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -389,7 +420,9 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
             check_and_capture(other)
 
     def time_one(impl: _Impl, _round: int):
-        samples = time_round(impl.prepared, replay_plan(replays, impl.prepared.calls, rounds), group).samples_us
+        plan = replay_plan(replays, impl.prepared.calls, rounds) if rounds else \
+            planned_round(impl.per_round, impl.prepared)
+        samples = time_round(impl.prepared, plan, group).samples_us
         if impl.family == "symmcoll":
             symmcoll.check()  # (a kernel's recorded failure belongs to this turn's implementation)
         return samples
@@ -397,9 +430,18 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
     def time_batch() -> None:
         """The batch (and cuBLAS) in interleaved rounds, then each checked again on fresh data, then freed."""
         timed = [i for i in [local, *batch] if i is not None and i.error is None]
-        result = interleave(timed, rounds, time_one, agree=lambda e: _first_error(e, group), on_failure=fail)
+        count = rounds
+        if not rounds:
+            planned = plan_rounds([replay_seconds(i.prepared) for i in timed],
+                                  [warmup_replays(i.prepared) for i in timed], replays)
+            count = planned.rounds
+            for impl in timed:
+                impl.per_round = planned.per_round
+        result = interleave(timed, count, time_one, agree=lambda e: _first_error(e, group), on_failure=fail)
+        offset = len(local.round_medians) if local is not None else 0
         for impl in timed:
             impl.samples += result.samples[impl]
+            impl.local_rounds += [offset + k for k in range(len(result.round_medians[impl]))]
             impl.round_medians += result.round_medians[impl]
         for impl in batch:
             if impl.error is None:
@@ -429,25 +471,31 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
         local.timed(replays, calls_per_graph)
         _release()
     rows = []
-    local_us = None
+    local_us, local_rounds = None, []
     for impl in ([local] if local else []) + impls:
         # (every rank timed, or every rank reports the error: the summaries are gathered only then)
         spread = None if impl.error else _slowest_rank(impl.samples, group, impl.round_medians)
         us = spread["median_us"] if spread else None
         if impl is local:
-            local_us = us
+            local_us, local_rounds = us, spread["round_median_us"] if spread else []
         rows.append(_row(op, impl.name, impl.family, shape, dtype_name, world, us, local_us, spec.flops(shape),
                          impl.err, impl.mode, impl.error, impl.nbytes, copy_gbps,
-                         _method(impl, spread, rounds) if spread else None))
+                         _method(impl, spread, local_rounds) if spread else None))
     return rows
 
 
-def _method(impl: _Impl, spread: dict, rounds: int) -> dict:
+def _method(impl: _Impl, spread: dict, local_rounds: list) -> dict:
     """A row's timing details: calls per graph, timed samples (all rounds), the slowest rank's p20 / p80,
-    every rank's median (the spread that tells launch skew from the op's own time), the rounds and the
-    slowest rank's median in each (the drift a single pass would have handed to whatever came later)."""
+    every rank's median (the spread that tells launch skew from the op's own time), the rounds, the
+    replays of each and the slowest rank's median in each (the drift a single pass would have handed to
+    whatever came later), and the ratio to cuBLAS round by round and their median (``x_cublas_paired``)."""
+    ours = spread["round_median_us"]
+    theirs = [local_rounds[i] if i < len(local_rounds) else None for i in impl.local_rounds]
+    ratios = paired_ratios(ours, theirs) if local_rounds else []
     return {"calls_per_graph": impl.calls_per_sample, "samples": len(impl.samples),
-            **{k: v for k, v in spread.items() if k != "median_us"}, "rounds": rounds}
+            **{k: v for k, v in spread.items() if k != "median_us"}, "rounds": len(ours),
+            "replays_per_round": impl.per_round, "x_cublas_per_round": ratios or None,
+            "x_cublas_paired": paired_ratio(ratios)}
 
 
 def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, error, nbytes=None,
@@ -463,7 +511,7 @@ def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, 
 # ---- driver ------------------------------------------------------------------------------------------
 
 def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms, out_dir: Path, console,
-        replays: int = 20, calls_per_graph: int = CALLS_PER_GRAPH, rounds: int = ROUNDS) -> int:
+        replays: int = 20, calls_per_graph: int = CALLS_PER_GRAPH, rounds: int | None = None) -> int:
     from ..launch import RankPool
     status = 0
     written = []
@@ -487,7 +535,9 @@ def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms
         written.append(path)
         path.write_text(json.dumps({"schema": "symmcoll.bench.fused/1", "provenance": asdict(info),
                                     "op": op, "dtype": dtype, "world_size": world, "replays": replays,
-                                    "calls_per_graph": calls_per_graph, "rounds": rounds, "copy_gbps": copy,
+                                    "calls_per_graph": calls_per_graph, "copy_gbps": copy,
+                                    "rounds": rounds or f"planned: at least {ROUNDS}, a round within "
+                                                        f"{ROUND_BUDGET_S} s of GPU time (bench/rounds.py)",
                                     "rows": rows}, indent=1))
         console.print(f"result written: {path}", highlight=False)
     return status
@@ -502,8 +552,11 @@ def _table(op: str, world: int, dtype: str, rows: list[dict], spec: FusedSpec):
     from rich.table import Table
     roof = spec.bytes is not None
     table = Table(title=f"{op}, world size {world}, {dtype}, CUDA-graph replays (us per call, slowest rank)")
-    columns = ("shape", "implementation", "us", "GB/s", "% copy", "x local", "rel err", "note") if roof else \
-        ("M x N x K", "implementation", "us", "TFLOP/s", "x cuBLAS", "rel err", "note")
+    # The ratio column: the paired ratio (median of per-round ratios) where the row has one.
+    paired = any(r.get("x_cublas_paired") is not None for r in rows)
+    ratio = ("x local" if roof else "x cuBLAS") + (" (paired rounds)" if paired else "")
+    columns = ("shape", "implementation", "us", "GB/s", "% copy", ratio, "rel err", "note") if roof else \
+        ("M x N x K", "implementation", "us", "TFLOP/s", ratio, "rel err", "note")
     for column in columns:
         table.add_column(column)
     for r in rows:
@@ -511,10 +564,16 @@ def _table(op: str, world: int, dtype: str, rows: list[dict], spec: FusedSpec):
                 if roof else (f"{r['tflops']:.0f}" if r["tflops"] else "-",))
         table.add_row("x".join(map(str, r["shape"])), r["implementation"][:36],
                       f"{r['median_us']:.1f}" if r["median_us"] else "-", *rate,
-                      f"{r['x_cublas']:.3f}" if r["x_cublas"] else "-",
+                      _fmt_ratio(r, paired),
                       f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-",
                       (r["error"] or r["timing"] or "")[:40 if roof else 60])
     return table
+
+
+def _fmt_ratio(row: dict, paired: bool) -> str:
+    """The row's ratio to cuBLAS for the table: paired where the table's column says so."""
+    value = row.get("x_cublas_paired") if paired else row["x_cublas"]
+    return f"{value:.3f}" if value else "-"
 
 
 def rules_from_rows(rows: list[dict]):

@@ -7,7 +7,10 @@ and 8, Llama-3-405B at TP 8, DeepSeek-V3's experts), C = A @ B with B [K, N] the
 * correctness first: rows of both results (ours and ``torch.matmul``'s, on the same data) against an
   fp32 reference, ``rel_err`` each; a cell whose result is off is reported and not timed; ours is
   checked again after the timed graph replays (``rel_err_after``);
-* time: CUDA-graph replays, median per call, ours and cuBLAS interleaved in the same run. Inputs
+* time: CUDA-graph replays, median per call, ours and cuBLAS interleaved in the same run (ROUNDS rounds,
+  ours then cuBLAS in each): ``ratio`` is the median round of ours over cuBLAS's, ``ratio_paired`` the
+  median of each round's ratio (``round_ratios``; the GPU's drift between rounds cancels), and the
+  summary (geomean, worst, cells above 1.10x) uses the paired one where a row has it. Inputs
   rotate over enough sets that the weights come from HBM, not L2 (as in serving, where each layer's
   weights are read once per step);
 * rates: TFLOP/s, and the weight-read rate (bytes of B / time) beside the SM read kernel's rate
@@ -35,6 +38,7 @@ from ..fused import gemm
 from ..fused.gemm_configs import (GemmConfig, candidates, gpu_key, lookup, split_plan, table_of, tiles_of,
                                   write_table)
 from . import bandwidth
+from .rounds import paired_ratio, paired_ratios
 from .timing import graph_us
 
 GRID_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -186,6 +190,9 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
                     row["error"] = "result off the fp32 reference after the timed replays"
                 row["us"], row["cublas_us"] = sorted(mine)[ROUNDS // 2], sorted(theirs)[ROUNDS // 2]
                 row["ratio"] = row["us"] / row["cublas_us"]
+                row["round_us"], row["round_cublas_us"] = mine, theirs
+                row["round_ratios"] = paired_ratios(mine, theirs)
+                row["ratio_paired"] = paired_ratio(row["round_ratios"])
                 row["tflops"] = cell.flops / row["us"] / 1e6
                 row["weight_tbs"] = cell.weight_bytes / row["us"] / 1e6
                 row["cublas_weight_tbs"] = cell.weight_bytes / row["cublas_us"] / 1e6
@@ -201,16 +208,28 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
     return path
 
 
+def decided_ratio(row: dict) -> float:
+    """The ratio a cell is judged by: the paired one (median of per-round ratios) where the row has it
+    (results before 2026-11-28 have only ``ratio``)."""
+    return row.get("ratio_paired") or row["ratio"]
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
 def summarize(rows: list[dict]) -> dict:
-    """Geometric mean and worst of ours / cuBLAS; the weight-read rate at M <= 64 for B >= 32 MB."""
+    """Geometric mean, worst and cells above 1.10x of ours / cuBLAS (``decided_ratio``: paired where
+    measured; ``*_pooled``: of the medians, as before); the weight-read rate at M <= 64 for B >= 32 MB."""
     right = [r for r in rows if "ratio" in r and "error" not in r]  # (a cell wrong after timing has a ratio)
-    ratios = [r["ratio"] for r in right]
+    ratios, pooled = [decided_ratio(r) for r in right], [r["ratio"] for r in right]
     decode = [r["weight_tbs"] for r in right if r["m"] <= 64 and r["weight_mb"] >= 32]
-    worst = max(right, key=lambda r: r["ratio"], default=None)
+    worst = max(right, key=decided_ratio, default=None)
     return dict(cells=len(rows), timed=len(ratios), wrong=sum("error" in r for r in rows),
-                geomean_ratio=math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
-                worst_ratio=worst and worst["ratio"], worst_cell=worst and f"{worst['shape']} M={worst['m']}",
-                above_1_10=sum(r > 1.10 for r in ratios),
+                ratio="paired rounds" if any("ratio_paired" in r for r in right) else "median over median",
+                geomean_ratio=_geomean(ratios), worst_ratio=worst and decided_ratio(worst),
+                worst_cell=worst and f"{worst['shape']} M={worst['m']}", above_1_10=sum(r > 1.10 for r in ratios),
+                geomean_ratio_pooled=_geomean(pooled), above_1_10_pooled=sum(r > 1.10 for r in pooled),
                 min_decode_weight_tbs=min(decode) if decode else None)
 
 
@@ -220,7 +239,8 @@ def _line(row: dict) -> str:
         return (f"{head} WRONG ({row['error']}) rel_err {row['rel_err']:.2e}"
                 f"{' then %.2e' % row['rel_err_after'] if 'rel_err_after' in row else ''} "
                 f"(cuBLAS {row['cublas_rel_err']:.2e})")
-    return (f"{head} {row['us']:9.1f} us  cuBLAS {row['cublas_us']:9.1f}  x{row['ratio']:.3f}  "
+    return (f"{head} {row['us']:9.1f} us  cuBLAS {row['cublas_us']:9.1f}  x{row['ratio']:.3f} "
+            f"(paired rounds x{decided_ratio(row):.3f})  "
             f"{row['tflops']:6.1f} TF/s  B {row['weight_tbs']:.2f} TB/s (cuBLAS {row['cublas_weight_tbs']:.2f})  "
             f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}")
 
@@ -289,11 +309,12 @@ def precompile(jobs: list[tuple], workers: int) -> list[str]:
 
 
 def cells_above(result: Path, above: float, ms: set[int] | None = None) -> list[tuple[str, int, int, int]]:
-    """(shape, m, n, k) of a bench result's cells slower than ``above`` x cuBLAS (or wrong), worst first;
-    only those of M in ``ms`` if given."""
+    """(shape, m, n, k) of a bench result's cells slower than ``above`` x cuBLAS (``decided_ratio``; or
+    wrong), worst first; only those of M in ``ms`` if given."""
     rows = json.loads(result.read_text())["rows"]
-    slow = [r for r in rows if r.get("ratio", math.inf) > above and (ms is None or r["m"] in ms)]
-    return [(r["shape"], r["m"], r["n"], r["k"]) for r in sorted(slow, key=lambda r: -r.get("ratio", math.inf))]
+    ratio = {id(r): decided_ratio(r) if "ratio" in r else math.inf for r in rows}
+    slow = [r for r in rows if ratio[id(r)] > above and (ms is None or r["m"] in ms)]
+    return [(r["shape"], r["m"], r["n"], r["k"]) for r in sorted(slow, key=lambda r: -ratio[id(r)])]
 
 
 def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out: Path | None,

@@ -140,6 +140,7 @@ def plot_gemm(path: str | Path, out: str | Path | None = None) -> Path:
 
     import matplotlib
     matplotlib.use("Agg")
+    from .gemm import decided_ratio
     import matplotlib.pyplot as plt
 
     path = Path(path)
@@ -148,7 +149,7 @@ def plot_gemm(path: str | Path, out: str | Path | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(11, 6))
     palette = plt.get_cmap("tab20")
     for i, shape in enumerate(dict.fromkeys(r["shape"] for r in rows)):
-        points = sorted((r["m"], r["ratio"]) for r in rows if r["shape"] == shape)
+        points = sorted((r["m"], decided_ratio(r)) for r in rows if r["shape"] == shape)
         n, k = next((r["n"], r["k"]) for r in rows if r["shape"] == shape)
         ax.plot(*zip(*points), marker="o", markersize=3, color=palette(i % palette.N),
                 linestyle=LINE_STYLES[i // palette.N % len(LINE_STYLES)], label=f"{shape} (N={n}, K={k})")
@@ -156,7 +157,7 @@ def plot_gemm(path: str | Path, out: str | Path | None = None) -> Path:
     ax.axhline(1.10, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (tokens)")
-    ax.set_ylabel("time / cuBLAS time (lower is better)")
+    ax.set_ylabel(f"time / cuBLAS time ({data['summary'].get('ratio', 'median over median')}; lower is better)")
     prov = data["provenance"]
     summary = data["summary"]
     ax.set_title(f"symmcoll GEMM core vs cuBLAS, {prov['gpu']}, {rows[0]['dtype'] if rows else ''}: geomean "

@@ -9,6 +9,13 @@ apart in one run and 10% in another (benchmarks/NOTES.md, "interleaved rounds").
 turn, the order rotated by one each round (A B C, B C A, C A B: nobody always first, nobody always
 after the same neighbour), a share of the samples in each; a row's time is the median of all its
 samples. bench/gemm.py alternates ours and cuBLAS the same way (its ROUNDS).
+
+Rounds do not stop the GPU's own speed from drifting: on one H100 every implementation of a shape of a
+millisecond or more, cuBLAS included, moved 5-28% between rounds (benchmarks/NOTES.md, "paired
+rounds"), so a ratio of two medians over all samples still carries drift. ``paired_ratios`` divides
+each round's median by the baseline's median of the same round (timed within the same fraction of a
+second) and a row's ratio is the median of those; ``plan_rounds`` keeps a round short enough for that
+(ROUND_BUDGET_S of GPU time for all implementations of a shape) by taking more rounds of fewer replays.
 """
 
 from __future__ import annotations
@@ -17,8 +24,17 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
-# Rounds per comparison when the command line does not say (`symmcoll bench --rounds`).
+# Rounds per comparison when the command line does not say (`symmcoll bench --rounds`), and at least
+# this many where rounds are planned (``plan_rounds``).
 ROUNDS = 3
+# A planned round (every implementation of a shape in turn, warm-up replays included) should take no
+# more GPU time than this: drift seen on one H100 moved over seconds and in bursts of tens of ms, and a
+# paired ratio cancels only what both sides of it saw.
+ROUND_BUDGET_S = 0.15
+# Planned rounds take at most this many rounds and at least this many timed replays a round (a round's
+# median of one sample is one sample).
+MAX_ROUNDS = 10
+MIN_PER_ROUND = 2
 
 
 def rotation(names: Sequence, round_index: int) -> list:
@@ -32,6 +48,41 @@ def rotation(names: Sequence, round_index: int) -> list:
 def per_round(total: int, rounds: int) -> int:
     """Samples per round so that ``rounds`` rounds give at least ``total`` (and at least one)."""
     return max(1, -(-total // max(rounds, 1)))
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """How a shape's implementations are timed: ``rounds`` rounds of ``per_round`` timed replays each."""
+
+    rounds: int
+    per_round: int
+
+
+def plan_rounds(replay_s: Sequence[float], warmups: Sequence[int], replays: int,
+                budget_s: float = ROUND_BUDGET_S) -> RoundPlan:
+    """Rounds and replays a round for implementations whose one replay takes ``replay_s`` seconds each
+    (with ``warmups`` untimed replays each per round): about ``replays`` timed replays each in all, in the
+    fewest rounds (at least ROUNDS) whose every round fits ``budget_s``; where none fits, MIN_PER_ROUND
+    replays a round (or ``replays`` / MAX_ROUNDS, the more) and as many rounds as make ``replays``, at most
+    MAX_ROUNDS. Fast shapes (tens of us, no drift seen) keep ROUNDS rounds; millisecond shapes get
+    7-10 rounds of 2-3 replays."""
+    replays = max(1, replays)
+    floor = max(MIN_PER_ROUND, -(-replays // MAX_ROUNDS))
+    n = per_round(replays, ROUNDS)
+    while n > floor and sum(t * (n + w) for t, w in zip(replay_s, warmups)) > budget_s:
+        n -= 1
+    return RoundPlan(min(MAX_ROUNDS, max(ROUNDS, -(-replays // n))), n)
+
+
+def paired_ratios(rounds: Sequence[float | None], baseline_rounds: Sequence[float | None]) -> list[float]:
+    """Each round's median over the baseline's median of the same round (rounds either lacks: left out)."""
+    return [a / b for a, b in zip(rounds, baseline_rounds) if a is not None and b]
+
+
+def paired_ratio(ratios: Sequence[float]) -> float | None:
+    """A row's ratio to its baseline from ``paired_ratios``: their median (None without any). A drift of the
+    GPU's speed that slows both sides of a round alike leaves it where it is."""
+    return statistics.median(ratios) if ratios else None
 
 
 @dataclass

@@ -98,11 +98,19 @@ class CapturedCalls:
         self.graph.replay()
 
 
+def _iters(step: Callable[[], object], plan: TimingPlan, group) -> int:
+    """The timed samples: ``plan.iters`` where the plan leaves nothing to decide (min_iters == iters: the
+    caller planned them, the same on every rank), else what fits the budget at a probe's pace."""
+    if plan.min_iters >= plan.iters:
+        return plan.iters
+    probe = event_times_us(step, 2, isolated=False)
+    return agreed_iters(max(probe) * 1e-6, plan, group)
+
+
 def time_graph(captured: CapturedCalls, plan: TimingPlan, group) -> Timing:
     for _ in range(plan.warmup):
         captured.replay()
-    probe = event_times_us(captured.replay, 2, isolated=False)
-    iters = agreed_iters(max(probe) * 1e-6, plan, group)
+    iters = _iters(captured.replay, plan, group)
     samples = event_times_us(captured.replay, iters, group=group, isolated=False)
     return Timing(tuple(s / captured.calls for s in samples), "graph", captured.calls)
 
@@ -112,8 +120,7 @@ def time_eager(call: Callable[[], object], plan: TimingPlan, group, host: bool =
     the fused bench's fallback for a call that cannot be captured leaves it out)."""
     for _ in range(plan.warmup):
         call()
-    probe = event_times_us(call, 2, isolated=False)
-    iters = agreed_iters(max(probe) * 1e-6, plan, group)
+    iters = _iters(call, plan, group)
     return Timing(tuple(event_times_us(call, iters, group=group, isolated=False)), "eager", 1,
                   host_time_us(call, group) if host else None)
 
@@ -152,10 +159,10 @@ def time_cpu(call: Callable[[], object], plan: TimingPlan, group) -> Timing:
 GRAPH_BUDGET_US = 20_000.0
 
 
-def graph_calls(call_us: float, calls_per_graph: int) -> int:
+def graph_calls(call_us: float, calls_per_graph: int, budget_us: float = GRAPH_BUDGET_US) -> int:
     """Calls to capture per graph for a call of ``call_us`` (an eager call's time, the slowest rank's:
-    every rank must capture the same number, a graph holding collectives)."""
-    return max(1, min(calls_per_graph, int(GRAPH_BUDGET_US // max(call_us, 1e-3))))
+    every rank must capture the same number, a graph holding collectives), a replay within ``budget_us``."""
+    return max(1, min(calls_per_graph, int(budget_us // max(call_us, 1e-3))))
 
 
 def fitting_iters(seconds_per_sample: float, plan: TimingPlan) -> int:

@@ -15,10 +15,13 @@ ffn 28672) and inputs:
 2. the relative difference of the block's update (output - input) against mode nccl's, of the first
    eager step and again of what the timed runs computed (nccl's row: its timed output against its
    first); must stay under ``TOLERANCE``;
-3. the modes timed in ``rounds`` interleaved rounds (bench/rounds.py: each round every mode in turn, the
-   order rotated, the replays split over the rounds); the median time per step of all samples (slowest
-   rank), and tokens/s; a compiled mode that compiled again during the rounds says so
-   (``recompiles_in_rounds``);
+3. the modes timed in interleaved rounds (bench/rounds.py: each round every mode in turn, the order
+   rotated, the replays split over the rounds; ``rounds`` of them, or as many as keep a round within
+   ROUND_BUDGET_S at the modes' pace, measured once each); the median time per step of all samples
+   (slowest rank), and tokens/s; the speedup over mode nccl as the ratio of the medians
+   (``speedup_vs_nccl``) and as the median of the per-round ratios (``speedup_vs_nccl_paired``, of
+   ``speedup_vs_nccl_per_round``: drift of the GPU's speed between rounds cancels; the table shows it);
+   a compiled mode that compiled again during the rounds says so (``recompiles_in_rounds``);
 4. the shares of GPU time in communication and in fused compute+communication kernels, from a
    torch.profiler trace of the same runs (``kernel_share``).
 A mode that fails is a row with its error; the sweep goes on.
@@ -38,7 +41,7 @@ import torch.distributed as dist
 
 from ..models import LLAMA_70B, MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 from . import kernel_share, provenance
-from .rounds import ROUNDS, interleave, per_round
+from .rounds import ROUND_BUDGET_S, ROUNDS, interleave, paired_ratio, paired_ratios, per_round, plan_rounds
 from .timing import capture_steps, event_times_us
 
 DECODE_BATCHES = (1, 8, 64)
@@ -191,11 +194,16 @@ def _release() -> None:
     torch.cuda.empty_cache()
 
 
+def _run_seconds(run, group) -> float:
+    """One run of a prepared mode (a graph replay, or an eager step), the slowest rank's: plans the rounds."""
+    return max(_agree(event_times_us(run, 1, group=group)[0], group)) * 1e-6
+
+
 def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replays: int,
-             rounds: int = ROUNDS) -> list[dict]:
+             rounds: int | None = None) -> list[dict]:
     """Every mode on one case (collective; the same rows on every rank): each prepared (compiled,
-    captured) and checked first, then all timed in ``rounds`` interleaved rounds (bench/rounds.py),
-    then profiled and checked again."""
+    captured) and checked first, then all timed in interleaved rounds (bench/rounds.py: ``rounds``, or
+    planned from the modes' pace when None), then profiled and checked again."""
     group, world = dist.group.WORLD, dist.get_world_size()
     case, dtype = parse_case(case_name), TORCH_DTYPES[dtype_name]
     modes = [m for m in mode_order() if m in modes]   # nccl first: the reference of the others
@@ -211,7 +219,8 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                    "mode": mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
                    "rel_diff_vs_nccl": None, "comm_share": None, "fused_share": None, "profiled": None,
                    "top_kernels": None, "busy_us": None, "kernels": None, "idle_us": None, "idle_before": None,
-                   "error": None, "rounds": rounds, "samples": None, "round_ms": None, "recompiles_in_rounds": None}
+                   "error": None, "rounds": rounds, "replays_per_round": None, "samples": None, "round_ms": None,
+                   "recompiles_in_rounds": None}
             for mode in modes}
     ready, reference = {}, None
     for mode in modes:
@@ -231,12 +240,20 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
             rows[mode]["error"] = error
         step = run = first = captured = None
 
+    count = rounds or ROUNDS
+    each = per_round(replays, count)
+    if not rounds and ready:   # one warm-up run a turn, as time_one makes
+        planned = plan_rounds([_run_seconds(ready[m]["run"], group) for m in ready], [1] * len(ready), replays)
+        count, each = planned.rounds, planned.per_round
+    for mode in modes:
+        rows[mode].update(rounds=count, replays_per_round=each)
+
     def time_one(mode: str, _round: int):
         run, per = ready[mode]["run"], ready[mode]["per"]
         run()
-        return event_times_us(run, per_round(replays, rounds), group=group, per=per)
+        return event_times_us(run, each, group=group, per=per)
     compiled = _compiled_graphs()
-    timed = interleave(list(ready), rounds, time_one, agree=lambda e: _first_error(e, group))
+    timed = interleave(list(ready), count, time_one, agree=lambda e: _first_error(e, group))
     recompiles = _compiled_graphs() - compiled
     for mode, error in timed.errors.items():
         rows[mode]["error"] = error
@@ -287,11 +304,9 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
 # ---- driver ------------------------------------------------------------------------------------------
 
 def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
-        config: BlockConfig = LLAMA_70B, rounds: int = ROUNDS) -> int:
+        config: BlockConfig = LLAMA_70B, rounds: int | None = None) -> int:
     """Every case in every mode at each world size; one JSON per world size. Returns 1 if a symmcoll
     row failed or differs from nccl beyond the tolerance."""
-    from rich.table import Table
-
     from ..launch import RankPool
     status = 0
     for world in world_sizes:
@@ -303,24 +318,18 @@ def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
                 rows += pool.run(run_case, config, case, tuple(modes), dtype, replays, rounds, timeout=900)[0]
                 console.print(f"ws{world} tp_block {case}: {time.monotonic() - t0:.0f} s", highlight=False)
         _add_speedups(rows)
-        table = Table(title=f"tp_block (decoder block, {_dims(config)}), world size {world}, {dtype}: "
-                            f"ms per step (slowest rank)")
-        for column in ("case", "mode", "ms/step", "tokens/s", "x nccl", "comm %", "fused %", "rel diff", "note"):
-            table.add_column(column)
         for r in rows:
-            table.add_row(r["case"], r["mode"], _fmt(r["ms_per_step"], "{:.3f}"), _fmt(r["tokens_per_s"], "{:,.0f}"),
-                          _fmt(r["speedup_vs_nccl"], "{:.3f}"), _fmt(r["comm_share"], "{:.0%}"),
-                          _fmt(r["fused_share"], "{:.0%}"), _fmt(r["rel_diff_vs_nccl"], "{:.1e}"),
-                          (r["error"] or (f"recompiled {r['recompiles_in_rounds']}x in the rounds"
-                                          if r.get("recompiles_in_rounds") else ""))[:70])
             bad_diff = (r["rel_diff_vs_nccl"] or 0) > TOLERANCE[dtype]
             status |= int(r["mode"] == "symmcoll" and (r["error"] is not None or bad_diff))
-        console.print(table)
+        console.print(table(rows, f"tp_block (decoder block, {_dims(config)}), world size {world}, {dtype}: "
+                                  f"ms per step (slowest rank)"))
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"tp_block-ws{world}-{info.created_utc.replace(':', '')}.json"
         path.write_text(json.dumps({
             "schema": "symmcoll.bench.tp_block/1", "provenance": asdict(info), "world_size": world,
-            "config": asdict(config), "dtype": dtype, "replays": replays, "rounds": rounds,
+            "config": asdict(config), "dtype": dtype, "replays": replays,
+            "rounds": rounds or f"planned: at least {ROUNDS}, a round within {ROUND_BUDGET_S} s of GPU time "
+                                f"(bench/rounds.py)",
             "steps_per_graph": STEPS_PER_GRAPH,
             "tolerance": {"rel_diff_vs_nccl": TOLERANCE[dtype],
                           "measure": "||update - update_nccl|| / ||update_nccl||, update = block output - input, "
@@ -331,11 +340,36 @@ def run(world_sizes, cases, modes, dtype: str, replays: int, out_dir, console,
     return status
 
 
-def _add_speedups(rows: list[dict]) -> None:
-    nccl = {r["case"]: r["ms_per_step"] for r in rows if r["mode"] == "nccl"}
+def table(rows: list[dict], title: str):
+    """The printed table; its speedup column is the paired one (median of per-round ratios) where rows
+    have it, and says so."""
+    from rich.table import Table
+    out = Table(title=title)
+    paired = any(r.get("speedup_vs_nccl_paired") is not None for r in rows)
+    speedup = "speedup_vs_nccl_paired" if paired else "speedup_vs_nccl"
+    for column in ("case", "mode", "ms/step", "tokens/s", "x nccl (paired rounds)" if paired else "x nccl",
+                   "comm %", "fused %", "rel diff", "note"):
+        out.add_column(column)
     for r in rows:
-        base = nccl.get(r["case"])
-        r["speedup_vs_nccl"] = base / r["ms_per_step"] if base and r["ms_per_step"] else None
+        out.add_row(r["case"], r["mode"], _fmt(r["ms_per_step"], "{:.3f}"), _fmt(r["tokens_per_s"], "{:,.0f}"),
+                    _fmt(r.get(speedup), "{:.3f}"), _fmt(r["comm_share"], "{:.0%}"),
+                    _fmt(r["fused_share"], "{:.0%}"), _fmt(r["rel_diff_vs_nccl"], "{:.1e}"),
+                    (r["error"] or (f"recompiled {r['recompiles_in_rounds']}x in the rounds"
+                                    if r.get("recompiles_in_rounds") else ""))[:70])
+    return out
+
+
+def _add_speedups(rows: list[dict]) -> None:
+    """Each row's speedup over mode nccl in its case: of the medians over all samples, and round by round
+    (nccl's round median over the row's of the same round) with the median of those."""
+    nccl = {r["case"]: r for r in rows if r["mode"] == "nccl"}
+    for r in rows:
+        base = nccl.get(r["case"], {})
+        r["speedup_vs_nccl"] = base["ms_per_step"] / r["ms_per_step"] \
+            if base.get("ms_per_step") and r["ms_per_step"] else None
+        ratios = paired_ratios(base.get("round_ms") or [], r["round_ms"] or []) if r["ms_per_step"] else []
+        r["speedup_vs_nccl_per_round"] = ratios or None
+        r["speedup_vs_nccl_paired"] = paired_ratio(ratios)
 
 
 def _dims(c: BlockConfig) -> str:
