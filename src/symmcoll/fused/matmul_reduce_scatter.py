@@ -291,11 +291,15 @@ def pieces(cut: Tiling) -> list[tuple[int, int]]:
     GEMM, 2048 tiles / 132 SMs in cuBLAS's 1344 us); at M = 16384, 341 x 3 + 1 took 11 x 3 + 1 = 34 waves,
     4 x 256 take 32. SYMMCOLL_MRS_GREEDY_PIECES=1 (debug_switches) gives the filled pieces back, to time
     both in one GPU run."""
+    # (plain integer ceilings: triton.cdiv goes through triton's constexpr machinery, ~12 Python calls an
+    # eager call of the op -- tests/test_host_overhead.py counts them)
+    if cut.tiles <= cut.per_piece:
+        return [(0, cut.tiles)] if cut.tiles else []
     if debug_switches.MRS_GREEDY_PIECES:
         size = cut.per_piece
     else:
-        count = triton.cdiv(cut.tiles, cut.per_piece)
-        size = triton.cdiv(cut.tiles // cut.unit, count) * cut.unit
+        count = -(-cut.tiles // cut.per_piece)
+        size = -(-(cut.tiles // cut.unit) // count) * cut.unit
     return [(first, min(size, cut.tiles - first)) for first in range(0, cut.tiles, size)]
 
 
