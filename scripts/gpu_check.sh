@@ -32,7 +32,7 @@ stages=${*:-tests bench}
 case " $stages " in *" gemm-retune "*)
   export GEMM_TUNE_FROM=${GEMM_TUNE_FROM:-auto}
   export GEMM_TUNE_ABOVE=${GEMM_TUNE_ABOVE:-1.05} GEMM_TUNE_BUDGET=${GEMM_TUNE_BUDGET:-150}
-  export GEMM_TUNE_TIMEOUT=${GEMM_TUNE_TIMEOUT:-200} GEMM_BENCH_TIMEOUT=${GEMM_BENCH_TIMEOUT:-260}
+  export GEMM_TUNE_TIMEOUT=${GEMM_TUNE_TIMEOUT:-180} GEMM_BENCH_TIMEOUT=${GEMM_BENCH_TIMEOUT:-310}
   stages=${stages//gemm-retune/gemm-tune gemm-bench} ;;
 esac
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
