@@ -390,30 +390,3 @@ def _fmt_ratio(row: dict, paired: bool) -> str:
     """The row's ratio to cuBLAS for the table: paired where the table's column says so."""
     value = row.get("x_cublas_paired") if paired else row["x_cublas"]
     return f"{value:.3f}" if value else "-"
-
-
-def rules_from_rows(rows: list[dict]):
-    """Dispatch rules (symmcoll.dispatch.Rule) from fused-bench rows: at each measured shape the fastest
-    correct symmcoll variant, keyed by M * N * K (the op's dispatch size), consecutive shapes with the
-    same winner merged."""
-    from ..dispatch import Rule
-    best: dict[tuple, dict[int, tuple[float, str]]] = {}
-    for r in rows:
-        if r["family"] != "symmcoll" or r["error"] or r["median_us"] is None or r["implementation"] == "symmcoll:auto" \
-                or len(r["shape"]) > 2 and r["op"] == "all_reduce_rms_norm":  # fp8 output: keyed like bf16
-            continue
-        size = 1
-        for v in r["shape"]:
-            size *= v
-        case = best.setdefault((r["op"], r["world_size"], r["dtype"]), {})
-        name = r["implementation"].split(":", 1)[1]
-        if size not in case or r["median_us"] < case[size][0]:
-            case[size] = (r["median_us"], name)
-    out = []
-    for (op, world, dtype), winners in best.items():
-        sizes = sorted(winners)
-        for i, size in enumerate(sizes):
-            if i + 1 < len(sizes) and winners[sizes[i + 1]][1] == winners[size][1]:
-                continue
-            out.append(Rule(op, world, dtype, size, winners[size][1]))
-    return out
