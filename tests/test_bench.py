@@ -461,12 +461,12 @@ def test_fused_bench_times_like_the_collective_bench(monkeypatch):
     assert fused.CALLS_PER_GRAPH == 20 and inspect.signature(fused.run).parameters["calls_per_graph"].default == 20
     gpu = _FakeGpu()
     gpu.install(monkeypatch, timing)
-    monkeypatch.setattr(fused_timing.torch.cuda, "synchronize", lambda *a: gpu.log.append("sync"))
-    monkeypatch.setattr(fused_timing.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: gpu.log.append("sync"))
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
 
     def gather(out, value, group=None):  # two ranks; the other one's eager call is 1.5x slower
         out[:] = [value, value * 1.5 if isinstance(value, float) else value]
-    monkeypatch.setattr(fused_timing.dist, "all_gather_object", gather)
+    monkeypatch.setattr(torch.distributed, "all_gather_object", gather)
     assert fused_timing.GRAPH_BUDGET_US == 10_000.0
     for eager_us, calls in ((30.0, 20), (1000.0, 6), (5e5, 1)):  # 1.5 ms x 6 <= 10 ms budget
         monkeypatch.setattr(fused_timing, "event_times_us", lambda step, n, group=None, e=eager_us: [e])

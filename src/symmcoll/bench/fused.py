@@ -35,7 +35,7 @@ from symmcoll import plan
 
 from . import fused_timing, memory_bound, provenance, roofline
 from .fused_timing import Implementation
-from .rounds import ROUND_BUDGET_S, ROUNDS, interleave, plan_rounds
+from .rounds import ROUND_BUDGET_S, ROUNDS, first_error, interleave, plan_rounds
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
@@ -214,7 +214,7 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
             impl.prepared = fused_timing.prepare(impl.thunk, calls_per_graph, group)
         except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
             error = f"{type(exc).__name__}: {exc}"
-        fail(impl, fused_timing.first_error(error, group))
+        fail(impl, first_error(error, group))
 
     def check_after(impl: Implementation) -> None:
         """Fresh data through the thunk, checked again: the timed replays left nothing wrong behind."""
@@ -232,7 +232,7 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
             symmcoll.check()
         except Exception as exc:  # noqa: BLE001
             error = f"{type(exc).__name__}: {exc}"
-        fail(impl, fused_timing.first_error(error, group))
+        fail(impl, first_error(error, group))
 
     batch: list[Implementation] = []
 
@@ -266,7 +266,7 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
             count = planned.rounds
             for impl in timed:
                 impl.per_round = planned.per_round
-        result = interleave(timed, count, time_one, agree=lambda e: fused_timing.first_error(e, group), on_failure=fail)
+        result = interleave(timed, count, time_one, agree=lambda e: first_error(e, group), on_failure=fail)
         offset = len(local.round_medians) if local is not None else 0
         for impl in timed:
             impl.samples += result.samples[impl]

@@ -4,9 +4,9 @@ Per implementation of a shape: ``prepare`` measures one eager call (the slowest 
 calls as fit GRAPH_BUDGET_US in one CUDA graph (eager where capture fails on any rank) and returns a
 ``Prepared``; ``time_round`` times one round of it (bench/rounds.py interleaves the rounds) under the plan
 ``replay_plan`` (rounds from the command line) or ``planned_round`` (rounds planned from the replays'
-pace) gives. The ranks agree on everything that decides what runs next (``agreed``, ``first_error``), so
-every rank makes the same collective calls. ``free_share`` tells when a shape's captured graphs have
-taken so much GPU memory that they are timed as a batch and freed before the rest are captured.
+pace) gives. The ranks agree on everything that decides what runs next (rounds.agreed), so every rank
+makes the same collective calls. ``free_share`` tells when a shape's captured graphs have taken so much
+GPU memory that they are timed as a batch and freed before the rest are captured.
 ``Implementation`` carries one row of a shape through all of it; ``slowest_rank`` and ``timing_details``
 turn a row's samples into its time (the slowest rank's median) and its timing fields (spread, rounds,
 the paired per-round ratios to cuBLAS).
@@ -19,11 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from .metrics import summarize
 from .plan import TimingPlan
-from .rounds import paired_ratio, paired_ratios, per_round
+from .rounds import agreed, paired_ratio, paired_ratios, per_round
 from .timing import CapturedCalls, Timing, event_times_us, graph_calls, time_eager, time_graph
 
 # Timed samples per implementation: ``replays`` unless they would take longer than CASE_BUDGET_S.
@@ -68,18 +67,6 @@ def replay_seconds(prepared: "Prepared") -> float:
 
 def warmup_replays(prepared: "Prepared") -> int:
     return 1 if replay_seconds(prepared) >= LONG_REPLAY_S else WARMUP_REPLAYS
-
-
-def agreed(value, group) -> list:
-    values = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return values
-
-
-def first_error(error: str | None, group) -> str | None:
-    """The first error any rank saw (collective), prefixed with its rank."""
-    mine = f"rank {dist.get_rank(group)}: {error}"[:300] if error else None
-    return next((e for e in agreed(mine, group) if e), None)
 
 
 @dataclass
