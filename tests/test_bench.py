@@ -344,7 +344,7 @@ def test_time_limit_keeps_what_ran_and_names_what_was_left_out(pools, tmp_path, 
 
 
 def test_fused_bench_times_slow_cases_with_fewer_replays():
-    from symmcoll.bench.fused import CASE_BUDGET_S, MIN_REPLAYS, replay_plan
+    from symmcoll.bench.fused_timing import CASE_BUDGET_S, MIN_REPLAYS, replay_plan
     from symmcoll.bench.timing import fitting_iters
 
     plan = replay_plan(20, 3)
@@ -449,29 +449,29 @@ def test_time_graph_takes_no_probe_where_the_replays_are_planned(monkeypatch):
 
 
 def test_fused_bench_times_like_the_collective_bench(monkeypatch):
-    """bench/fused.py's _time is timing.time_graph over CapturedCalls of the command line's calls per graph
-    (20, as the collective bench), WARMUP_REPLAYS warm-up replays as the collective bench's; a call slower
-    than fused.GRAPH_BUDGET_US (10 ms: half the collective bench's, so a round stays short) / 20 gets fewer
-    calls per graph (at least one), the same on every rank."""
-    from symmcoll.bench import fused, timing, worker
+    """bench/fused_timing.py's time_alone is timing.time_graph over CapturedCalls of the command line's calls
+    per graph (20, as the collective bench), WARMUP_REPLAYS warm-up replays as the collective bench's; a call
+    slower than fused_timing.GRAPH_BUDGET_US (10 ms: half the collective bench's, so a round stays short)
+    / 20 gets fewer calls per graph (at least one), the same on every rank."""
+    from symmcoll.bench import fused, fused_timing, timing, worker
 
-    assert fused.time_graph is worker.time_graph and fused.CapturedCalls is worker.CapturedCalls
-    assert fused.WARMUP_REPLAYS == driver.DEFAULTS["cuda"].warmup
+    assert fused_timing.time_graph is worker.time_graph and fused_timing.CapturedCalls is worker.CapturedCalls
+    assert fused_timing.WARMUP_REPLAYS == driver.DEFAULTS["cuda"].warmup
     import inspect
     assert fused.CALLS_PER_GRAPH == 20 and inspect.signature(fused.run).parameters["calls_per_graph"].default == 20
     gpu = _FakeGpu()
     gpu.install(monkeypatch, timing)
-    monkeypatch.setattr(fused.torch.cuda, "synchronize", lambda *a: gpu.log.append("sync"))
-    monkeypatch.setattr(fused.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: gpu.log.append("sync"))
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
 
     def gather(out, value, group=None):  # two ranks; the other one's eager call is 1.5x slower
         out[:] = [value, value * 1.5 if isinstance(value, float) else value]
-    monkeypatch.setattr(fused.dist, "all_gather_object", gather)
-    assert fused.GRAPH_BUDGET_US == 10_000.0
+    monkeypatch.setattr(torch.distributed, "all_gather_object", gather)
+    assert fused_timing.GRAPH_BUDGET_US == 10_000.0
     for eager_us, calls in ((30.0, 20), (1000.0, 6), (5e5, 1)):  # 1.5 ms x 6 <= 10 ms budget
-        monkeypatch.setattr(fused, "event_times_us", lambda step, n, group=None, e=eager_us: [e])
+        monkeypatch.setattr(fused_timing, "event_times_us", lambda step, n, group=None, e=eager_us: [e])
         gpu.log.clear()
-        result, mode = fused._time(lambda: None, 10, 20, group="the ranks")
+        result, mode = fused_timing.time_alone(lambda: None, 10, 20, group="the ranks")
         assert f"captured {calls}" in gpu.log
         assert result.mode == "graph" and result.calls_per_sample == calls
         assert result.samples_us == (pytest.approx(_FakeGpu.CALL_US),) * len(result.samples_us)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from symmcoll.bench.rounds import interleave, per_round, rotation
+from symmcoll.bench.timing import Timing
 
 # Per (name, round): the samples a fake timer gives. Over all rounds "a" has the median 3; the median of
 # its round medians would be 2, of its first round 1, of its last 9: only the median of every sample is 3.
@@ -60,7 +61,7 @@ def _fused_rows_with_recorders(low_memory: bool):
     capture and timing replaced by recorders. Returns (rows, the timing order, plans' iters)."""
     import torch.distributed as dist
 
-    from symmcoll.bench import fused
+    from symmcoll.bench import fused, fused_timing
     rank = dist.get_rank()
     order, iters, rounds_seen = [], set(), {}
 
@@ -86,7 +87,7 @@ def _fused_rows_with_recorders(low_memory: bool):
                    reference=product)
 
     def prepare(thunk, calls_per_graph, group):
-        return fused.Prepared(thunk, calls_per_graph, "captured", None)
+        return fused_timing.Prepared(thunk, calls_per_graph, "captured", None)
 
     def time_round(prepared, plan, group):
         name = prepared.thunk.label
@@ -95,28 +96,28 @@ def _fused_rows_with_recorders(low_memory: bool):
         iters.add(plan.iters)
         prepared.thunk()
         samples = SAMPLES.get(name, SAMPLES["b"])
-        return fused.Timing(tuple(float(v) for v in samples[rounds_seen[name] % 3]), "graph", 20)
+        return Timing(tuple(float(v) for v in samples[rounds_seen[name] % 3]), "graph", 20)
     rows = _run_shape_patched(spec, prepare, time_round, low_memory, tuple(f"test:{n}" for n in names),
                               replays=6, rounds=3)
     return rows, order, sorted(iters)
 
 
 def _run_shape_patched(spec, prepare, time_round, low_memory: bool, algorithms, **kwargs):
-    """fused.run_shape on all_gather_matmul with ``spec``, ``prepare`` and ``time_round`` in place of the
-    module's, on CPU (free memory: none if ``low_memory``, every implementation its own batch)."""
-    from symmcoll.bench import fused
-    saved = {k: getattr(fused, k) for k in ("prepare", "time_round", "_device", "_release", "_free_share")}
+    """fused.run_shape on all_gather_matmul with ``spec``, and ``prepare`` and ``time_round`` in place of
+    fused_timing's, on CPU (free memory: none if ``low_memory``, every implementation its own batch)."""
+    from symmcoll.bench import fused, fused_timing
+    saved = {k: getattr(fused_timing, k) for k in ("prepare", "time_round", "rank_device", "release", "free_share")}
     saved_spec = fused.SPECS["all_gather_matmul"]
     try:
         fused.SPECS["all_gather_matmul"] = spec
-        fused.prepare, fused.time_round = prepare, time_round
-        fused._device, fused._release = (lambda: torch.device("cpu")), (lambda: None)
-        fused._free_share = lambda group: 0.0 if low_memory else 1.0
+        fused_timing.prepare, fused_timing.time_round = prepare, time_round
+        fused_timing.rank_device, fused_timing.release = (lambda: torch.device("cpu")), (lambda: None)
+        fused_timing.free_share = lambda group: 0.0 if low_memory else 1.0
         return fused.run_shape("all_gather_matmul", (8, 16, 32), "bf16", algorithms, calls_per_graph=20, **kwargs)
     finally:
         fused.SPECS["all_gather_matmul"] = saved_spec
         for k, v in saved.items():
-            setattr(fused, k, v)
+            setattr(fused_timing, k, v)
 
 
 def test_fused_bench_interleaves_rounds(pools):
@@ -266,7 +267,7 @@ def _fused_planned_rows(low_memory: bool):
     import torch.distributed as dist
     from rich.console import Console
 
-    from symmcoll.bench import fused
+    from symmcoll.bench import fused, fused_timing
     turns, plans = [], set()
     per_round_impls = 2 if low_memory else 3   # (a round times each of them once: the turn tells the round)
 
@@ -281,7 +282,7 @@ def _fused_planned_rows(low_memory: bool):
                    baseline_references={f"test:{n}": product for n in names}, reference=product)
 
     def prepare(thunk, calls_per_graph, group):
-        return fused.Prepared(thunk, 2, "captured", None, call_us=4000.0)
+        return fused_timing.Prepared(thunk, 2, "captured", None, call_us=4000.0)
 
     def time_round(prepared, plan, group):
         name = prepared.thunk.label
@@ -290,7 +291,7 @@ def _fused_planned_rows(low_memory: bool):
         samples = _drifting("ours" if name == "ours" else "base", (len(turns) - 1) // per_round_impls, plan.iters)
         if name == "flat":
             samples = [v * TRUE_RATIO for v in samples]
-        return fused.Timing(tuple(samples), "graph", 2)
+        return Timing(tuple(samples), "graph", 2)
     rows = _run_shape_patched(spec, prepare, time_round, low_memory, tuple(f"test:{n}" for n in names), replays=20)
     out = io.StringIO()
     Console(file=out, width=200).print(fused._table("all_gather_matmul", dist.get_world_size(), "bf16", rows, spec))

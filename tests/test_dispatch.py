@@ -183,8 +183,6 @@ def test_sized_configs_per_world_size():
 
 
 def test_fused_rules_from_bench_rows_keyed_by_mnk():
-    from symmcoll.bench.fused import rules_from_rows
-
     def row(name, shape, us, error=None):
         return {"family": "symmcoll", "error": error, "median_us": us, "implementation": f"symmcoll:{name}",
                 "shape": list(shape), "op": "all_gather_matmul", "world_size": 2, "dtype": "bf16"}
@@ -192,7 +190,7 @@ def test_fused_rules_from_bench_rows_keyed_by_mnk():
             row("fused", (4096, 64, 64), 30.0), row("gather_then_cublas", (4096, 64, 64), 31.0),
             row("naive_remote", (4096, 64, 64), 1.0, error="wrong"), row("auto", (4096, 64, 64), 0.5),
             row("fused", (8192, 64, 64), 50.0)]
-    rules = rules_from_rows(rows)
+    rules = dispatch.rules_from_fused_rows(rows)
     assert [(r.max_bytes, r.algorithm) for r in rules] == [(1024 * 64 * 64, "gather_then_cublas"),
                                                            (8192 * 64 * 64, "fused")]
 

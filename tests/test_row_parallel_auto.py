@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from symmcoll import dispatch, plan
-from symmcoll.bench.fused import rules_from_rows
 from symmcoll.fused import matmul_all_reduce as mmar
 from symmcoll.fused.gemm_configs import GemmConfig
 
@@ -94,7 +93,7 @@ def test_tuned_rules_are_found_by_the_whole_layers_mnk(monkeypatch, op, fused):
     rows = [_bench_row(op, fused, (16, 8192, 28672), 40.0, 4), _bench_row(op, "unfused", (16, 8192, 28672), 50.0, 4),
             _bench_row(op, fused, (512, 8192, 28672), 150.0, 4),
             _bench_row(op, "unfused", (512, 8192, 28672), 120.0, 4)]
-    table = dispatch.Table(tuple(rules_from_rows(rows)), "test")
+    table = dispatch.Table(tuple(dispatch.rules_from_fused_rows(rows)), "test")
     monkeypatch.setattr(dispatch, "active_table", lambda device=None: table)
     # a rank's A is [M, 28672 / 4]: keyed by A's bytes (as before), M = 512 fell under the M = 16 rule
     assert choose(16, k=7168, world=4, op=op) == fused

@@ -336,6 +336,7 @@ def _tune_fused(args, ops, console):
 
     import torch
 
+    from . import dispatch
     from .bench import fused
     if _without_gpu(console, f"tune: {', '.join(ops)} need GPUs; not tuned here"):
         return (), 0
@@ -347,7 +348,7 @@ def _tune_fused(args, ops, console):
                                            console))
         for path in Path(tmp).glob("*.json"):
             rows += json.loads(path.read_text())["rows"]
-    return fused.rules_from_rows(rows), status
+    return dispatch.rules_from_fused_rows(rows), status
 
 
 def _split(values: list[str] | None) -> list[str]:

@@ -3,7 +3,8 @@
 The table is a list of rules ``(op, world_size, dtype, max_bytes) -> algorithm``, sizes as ``symmcoll
 bench`` reports them (bytes per rank of the input; of the output for reduce_scatter): for a call of
 ``nbytes`` the first rule of its (op, world size, dtype) with ``nbytes <= max_bytes`` wins, and past the
-last rule the last one holds. Rules come from benchmark results (``table_from_results``): at each
+last rule the last one holds. Rules come from benchmark results (``table_from_results``; the fused
+ops' from the fused bench's rows, ``rules_from_fused_rows``, keyed by M * N * K): at each
 measured size the fastest correct implementation among symmcoll's algorithms and the backend (NCCL),
 consecutive sizes with the same winner merged into one rule.
 
@@ -112,13 +113,35 @@ def table_from_results(results, source: str) -> Table:
             if m.size_bytes not in best or m.median_us < best[m.size_bytes][0]:
                 best[m.size_bytes] = (m.median_us, name)
         for (op, dtype), winners in by_case.items():
-            sizes = sorted(winners)
-            for i, size in enumerate(sizes):
-                name = winners[size][1]
-                if i + 1 < len(sizes) and winners[sizes[i + 1]][1] == name:
-                    continue  # merged into the next size's rule
-                rules.append(Rule(op, world, dtype, size, name))
+            rules += _merged_rules(op, world, dtype, winners)
     return Table(tuple(rules), source)
+
+
+def rules_from_fused_rows(rows: list[dict]) -> list[Rule]:
+    """Rules from the fused bench's rows (bench/fused.py): at each measured shape the fastest correct
+    symmcoll variant, keyed by M * N * K (the op's dispatch size), consecutive shapes with the same
+    winner merged."""
+    best: dict[tuple, dict[int, tuple[float, str]]] = {}
+    for r in rows:
+        if r["family"] != "symmcoll" or r["error"] or r["median_us"] is None or r["implementation"] == "symmcoll:auto" \
+                or len(r["shape"]) > 2 and r["op"] == "all_reduce_rms_norm":  # fp8 output: keyed like bf16
+            continue
+        size = 1
+        for v in r["shape"]:
+            size *= v
+        case = best.setdefault((r["op"], r["world_size"], r["dtype"]), {})
+        name = r["implementation"].split(":", 1)[1]
+        if size not in case or r["median_us"] < case[size][0]:
+            case[size] = (r["median_us"], name)
+    return [rule for (op, world, dtype), winners in best.items() for rule in _merged_rules(op, world, dtype, winners)]
+
+
+def _merged_rules(op: str, world: int, dtype: str, winners: dict[int, tuple[float, str]]) -> list[Rule]:
+    """One case's rules from its winner at each measured size ({size: (us, algorithm)}): one rule per run
+    of consecutive sizes with the same winner, at the run's largest size."""
+    sizes = sorted(winners)
+    return [Rule(op, world, dtype, size, winners[size][1]) for i, size in enumerate(sizes)
+            if i + 1 == len(sizes) or winners[sizes[i + 1]][1] != winners[size][1]]
 
 
 @lru_cache(maxsize=4)

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-import gc
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -34,11 +33,9 @@ import symmcoll
 import symmcoll.reference
 from symmcoll import plan
 
-from . import memory_bound, provenance, roofline
-from .plan import TimingPlan
-from .metrics import summarize
-from .rounds import ROUND_BUDGET_S, ROUNDS, interleave, paired_ratio, paired_ratios, per_round, plan_rounds
-from .timing import CapturedCalls, Timing, event_times_us, graph_calls, time_eager, time_graph
+from . import fused_timing, memory_bound, provenance, roofline
+from .fused_timing import Implementation
+from .rounds import ROUND_BUDGET_S, ROUNDS, first_error, interleave, plan_rounds
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
@@ -186,176 +183,8 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
 
 
-# Timed samples per implementation: ``replays`` unless they would take longer than CASE_BUDGET_S.
-CASE_BUDGET_S = 1.0
-MIN_REPLAYS = 5
-# Untimed replays first, as the collective bench's (driver.DEFAULTS["cuda"].warmup); in every round.
-WARMUP_REPLAYS = 3
 # Calls per graph when the command line does not say: the collective bench's (--calls-per-graph).
 CALLS_PER_GRAPH = 20
-# A replay lasts about this long at most (bench/timing.py's GRAPH_BUDGET_US is 20 ms): half of it lets
-# a round of nine implementations of a multi-millisecond shape, three replays each, stay within
-# ROUND_BUDGET_S (a call of 3.3 ms: 3 calls a replay, not 6).
-GRAPH_BUDGET_US = 10_000.0
-# Where rounds are planned: untimed replays of an implementation in each round, WARMUP_REPLAYS for a
-# replay shorter than this, one for a longer one (already milliseconds of the same kernels).
-LONG_REPLAY_S = 1e-3
-# The implementations of a shape are captured all before they are timed (bench/rounds.py). Should the
-# free GPU memory (the least of any rank) fall below this share of the GPU's after a capture, the
-# captured ones are timed and freed first, and the rest form the next batch (cuBLAS is timed in every
-# batch). At the default shapes on an 80 GB GPU all of a shape fit in one batch.
-MIN_FREE_SHARE = 0.2
-
-
-def replay_plan(replays: int, calls_per_graph: int, rounds: int = 1) -> TimingPlan:
-    """One round's share of ``replays`` timed replays (within its share of CASE_BUDGET_S), never fewer
-    than its share of MIN_REPLAYS (nor more than asked)."""
-    iters = per_round(replays, rounds)
-    return TimingPlan(mode="graph", warmup=WARMUP_REPLAYS, iters=iters,
-                      min_iters=min(per_round(min(MIN_REPLAYS, replays), rounds), iters),
-                      calls_per_graph=calls_per_graph, seconds_per_case=CASE_BUDGET_S / rounds)
-
-
-def planned_round(per_round_replays: int, prepared: "Prepared") -> TimingPlan:
-    """One planned round (rounds.plan_rounds) of a prepared implementation: exactly ``per_round_replays``
-    timed replays (no probe: the plan is the same on every rank), after its warm-up replays."""
-    return TimingPlan(mode="graph", warmup=warmup_replays(prepared), iters=per_round_replays,
-                      min_iters=per_round_replays, calls_per_graph=prepared.calls, seconds_per_case=CASE_BUDGET_S)
-
-
-def replay_seconds(prepared: "Prepared") -> float:
-    """One replay of a prepared implementation (its calls at the eager call's pace, the slowest rank's)."""
-    return (prepared.call_us or 0.0) * prepared.calls * 1e-6
-
-
-def warmup_replays(prepared: "Prepared") -> int:
-    return 1 if replay_seconds(prepared) >= LONG_REPLAY_S else WARMUP_REPLAYS
-
-
-def _agreed(value, group) -> list:
-    values = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return values
-
-
-def _first_error(error: str | None, group) -> str | None:
-    """The first error any rank saw (collective), prefixed with its rank."""
-    mine = f"rank {dist.get_rank(group)}: {error}"[:300] if error else None
-    return next((e for e in _agreed(mine, group) if e), None)
-
-
-@dataclass
-class Prepared:
-    """One implementation ready to be timed: ``calls`` calls of ``thunk`` in one CUDA graph, or (where
-    capture failed on any rank: ``failure`` says why) the thunk called eagerly."""
-
-    thunk: Callable
-    calls: int
-    captured: CapturedCalls | None
-    failure: str | None
-    call_us: float | None = None          # an eager call's time, the slowest rank's (plans the rounds)
-
-    def mode(self, samples: int, replays: int, calls_per_graph: int) -> str:
-        mode = self.failure or ("graph" if self.calls == calls_per_graph else f"graph, {self.calls} calls per replay")
-        return f"{mode}, {samples} replays" if samples < replays else mode
-
-
-def prepare(thunk, calls_per_graph: int, group) -> Prepared:
-    """As the collective bench times (bench/timing.py: ``time_graph``): ``graph_calls`` calls in one CUDA
-    graph (fewer only for a call slower than this module's GRAPH_BUDGET_US / calls_per_graph, the
-    slowest rank's eager call deciding), eager calls where capture fails on any rank.
-
-    Until 2026-11-27 this captured 3 calls and isolated every replay (barrier, synchronize, replay,
-    synchronize): each sample then held a graph launch onto an idle GPU and the ranks' start skew,
-    a floor of about 5-20 us per call at world size 4 (benchmarks/NOTES.md, "fused bench at world size
-    4: small-shape floor")."""
-    thunk()
-    torch.cuda.synchronize()
-    call_us = max(_agreed(event_times_us(thunk, 1, group=group)[0], group))
-    calls = graph_calls(call_us, calls_per_graph, GRAPH_BUDGET_US)
-    # (capture_steps, under CapturedCalls, holds the garbage collector off: tensors of earlier cases,
-    # which torch's symmetric-memory ops allocate themselves, must not be freed during the capture)
-    try:
-        captured, failure = CapturedCalls(thunk, calls), None
-    except Exception as exc:  # noqa: BLE001 - not every baseline can be captured
-        torch.cuda.synchronize()
-        captured, failure = None, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
-    failure = next((f for f in _agreed(failure, group) if f is not None), None)
-    return Prepared(thunk, calls, None if failure else captured, failure, call_us)
-
-
-def time_round(prepared: Prepared, plan: TimingPlan, group) -> Timing:
-    """One round of a prepared implementation: WARMUP_REPLAYS replays, then the timed replays back to
-    back after one barrier (every rank the same number); eager calls where it was not captured."""
-    if prepared.captured is None:
-        return time_eager(prepared.thunk, replace(plan, mode="eager"), group, host=False)
-    return time_graph(prepared.captured, plan, group)
-
-
-def _time(thunk, replays: int, calls_per_graph: int, group) -> tuple[Timing, str]:
-    """One implementation alone, in one round: every rank's samples (us per call) and the timing note."""
-    prepared = prepare(thunk, calls_per_graph, group)
-    timing = time_round(prepared, replay_plan(replays, prepared.calls), group)
-    return timing, prepared.mode(len(timing.samples_us), replays, calls_per_graph)
-
-
-def _slowest_rank(samples_us, group, round_medians: list | None = None) -> dict:
-    """The slowest rank's median (the row's time) with its p20 / p80, and every rank's median; with
-    ``round_medians`` (this rank's median of each round), the slowest rank's of each round too."""
-    summaries = _agreed(summarize(samples_us), group)
-    slowest = max(summaries, key=lambda s: s.median_us)
-    spread = {"median_us": slowest.median_us, "p20_us": slowest.p20_us, "p80_us": slowest.p80_us,
-              "per_rank_median_us": [s.median_us for s in summaries]}
-    if round_medians is not None:
-        spread["round_median_us"] = [max(per_rank) for per_rank in zip(*_agreed(round_medians, group))]
-    return spread
-
-
-@dataclass(eq=False)  # (hashed by identity: bench/rounds.py keys its results by implementation)
-class _Impl:
-    """One row of a shape: what it runs and, once checked and captured, what it measured."""
-
-    name: str
-    family: str                          # local | symmcoll | baseline
-    what: object = None                  # an algorithm name, or a baseline's maker
-    thunk: Callable | None = None
-    inputs: tuple = ()
-    err: float | None = None
-    prepared: Prepared | None = None
-    error: str | None = None
-    nbytes: int | None = None
-    samples: list = field(default_factory=list)
-    round_medians: list = field(default_factory=list)
-    # for each of its rounds, the index of the same round in cuBLAS's round_medians (cuBLAS is timed
-    # in every batch: its rounds are those of all batches)
-    local_rounds: list = field(default_factory=list)
-    per_round: int | None = None         # timed replays a round, where planned
-    mode: str | None = None              # the row's timing note
-    calls_per_sample: int = 1
-
-    def timed(self, replays: int, calls_per_graph: int) -> None:
-        """Its rounds are over: the timing note, and the graph (with its memory) let go."""
-        if self.prepared is not None:
-            self.mode = self.prepared.mode(len(self.samples), replays, calls_per_graph)
-            self.calls_per_sample = self.prepared.calls if self.prepared.captured is not None else 1
-        self.prepared, self.thunk, self.inputs = None, None, ()
-
-
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def _free_share(group) -> float:
-    """The least share of its GPU's memory any rank has free, counting what torch's allocator holds unused."""
-    free, total = torch.cuda.mem_get_info()
-    unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    return min(_agreed((free + unused) / total, group))
-
-
-def _release() -> None:
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, replays: int,
@@ -367,11 +196,11 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
     spec = SPECS[op]
     group = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = _device()
+    device = fused_timing.rank_device()
     dtype = TORCH_DTYPES[dtype_name]
     tolerance = (spec.tolerance and spec.tolerance(shape, dtype_name)) or TOLERANCE[dtype_name]
 
-    def check_and_capture(impl: _Impl) -> None:
+    def check_and_capture(impl: Implementation) -> None:
         error = None
         try:
             impl.inputs = spec.inputs(shape, dtype, rank, world, 0, device)
@@ -382,12 +211,12 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
                                           impl.inputs, group, shape)
             if impl.err > tolerance:
                 raise AssertionError(f"relative error {impl.err:.2e} before timing")
-            impl.prepared = prepare(impl.thunk, calls_per_graph, group)
+            impl.prepared = fused_timing.prepare(impl.thunk, calls_per_graph, group)
         except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
             error = f"{type(exc).__name__}: {exc}"
-        fail(impl, _first_error(error, group))
+        fail(impl, first_error(error, group))
 
-    def check_after(impl: _Impl) -> None:
+    def check_after(impl: Implementation) -> None:
         """Fresh data through the thunk, checked again: the timed replays left nothing wrong behind."""
         error = None
         try:
@@ -403,11 +232,11 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
             symmcoll.check()
         except Exception as exc:  # noqa: BLE001
             error = f"{type(exc).__name__}: {exc}"
-        fail(impl, _first_error(error, group))
+        fail(impl, first_error(error, group))
 
-    batch: list[_Impl] = []
+    batch: list[Implementation] = []
 
-    def fail(impl: _Impl, error: str | None) -> None:
+    def fail(impl: Implementation, error: str | None) -> None:
         """An implementation's error (agreed: every rank calls this): it is out, and the workspaces are
         rebuilt (symmcoll.reset), so the batch's captured symmcoll graphs, which point into the old
         buffers, are checked and captured again."""
@@ -419,10 +248,10 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
             other.prepared = None
             check_and_capture(other)
 
-    def time_one(impl: _Impl, _round: int):
-        plan = replay_plan(replays, impl.prepared.calls, rounds) if rounds else \
-            planned_round(impl.per_round, impl.prepared)
-        samples = time_round(impl.prepared, plan, group).samples_us
+    def time_one(impl: Implementation, _round: int):
+        plan = fused_timing.replay_plan(replays, impl.prepared.calls, rounds) if rounds else \
+            fused_timing.planned_round(impl.per_round, impl.prepared)
+        samples = fused_timing.time_round(impl.prepared, plan, group).samples_us
         if impl.family == "symmcoll":
             symmcoll.check()  # (a kernel's recorded failure belongs to this turn's implementation)
         return samples
@@ -432,12 +261,12 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
         timed = [i for i in [local, *batch] if i is not None and i.error is None]
         count = rounds
         if not rounds:
-            planned = plan_rounds([replay_seconds(i.prepared) for i in timed],
-                                  [warmup_replays(i.prepared) for i in timed], replays)
+            planned = plan_rounds([fused_timing.replay_seconds(i.prepared) for i in timed],
+                                  [fused_timing.warmup_replays(i.prepared) for i in timed], replays)
             count = planned.rounds
             for impl in timed:
                 impl.per_round = planned.per_round
-        result = interleave(timed, count, time_one, agree=lambda e: _first_error(e, group), on_failure=fail)
+        result = interleave(timed, count, time_one, agree=lambda e: first_error(e, group), on_failure=fail)
         offset = len(local.round_medians) if local is not None else 0
         for impl in timed:
             impl.samples += result.samples[impl]
@@ -448,54 +277,41 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
                 check_after(impl)
             impl.timed(replays, calls_per_graph)
         batch.clear()
-        _release()
+        fused_timing.release()
 
     local = None
     if spec.local is not None:
-        local = _Impl(spec.local_name, "local", thunk=spec.local(shape, dtype, device))
-        local.prepared = prepare(local.thunk, calls_per_graph, group)
+        local = Implementation(spec.local_name, "local", thunk=spec.local(shape, dtype, device))
+        local.prepared = fused_timing.prepare(local.thunk, calls_per_graph, group)
     names = [(f"symmcoll:{n}", "symmcoll", n) for n in [*plan.algorithms(op, kernels_only=False), "auto"]]
     names += [(name, "baseline", make) for name, make in spec.baselines.items()]
-    impls = [_Impl(name, family, what) for name, family, what in names
+    impls = [Implementation(name, family, what) for name, family, what in names
              if not algorithms or any(p == name or name.endswith(":" + p) for p in algorithms)]
     for impl in impls:
         check_and_capture(impl)
         if impl.error is None:
             batch.append(impl)
-            if _free_share(group) < MIN_FREE_SHARE:
+            if fused_timing.free_share(group) < fused_timing.MIN_FREE_SHARE:
                 time_batch()
     if batch or (local is not None and not local.samples):
         time_batch()
 
     if local is not None:
         local.timed(replays, calls_per_graph)
-        _release()
+        fused_timing.release()
     rows = []
     local_us, local_rounds = None, []
     for impl in ([local] if local else []) + impls:
         # (every rank timed, or every rank reports the error: the summaries are gathered only then)
-        spread = None if impl.error else _slowest_rank(impl.samples, group, impl.round_medians)
+        spread = None if impl.error else fused_timing.slowest_rank(impl.samples, group, impl.round_medians)
         us = spread["median_us"] if spread else None
         if impl is local:
             local_us, local_rounds = us, spread["round_median_us"] if spread else []
         rows.append(_row(op, impl.name, impl.family, shape, dtype_name, world, us, local_us, spec.flops(shape),
                          impl.err, impl.mode, impl.error, impl.nbytes, copy_gbps,
-                         _method(impl, spread, local_rounds) if spread else None))
+                         fused_timing.timing_details(impl, spread, local_rounds) if spread else None))
     return rows
 
-
-def _method(impl: _Impl, spread: dict, local_rounds: list) -> dict:
-    """A row's timing details: calls per graph, timed samples (all rounds), the slowest rank's p20 / p80,
-    every rank's median (the spread that tells launch skew from the op's own time), the rounds, the
-    replays of each and the slowest rank's median in each (the drift a single pass would have handed to
-    whatever came later), and the ratio to cuBLAS round by round and their median (``x_cublas_paired``)."""
-    ours = spread["round_median_us"]
-    theirs = [local_rounds[i] if i < len(local_rounds) else None for i in impl.local_rounds]
-    ratios = paired_ratios(ours, theirs) if local_rounds else []
-    return {"calls_per_graph": impl.calls_per_sample, "samples": len(impl.samples),
-            **{k: v for k, v in spread.items() if k != "median_us"}, "rounds": len(ours),
-            "replays_per_round": impl.per_round, "x_cublas_per_round": ratios or None,
-            "x_cublas_paired": paired_ratio(ratios)}
 
 
 def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, error, nbytes=None,
@@ -574,30 +390,3 @@ def _fmt_ratio(row: dict, paired: bool) -> str:
     """The row's ratio to cuBLAS for the table: paired where the table's column says so."""
     value = row.get("x_cublas_paired") if paired else row["x_cublas"]
     return f"{value:.3f}" if value else "-"
-
-
-def rules_from_rows(rows: list[dict]):
-    """Dispatch rules (symmcoll.dispatch.Rule) from fused-bench rows: at each measured shape the fastest
-    correct symmcoll variant, keyed by M * N * K (the op's dispatch size), consecutive shapes with the
-    same winner merged."""
-    from ..dispatch import Rule
-    best: dict[tuple, dict[int, tuple[float, str]]] = {}
-    for r in rows:
-        if r["family"] != "symmcoll" or r["error"] or r["median_us"] is None or r["implementation"] == "symmcoll:auto" \
-                or len(r["shape"]) > 2 and r["op"] == "all_reduce_rms_norm":  # fp8 output: keyed like bf16
-            continue
-        size = 1
-        for v in r["shape"]:
-            size *= v
-        case = best.setdefault((r["op"], r["world_size"], r["dtype"]), {})
-        name = r["implementation"].split(":", 1)[1]
-        if size not in case or r["median_us"] < case[size][0]:
-            case[size] = (r["median_us"], name)
-    out = []
-    for (op, world, dtype), winners in best.items():
-        sizes = sorted(winners)
-        for i, size in enumerate(sizes):
-            if i + 1 < len(sizes) and winners[sizes[i + 1]][1] == winners[size][1]:
-                continue
-            out.append(Rule(op, world, dtype, size, winners[size][1]))
-    return out

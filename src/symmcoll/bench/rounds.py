@@ -24,6 +24,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
+import torch.distributed as dist
+
 # Rounds per comparison when the command line does not say (`symmcoll bench --rounds`), and at least
 # this many where rounds are planned (``plan_rounds``).
 ROUNDS = 3
@@ -128,3 +130,18 @@ def interleave(names: Sequence[Hashable], rounds: int, time_one: Callable[[Hasha
             result.samples[name] += samples
             result.round_medians[name].append(statistics.median(samples) if samples else None)
     return result
+
+
+# ---- agreement across ranks: every rank must time the same turns (the timed replays are collective) ---
+
+def agreed(value, group) -> list:
+    """Every rank's ``value`` (collective), in rank order."""
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return values
+
+
+def first_error(error: str | None, group) -> str | None:
+    """The first error any rank saw (collective), prefixed with its rank: ``interleave``'s ``agree``."""
+    mine = f"rank {dist.get_rank(group)}: {error}"[:300] if error else None
+    return next((e for e in agreed(mine, group) if e), None)

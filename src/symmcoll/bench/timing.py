@@ -5,7 +5,7 @@
   between them, no host sync inside the timed region) and one sample is replay time / calls_per_graph.
   Every process first captures ``SETTLE_GRAPHS`` throwaway graphs (``settle_graphs``): the first few
   graphs of a process replay faster than all later ones. ``symmcoll bench`` of the collectives
-  (bench/worker.py) and of the fused ops (bench/fused.py) both time this way (``time_graph``); a call
+  (bench/worker.py) and of the fused ops (bench/fused_timing.py) both time this way (``time_graph``); a call
   slower than GRAPH_BUDGET_US / calls_per_graph gets fewer calls per graph (``graph_calls``).
 * eager: every call timed with CUDA events (launch overhead in: what an eager program pays).
 * cpu: every call timed with ``time.perf_counter`` between barriers; kernels run interpreted, so these
@@ -15,7 +15,7 @@ The number of timed samples is the same on every rank (agreed with an all-reduce
 replayed a graph of collectives more often than its peers would wait forever.
 
 ``event_times_us`` is the package's one CUDA-event timing loop: every event-timed figure (this module,
-bench/fused.py, bench/tp_block.py, bench/link.py, the scripts under benchmarks/) comes from it.
+bench/fused_timing.py, bench/tp_block.py, bench/link.py, the scripts under benchmarks/) comes from it.
 """
 
 from __future__ import annotations

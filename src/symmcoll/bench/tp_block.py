@@ -41,7 +41,8 @@ import torch.distributed as dist
 
 from ..models import LLAMA_70B, MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 from . import kernel_share, provenance
-from .rounds import ROUND_BUDGET_S, ROUNDS, interleave, paired_ratio, paired_ratios, per_round, plan_rounds
+from .rounds import (ROUND_BUDGET_S, ROUNDS, agreed, first_error, interleave, paired_ratio, paired_ratios, per_round,
+                     plan_rounds)
 from .timing import capture_steps, event_times_us
 
 DECODE_BATCHES = (1, 8, 64)
@@ -171,17 +172,6 @@ def _rel_diff(update: torch.Tensor, reference: torch.Tensor | None) -> float | N
     return float((update.float() - reference.float()).norm() / reference.float().norm().clamp_min(1e-30))
 
 
-def _agree(value, group) -> list:
-    values = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return values
-
-
-def _first_error(error: str | None, group) -> str | None:
-    mine = f"rank {dist.get_rank()}: {error}"[:300] if error else None
-    return next((e for e in _agree(mine, group) if e), None)
-
-
 def _compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process (a count that grows on every recompile)."""
     from torch._dynamo.utils import counters
@@ -196,7 +186,7 @@ def _release() -> None:
 
 def _run_seconds(run, group) -> float:
     """One run of a prepared mode (a graph replay, or an eager step), the slowest rank's: plans the rounds."""
-    return max(_agree(event_times_us(run, 1, group=group)[0], group)) * 1e-6
+    return max(agreed(event_times_us(run, 1, group=group)[0], group)) * 1e-6
 
 
 def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replays: int,
@@ -233,7 +223,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                 reference = first - x
         except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
             error = f"{type(exc).__name__}: {exc}"
-        error = _first_error(error, group)
+        error = first_error(error, group)
         if error is None:
             ready[mode] = {"step": step, "run": run, "per": per, "captured": captured, "diff": diff}
         else:
@@ -253,7 +243,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
         run()
         return event_times_us(run, each, group=group, per=per)
     compiled = _compiled_graphs()
-    timed = interleave(list(ready), count, time_one, agree=lambda e: _first_error(e, group))
+    timed = interleave(list(ready), count, time_one, agree=lambda e: first_error(e, group))
     recompiles = _compiled_graphs() - compiled
     for mode, error in timed.errors.items():
         rows[mode]["error"] = error
@@ -275,14 +265,14 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
             diff = max(d for d in (diff, after) if d is not None) if after is not None else diff
         except Exception as exc:  # noqa: BLE001
             error = f"{type(exc).__name__}: {exc}"
-        error = _first_error(error, group)
+        error = first_error(error, group)
         if error is not None:
             rows[mode]["error"] = error
             continue
-        ms = max(_agree(statistics.median(timed.samples[mode]) / 1e3, group))     # the slowest rank
-        round_ms = [max(per_rank) / 1e3 for per_rank in zip(*_agree(timed.round_medians[mode], group))]
-        diffs = [d for d in _agree(diff, group) if d is not None]
-        per_rank = _agree(shares, group)
+        ms = max(agreed(statistics.median(timed.samples[mode]) / 1e3, group))     # the slowest rank
+        round_ms = [max(per_rank) / 1e3 for per_rank in zip(*agreed(timed.round_medians[mode], group))]
+        diffs = [d for d in agreed(diff, group) if d is not None]
+        per_rank = agreed(shares, group)
         rows[mode].update(ms_per_step=ms, tokens_per_s=tokens / ms * 1e3,
                           rel_diff_vs_nccl=max(diffs) if diffs else None,
                           comm_share=_mean(s["comm_share"] for s in per_rank),
@@ -292,7 +282,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
                           busy_us=per_rank[0].get("busy_us"), kernels=per_rank[0].get("activities"),
                           idle_us=per_rank[0].get("idle_us"), idle_before=per_rank[0].get("idle_before"),
                           samples=len(timed.samples[mode]), round_ms=round_ms,
-                          recompiles_in_rounds=max(_agree(recompiles, group)))
+                          recompiles_in_rounds=max(agreed(recompiles, group)))
     # Nothing of this case (its graphs and the pools their replays write, its compiled code) outlives
     # its rows: the next case captures on an allocator as the first found it.
     ready.clear()

@@ -380,7 +380,7 @@ AUTO_DEFAULT = "unfused"
 
 def layer_size(request: plan.Request, world: int) -> int:
     """What the tuned dispatch table keys the row-parallel ops by: M * N * K of the whole layer (K summed
-    over the ranks' slices), as the fused bench reports a shape and ``bench.fused.rules_from_rows`` writes
+    over the ranks' slices), as the fused bench reports a shape and ``dispatch.rules_from_fused_rows`` writes
     its rules (by input bytes, a rule written at M x N x K was never found)."""
     m, n, k = check_operands(request)
     return m * n * k * world
