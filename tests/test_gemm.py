@@ -1048,6 +1048,25 @@ def test_the_grid_runs_without_names_when_the_profiling_process_fails():
     assert found == {} and seconds is None and "cuda" in error.lower(), error  # the child's own CUDA call failed
 
 
+def test_a_dead_or_silent_profiling_process_costs_the_grid_no_wait():
+    """collect hears a child that died at once (its end of the pipe closes) and ends one that does not
+    answer in time."""
+    import multiprocessing
+    import time
+    from child_targets import die_holding, hold_silently
+    from symmcoll.bench.cublas_kernels import collect
+    context = multiprocessing.get_context("spawn")
+    for target, timeout_s, said in ((die_holding, 60, "exit code 3"), (hold_silently, 3, "no answer from the profiling process in 3 s")):
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=target, args=(send,), daemon=True)
+        process.start()
+        send.close()
+        started = time.time()
+        found, seconds, error = collect((process, receive), timeout_s=timeout_s)
+        assert found == {} and seconds is None and said in error, error
+        assert time.time() - started < 30 and not process.is_alive()
+
+
 @pytest.mark.gpu
 def test_gpu_cublas_kernels_of_two_cells_are_named_and_read():
     """On the GPU: the profiling process names the kernels of a decode and a QKV cell; their names read as

@@ -23,8 +23,8 @@ so cuBLAS's tile M runs along torch's N (the weights' columns) and its tile N al
 
 The kernels are found in a process of their own (``start`` / ``collect``): ``torch.profiler`` leaves CUPTI
 attached to the process that used it (Kineto does not tear it down by default), and the process that times
-the grid must not run under it. Each cell: one CUDA-graph replay of ``torch.matmul(a, b, out=c)`` (what the
-grid times), CUDA activities only.
+the grid must not run under it. Each cell: REPLAYS replays of a CUDA graph of ``torch.matmul(a, b, out=c)``
+(what the grid times), CUDA activities only, one short profiling session per cell.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from .kernel_share import KERNEL_CATEGORIES
 
 # The profiling process starts no new cell past this many seconds (the grid's cells it left get no names).
 BUDGET_S = 90.0
+# Replays of a cell's graph in its profile: a profiling session can lose the GPU records of its first
+# kernels (pytorch/pytorch#192021); the names and shares are the same summed over a few replays.
+REPLAYS = 3
 
 
 @dataclass(frozen=True)
@@ -283,29 +286,52 @@ def profile_cells(cells: list[tuple[int, int, int]], dtype_name: str, device_ind
     started = time.time()
     device = torch.device("cuda", device_index)
     torch.cuda.set_device(device)
-    found = record_cells(cells, DTYPES[dtype_name], device, lambda run: trace_events(run, 1), budget_s)
+    found = record_cells(cells, DTYPES[dtype_name], device, lambda run: trace_events(run, REPLAYS), budget_s)
     return {"cells": found, "seconds": time.time() - started}
 
 
+def _answer(send, cells, dtype_name: str, device_index: int) -> None:
+    """The profiling process: ``profile_cells``' result or its error, through the pipe."""
+    import os
+
+    # (this process only profiles: no CUPTI teardown, whose re-initialisation around CUDA graphs has crashed)
+    os.environ.setdefault("TEARDOWN_CUPTI", "0")
+    try:
+        send.send(("done", profile_cells(cells, dtype_name, device_index)))
+    except Exception as exc:  # noqa: BLE001 - said to the parent, which runs the grid without the names
+        send.send(("error", f"{type(exc).__name__}: {str(exc)[:200]}"))
+
+
 def start(cells: list[tuple[int, int, int]], dtype_name: str, device_index: int):
-    """Start finding the cells' kernels in a process of its own (spawned: this one has CUDA up); runs
+    """Start finding the cells' kernels in a process of its own (spawned: this one has CUDA up); it runs
     while the grid's Triton kernels compile on the CPUs. ``collect`` waits for it."""
     import multiprocessing
 
-    pool = multiprocessing.get_context("spawn").Pool(1)
-    return pool, pool.apply_async(profile_cells, (list(dict.fromkeys(cells)), dtype_name, device_index))
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_answer, args=(send, list(dict.fromkeys(cells)), dtype_name, device_index),
+                              daemon=True)
+    process.start()
+    send.close()  # (the child's end only: a child that dies closes the pipe, and collect hears it at once)
+    return process, receive
 
 
 def collect(handle, timeout_s: float = BUDGET_S + 60) -> tuple[dict, float | None, str | None]:
     """({(m, n, k): row fields}, seconds, error) of ``start``'s process; the process is ended either way
     (a late one must not run on the GPU while the grid is timed)."""
-    pool, pending = handle
+    process, receive = handle
     try:
-        result = pending.get(timeout_s)
-        return result["cells"], result["seconds"], None
-    except Exception as exc:  # noqa: BLE001 - the grid runs without the names
-        return {}, None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        if not receive.poll(timeout_s):
+            return {}, None, f"no answer from the profiling process in {timeout_s:.0f} s"
+        status, payload = receive.recv()
+        if status != "done":
+            return {}, None, payload
+        return payload["cells"], payload["seconds"], None
+    except EOFError:
+        process.join(5)
+        return {}, None, f"the profiling process ended without an answer (exit code {process.exitcode})"
     finally:
-        pool.terminate()
-        pool.join()
-
+        if process.is_alive():
+            process.terminate()
+        process.join(5)
+        receive.close()
