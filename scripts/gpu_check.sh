@@ -221,7 +221,7 @@ for stage in $stages; do
     gemm-bench)
       # The GEMM core beside cuBLAS over the serving grid (bf16; GEMM_DTYPE=fp16), with its plot. Each row
       # names the kernels cuBLAS ran there (cublas_kernels; a profiling process while the grid compiles,
-      # <= 90 s); GEMM_CUBLAS_KERNELS=0 leaves them out. benchmarks/gemm_markdown.py tabulates them.
+      # <= 45 s); GEMM_CUBLAS_KERNELS=0 leaves them out. benchmarks/gemm_markdown.py tabulates them.
       no_names=; [ "${GEMM_CUBLAS_KERNELS:-1}" = 0 ] && no_names=--no-cublas-kernels
       timeout ${GEMM_BENCH_TIMEOUT:-400} python3 -m symmcoll bench --op gemm --dtype ${GEMM_DTYPE:-bf16} \
         ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} $no_names --plot --out "$OUT" 2>&1 \

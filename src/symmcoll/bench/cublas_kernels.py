@@ -36,8 +36,9 @@ from typing import Callable, Iterable
 
 from .kernel_share import KERNEL_CATEGORIES
 
-# The profiling process starts no new cell past this many seconds (the grid's cells it left get no names).
-BUDGET_S = 90.0
+# The profiling process starts no new cell past this many seconds (the grid's cells it left get no names):
+# the grid waits for it after its ~10 s of compiles, and the whole grid must fit one 10-minute GPU call.
+BUDGET_S = 45.0
 # Replays of a cell's graph in its profile: a profiling session can lose the GPU records of its first
 # kernels (pytorch/pytorch#192021); the names and shares are the same summed over a few replays.
 REPLAYS = 3
