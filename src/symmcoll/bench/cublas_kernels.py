@@ -233,7 +233,7 @@ def describe(row: dict) -> str | None:
 
 def cell_kernels(m: int, n: int, k: int, dtype, device, trace: Callable[[Callable[[], None]], list[dict]]) -> dict:
     """The row fields of ``torch.matmul(a, b, out=c)`` at (m, n, k): ``trace`` (e.g. kernel_share.trace_events)
-    gives the CUDA activities of one CUDA-graph replay of the call (on CPU, of the call itself)."""
+    gives the CUDA activities of replays of a CUDA graph of the call (on CPU, of the call itself)."""
     import torch
 
     a = torch.randn((m, k), device=device, dtype=dtype)
