@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from symmcoll.bench.gemm import decided_ratio
+from symmcoll.bench import cublas_kernels
+from symmcoll.bench.gemm import SHOW_CUBLAS_ABOVE, decided_ratio
 
 
 def markdown(path: str) -> str:
@@ -33,7 +34,26 @@ def markdown(path: str) -> str:
                 f"{max(r['weight_tbs'] for r in decode):.2f} TB/s, cuBLAS {min(r['cublas_weight_tbs'] for r in decode):.2f}-"
                 f"{max(r['cublas_weight_tbs'] for r in decode):.2f} TB/s ({sum(r['weight_tbs'] >= 3.6 for r in decode)} "
                 f"of {len(decode)} cells at >= 3.6 TB/s)."]
-    return "\n".join(out)
+    return "\n".join(out + beside_cublas(rows))
+
+
+def beside_cublas(rows: list[dict]) -> list[str]:
+    """The cells slower than SHOW_CUBLAS_ABOVE x cuBLAS whose rows name cuBLAS's kernels: our config beside
+    what cuBLAS's kernel name says (tile in torch's M x N x K, stages, cluster, split), worst first."""
+    slow = sorted((r for r in rows if "ratio" in r and r.get("cublas_kernels") and decided_ratio(r) > SHOW_CUBLAS_ABOVE),
+                  key=lambda r: -decided_ratio(r))
+    if not slow:
+        return []
+    out = ["", f"Cells above {SHOW_CUBLAS_ABOVE:.2f}x: our config beside cuBLAS's kernel (its name read by "
+               f"`bench/cublas_kernels.py`; tile as torch's M x N x K).", "",
+           "| layer | M | ours / cuBLAS | ours | cuBLAS | cuBLAS kernels (share of its time) |", "|---|---|---|---|---|---|"]
+    for r in slow:
+        shares = r.get("cublas_kernel_shares") or [None] * len(r["cublas_kernels"])
+        names = "; ".join(f"`{name[:80]}`" + (f" {share * 100:.0f}%" if share is not None and len(shares) > 1 else "")
+                          for name, share in zip(r["cublas_kernels"], shares))
+        out.append(f"| {r['shape']} ({r['n']}, {r['k']}) | {r['m']} | {decided_ratio(r):.3f} | {r['config']} | "
+                   f"{cublas_kernels.describe(r)} | {names} |")
+    return out
 
 
 if __name__ == "__main__":

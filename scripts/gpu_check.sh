@@ -186,7 +186,7 @@ for stage in $stages; do
         for pdl in 0 1; do
           tag=$([ "$pdl" = 1 ] && echo on || echo off)
           SYMMCOLL_PDL=$pdl timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench --op gemm --dtype bf16 \
-            --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} --out "$OUT/pdl/gemm_$tag" 2>&1 \
+            --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} --no-cublas-kernels --out "$OUT/pdl/gemm_$tag" 2>&1 \
             | tee "$OUT/pdl/gemm_$tag.log"
           [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         done
@@ -219,9 +219,13 @@ for stage in $stages; do
       [ -f "$OUT/gemm_$key.json" ] && cp "$OUT/gemm_$key.json" src/symmcoll/data/
       ;;
     gemm-bench)
-      # The GEMM core beside cuBLAS over the serving grid (bf16; GEMM_DTYPE=fp16), with its plot.
+      # The GEMM core beside cuBLAS over the serving grid (bf16; GEMM_DTYPE=fp16), with its plot. Each row
+      # names the kernels cuBLAS ran there (cublas_kernels; a profiling process while the grid compiles,
+      # <= 45 s); GEMM_CUBLAS_KERNELS=0 leaves them out. benchmarks/gemm_markdown.py tabulates them.
+      no_names=; [ "${GEMM_CUBLAS_KERNELS:-1}" = 0 ] && no_names=--no-cublas-kernels
       timeout ${GEMM_BENCH_TIMEOUT:-400} python3 -m symmcoll bench --op gemm --dtype ${GEMM_DTYPE:-bf16} \
-        ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} --plot --out "$OUT" 2>&1 | tee "$OUT/gemm_bench.log"
+        ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} $no_names --plot --out "$OUT" 2>&1 \
+        | tee "$OUT/gemm_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     moe)

@@ -905,3 +905,178 @@ def test_one_fused_shape_can_be_named_on_a_command_line():
     assert {s[0] for s in SHAPES if named(s[0], ["70b-tp8"])} == {"70b-tp8 qkv", "70b-tp8 o", "70b-tp8 gate_up",
                                                                   "70b-tp8 down"}
     assert not any(named(s[0], ["fused-1024x1024"]) for s in SHAPES)
+
+
+# ---- which kernels cuBLAS runs (bench/cublas_kernels.py) -------------------------------------------------
+
+# Names cuBLAS gave its kernels in public Hopper traces (vLLM / SGLang profiles), what they say.
+CUBLAS_NAMES = [
+    ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT",
+     dict(family="nvjet", tile_m=64, tile_n=8, tile_k=64, stages=16, cluster=(4, 1), split_k=False, raster="v",
+          schedule=None, layout="TNT", types="tst", arch="sm90")),
+    ("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopB_NNT",
+     dict(family="nvjet", tile_m=256, tile_n=128, tile_k=64, stages=4, cluster=(2, 1), schedule="coopB",
+          split_k=False, layout="NNT")),
+    ("nvjet_sm90_tst_128x72_64x8_1x2_h_bz_splitK_TNT",
+     dict(tile_m=128, tile_n=72, stages=8, cluster=(1, 2), raster="h", split_k=True, flags=("bz",))),
+    ("nvjet_tst_128x8_64x12_2x1_v_bz_splitK_TNT", dict(family="nvjet", arch=None, tile_m=128, tile_n=8, stages=12,
+                                                       split_k=True)),
+    ("nvjet_sm90_tst_192x208_64x4_2x1_v_bz_coopB_bias_TNT", dict(tile_m=192, tile_n=208, flags=("bz", "bias"))),
+    ("nvjet_sm100_tst_64x32_64x16_2x2_2cta_h_bz_splitK_TNT",
+     dict(arch="sm100", tile_m=64, tile_n=32, cluster=(2, 2), flags=("2cta", "bz"), split_k=True)),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize2x1x1_execute_segment_k_off_kernel"
+     "__5x_cublas",
+     dict(family="xmma", tile_m=128, tile_n=128, tile_k=64, stages=None, warpgroups=(2, 1, 1), segment_k=False,
+          layout="tn_n", types="bf16bf16_bf16f32_f32", split_k=None)),
+    ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x128x64_warpgroupsize1x1x1_execute_segment_k_on_kernel"
+     "__5x_cublas", dict(tile_m=64, tile_n=128, segment_k=True)),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize_cgasize1x1x1_warpgroupsize1x1x1_aligna4_alignc4_execute_"
+     "segment_k_off_kernel__5x_cublas", dict(family="xmma", tile_m=None, cluster=(1, 1, 1))),
+    ("sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize96x64x32_stage3_warpsize2x2x1_tensor16x8x16_kernel",
+     dict(tile_m=96, tile_n=64, tile_k=32, stages=3, layout="nn_n")),
+    ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_2x1x1_0_tnn_align8_warpspecialized_"
+     "cooperative_epi_tma", dict(family="cutlass3x", tile_m=128, tile_n=256, tile_k=64, stages=0, cluster=(2, 1, 1),
+                                 schedule="cooperative")),
+    ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_32x5_tn", dict(family="cutlass2x", tile_m=128, tile_n=64,
+                                                                        tile_k=32, stages=5, layout="tn")),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true, false, "
+     "false>(cublasLt::cublasSplitKParams<float>, float const*, __nv_bfloat16 const*, __nv_bfloat16*)",
+     dict(family="split-K reduction", tile_m=None)),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
+     "(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)", dict(family=None, tile_m=None, stages=None)),
+]
+
+
+@pytest.mark.parametrize("name, says", CUBLAS_NAMES, ids=lambda v: v[:40] if isinstance(v, str) else "")
+def test_cublas_kernel_names_say_their_tiling(name, says):
+    from symmcoll.bench.cublas_kernels import cublas_tiling
+    tiling = cublas_tiling(name)
+    assert {field: getattr(tiling, field) for field in says} == says
+
+
+def test_cublas_tiling_turns_the_tile_round_to_torchs_m_and_n():
+    """torch's row-major C = A @ B is cuBLAS's C^T = B^T A^T: the name's 64x8 decode tile is 8 tokens
+    (torch's M) by 64 weight columns (torch's N)."""
+    from symmcoll.bench.cublas_kernels import cublas_tiling
+    tiling = cublas_tiling("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_NNT")
+    assert tiling.torch_tile() == (8, 64, 64)
+    assert tiling.short() == "nvjet M8xN64xK64/s16/c4x1/v/splitK"
+
+
+# One graph replay of a split-K cuBLAS call as kernel_share.trace_events returns it (a runtime event, the
+# main kernel, its reduction; microseconds).
+SPLIT_K_TRACE = [
+    dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=0.0, dur=6.0),
+    dict(ph="X", cat="kernel", name="void cublasLt::splitKreduce_kernel<32, 16, int, float>(...)", ts=30.0, dur=4.0),
+    dict(ph="X", cat="kernel", name="nvjet_sm90_tst_128x8_64x12_4x1_v_bz_splitK_NNT", ts=10.0, dur=16.0),
+    dict(ph="i", cat="kernel", name="an instant event", ts=40.0),
+]
+
+
+def test_cublas_kernels_of_a_call_and_their_shares():
+    from symmcoll.bench.cublas_kernels import describe, kernels_of, main_kernel
+    row = kernels_of(SPLIT_K_TRACE)
+    assert row == {"cublas_kernels": ["nvjet_sm90_tst_128x8_64x12_4x1_v_bz_splitK_NNT",
+                                      "void cublasLt::splitKreduce_kernel<32, 16, int, float>(...)"],
+                   "cublas_kernel_shares": [0.8, 0.2]}
+    assert main_kernel(row) == row["cublas_kernels"][0]
+    assert describe(row) == "nvjet M8xN128xK64/s12/c4x1/v/splitK + split-K reduction 20%"
+    one = kernels_of(SPLIT_K_TRACE[2:3])
+    assert one == {"cublas_kernels": ["nvjet_sm90_tst_128x8_64x12_4x1_v_bz_splitK_NNT"]}  # no shares for one
+    assert kernels_of([]) == {"cublas_kernels": []} and describe({"cublas_kernels": []}) is None
+
+
+def test_cell_rows_get_the_kernels_a_fake_profiler_recorded():
+    """record_cells: each cell's call runs under the trace (here a fake standing for torch.profiler on the
+    GPU: it runs the call and returns recorded events) and its row fields come from those events; a cell
+    whose trace fails gets an error, not an exception; no cell starts past the budget."""
+    from symmcoll.bench.cublas_kernels import record_cells
+    ran = []
+
+    def fake_trace(run):
+        run()
+        ran.append(run)
+        if len(ran) == 2:
+            raise RuntimeError("CUPTI said no")
+        return SPLIT_K_TRACE
+
+    cells = [(4, 8, 16), (2, 8, 16), (3, 8, 16)]
+    found = record_cells(cells, torch.float32, torch.device("cpu"), fake_trace)
+    assert list(found) == cells and len(ran) == 3
+    assert found[(4, 8, 16)] == kernels_of_split_k() == found[(3, 8, 16)]
+    assert found[(2, 8, 16)] == {"cublas_kernels_error": "RuntimeError: CUPTI said no"}
+    assert record_cells(cells, torch.float32, torch.device("cpu"), fake_trace, budget_s=-1.0) == {}
+
+
+def kernels_of_split_k() -> dict:
+    from symmcoll.bench.cublas_kernels import kernels_of
+    return kernels_of(SPLIT_K_TRACE)
+
+
+def test_bench_line_and_table_show_cublas_beside_ours_above_1_05(tmp_path):
+    """A cell above 1.05x shows cuBLAS's tiling on its bench line and in gemm_markdown's table; one at
+    1.03x does not; a row without names shows nothing of cuBLAS."""
+    import importlib.util
+    from symmcoll.bench.gemm import _line
+    timed = dict(shape="70b-tp4 qkv", m=512, n=2560, k=8192, config="N128x128x64/g8/s1/w8/p4", us=40.0,
+                 cublas_us=33.3, ratio=1.2, ratio_paired=1.207, tflops=500.0, weight_tbs=1.0, cublas_weight_tbs=1.2,
+                 rel_err=1e-3, cublas_rel_err=1e-3, weight_mb=40.0, **kernels_of_split_k())
+    assert _line(timed).endswith("vs cuBLAS nvjet M8xN128xK64/s12/c4x1/v/splitK + split-K reduction 20%")
+    assert "cuBLAS nvjet" not in _line(dict(timed, ratio=1.03, ratio_paired=1.03))
+    bare = {key: value for key, value in timed.items() if not key.startswith("cublas_kernel")}
+    assert "vs cuBLAS" not in _line(bare)
+    result = tmp_path / "gemm.json"
+    result.write_text(json.dumps(dict(rows=[timed, dict(timed, m=256, ratio=1.0, ratio_paired=1.0), bare],
+                                      summary=dict(geomean_ratio=1.1, worst_ratio=1.207, worst_cell="x", above_1_10=1,
+                                                   cells=3, wrong=0),
+                                      provenance=dict(gpu="H100", git="abc", torch="2", triton="3"))))
+    spec = importlib.util.spec_from_file_location("gemm_markdown", SRC.parent.parent / "benchmarks" / "gemm_markdown.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.markdown(str(result))
+    lines = [line for line in table.splitlines() if "nvjet" in line]
+    assert len(lines) == 1 and lines[0].startswith("| 70b-tp4 qkv (2560, 8192) | 512 | 1.207 | N128x128x64")
+    assert "M8xN128xK64/s12/c4x1/v/splitK" in lines[0] and "80%" in lines[0]
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the profiling process's failure path, on the CPU machine")
+def test_the_grid_runs_without_names_when_the_profiling_process_fails():
+    """start/collect on a machine without CUDA: the spawned process's call fails, collect says why and
+    ends the process (the bench then times the grid without cublas_kernels)."""
+    from symmcoll.bench.cublas_kernels import collect, start
+    found, seconds, error = collect(start([(16, 64, 64)], "bf16", 0), timeout_s=120)
+    assert found == {} and seconds is None and "cuda" in error.lower(), error  # the child's own CUDA call failed
+
+
+def test_a_dead_or_silent_profiling_process_costs_the_grid_no_wait():
+    """collect hears a child that died at once (its end of the pipe closes) and ends one that does not
+    answer in time."""
+    import multiprocessing
+    import time
+    from child_targets import die_holding, hold_silently
+    from symmcoll.bench.cublas_kernels import collect
+    context = multiprocessing.get_context("spawn")
+    for target, timeout_s, said in ((die_holding, 60, "exit code 3"), (hold_silently, 3, "no answer from the profiling process in 3 s")):
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=target, args=(send,), daemon=True)
+        process.start()
+        send.close()
+        started = time.time()
+        found, seconds, error = collect((process, receive), timeout_s=timeout_s)
+        assert found == {} and seconds is None and said in error, error
+        assert time.time() - started < 30 and not process.is_alive()
+
+
+@pytest.mark.gpu
+def test_gpu_cublas_kernels_of_two_cells_are_named_and_read():
+    """On the GPU: the profiling process names the kernels of a decode and a QKV cell; their names read as
+    a known family."""
+    from symmcoll.bench.cublas_kernels import collect, cublas_tiling, main_kernel, start
+    cells = [(16, 1280, 8192), (256, 2560, 8192)]
+    found, seconds, error = collect(start(cells, "bf16", torch.cuda.current_device()), timeout_s=180)
+    assert error is None and set(found) == set(cells), (error, found)
+    for cell in cells:
+        row = found[cell]
+        assert row.get("cublas_kernels"), row
+        tiling = cublas_tiling(main_kernel(row))
+        assert tiling.family is not None, row

@@ -130,7 +130,7 @@ def _bench_gemm(args: argparse.Namespace) -> int:
 
     dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
     path = gemm.run_bench(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, Path(args.out),
-                          console)
+                          console, cublas_kernels=not args.no_cublas_kernels)
     if args.plot:
         from .bench.plot import plot_gemm
         console.print(f"plot written: {plot_gemm(path)}", highlight=False)
@@ -421,6 +421,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-results",
                        help="directory for result files (default ./bench-results)")
     bench.add_argument("--plot", action="store_true", help="also draw PNGs from the result files")
+    bench.add_argument("--no-cublas-kernels", action="store_true",
+                       help=f"{GEMM}: do not record which cuBLAS kernels each cell runs (a profiling process "
+                            f"beside the compile)")
     bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     bench.add_argument("--link-bytes", type=_size, default=256 << 20,
                        help="bytes per rank for the link measurement (default 256M)")

@@ -38,6 +38,7 @@ from ..fused import gemm
 from ..fused.gemm_configs import (GemmConfig, candidates, gpu_key, lookup, split_plan, table_of, tiles_of,
                                   write_table)
 from . import bandwidth
+from . import cublas_kernels as cublas_names
 from .rounds import paired_ratio, paired_ratios
 from .timing import graph_us
 
@@ -148,20 +149,28 @@ def _git_sha() -> str:
 
 
 def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out_dir: Path,
-              console, workers: int = 12) -> Path:
+              console, workers: int = 12, cublas_kernels: bool = True) -> Path:
     """The grid: every cell checked, then ours (``gemm_config``'s pick) and cuBLAS timed; one JSON,
     rewritten after every shape (a run cut short keeps the cells it measured). The kernels the grid
-    runs are compiled first, in parallel processes."""
+    runs are compiled first, in parallel processes; meanwhile (``cublas_kernels``) another process
+    records which kernels cuBLAS runs in each cell (bench/cublas_kernels.py: ``cublas_kernels`` in the rows)."""
     started = time.time()
     device = _gpu()
     dtype = DTYPES[dtype_name]
     facts = gpu_facts()
     shapes = _shapes(shape_filter)
+    profiling = cublas_names.start([(m, n, k) for _, n, k in shapes for m in ms], dtype_name,
+                                   device.index) if cublas_kernels else None
     jobs = [compile_job(gemm.gemm_config(m, n, k, dtype, device), m, n, k, dtype_name, facts["sms"])
             for _, n, k in shapes for m in ms]
     failures = precompile(jobs, workers)
     console.print(f"precompiled {len(set(jobs))} kernels in {time.time() - started:.0f} s"
                   f"{'; failed: ' + '; '.join(failures[:5]) if failures else ''}", highlight=False)
+    found, seconds, error = cublas_names.collect(profiling) if profiling else ({}, None, None)
+    names_note = dict(cells=len(found), seconds=seconds, error=error) if profiling else None
+    if profiling:
+        console.print(f"cuBLAS kernels of {len(found)} cells recorded ({time.time() - started:.0f} s since the "
+                      f"start){'; ' + error if error else ''}", highlight=False)
     bw = bandwidth.measure(device)
     console.print(f"{facts['gpu']}: SM copy kernel {bw.copy_tbs:.2f} TB/s (read + write), SM read kernel "
                   f"{bw.read_tbs:.2f} TB/s, graph-captured copy_ {bw.torch_copy_tbs:.2f} TB/s", highlight=False)
@@ -173,7 +182,7 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
             cell = make_cell(name, m, n, k, dtype, device)
             config = gemm.gemm_config(m, n, k, dtype, device)
             row = dict(shape=name, m=m, n=n, k=k, dtype=dtype_name, config=config.label,
-                       weight_mb=cell.weight_bytes / 2 ** 20, sets=len(cell.sets))
+                       weight_mb=cell.weight_bytes / 2 ** 20, sets=len(cell.sets), **found.get((m, n, k), {}))
             row["rel_err"], row["cublas_rel_err"] = check(cell, ours(cell, None)), check(cell, cublas(cell))
             if not row["rel_err"] <= max(MAX_REL_ERR, 2 * row["cublas_rel_err"]):
                 row["error"] = "result off the fp32 reference: not timed"
@@ -202,7 +211,7 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
             torch.cuda.empty_cache()
         summary = summarize(rows)
         path.write_text(json.dumps(dict(provenance=facts, bandwidth=bw.as_dict(), summary=summary, rows=rows,
-                                        seconds=round(time.time() - started)), indent=1))
+                                        seconds=round(time.time() - started), cublas_kernels=names_note), indent=1))
     console.print(json.dumps(summary), highlight=False)
     console.print(f"result written: {path} ({time.time() - started:.0f} s)", highlight=False)
     return path
@@ -242,7 +251,16 @@ def _line(row: dict) -> str:
     return (f"{head} {row['us']:9.1f} us  cuBLAS {row['cublas_us']:9.1f}  x{row['ratio']:.3f} "
             f"(paired rounds x{decided_ratio(row):.3f})  "
             f"{row['tflops']:6.1f} TF/s  B {row['weight_tbs']:.2f} TB/s (cuBLAS {row['cublas_weight_tbs']:.2f})  "
-            f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}")
+            f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}"
+            f"{'  vs cuBLAS ' + cublas_names.describe(row) if _shows_cublas(row) else ''}")
+
+
+# Cells slower than this x cuBLAS show cuBLAS's kernel beside our config on their bench line.
+SHOW_CUBLAS_ABOVE = 1.05
+
+
+def _shows_cublas(row: dict) -> bool:
+    return decided_ratio(row) > SHOW_CUBLAS_ABOVE and cublas_names.describe(row) is not None
 
 
 def named(name: str, wanted: list[str] | None) -> bool:
