@@ -220,9 +220,10 @@ for stage in $stages; do
       ;;
     gemm-bench)
       # The GEMM core beside cuBLAS over the serving grid (bf16; GEMM_DTYPE=fp16), with its plot. Each row
-      # names the kernels cuBLAS ran there (cublas_kernels; a profiling process while the grid compiles,
-      # <= 45 s); GEMM_CUBLAS_KERNELS=0 leaves them out. benchmarks/gemm_markdown.py tabulates them.
-      no_names=; [ "${GEMM_CUBLAS_KERNELS:-1}" = 0 ] && no_names=--no-cublas-kernels
+      # can name the kernels cuBLAS ran there (GEMM_CUBLAS_KERNELS=1: cublas_kernels, from a profiling process
+      # while the grid compiles, <= 45 s; off by default until one GPU run has shown what it costs -- the grid
+      # alone needs most of a call). benchmarks/gemm_markdown.py tabulates them.
+      no_names=--no-cublas-kernels; [ "${GEMM_CUBLAS_KERNELS:-0}" = 1 ] && no_names=
       timeout ${GEMM_BENCH_TIMEOUT:-400} python3 -m symmcoll bench --op gemm --dtype ${GEMM_DTYPE:-bf16} \
         ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} $no_names --plot --out "$OUT" 2>&1 \
         | tee "$OUT/gemm_bench.log"
