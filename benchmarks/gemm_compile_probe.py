@@ -19,7 +19,7 @@ import triton
 
 from symmcoll import launcher
 from symmcoll.fused import gemm
-from symmcoll.fused.gemm_configs import candidates
+from symmcoll.fused.gemm_candidates import candidates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import kernel_specs  # noqa: E402  (the compile checks' launch -> signature mapping)

@@ -30,7 +30,8 @@ import json
 from pathlib import Path
 
 from symmcoll.bench.gemm import GRID_M, SHAPES, summarize
-from symmcoll.fused.gemm_configs import GemmConfig, lookup, table_of, untuned_config, write_table
+from symmcoll.fused.gemm_configs import GemmConfig, untuned_config
+from symmcoll.fused.gemm_tables import lookup, table_of, write_table
 
 
 def cells_of(path: Path) -> dict:

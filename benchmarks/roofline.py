@@ -694,7 +694,7 @@ def _main_rank(args):
         print(variant_table(res), flush=True)
     if not args.smoke:  # this GPU model's launch table, to copy into src/symmcoll/data/ if it is kept: the
         # shipped one with this run's cases replaced (the parts run and the cases the deadline left)
-        from symmcoll.fused.gemm_configs import gpu_key
+        from symmcoll.fused.gemm_tables import gpu_key
         from symmcoll.fused.memory_bound_configs import load_table
         name = torch.cuda.get_device_name()
         write_table(args.out, os.path.join(os.path.dirname(os.path.abspath(args.out)),

@@ -199,7 +199,7 @@ for stage in $stages; do
       # GEMM_SHAPES (layer-name prefixes) and GEMM_M narrow it; GEMM_TUNE_FROM (a gemm bench result JSON)
       # tunes only its cells slower than GEMM_TUNE_ABOVE (default 1.05) x cuBLAS, worst first;
       # GEMM_TUNE_BUDGET (seconds) starts no cell past it (what was measured is written).
-      key=$(python3 -c 'import torch; from symmcoll.fused.gemm_configs import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
+      key=$(python3 -c 'import torch; from symmcoll.fused.gemm_tables import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
       if [ "${GEMM_TUNE_FROM:-}" = auto ]; then
         case $key in
           h100) GEMM_TUNE_FROM=benchmarks/results/2026-11-27-gemm-settled-h100/gemm-h100-bf16-2026-11-27T093110Z.json ;;

@@ -120,16 +120,16 @@ def spec_of(rec: launcher.Recorded, label: str = "") -> CompileSpec:
 def h100_tables():
     """A context in which the GEMM core's configs come from the H100 table (132 SMs), on any machine."""
     import contextlib
-    from symmcoll.fused import gemm_configs
+    from symmcoll.fused import gemm_tables
 
     @contextlib.contextmanager
     def patched():
-        facts = gemm_configs.device_facts
-        gemm_configs.device_facts = lambda device: ("h100", 132)
+        facts = gemm_tables.device_facts
+        gemm_tables.device_facts = lambda device: ("h100", 132)
         try:
             yield
         finally:
-            gemm_configs.device_facts = facts
+            gemm_tables.device_facts = facts
     return patched()
 
 

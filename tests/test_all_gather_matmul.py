@@ -351,7 +351,7 @@ def _gpu_alone_epilogues():
     with K not a multiple of the k-step: C against fp32 and the gathered A exact, twice each; asked for C
     only, the kernel runs the GEMM core's loop (ALONE_CORE) and C is the core's bit for bit."""
     from symmcoll.fused import gemm
-    from symmcoll.fused.gemm_configs import gemm_config
+    from symmcoll.fused.gemm_tables import gemm_config
     configs = []
     for m, n, k in ((16344, 8000, 1024), (1024, 1024, 1024), (1000, 384, 520)):
         configs.append(gemm_config(m, n, k, torch.bfloat16, torch.device("cuda"), split=False))

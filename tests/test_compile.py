@@ -88,7 +88,7 @@ def test_kernel_compiles_for_sm90(spec):
     assert kernel_specs.unordered_cas_in_loops(ptx) == []
 
 
-# The GEMM core's tune candidates for the narrow-N cells at M = 1024-4096 (gemm_configs.candidates): C
+# The GEMM core's tune candidates for the narrow-N cells at M = 1024-4096 (gemm_candidates.candidates): C
 # stored in halves through TMA (128x256, whole and split: 166-254 registers), the deep pipelines (128x128 at
 # five and six stages, 128x256 / 256x128 at four), whole and shared (the wave split, stream-K).
 NARROW_N_TILES = [(8192, 8192, 1024, (128, 256, 64, 16, 1, False, 8, 3, 1, True, True)),

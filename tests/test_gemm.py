@@ -1,8 +1,9 @@
-"""The GEMM core (fused/gemm.py, fused/gemm_configs.py): every path of the one K-loop under the
-interpreter at tiny shapes (straight and swapped tiles, stream-K, B given transposed, odd K and N,
-bf16/fp16/fp32), the config picker, the table format; on the GPU machine the same paths compiled, and
-split-K inside CUDA graphs (its counters must come back to zero every launch). Kernels run in a
-one-rank pool (the interpreter must be on before symmcoll is imported there)."""
+"""The GEMM core (fused/gemm.py, gemm_configs.py, gemm_tables.py, gemm_candidates.py): every path of the
+one K-loop under the interpreter at tiny shapes (straight and swapped tiles, stream-K, B given
+transposed, odd K and N, bf16/fp16/fp32), the config picker, the table format; on the GPU machine the
+same paths compiled, and split-K inside CUDA graphs (its counters must come back to zero every
+launch). Kernels run in a one-rank pool (the interpreter must be on before symmcoll is imported
+there)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from symmcoll.fused import gemm, gemm_configs
+from symmcoll.fused import gemm, gemm_candidates, gemm_configs, gemm_tables
 from symmcoll.fused.gemm_split import wave_part
 from symmcoll.fused.gemm_configs import GemmConfig
 
@@ -67,7 +68,7 @@ CASES = [
     (37, 136, 200, GemmConfig(16, 32, 16, 2, 3, False, 4, 1, block_n2=16), True, "wave", None),
     # 2 tiles of 16 x (64+32), all shared: 4 parts each on 8 programs (odd K: 16 k-steps, the last short)
     (20, 96, 250, GemmConfig(16, 64, 16, 1, 4, False, 4, 1, block_n2=32), True, "wave", 8),
-    # a small product's tile (gemm_configs.small_candidates): 128 x 64, two programs per SM, flattened --
+    # a small product's tile (gemm_candidates.small_candidates): 128 x 64, two programs per SM, flattened --
     # 12 tiles on 8 programs, odd M, N and K
     (300, 200, 150, GemmConfig(128, 64, 64, 8, 1, False, 8, 8, occupancy=2, flatten=True), False, "", None),
 ]
@@ -422,7 +423,7 @@ def test_stream_split_slots_hold_every_part_of_a_tile(tiles, steps, programs, ca
 
 @pytest.mark.parametrize("m,n,k", [(1, 1280, 8192), (128, 8192, 3584), (16384, 28672, 8192)])
 def test_candidates_fit_and_include_the_rule(m, n, k):
-    found = gemm_configs.candidates(m, n, k, 132)
+    found = gemm_candidates.candidates(m, n, k, 132)
     assert gemm_configs.untuned_config(m, n, k, 132) in found
     assert all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
     assert len(found) == len(set(found)) and len(found) <= 80
@@ -439,7 +440,7 @@ def test_mid_m_candidates_hold_the_big_tiles_deeper_and_two_part_splits():
     and six, 64x128 at six and eight, 64x64x128 at six (B from DRAM: deeper pipelines), and a two-part
     wave split where it is another plan than the caps 4 and 16 make (40 tiles of 128x256 at
     256x5120x8192: 2 parts on 80 programs against 3 on 120); none of it at M = 64 or 1024."""
-    found = gemm_configs.candidates(256, 5120, 8192)
+    found = gemm_candidates.candidates(256, 5120, 8192)
     labels = {c.label for c in found}
     assert {"N128x256x64/g8/s1/w8/p4", "N256x128x64/g8/s1/w8/p4", "N128x128x64/g8/s1/w8/p5",
             "N128x128x64/g8/s1/w8/p6", "N64x128x64/g8/s1/w4/p6", "N64x128x64/g8/s1/w4/p8",
@@ -451,8 +452,8 @@ def test_mid_m_candidates_hold_the_big_tiles_deeper_and_two_part_splits():
     assert gemm_configs.split_plan(two, tiles, 8192, 132) == gemm_configs.SplitPlan(0, 2, 2)
     assert gemm_configs.split_plan(replace(two, split_k=4), tiles, 8192, 132) == gemm_configs.SplitPlan(0, 3, 3)
     assert not any(c.num_stages == 4 and c.block_m * c.block_n == 128 * 256 or c.split_k == 2
-                   or c.num_stages >= 6 and not c.swap_ab for c in gemm_configs.candidates(64, 5120, 8192))
-    assert not any(c.split_k == 2 for c in gemm_configs.candidates(1024, 5120, 8192))
+                   or c.num_stages >= 6 and not c.swap_ab for c in gemm_candidates.candidates(64, 5120, 8192))
+    assert not any(c.split_k == 2 for c in gemm_candidates.candidates(1024, 5120, 8192))
 
 
 def test_narrow_n_candidates_above_m_512_hold_the_deep_pipelines_and_halved_c_stores():
@@ -462,13 +463,13 @@ def test_narrow_n_candidates_above_m_512_hold_the_deep_pipelines_and_halved_c_st
     deep = {"N128x128x64/g8/s1/w8/p5", "N128x128x64/g8/s1/w8/p6", "N128x128x64/g8/s1/w8/p5/f/t",
             "N128x256x64/g8/s1/w8/p4", "N256x128x64/g8/s1/w8/p4"}
     for m, n in ((1024, 2560), (2048, 1280), (2048, 2560), (4096, 1280), (1024, 5120)):
-        found = gemm_configs.candidates(m, n, 8192)
+        found = gemm_candidates.candidates(m, n, 8192)
         labels = {c.label for c in found}
         assert deep <= labels, (m, n, deep - labels)
         assert "N128x256x64/g8/s1/w8/p3/f/t" in labels, "the halved C store keeps three stages"
         assert len(found) <= 80 and all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
     for m, n, k in ((2048, 28672, 8192), (1024, 2560, 2048), (8192, 1280, 8192)):
-        assert not deep & {c.label for c in gemm_configs.candidates(m, n, k)}, (m, n, k)
+        assert not deep & {c.label for c in gemm_candidates.candidates(m, n, k)}, (m, n, k)
     halved = GemmConfig(128, 256, 64, 8, 1, False, 8, 3, flatten=True, tma_store=True)
     assert halved.c_halves == 2 and halved.fitted(2).num_stages == 3
     assert halved.smem_bytes(2) == 3 * (128 + 256) * 64 * 2 + 128 * 128 * 2
@@ -476,9 +477,9 @@ def test_narrow_n_candidates_above_m_512_hold_the_deep_pipelines_and_halved_c_st
 
 
 def test_fp32_halves_the_k_step_and_cpu_gets_small_tiles():
-    config = gemm_configs.gemm_config(4096, 8192, 8192, torch.float32, torch.device("meta"))
+    config = gemm_tables.gemm_config(4096, 8192, 8192, torch.float32, torch.device("meta"))
     assert config.smem_bytes(4) <= gemm_configs.SMEM_BYTES
-    assert gemm_configs.gemm_config(4096, 8192, 8192, torch.bfloat16, torch.device("cpu")) == gemm_configs.CPU_CONFIG
+    assert gemm_tables.gemm_config(4096, 8192, 8192, torch.bfloat16, torch.device("cpu")) == gemm_configs.CPU_CONFIG
 
 
 def test_table_lookup_round_trip(tmp_path, monkeypatch):
@@ -491,12 +492,12 @@ def test_table_lookup_round_trip(tmp_path, monkeypatch):
     rows = [dict(m=16, n=1280, k=8192, config=best.as_list(), no_split=plain.as_list()),
             dict(m=8192, n=1280, k=8192, config=big.as_list(), no_split=big.as_list()),
             dict(m=128, n=1536, k=8192, config=mid.as_list(), no_split=big.as_list())]
-    monkeypatch.setattr(gemm_configs, "DATA", tmp_path)
-    gemm_configs.write_table("h200", dict(gpu="NVIDIA H200"), rows)
+    monkeypatch.setattr(gemm_tables, "DATA", tmp_path)
+    gemm_tables.write_table("h200", dict(gpu="NVIDIA H200"), rows)
     try:
         assert json.loads((tmp_path / "gemm_h200.json").read_text())["gpu"] == "NVIDIA H200"
-        pick = lambda m, n, k, split=True: gemm_configs.gemm_config(m, n, k, torch.bfloat16, torch.device("meta"),
-                                                                    split)
+        pick = lambda m, n, k, split=True: gemm_tables.gemm_config(m, n, k, torch.bfloat16, torch.device("meta"),
+                                                                   split)
         assert pick(9, 1280, 8192) == best
         assert pick(9, 1280, 8192, split=False) == plain
         assert pick(1000, 1280, 8192) == big
@@ -508,7 +509,7 @@ def test_table_lookup_round_trip(tmp_path, monkeypatch):
         assert pick(100, 1536, 8192) == mid and pick(128, 1280, 8192) == mid
         assert pick(200, 1536, 8192) == big
     finally:
-        gemm_configs.load_table.cache_clear()
+        gemm_tables.load_table.cache_clear()
 
 
 @pytest.mark.parametrize("key", ["h100", "h200"])
@@ -516,15 +517,16 @@ def test_shipped_table_answers_every_cell_with_its_own_entry(key):
     """The config a cell of the grid gets is the table's entry for that cell where the table has one,
     else an entry measured at the same M (a neighbouring shape) or the rule -- never an entry of
     another M; the no-split answer likewise."""
-    from symmcoll.bench.gemm import FUSED_SHAPES, GRID_M, SHAPES
-    table = gemm_configs.load_table(key)
+    from symmcoll.bench.gemm import GRID_M, SHAPES
+    from symmcoll.bench.gemm_tune import FUSED_SHAPES
+    table = gemm_tables.load_table(key)
     assert table, f"data/gemm_{key}.json ships"
     for (m, n, k), (best, no_split) in table.items():
-        assert gemm_configs.lookup(table, m, n, k, True) == best
-        assert gemm_configs.lookup(table, m, n, k, False) == no_split
+        assert gemm_tables.lookup(table, m, n, k, True) == best
+        assert gemm_tables.lookup(table, m, n, k, False) == no_split
     for _, n, k in SHAPES + FUSED_SHAPES:
         for m in GRID_M:
-            answer = gemm_configs.lookup(table, m, n, k, True)
+            answer = gemm_tables.lookup(table, m, n, k, True)
             answered_by = [(tm, tn, tk) for (tm, tn, tk), (best, _) in table.items() if best == answer]
             assert answer is None or any(tm == m for tm, _, _ in answered_by), (m, n, k, answer.label)
 
@@ -534,7 +536,7 @@ def test_shipped_entries_run_what_they_were_measured_as(key):
     """Entries measured before stream-K (the wave split) say so; a stream-K entry's plan at its own cell
     is the plan it was measured with (the rule before the measured limit on the last wave, which
     must not move it)."""
-    rows = json.loads(gemm_configs.table_path(key).read_text())["entries"]
+    rows = json.loads(gemm_tables.table_path(key).read_text())["entries"]
     for row in rows:
         # every field spelled out; a two-part tile adds its second width (the 14th), a no-split config has one part
         one_part = len(GemmConfig(16, 16, 16).as_list())
@@ -573,11 +575,11 @@ def test_written_tables_spell_out_what_older_rows_meant(tmp_path):
                                                                                                 4, 5, 1, 0, 0]),
             dict(m=256, n=2560, k=8192, config=[64, 64, 128, 8, 4, 0, 4, 4, 1, 1, 0, 0],
                  no_split=[64, 64, 128, 8, 1, 0, 4, 4, 1, 1, 0, 0], label="N64x64x128/g8/s4/w4/p4/f")]
-    path = gemm_configs.write_table("h100", dict(gpu="NVIDIA H100"), rows, tmp_path / "t.json")
+    path = gemm_tables.write_table("h100", dict(gpu="NVIDIA H100"), rows, tmp_path / "t.json")
     written = json.loads(path.read_text())["entries"]
     assert [GemmConfig.from_list(r["config"]).stream_k for r in written] == [False, True]
     assert [r["label"] for r in written] == ["T16x64x128/g1/s8/w4/p5", "N64x64x128/g8/sk4/w4/p4/f"]
-    gemm_configs.load_table.cache_clear()
+    gemm_tables.load_table.cache_clear()
 
 
 def test_two_part_tiles_are_one_wave_whole_and_read_from_older_lists():
@@ -610,22 +612,23 @@ def test_tuner_offers_one_wave_two_part_tiles_for_the_narrow_n_cells():
     two-part tiles that make 128 tiles -- one wave, less 4 SMs -- on 132 SMs: 512x2560 in 64 x (128+32)
     and 128 x (64+16); every whole two-part candidate fills its last wave to >= 90%; none at decode or short K;
     a fused op (split=False) never gets one from a table."""
-    from symmcoll.bench.gemm import cell_candidates
+    from symmcoll.bench.gemm_tune import cell_candidates
     labels = {c.label for c in cell_candidates(512, 2560, 8192, 132, {})}
     assert {"N64x128+32x64/g8/s1/w4/p4", "N64x128+32x64/g8/s1/w4/p6", "N128x64+16x64/g8/s1/w8/p4"} <= labels
     for m, n, tile in ((512, 5120, "N128x128+32x64"), (2048, 1280, "N128x128+32x64"), (256, 2560, "N64x64+16x64"),
                        (2048, 2560, "N128x256+64x64"), (4096, 1280, "N128x256+64x64"), (1024, 2560, "N128x128+32x64")):
-        found = [c for c in gemm_configs.candidates(m, n, 8192) if c.block_n2 and c.split_k == 1]  # (whole tiles)
+        found = [c for c in gemm_candidates.candidates(m, n, 8192) if c.block_n2 and c.split_k == 1]  # (whole tiles)
         assert tile in {c.label.split("/")[0] for c in found}, (m, n, [c.label for c in found])
         for config in found:
             tiles = gemm_configs.tiles_of(config, m, n)
-            assert gemm_configs.wave_fill(tiles, 132) >= 0.9 and tiles <= 2 * 132, (m, n, config.label, tiles)
+            assert gemm_candidates.wave_fill(tiles, 132) >= 0.9 and tiles <= 2 * 132, (m, n, config.label, tiles)
             assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
-    assert not gemm_configs.two_part_candidates(64, 2560, 8192) and not gemm_configs.two_part_candidates(512, 2560, 512)
+    assert not gemm_candidates.two_part_candidates(64, 2560, 8192)
+    assert not gemm_candidates.two_part_candidates(512, 2560, 512)
     two_part = GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32)
-    table = gemm_configs.table_of([dict(m=512, n=2560, k=8192, config=two_part.as_list(), no_split=two_part.as_list())])
-    assert gemm_configs.lookup(table, 512, 2560, 8192, True) == two_part
-    assert gemm_configs.lookup(table, 512, 2560, 8192, False) == replace(two_part, block_n2=0)
+    table = gemm_tables.table_of([dict(m=512, n=2560, k=8192, config=two_part.as_list(), no_split=two_part.as_list())])
+    assert gemm_tables.lookup(table, 512, 2560, 8192, True) == two_part
+    assert gemm_tables.lookup(table, 512, 2560, 8192, False) == replace(two_part, block_n2=0)
 
 
 # The H100 grid's cells above 1.10x after round 8 (Llama-3-70B QKV, K = 8192) and the wave-split two-part
@@ -642,7 +645,7 @@ def test_tuner_offers_wave_split_two_part_tiles_under_one_wave():
     than 96 accumulator values a thread (ptxas spills beyond), at most ~120 candidates a cell; 128x128
     in 3 parts (40 tiles: 120 units) at the 40-tile cells; none past M = 512, at decode or short K."""
     for m, n, tile, parts in SPLIT_TWO_PART_CELLS:
-        found = gemm_configs.candidates(m, n, 8192)
+        found = gemm_candidates.candidates(m, n, 8192)
         assert len(found) <= 120, (m, n, len(found))
         split = [c for c in found if c.block_n2 and c.split_k > 1]
         assert any(c.label.startswith(tile) and c.split_k == parts for c in split), (m, n, [c.label for c in split])
@@ -656,7 +659,7 @@ def test_tuner_offers_wave_split_two_part_tiles_under_one_wave():
             assert any(gemm_configs.split_plan(c, 40, 8192, 132) == gemm_configs.SplitPlan(0, 3, 3)
                        for c in found if (c.block_m, c.block_n, c.block_n2, c.stream_k) == (128, 128, 0, False))
     for m, n, k in ((1024, 2560, 8192), (64, 1280, 8192), (256, 2560, 1024)):
-        assert not any(c.block_n2 and c.split_k > 1 for c in gemm_configs.candidates(m, n, k)), (m, n, k)
+        assert not any(c.block_n2 and c.split_k > 1 for c in gemm_candidates.candidates(m, n, k)), (m, n, k)
 
 
 def test_config_validation_names_the_field():
@@ -695,7 +698,7 @@ def test_bench_summary_judges_by_the_paired_ratio():
 
 
 def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
-    from symmcoll.bench.gemm import cells_above
+    from symmcoll.bench.gemm_tune import cells_above
     rows = [dict(shape="a", m=16, n=1280, k=8192, ratio=1.02), dict(shape="b", m=256, n=5120, k=8192, ratio=1.35),
             dict(shape="c", m=512, n=2560, k=8192, ratio=1.2), dict(shape="d", m=8, n=64, k=64, error="wrong")]
     result = tmp_path / "gemm.json"
@@ -799,11 +802,11 @@ class NoGpu:  # what JITFunction.warmup asks of the driver; nothing is launched
 
 
 driver.set_active(NoGpu())
-from symmcoll.bench.gemm import _compile_job, compile_job
+from symmcoll.bench.gemm import compile_in_worker, compile_job
 from symmcoll.fused.gemm_configs import GemmConfig
 for m in (16, 1):  # a stream-K launch, then M = 1 (another specialisation of the same config)
-    print(repr(_compile_job(compile_job(GemmConfig(16, 64, 128, 1, 4, True, 4, 3, stream_k=True), m, 1280, 8192,
-                                        "bf16", 132))))
+    print(repr(compile_in_worker(compile_job(GemmConfig(16, 64, 128, 1, 4, True, 4, 3, stream_k=True), m, 1280,
+                                             8192, "bf16", 132))))
 """
 
 
@@ -825,13 +828,13 @@ def test_a_retune_measures_what_the_cell_runs_today():
     """The base table's answer for a cell (and its no-split answer) is among the cell's candidates, so a
     re-tune replaces it only with a config measured faster in the same run (2026-11-27: a tune without
     the wave split replaced faster wave-split entries)."""
-    from symmcoll.bench.gemm import cell_candidates
+    from symmcoll.bench.gemm_tune import cell_candidates
     today, plain = GemmConfig(32, 32, 64, 2, 3, True, 4, 2), GemmConfig(32, 32, 64, 2, 1, True, 4, 2)
-    base = gemm_configs.table_of([dict(m=16, n=1280, k=8192, config=today.as_list(), no_split=plain.as_list())])
-    assert today not in gemm_configs.candidates(16, 1280, 8192, 132)
+    base = gemm_tables.table_of([dict(m=16, n=1280, k=8192, config=today.as_list(), no_split=plain.as_list())])
+    assert today not in gemm_candidates.candidates(16, 1280, 8192, 132)
     found = cell_candidates(16, 1280, 8192, 132, base)
     assert today in found and plain in found and len(found) == len(set(found))
-    assert cell_candidates(16, 1280, 8192, 132, {}) == gemm_configs.candidates(16, 1280, 8192, 132)
+    assert cell_candidates(16, 1280, 8192, 132, {}) == gemm_candidates.candidates(16, 1280, 8192, 132)
 
 
 def test_tune_loop_keeps_the_base_writes_every_cell_and_stops_at_the_budget(tmp_path, monkeypatch):
@@ -840,7 +843,7 @@ def test_tune_loop_keeps_the_base_writes_every_cell_and_stops_at_the_budget(tmp_
     budget, a failed compile reported and not fatal."""
     from concurrent.futures import ThreadPoolExecutor
     from rich.console import Console
-    from symmcoll.bench import gemm as bench_gemm
+    from symmcoll.bench import gemm_tune
 
     measured_order = []
 
@@ -850,11 +853,11 @@ def test_tune_loop_keeps_the_base_writes_every_cell_and_stops_at_the_budget(tmp_
         return dict(m=m, n=n, k=k, shape=name, config=config.as_list(), no_split=config.as_list(),
                     label=config.label, us=1.0, cublas_us=1.0, ratio=1.0, candidates=3)
 
-    monkeypatch.setattr(bench_gemm, "_gpu", lambda: torch.device("cpu"))
-    monkeypatch.setattr(bench_gemm, "gpu_facts", lambda: dict(gpu="NVIDIA H200", sms=132))
-    monkeypatch.setattr(bench_gemm, "_tune_cell", tune_cell)
-    monkeypatch.setattr(bench_gemm, "_compile_pool", lambda workers: ThreadPoolExecutor(2))
-    monkeypatch.setattr(bench_gemm, "_compile_job", lambda job: "" if job[1] != 1 else "T16: failed")
+    monkeypatch.setattr(gemm_tune, "current_gpu", lambda: torch.device("cpu"))
+    monkeypatch.setattr(gemm_tune, "gpu_facts", lambda: dict(gpu="NVIDIA H200", sms=132))
+    monkeypatch.setattr(gemm_tune, "_tune_cell", tune_cell)
+    monkeypatch.setattr(gemm_tune, "compile_pool", lambda workers: ThreadPoolExecutor(2))
+    monkeypatch.setattr(gemm_tune, "compile_in_worker", lambda job: "" if job[1] != 1 else "T16: failed")
     base = tmp_path / "base.json"
     old = GemmConfig(64, 64, 128).as_list()
     base.write_text(json.dumps(dict(entries=[dict(m=m, n=1280, k=8192, config=old, no_split=old) for m in (1, 256)])))
@@ -862,15 +865,15 @@ def test_tune_loop_keeps_the_base_writes_every_cell_and_stops_at_the_budget(tmp_
     out = tmp_path / "gemm_h200.json"
     console = Console(file=open(os.devnull, "w"))
     try:
-        bench_gemm.tune("bf16", (), None, 3, out, console, base=base, cells=cells)
+        gemm_tune.tune("bf16", (), None, 3, out, console, base=base, cells=cells)
         entries = {(e["m"], e["n"], e["k"]): e for e in json.loads(out.read_text())["entries"]}
         assert measured_order == [c[1:] for c in cells]
         assert set(entries) == {c[1:] for c in cells} and entries[(256, 1280, 8192)]["config"] != old
         measured_order.clear()
-        bench_gemm.tune("bf16", (), None, 3, out, console, base=base, cells=cells, budget_s=0.0)
+        gemm_tune.tune("bf16", (), None, 3, out, console, base=base, cells=cells, budget_s=0.0)
         assert measured_order == [] and json.loads(out.read_text())["entries"]  # nothing started, table kept
     finally:
-        gemm_configs.load_table.cache_clear()
+        gemm_tables.load_table.cache_clear()
 
 
 def test_small_products_get_one_wave_tiles_and_deep_pipelines():
@@ -879,7 +882,7 @@ def test_small_products_get_one_wave_tiles_and_deep_pipelines():
     stages, k-steps of 128, 64 x 64 at up to twelve stages, two programs per SM only where the tiles
     outnumber the SMs; whole tiles of one part, each within shared memory (a program's share of it); none
     for long K, wide products or decode."""
-    found = gemm_configs.small_candidates(1024, 1024, 1024, 132)
+    found = gemm_candidates.small_candidates(1024, 1024, 1024, 132)
     labels = {c.label for c in found}
     assert {"N64x128x64/g8/s1/w4/p8", "N128x64x64/g8/s1/w8/p8", "N128x64x128/g8/s1/w8/p4", "N64x64x64/g8/s1/w4/p12",
             "N64x64x128/g8/s1/w4/p6/f", "N64x64x128/g8/s1/w4/p3/o2"} <= labels, labels
@@ -888,17 +891,18 @@ def test_small_products_get_one_wave_tiles_and_deep_pipelines():
     assert all(gemm_configs.tiles_of(c, 1024, 1024) > 132 for c in found if c.occupancy == 2)
     assert all(gemm_configs.tiles_of(c, 1024, 1024) > 132 for c in found if c.flatten)
     assert gemm_configs.tiles_of(GemmConfig(128, 64, 64), 1024, 1024) == 128
-    assert not any(c.occupancy == 2 for c in gemm_configs.small_candidates(512, 1024, 1024, 132))
-    everything = gemm_configs.candidates(1024, 1024, 1024, 132)
+    assert not any(c.occupancy == 2 for c in gemm_candidates.small_candidates(512, 1024, 1024, 132))
+    everything = gemm_candidates.candidates(1024, 1024, 1024, 132)
     assert set(found) <= set(everything) and len(everything) <= 80 and len(set(everything)) == len(everything)
     for m, n, k in ((1024, 8192, 8192), (1024, 1024, 4096), (64, 1024, 1024), (4096, 1024, 1024)):
-        assert not gemm_configs.small_candidates(m, n, k, 132), (m, n, k)
+        assert not gemm_candidates.small_candidates(m, n, k, 132), (m, n, k)
 
 
 def test_one_fused_shape_can_be_named_on_a_command_line():
     """GEMM_SHAPES="fused-1024x1024" (a word: the shell splits "fused 1024x1024") selects that fused shape
     alone; "fused" every one; a layer prefix the layers it names."""
-    from symmcoll.bench.gemm import FUSED_SHAPES, SHAPES, named
+    from symmcoll.bench.gemm import SHAPES, named
+    from symmcoll.bench.gemm_tune import FUSED_SHAPES
     assert [s[0] for s in FUSED_SHAPES if named(s[0], ["fused-1024x1024"])] == ["fused 1024x1024"]
     assert [s[0] for s in FUSED_SHAPES if named(s[0], ["fused 1024x1024"])] == ["fused 1024x1024"]
     assert all(named(s[0], ["fused"]) for s in FUSED_SHAPES) and all(named(s[0], None) for s in SHAPES)

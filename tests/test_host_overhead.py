@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from symmcoll import launcher, plan
-from symmcoll.fused import all_reduce_rms_norm, gemm_configs
+from symmcoll.fused import all_reduce_rms_norm, gemm_tables
 
 from conftest import DEVICE
 from kernel_specs import FakeWorkspace, spec_of
@@ -93,7 +93,7 @@ def test_repeated_call_does_launch_work_only(op, algorithm, shape, world):
     for transposed in (False, True) if op != "all_reduce_rms_norm" else (False,):
         call = _gpu_path_call(op, algorithm, shape, world, transposed)
         first = call()
-        with mock.patch.object(gemm_configs, "lookup", wraps=gemm_configs.lookup) as lookup, \
+        with mock.patch.object(gemm_tables, "lookup", wraps=gemm_tables.lookup) as lookup, \
                 mock.patch.object(all_reduce_rms_norm, "_launch_config", wraps=all_reduce_rms_norm._launch_config) \
                 as launch_config:
             calls = _python_calls(call)
@@ -107,11 +107,11 @@ def test_repeated_call_does_launch_work_only(op, algorithm, shape, world):
 def test_config_cache_follows_the_table():
     """gemm_config's remembered answers hold only while their table is the one loaded: a table loaded
     again (``symmcoll tune`` writing one) is asked again."""
-    pick = lambda: gemm_configs.gemm_config(16, 8192, 3584, torch.bfloat16, torch.device("meta"), split=False)
+    pick = lambda: gemm_tables.gemm_config(16, 8192, 3584, torch.bfloat16, torch.device("meta"), split=False)
     first = pick()
-    with mock.patch.object(gemm_configs, "lookup", wraps=gemm_configs.lookup) as lookup:
+    with mock.patch.object(gemm_tables, "lookup", wraps=gemm_tables.lookup) as lookup:
         assert pick() == first and lookup.call_count == 0
-        gemm_configs.load_table.cache_clear()
+        gemm_tables.load_table.cache_clear()
         assert pick() == first and lookup.call_count == 1
 
 

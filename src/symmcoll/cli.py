@@ -304,14 +304,14 @@ def _tune_gemm(args, console) -> int:
     to the package's data/gemm_<gpu>.json)."""
     if _without_gpu(console, f"tune: {GEMM} needs a GPU; not tuned here"):
         return 0
-    from .bench import gemm
+    from .bench import gemm_tune
 
     out = Path(args.out) if str(args.out).endswith(".json") and "dispatch" not in Path(args.out).name else None
-    dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
+    dtype = args.dtype if args.dtype in gemm_tune.DTYPES else "bf16"
     ms = {int(m) for m in _split(args.m)} or None
-    cells = gemm.cells_above(Path(args.cells_from), args.above, ms) if args.cells_from else None
-    gemm.tune(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, out, console,
-              base=Path(args.base) if args.base else None, cells=cells, budget_s=args.budget_s)
+    cells = gemm_tune.cells_above(Path(args.cells_from), args.above, ms) if args.cells_from else None
+    gemm_tune.tune(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, out, console,
+                   base=Path(args.base) if args.base else None, cells=cells, budget_s=args.budget_s)
     return 0
 
 

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from .fused.gemm_configs import device_facts, table_path
+from .fused.gemm_tables import device_facts, table_path
 
 log = logging.getLogger("symmcoll")
 
 FALLBACK = "nccl"
 USER_TABLE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "symmcoll" / "dispatch.json"
-# The GPU models' tables live beside the GEMM and roofline tables (gemm_configs.table_path); the H200 one
+# The GPU models' tables live beside the GEMM and roofline tables (gemm_tables.table_path); the H200 one
 # serves every GPU without a table of its own, and CPU.
 PACKAGED_TABLE = table_path("h200", "dispatch")
 

@@ -59,7 +59,7 @@ from ..launcher import launch
 from ..memory.persistent_state import persistent
 from ..plan import Algorithm, Plan
 from . import gemm
-from .gemm_configs import gemm_config
+from .gemm_tables import gemm_config
 
 OP = "all_gather_matmul"
 DTYPES = (torch.bfloat16, torch.float16)

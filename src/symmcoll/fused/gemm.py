@@ -19,7 +19,7 @@ With SYMMCOLL_PDL=1 (launcher.pdl_meta) ``matmul_kernel`` is launched with progr
 launch: it waits for the previous kernel (language/pdl.py) before building descriptors or touching
 memory, and lets the next one launch once its first tile's K-loop is done.
 
-Configs (tile shape, swap, split, warps, stages) come from gemm_configs.gemm_config: a table measured
+Configs (tile shape, swap, split, warps, stages) come from gemm_tables.gemm_config: a table measured
 per GPU model by ``symmcoll tune --op gemm``, or the untuned rule. Under the interpreter ``mma``
 upcasts to fp32 first (triton 3.6's interpreter adds bf16 bit patterns); the GPU path never does.
 """
@@ -36,7 +36,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
 from ..launcher import launch, pdl_meta
-from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, gemm_config, split_plan
+from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, split_plan
+from .gemm_tables import gemm_config
 from .gemm_split import reduce_loads, split_counters, split_reduce, stream_owner, stream_range, wave_part
 
 # tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
@@ -549,7 +550,7 @@ def compile_cases(make_workspace):
             # two-part tiles wave-split: 32 tiles x 4 parts = 128 units on 132 SMs (256x2560, 128x1280)
             case(256, 2560, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 4, False, 8, 5, block_n2=32)),
             case(128, 1280, 8192, torch.bfloat16, GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), b_t=True),
-            # small products (gemm_configs.small_candidates): one wave of 128 x 64 tiles, two warpgroups,
+            # small products (gemm_candidates.small_candidates): one wave of 128 x 64 tiles, two warpgroups,
             # eight stages at 1024^3; two flattened programs per SM at 2048 x 1024 x 1024
             case(1024, 1024, 1024, torch.bfloat16, GemmConfig(128, 64, 64, 8, 1, False, 8, 8)),
             case(2048, 1024, 1024, torch.bfloat16, GemmConfig(64, 64, 128, 8, 1, False, 4, 3, occupancy=2,

@@ -49,7 +49,8 @@ from ..launcher import launch, pdl_meta
 from ..plan import Algorithm
 from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision,
                    programs_for, store_tile, use_tma)
-from .gemm_configs import GemmConfig, device_facts, gemm_config, tiles_of
+from .gemm_configs import GemmConfig, tiles_of
+from .gemm_tables import device_facts, gemm_config
 from .matmul_reduce_scatter import check_operands, layer_size, meta_launch_cases, run_tiles, size_key
 
 OP = "matmul_all_reduce"

@@ -72,7 +72,8 @@ from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm
 from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, operand_sources, precision, programs_for,
                    store_tile, use_tma)
-from .gemm_configs import GemmConfig, gemm_config
+from .gemm_configs import GemmConfig
+from .gemm_tables import gemm_config
 
 OP = "matmul_reduce_scatter"
 STAGE_PHASES: tl.constexpr = tl.constexpr(2)

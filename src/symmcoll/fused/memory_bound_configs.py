@@ -9,7 +9,7 @@ beside its result). A candidate replaces the config that was the default in that
 was faster by more than ``NOISE`` (repeat runs of one config differ by about that much), so a table
 never moves a default on noise.
 
-Keys, much as the GEMM's table (fused/gemm_configs.py): the measured hidden size (MoE: and top-k; codecs:
+Keys, much as the GEMM's table (fused/gemm_tables.py): the measured hidden size (MoE: and top-k; codecs:
 group size) nearest in log distance, within a factor of 2, else no entry; the same quant (format and
 direction); MoE: the nearest measured expert count; then the largest measured token count (codecs:
 values) <= the request's, else the smallest.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plan import LaunchConfig
-from .gemm_configs import gpu_key, read_table
+from .gemm_tables import gpu_key, read_table
 
 # A candidate replaces the default only where it is this much faster (run-to-run spread of one config).
 NOISE = 0.03
