@@ -4,7 +4,10 @@ the persistent GEMM in gemm.py.
 all_gather_matmul.py       all_gather(A shards) @ B (column-parallel linear, SP)
 matmul_reduce_scatter.py   A @ B summed over ranks, row shards scattered (row-parallel linear, SP)
 matmul_all_reduce.py       A @ B summed over ranks (row-parallel linear)
-all_reduce_rms_norm.py     all-reduce + residual add + RMSNorm (+ fp8) in one kernel
+all_reduce_rms_norm.py     all-reduce + residual add + RMSNorm (+ fp8) in one kernel: launch rules, op
+  rms_one_shot.py          its one-shot kernel
+  rms_two_shot.py          its two-shot kernel
+  rms_rows.py              the row math both kernels share
 
 Each op's module declares the op once (``ops.declare(ops.OpSpec(...))``: its torch op, schema, fake,
 input names, shape rule, "auto" default and algorithms; docs/internals.md, "A fused op") and its

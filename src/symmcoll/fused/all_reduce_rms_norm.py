@@ -17,31 +17,22 @@ by launch epoch (epoch % 3) behind epoch-tagged call headers. Every rank adds th
 order, so results agree bit for bit. Program p handles the same rows in every stage, so it waits only
 on program p of its peers. (docs/algorithms.md has the pictures.)
 
-one_shot
-    Rows of x into my row of every peer's slots; per step of rows, every peer's words as one tile: sum,
-    add the residual, round, normalise. (W-1) * S stored per rank; for decode-sized inputs.
-
-two_shot
-    W shards of ceil(T / W) whole rows. Stage 0: shard s of x to rank s's scatter slots; stage 1: my
-    shard's sums + residual, rounded: stored, normalised, and pushed to every peer's gather slots;
-    stage 2: peers' new residual rows stored and normalised here (the gather moves the residual only:
-    2 (W-1)/W * S per rank).
+Where what lives (one algorithm a file):
+    fused/rms_one_shot.py   the one-shot kernel: every peer's rows in one tile; (W-1) * S stored per
+                            rank, for decode-sized inputs; on one rank the local kernel ("auto")
+    fused/rms_two_shot.py   the two-shot kernel: scatter shards of whole rows, sum and normalise at
+                            the owner, gather the new residual only (2 (W-1)/W * S per rank)
+    fused/rms_rows.py       the row math both share: words, the sum over ranks, the norm, fp8 output
+    this file               slot sizes, launch rules, the "auto" choice (AUTO_ONE_SHOT_MAX_BYTES), the
+                            launcher of both kernels, the nccl / unfused paths and the op's declaration
 
 Rows longer than MAX_HIDDEN elements run the unfused baseline; more rows than the slots hold go in
 pieces of whole rows (one launch each). The local work of a step is one pass over whole rows, or (a
 config ``block`` of less than a row) two passes over a row in chunks, the second reading back the new
 residual the first wrote (fused/rms_rows.py): x, residual and weight read once from HBM (my own rows as
-values, never through words), new residual and normed written once; on one rank no peer code, no
-slots and no launch epoch are compiled in and one launch takes every row ("auto": the one-shot kernel),
-and the one-shot kernel may load the next step's first chunk before finishing a step (``AHEAD``; whole
-rows then hold the weight in registers, loaded once), or, where its grid covers the rows, take one step
-per program with no loop (``ONE_STEP``; with ``EVEN_H``, rows that fill their block, no masks; a config
-with ``every_step`` makes the grid cover the rows past the programs' cap). Launch: ``gpu_config`` (values
-per step, programs, warps; on one rank the table measured on this GPU model), overridable per call
+values, never through words), new residual and normed written once. Launch: ``gpu_config`` (values per
+step, programs, warps; on one rank the table measured on this GPU model), overridable per call
 (``plan.resolve(..., config=)``) for the roofline sweep.
-With SYMMCOLL_PDL=1 (launcher.pdl_meta) the one-shot kernel is launched with programmatic dependent
-launch: it waits for the previous kernel (language/pdl.py) before any global access and lets the next
-one launch at once (its loads are the kernel).
 
 nccl / unfused
     The process group's all-reduce / symmcoll.all_reduce ("auto"), then torch: residual + sum (rounded),
@@ -54,19 +45,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import triton
-import triton.language as tl
 
 from .. import ops, plan
-from ..language import (WORD_FORMAT, declare_slots, end_launch, narrow, open_slots, open_two_stage_slots, own_shard,
-                        peer_rows, post_call, release_dependents, sanitize_values, take_rows, wait_prior_grid,
-                        words_of)
+from ..language import WORD_FORMAT, declare_slots
 from ..launcher import launch, pdl_meta
 from ..memory.layout import MAX_PROGRAMS
 from ..plan import Algorithm, LaunchConfig
 from . import memory_bound_configs
 from .gemm import num_sms
-from .rms_rows import (FP8_MAX, MIN_AMAX, chunk_words, end_rows, end_step, load_chunk, load_weight, own_values,
-                       rank_sum, row_weight, row_words, step_lanes, word_values)
+from .rms_one_shot import rms_norm_one_shot_kernel
+from .rms_rows import FP8_MAX, MIN_AMAX
+from .rms_two_shot import rms_norm_two_shot_kernel
 
 OP = "all_reduce_rms_norm"
 QUANT = {None: 0, "fp8_per_tensor": 1, "fp8_per_token": 2}
@@ -109,239 +98,6 @@ def two_shot_words(device_type: str, world: int) -> int:
 ONE_SHOT_SLOTS, ONE_SHOT_EPOCHS = declare_slots(f"{OP}.one_shot", f"fused.{OP}", 1, one_shot_words)
 TWO_SHOT_SLOTS, TWO_SHOT_EPOCHS = declare_slots(f"{OP}.two_shot", f"fused.{OP}", 2, two_shot_words)
 
-
-@triton.jit(do_not_specialize=["rows", "eps"])
-def rms_norm_one_shot_kernel(
-    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
-    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
-    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
-    desc, slot_ptrs_dev, epochs_ptr,
-    # inputs [rows, H] (weight [H], scale [1]) and outputs (scales [rows]) of this piece
-    x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, H, eps,
-    # a row is ROW_BLOCK words in the slots (H values rounded up to a power of 2: BLOCK_H); ROWS rows per
-    # step, CHUNK values of each at a time (CHUNK < BLOCK_H: one row, two passes); SLOT_WORDS per source;
-    # PEERS = WORLD rounded up to a power of 2; QUANT: 0 none, 1 fp8 per tensor, 2 fp8 per token;
-    # AHEAD (one rank only): the next step's first chunk is loaded before this step's last is finished;
-    # one rank only: ONE_STEP, every program takes one step (the grid covers the rows: no loop, so no
-    # barrier guarding the reduction's shared memory from the previous step's readers), EVEN_H, H ==
-    # BLOCK_H (no column masks; the mean divides by a constant)
-    WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
-    CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr, AHEAD: tl.constexpr,
-    ONE_STEP: tl.constexpr = False, EVEN_H: tl.constexpr = False,
-    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
-):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    # PDL: the previous kernel (the matmul that made x) done before anything global: rows, slots, epochs
-    wait_prior_grid(PDL)
-    # ... and the next PDL kernel may launch once every program of ours is here: it overlaps all of this
-    # (a memory-bound pass: its loads are the whole kernel) and waits for our completion before it
-    # touches memory; our programs are all resident by then, so no wait of ours loses an SM to it.
-    # (Issued after the step's loads instead, it cost 9 registers at 2048 x 4096.)
-    release_dependents(PDL)
-    if WORLD > 1:  # one rank: nothing goes through the slots, no epoch to keep
-        epoch, base, region, headers, pads, peer_headers = open_slots(slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev,
-                                                                      desc, rank, WORLD, 1, SLOT_WORDS)
-    steps = tl.cdiv(rows, ROWS)
-    # A step is ROWS consecutive rows: ROWS * ROW_BLOCK consecutive slot words; a chunk of a row is
-    # WORDS of them from word CHUNK / VALUES_PER_WORD * (chunk number) of the row.
-    VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
-    WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
-    lanes, in_step, peers, is_peer = step_lanes(rank, WORLD, ROWS, WORDS, PEERS)
-    if WORLD > 1:
-        # Stage 1: my rows into my row of every peer's slots (one tile store reaches every peer).
-        to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
-        for step in range(pid, steps, nprog):
-            row_ids = step * ROWS + in_step
-            for start in range(0, BLOCK_H, CHUNK):
-                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
-                sent = used & (step * ROWS + lanes // WORDS < rows)
-                words = row_words(x_ptr, row_ids, row_ids < rows, H, start, FORMAT, WORDS, CHUNK)
-                tl.store(to_peers + base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :],
-                         tl.broadcast_to(words[None, :], (PEERS, ROWS * WORDS)), mask=is_peer[:, None] & sent[None, :])
-        post_call(pads, peer_headers, epoch, desc, rank, WORLD)
-    # Stage 2: per step, every peer's words at once; sum in rank order, add, normalise.
-    budget = max_spins
-    check = 1
-    LOCAL_STEP: tl.constexpr = ONE_STEP and WORLD == 1  # (nothing ahead of a program's only step)
-    LOAD_AHEAD: tl.constexpr = AHEAD and WORLD == 1 and not LOCAL_STEP
-    if EVEN_H and WORLD == 1:
-        H = BLOCK_H  # a constexpr from here: masks on it fold away, the mean is a multiply
-    # The weight: whole rows with loads ahead hold it through their steps (loaded once, after the first
-    # step's x and residual: in flight with them); other whole rows load it with each step's, chunked
-    # rows with each chunk's where per-token fp8 needs it in pass 1.
-    HELD_WEIGHT: tl.constexpr = LOAD_AHEAD and CHUNK == BLOCK_H
-    STEP_WEIGHT: tl.constexpr = (CHUNK == BLOCK_H and not HELD_WEIGHT) or (CHUNK < BLOCK_H and QUANT == 2)
-    if LOAD_AHEAD:
-        x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, pid * ROWS + in_step,
-                                                        pid * ROWS + in_step < rows, H, 0, CHUNK, STEP_WEIGHT)
-    held_weight = row_weight(weight_ptr, H, BLOCK_H) if HELD_WEIGHT else tl.zeros([CHUNK], tl.float32)
-    # (a loop of one constant trip when LOCAL_STEP: the compiler removes it)
-    for i in range(0, 1 if LOCAL_STEP else steps - pid, 1 if LOCAL_STEP else nprog):
-        step = pid + i
-        row_ids = step * ROWS + in_step
-        if LOCAL_STEP and ROWS == 1:
-            row_ok = tl.full([ROWS], 1, tl.int1)  # the grid is the rows: every program's row exists
-        else:
-            row_ok = row_ids < rows
-        squares = tl.zeros([ROWS, CHUNK], tl.float32)
-        peaks = tl.zeros([ROWS, CHUNK], tl.int32)
-        if not LOAD_AHEAD:
-            x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H, 0,
-                                                            CHUNK, STEP_WEIGHT)
-        for start in range(0, BLOCK_H, CHUNK):
-            # One rank, 16-bit rows: x is not sanitised (no -0 -> +0: no peer reads my words); the sum is
-            # rounded, then + 0.0 makes -0 +0 as the reference's sum over ranks does (own_values(x) +
-            # residual, value for value; fp32 rows keep own_values: the EMPTY pattern reads -0). The
-            # compiler then adds 16-bit rows two values an instruction (fptrunc(fpext a + fpext b) is the
-            # 16-bit add), and the residual stored is the one narrowed after the + 0.0: 288 -> 216 SASS
-            # instructions a row of 4096 (torch.compile's kernel: about 240), at 512 tokens ~1.3 us of
-            # instruction issue per SM.
-            total = x_next if (WORLD == 1 and FORMAT != 2) else own_values(x_next, FORMAT)
-            residual = residual_next
-            weight = held_weight if HELD_WEIGHT else weight_next
-            if LOAD_AHEAD:
-                # After a step's last chunk, the next step's first: in flight through this step's norm.
-                wrap = start + CHUNK >= BLOCK_H
-                ahead_rows = row_ids + tl.where(wrap, nprog * ROWS, 0)
-                x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, ahead_rows,
-                                                                ahead_rows < rows, H, tl.where(wrap, 0, start + CHUNK),
-                                                                CHUNK, STEP_WEIGHT)
-            elif CHUNK < BLOCK_H:
-                x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, row_ids, row_ok, H,
-                                                                start + CHUNK, CHUNK, STEP_WEIGHT)
-            if WORLD > 1:
-                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
-                sent = used & (step * ROWS + lanes // WORDS < rows)
-                slots = region + base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :]
-                tile, budget = take_rows(slots, is_peer[:, None] & sent[None, :], peers, rank, budget, status_ptr,
-                                         desc, headers, epoch, check, WORLD)
-                check = 0
-                total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, WORDS, CHUNK)
-            if WORLD == 1:
-                rounded = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
-                new_residual = narrow(rounded + 0.0, residual_out_ptr.dtype.element_ty).to(tl.float32)
-            else:
-                new_residual = narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32)
-            # WORLD == 1 is a constexpr that decides the `or`: no wait that can fail, so no branch between this
-            # chunk and the next one's loads; otherwise the branch is on the budget.
-            if WORLD == 1 or budget > 0:
-                squares, peaks = end_step(new_residual, weight, squares, peaks, row_ids, row_ok, start, weight_ptr,
-                                          scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK,
-                                          BLOCK_H)
-        if budget > 0:
-            end_rows(squares, peaks, row_ids, row_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
-                     H, eps, QUANT, CHUNK, BLOCK_H)
-    if WORLD > 1:
-        end_launch(epochs_ptr, epoch)
-
-
-@triton.jit(do_not_specialize=["rows", "shard_rows", "eps"])
-def rms_norm_two_shot_kernel(
-    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
-    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
-    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
-    desc, slot_ptrs_dev, epochs_ptr,
-    # inputs [rows, H] (weight [H], scale [1]) and outputs (scales [rows]) of this piece; shard s = rows
-    # [s * shard_rows, (s + 1) * shard_rows) below ``rows``
-    x_ptr, residual_ptr, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, rows, shard_rows, H, eps,
-    WORLD: tl.constexpr, FORMAT: tl.constexpr, ROW_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
-    CHUNK: tl.constexpr, SLOT_WORDS: tl.constexpr, PEERS: tl.constexpr, QUANT: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    if WORLD > 1:
-        epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
-            slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, SLOT_WORDS)
-    VALUES_PER_WORD: tl.constexpr = BLOCK_H // ROW_BLOCK
-    WORDS: tl.constexpr = CHUNK // VALUES_PER_WORD
-    lanes, in_step, peers, is_peer = step_lanes(rank, WORLD, ROWS, WORDS, PEERS)
-    steps = tl.cdiv(shard_rows, ROWS)
-    if WORLD > 1:
-        to_peers = peer_rows(slot_ptrs_dev, peers, is_peer, tl.int32)
-        # Stage 0: rows i of shard s of my x -> my row of rank s's scatter slots, every s at once.
-        for step in range(pid, steps, nprog):
-            in_shard = step * ROWS + in_step
-            their_rows = peers[:, None] * shard_rows + in_shard[None, :]
-            their_ok = is_peer[:, None] & (in_shard < shard_rows)[None, :] & (their_rows < rows)
-            lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // WORDS)[None, :]
-            for start in range(0, BLOCK_H, CHUNK):
-                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
-                words = row_words(x_ptr, tl.reshape(their_rows, [PEERS * ROWS]), tl.reshape(their_ok, [PEERS * ROWS]),
-                                  H, start, FORMAT, WORDS, CHUNK)
-                sent = is_peer[:, None] & used[None, :] & ((step * ROWS + lanes // WORDS) < shard_rows)[None, :] \
-                    & (lane_rows < rows)
-                tl.store(to_peers + scatter_base + rank * SLOT_WORDS + step * ROWS * ROW_BLOCK + word0 + lanes[None, :],
-                         tl.reshape(words, [PEERS, ROWS * WORDS]), mask=sent)
-        post_call(pads, peer_headers, epoch, desc, rank, WORLD)
-    # Stage 1: my rows: sum, add, round; store, normalise, and push the new residual to every peer.
-    budget = max_spins
-    check = 1
-    STEP_WEIGHT: tl.constexpr = CHUNK == BLOCK_H or QUANT == 2
-    for step in range(pid, steps, nprog):
-        _, my_rows, mine_ok = own_shard(step, ROWS, in_step, rank, shard_rows, rows)
-        squares = tl.zeros([ROWS, CHUNK], tl.float32)
-        peaks = tl.zeros([ROWS, CHUNK], tl.int32)
-        x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H, 0, CHUNK,
-                                                        STEP_WEIGHT)
-        for start in range(0, BLOCK_H, CHUNK):
-            total, residual, weight = own_values(x_next, FORMAT), residual_next, weight_next
-            if CHUNK < BLOCK_H:
-                x_next, residual_next, weight_next = load_chunk(x_ptr, residual_ptr, weight_ptr, my_rows, mine_ok, H,
-                                                                start + CHUNK, CHUNK, STEP_WEIGHT)
-            if WORLD > 1:
-                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
-                lane_in_shard = step * ROWS + lanes // WORDS
-                lane_mine = used & (lane_in_shard < shard_rows) & (rank * shard_rows + lane_in_shard < rows)
-                received = is_peer[:, None] & lane_mine[None, :]
-                at = step * ROWS * ROW_BLOCK + word0 + lanes[None, :]
-                tile, budget = take_rows(region + scatter_base + peers[:, None] * SLOT_WORDS + at, received, peers,
-                                         rank, budget, status_ptr, desc, headers, epoch, check, WORLD)
-                check = 0
-                total = rank_sum(tile, total, peers, rank, WORLD, FORMAT, ROWS, WORDS, CHUNK)
-            # The new residual as the peers will see it (rounded and sanitised alike).
-            new_residual = sanitize_values(narrow(total + residual, residual_out_ptr.dtype.element_ty).to(tl.float32),
-                                           FORMAT)
-            if WORLD == 1 or budget > 0:  # (constexpr `or`: no branch at WORLD == 1)
-                squares, peaks = end_step(new_residual, weight, squares, peaks, my_rows, mine_ok, start, weight_ptr,
-                                          scale_ptr, normed_ptr, residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK,
-                                          BLOCK_H)
-                if WORLD > 1:
-                    words = words_of(tl.reshape(new_residual, [ROWS * CHUNK]), FORMAT, ROWS * WORDS)
-                    tl.store(to_peers + gather_base + rank * SLOT_WORDS + at,
-                             tl.broadcast_to(words[None, :], (PEERS, ROWS * WORDS)), mask=received)
-        if budget > 0:
-            end_rows(squares, peaks, my_rows, mine_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr, scales_ptr,
-                     H, eps, QUANT, CHUNK, BLOCK_H)
-    if WORLD > 1:
-        # Stage 2: every peer's new residual rows from my gather slots; store and normalise them here.
-        for step in range(pid, steps, nprog):
-            in_shard = step * ROWS + in_step
-            their_rows = tl.reshape(peers[:, None] * shard_rows + in_shard[None, :], [PEERS * ROWS])
-            their_ok = tl.reshape(is_peer[:, None] & (in_shard < shard_rows)[None, :]
-                                  & (peers[:, None] * shard_rows + in_shard[None, :] < rows), [PEERS * ROWS])
-            lane_rows = peers[:, None] * shard_rows + (step * ROWS + lanes // WORDS)[None, :]
-            squares = tl.zeros([PEERS * ROWS, CHUNK], tl.float32)
-            peaks = tl.zeros([PEERS * ROWS, CHUNK], tl.int32)
-            for start in range(0, BLOCK_H, CHUNK):
-                word0, used = chunk_words(start, lanes, H, VALUES_PER_WORD, WORDS)
-                received = is_peer[:, None] & used[None, :] \
-                    & ((step * ROWS + lanes // WORDS) < shard_rows)[None, :] & (lane_rows < rows)
-                tile, budget = take_rows(region + gather_base + peers[:, None] * SLOT_WORDS + step * ROWS * ROW_BLOCK
-                                         + word0 + lanes[None, :], received, peers, rank, budget, status_ptr, desc,
-                                         headers, epoch, 0, WORLD)
-                new_residual = word_values(tl.reshape(tile, [PEERS * ROWS, WORDS]), FORMAT, WORDS, CHUNK)
-                if budget > 0:
-                    squares, peaks = end_step(new_residual, load_weight(weight_ptr, H, start, CHUNK), squares, peaks,
-                                              their_rows, their_ok, start, weight_ptr, scale_ptr, normed_ptr,
-                                              residual_out_ptr, scales_ptr, H, eps, QUANT, CHUNK, BLOCK_H)
-            if budget > 0:
-                end_rows(squares, peaks, their_rows, their_ok, weight_ptr, scale_ptr, normed_ptr, residual_out_ptr,
-                         scales_ptr, H, eps, QUANT, CHUNK, BLOCK_H)
-        end_launch(epochs_ptr, epoch)
-
-
-# ---- host side ---------------------------------------------------------------------------------------
 
 def _outputs(x: torch.Tensor, quant: str | None):
     """(normed, new_residual, scales) as [rows, H] / [rows] views of the returned tensors."""

@@ -1,5 +1,6 @@
-"""Device code of all_reduce_rms_norm (fused/all_reduce_rms_norm.py): rows (or chunks of rows) as
-sentinel words, their sum over ranks, and the epilogue (new residual, RMSNorm, optional fp8).
+"""Device code that all_reduce_rms_norm's kernels (fused/rms_one_shot.py, fused/rms_two_shot.py; host side
+in fused/all_reduce_rms_norm.py) share: rows (or chunks of rows) as sentinel words, their sum over
+ranks, and the epilogue (new residual, RMSNorm, optional fp8).
 
 A step of a kernel handles R rows. In the slots a row takes ROW_BLOCK words (its H values, two 16-bit
 or one fp32 to a word, rounded up to a power of two: BLOCK_H values), so R rows are R * ROW_BLOCK
