@@ -15,6 +15,8 @@ import triton.language as tl
 import symmcoll
 from symmcoll import launch
 from symmcoll.fused import all_gather_matmul as agmm
+from symmcoll.fused import all_gather_matmul_kernel as agmm_kernel
+from symmcoll.fused import all_gather_matmul_rules as agmm_rules
 
 from rank_checks import device, with_workspace_bytes
 
@@ -120,7 +122,7 @@ def test_group_of_one_launches_what_the_core_launches(m, n, k, algorithm):
     TMA_STORE, ...), its split counts, and host descriptors of the same blocks for A, B and C."""
     from kernel_specs import recorded_alone_and_core
     (ours,), (core,) = recorded_alone_and_core(m, n, k, algorithm)
-    assert ours.kernel is agmm.ag_matmul_kernel and ours.meta["ALONE_CORE"] and ours.meta["WORLD"] == 1
+    assert ours.kernel is agmm_kernel.ag_matmul_kernel and ours.meta["ALONE_CORE"] and ours.meta["WORLD"] == 1
     assert ours.grid == core.grid
     assert {key: ours.meta[key] for key in core.meta} == core.meta
     names = [p.name for p in ours.kernel.params]
@@ -177,7 +179,7 @@ def test_errors_and_torch_compile(pools):
 def _consumer_tiles(out_ptr, tiles, blocks_per_shard, num_n, GROUP_M: tl.constexpr, BLOCK: tl.constexpr):
     """(logical row block, column block) of every consumer tile, as ag_matmul_kernel orders them."""
     t = tl.arange(0, BLOCK)
-    logical, pid_n = agmm._consumer_tile(t, blocks_per_shard, num_n, GROUP_M)
+    logical, pid_n = agmm_kernel._consumer_tile(t, blocks_per_shard, num_n, GROUP_M)
     tl.store(out_ptr + 2 * t, logical, mask=t < tiles)
     tl.store(out_ptr + 2 * t + 1, pid_n, mask=t < tiles)
 
@@ -212,7 +214,7 @@ def _auto_choices():
     def chosen(rows):
         a = torch.zeros(rows, 64, dtype=torch.bfloat16, device=dev)
         return plan.resolve("all_gather_matmul", a, None, "auto", others=(b,)).name
-    small, large = agmm.COPY_ENGINE_FROM_ROWS // world - 1, agmm.COPY_ENGINE_FROM_ROWS // world
+    small, large = agmm_rules.COPY_ENGINE_FROM_ROWS // world - 1, agmm_rules.COPY_ENGINE_FROM_ROWS // world
     return chosen(small), chosen(large)
 
 
@@ -222,9 +224,9 @@ def test_auto_overlaps_large_gathers_by_the_copy_engines(pools):
     assert pools(2).run(_auto_choices) == [("gather_then_cublas", "copy_engine_producer")] * 2
     request = lambda rows: symmcoll.plan.Request("all_gather_matmul", (rows, 64), torch.bfloat16,
                                                  torch.device("cpu"), others=(((64, 32), torch.bfloat16, None),))
-    assert agmm.choose_default(request(1 << 20), 1) == "gather_then_cublas"
-    assert agmm.choose_default(request(1024), 4) == "copy_engine_producer"
-    assert agmm.choose_default(request(1023), 4) == "gather_then_cublas"
+    assert agmm_rules.choose_default(request(1 << 20), 1) == "gather_then_cublas"
+    assert agmm_rules.choose_default(request(1024), 4) == "copy_engine_producer"
+    assert agmm_rules.choose_default(request(1023), 4) == "gather_then_cublas"
 
 
 def test_consumers_take_shards_in_turn(pools):
@@ -237,7 +239,8 @@ def _producer_blocks(taker_ptr, count_ptr, world, blocks_per_shard, N_PRODUCERS:
     every other rank: the same function of the owner), and how many producers took it."""
     pid = tl.program_id(0)
     for owner in range(0, world):
-        for j in range(agmm._first_block(pid, owner, blocks_per_shard, N_PRODUCERS), blocks_per_shard, N_PRODUCERS):
+        first = agmm_kernel._first_block(pid, owner, blocks_per_shard, N_PRODUCERS)
+        for j in range(first, blocks_per_shard, N_PRODUCERS):
             tl.store(taker_ptr + owner * blocks_per_shard + j, pid)
             tl.atomic_add(count_ptr + owner * blocks_per_shard + j, 1)
 
@@ -270,11 +273,11 @@ def test_producers_share_the_pulls(pools):
 def _several_producers(rows):
     """The fused kernel with 3 producer programs (1 on CPU otherwise): shards of 1-3 row blocks dealt
     round them, own copies and pulls by different programs, every chunk's flag awaited."""
-    agmm.FUSED_PRODUCERS["cpu"] = 3
+    agmm_rules.FUSED_PRODUCERS["cpu"] = 3
     try:
         return _check("fused", rows, 40, (24,), torch.bfloat16, calls=2)
     finally:
-        agmm.FUSED_PRODUCERS["cpu"] = 1
+        agmm_rules.FUSED_PRODUCERS["cpu"] = 1
 
 
 @pytest.mark.parametrize("rows", [13, 70])
@@ -288,14 +291,14 @@ def test_gpu_producer_count_follows_the_flops_per_pulled_byte(monkeypatch):
     FUSED_PRODUCERS_MAX, and SYMMCOLL_AGMM_PRODUCERS's fixed count (still capped by the chunks)."""
     from symmcoll import debug_switches
     monkeypatch.setattr(debug_switches, "AGMM_PRODUCERS", None)
-    assert agmm.fused_producers(132, 128, 8192, 2) == 9
-    assert agmm.fused_producers(132, 128, 3584, 2) == 18
-    assert agmm.fused_producers(132, 128, 1 << 16, 2) == agmm.FUSED_PRODUCERS["cuda"]
-    assert agmm.fused_producers(132, 4, 3584, 2) == 4
-    assert agmm.fused_producers(132, 512, 256, 2) == agmm.FUSED_PRODUCERS_MAX
+    assert agmm_rules.fused_producers(132, 128, 8192, 2) == 9
+    assert agmm_rules.fused_producers(132, 128, 3584, 2) == 18
+    assert agmm_rules.fused_producers(132, 128, 1 << 16, 2) == agmm_rules.FUSED_PRODUCERS["cuda"]
+    assert agmm_rules.fused_producers(132, 4, 3584, 2) == 4
+    assert agmm_rules.fused_producers(132, 512, 256, 2) == agmm_rules.FUSED_PRODUCERS_MAX
     monkeypatch.setattr(debug_switches, "AGMM_PRODUCERS", 24)
-    assert agmm.fused_producers(132, 128, 8192, 2) == 24
-    assert agmm.fused_producers(132, 8, 8192, 2) == 8
+    assert agmm_rules.fused_producers(132, 128, 8192, 2) == 24
+    assert agmm_rules.fused_producers(132, 8, 8192, 2) == 8
 
 
 # --- GPU only (scripts/gpu_check.sh; reported as NOT RUN elsewhere) ---------------------------------

@@ -196,7 +196,7 @@ def test_fused_rules_from_bench_rows_keyed_by_mnk():
 
 
 def _fused_dispatch():
-    from symmcoll.fused.all_gather_matmul import dispatch_size
+    from symmcoll.fused.all_gather_matmul_rules import dispatch_size
     from symmcoll.plan import clear_cache, resolve
     table = dispatch.Table((dispatch.Rule("all_gather_matmul", 2, "bf16", 2 * 8 * 32 * 16, "fused"),
                             dispatch.Rule("all_gather_matmul", 2, "bf16", 1 << 40, "naive_remote")), "test")
