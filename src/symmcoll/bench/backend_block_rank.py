@@ -17,6 +17,7 @@ from ..models.dtensor_llama import KVCache, TransformerBlock, parallelize
 from .backend_block import (CASE_BUDGET_S, MIN_SAMPLES, MODES, SEED, STEPS, TIMING, TOKEN_TOLERANCE, TOLERANCE, Case,
                             Setup, parse_case)
 from .plan import TimingPlan
+from .rounds import agreed
 from .timing import agreed_iters, capture_steps, event_times_us, settle_graphs
 
 # A logger for the backend's reports: with a report asked for, Inductor does not serve the graph from
@@ -115,12 +116,6 @@ def compare_updates(updates, reference: torch.Tensor | None) -> tuple[float | No
     return whole, token
 
 
-def _gathered(value, group) -> list:
-    values = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return values
-
-
 def _prepare(compiled, x, pos, compile_mode: str, steps: int):
     """Compile and warm up; returns (run: one timed sample of ``steps`` calls, the updates of the first
     call and of a replayed one, compile seconds, the output the timed runs leave or None, the step)."""
@@ -190,7 +185,7 @@ def run_case(case_name: str, modes, compile_mode: str, replays: int, setup: Setu
                     baseline = replayed.clone()
             except Exception as exc:  # noqa: BLE001 - reported in the row; the sweep goes on
                 error = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"[:300]
-            error = verdict(_gathered(error, group), _gathered(measured, group), compile_mode)
+            error = verdict(agreed(error, group), agreed(measured, group), compile_mode)
             if error is None and setup.timed:
                 try:
                     measured.update(_timed(run, steps, replays, group))
@@ -199,8 +194,8 @@ def run_case(case_name: str, modes, compile_mode: str, replays: int, setup: Setu
                     measured.update(err=max(measured["err"], err), token=max(measured["token"], token))
                 except Exception as exc:  # noqa: BLE001
                     error = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"[:300]
-                error = next((e for e in _gathered(error, group) if e), None)
-            per_rank = _gathered(measured, group)
+                error = next((e for e in agreed(error, group) if e), None)
+            per_rank = agreed(measured, group)
             if backend is not None:
                 row.update(rewrites=rewrite_summary(backend.reports), report="\n".join(map(str, backend.reports)))
             row.update(_agreed(per_rank, tokens), error=error)

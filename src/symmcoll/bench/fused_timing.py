@@ -14,7 +14,6 @@ the paired per-round ratios to cuBLAS).
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -23,7 +22,8 @@ import torch
 from .metrics import summarize
 from .plan import TimingPlan
 from .rounds import agreed, paired_ratio, paired_ratios, per_round
-from .timing import CapturedCalls, Timing, event_times_us, graph_calls, time_eager, time_graph
+from .timing import (CapturedCalls, Timing, event_times_us, graph_calls, release_gpu_memory, time_eager,
+                     time_graph)
 
 # Timed samples per implementation: ``replays`` unless they would take longer than CASE_BUDGET_S.
 CASE_BUDGET_S = 1.0
@@ -178,12 +178,10 @@ def free_share(group) -> float:
     return min(agreed((free + unused) / total, group))
 
 
-def release() -> None:
-    """A timed batch's graphs and inputs, dropped by ``Implementation.timed``, given back to the GPU before
-    the next batch is captured (and before free_share is asked again)."""
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+# A timed batch's graphs and inputs, dropped by ``Implementation.timed``, given back to the GPU before the
+# next batch is captured (and before free_share is asked again); a name of this module so that the CPU
+# tests can replace it.
+release = release_gpu_memory
 
 
 def timing_details(impl: Implementation, spread: dict, local_rounds: list) -> dict:

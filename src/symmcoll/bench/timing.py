@@ -224,3 +224,12 @@ def graph_us(calls: list[Callable[[], object]], replays: int, warmup: int = 2, m
     for _ in range(warmup):
         captured.replay()
     return event_times_us(captured.replay, replays, per=captured.calls, isolated=False)
+
+
+def release_gpu_memory() -> None:
+    """Graphs and tensors a bench just dropped, given back to the GPU before it captures again: collect
+    them, let the GPU finish with them, return the allocator's cached blocks (the fused bench between
+    batches, the decoder-block bench between cases)."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
