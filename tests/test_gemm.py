@@ -621,8 +621,18 @@ def test_tuner_offers_one_wave_two_part_tiles_for_the_narrow_n_cells():
         assert tile in {c.label.split("/")[0] for c in found}, (m, n, [c.label for c in found])
         for config in found:
             tiles = gemm_configs.tiles_of(config, m, n)
-            assert gemm_candidates.wave_fill(tiles, 132) >= 0.9 and tiles <= 2 * 132, (m, n, config.label, tiles)
+            one_wave = 0.8 * 132 <= tiles <= 132
+            assert one_wave or gemm_candidates.wave_fill(tiles, 132) >= 0.9 and tiles <= 2 * 132, \
+                (m, n, config.label, tiles)
             assert config.smem_bytes(2) <= gemm_configs.SMEM_BYTES
+    # cuBLAS's tilings where it beat us by 1.10-1.20x (one H100, 2026-11-27: nvjet 128x96 / 64x96 in one wave of
+    # 108-112 tiles, 6-8 stages): whole, one wave, the deepest pipeline that fits among them
+    for m, n, tile, tiles in ((512, 2560, "N128x64+32x64", 108), (256, 5120, "N128x64+32x64", 108),
+                              (256, 2560, "N64x64+32x64", 108), (512, 1280, "N64x64+32x64", 112)):
+        found = [c for c in gemm_candidates.two_part_candidates(m, n, 8192) if c.label.startswith(tile + "/")]
+        assert found and all(c.split_k == 1 and gemm_configs.tiles_of(c, m, n) == tiles for c in found), (m, n)
+        assert max(c.num_stages for c in found) >= 7 and all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES
+                                                             for c in found)
     assert not gemm_candidates.two_part_candidates(64, 2560, 8192)
     assert not gemm_candidates.two_part_candidates(512, 2560, 512)
     two_part = GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32)
@@ -715,6 +725,7 @@ GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 1
                GemmConfig(64, 128, 64, 8, 1, False, 4, 4, block_n2=32), GemmConfig(128, 64, 64, 8, 1, False, 8, 4,
                                                                                    block_n2=16),
                GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32),  # two-part, wave-split
+               GemmConfig(128, 64, 64, 8, 1, False, 8, 7, block_n2=32),  # cuBLAS's 128 x 96, one wave, deep
                GemmConfig(128, 64, 64, 8, 1, False, 8, 8)]  # (a small product's one-wave tile, eight stages)
 
 

@@ -30,6 +30,13 @@ TWO_PART_STAGES = (4, 6)
 TWO_PART_MIN_FILL = 0.9
 TWO_PART_MAX_WAVES = 2
 TWO_PART_MAX_WASTE = 0.05
+# ... or in one wave that leaves at most a fifth of the SMs idle, with deeper pipelines: the tiling cuBLAS
+# runs at the QKV cells we lost by 1.10-1.20x on one H100 (2026-11-27, results/2026-11-27-paired-qkv-h100/
+# call2/qkv: nvjet 128x96 with 6 stages at 512x2560 and 256x5120, 64x96 with 8 at 256x2560 and 512x1280 --
+# 108-112 tiles on 132 SMs, whole, no split), where 90% fill found no tiling and the wave split of 108
+# tiles has no second part to give.
+ONE_WAVE_MIN_FILL = 0.8
+ONE_WAVE_STAGES = (4, 6, 8)
 
 
 def wave_fill(tiles: int, programs: int) -> float:
@@ -42,7 +49,8 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
     SMs, or nearly: where the power-of-two tiles make ~1.2 waves (QKV of Llama-3-70B, N = 1280-5120 at
     M = 256-4096: 160 tiles of 128x128 on 132 SMs, whose split along K costs more than it saves on one
     H100) -- e.g. 512 x 2560 in 8 x 16 tiles of 64 x (128+32), or 4 x 32 of 128 x (64+16): 128 tiles.
-    Where they are fewer than the SMs (M <= 512), wave-split along K into one wave instead
+    Where they are fewer than the SMs (M <= 512), whole in one wave of >= ONE_WAVE_MIN_FILL of the SMs
+    (cuBLAS's 108 tiles of 128 x 96 at 512 x 2560), or wave-split along K into one wave
     (``two_part_split``). Only past decode (M > 64: there the swapped tiles read B) and for a long K (a
     k-loop to amortise the extra B load per k-step)."""
     if m <= 64 or k < 1024:
@@ -54,12 +62,14 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
         tiles = math.ceil(m / bm) * columns
         if columns * width > n * (1 + TWO_PART_MAX_WASTE):
             continue
-        if tiles <= TWO_PART_MAX_WAVES * sms and wave_fill(tiles, sms) >= TWO_PART_MIN_FILL:
+        one_wave = ONE_WAVE_MIN_FILL * sms <= tiles <= sms
+        if one_wave or (tiles <= TWO_PART_MAX_WAVES * sms and wave_fill(tiles, sms) >= TWO_PART_MIN_FILL):
             split = 1
         else:
             split = two_part_split(bm, bn, bn2, tiles, m, k, sms)
         if split:
-            for stages in TWO_PART_STAGES if split == 1 else TWO_PART_SPLIT_STAGES:
+            depths = ONE_WAVE_STAGES if one_wave else TWO_PART_STAGES if split == 1 else TWO_PART_SPLIT_STAGES
+            for stages in depths:
                 found.append(GemmConfig(bm, bn, 64, group_m=8, split_k=split, num_warps=warps, num_stages=stages,
                                         block_n2=bn2).fitted(2))
     return list(dict.fromkeys(found))
