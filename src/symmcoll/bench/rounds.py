@@ -61,19 +61,19 @@ class RoundPlan:
 
 
 def plan_rounds(replay_s: Sequence[float], warmups: Sequence[int], replays: int,
-                budget_s: float = ROUND_BUDGET_S) -> RoundPlan:
+                budget_s: float = ROUND_BUDGET_S, min_rounds: int = ROUNDS) -> RoundPlan:
     """Rounds and replays a round for implementations whose one replay takes ``replay_s`` seconds each
     (with ``warmups`` untimed replays each per round): about ``replays`` timed replays each in all, in the
-    fewest rounds (at least ROUNDS) whose every round fits ``budget_s``; where none fits, MIN_PER_ROUND
-    replays a round (or ``replays`` / MAX_ROUNDS, the more) and as many rounds as make ``replays``, at most
-    MAX_ROUNDS. Fast shapes (tens of us, no drift seen) keep ROUNDS rounds; millisecond shapes get
-    7-10 rounds of 2-3 replays."""
+    fewest rounds (at least ``min_rounds``) whose every round fits ``budget_s``; where none fits,
+    MIN_PER_ROUND replays a round (or ``replays`` / MAX_ROUNDS, the more) and as many rounds as make
+    ``replays``, at most MAX_ROUNDS. Fast shapes (tens of us, no drift seen) keep ``min_rounds`` rounds;
+    millisecond shapes get 7-10 rounds of 2-3 replays."""
     replays = max(1, replays)
     floor = max(MIN_PER_ROUND, -(-replays // MAX_ROUNDS))
-    n = per_round(replays, ROUNDS)
+    n = per_round(replays, min_rounds)
     while n > floor and sum(t * (n + w) for t, w in zip(replay_s, warmups)) > budget_s:
         n -= 1
-    return RoundPlan(min(MAX_ROUNDS, max(ROUNDS, -(-replays // n))), n)
+    return RoundPlan(min(MAX_ROUNDS, max(min_rounds, -(-replays // n))), n)
 
 
 def paired_ratios(rounds: Sequence[float | None], baseline_rounds: Sequence[float | None]) -> list[float]:
