@@ -221,8 +221,10 @@ for stage in $stages; do
     gemm-bench)
       # The GEMM core beside cuBLAS over the serving grid (bf16; GEMM_DTYPE=fp16), with its plot. Each row
       # can name the kernels cuBLAS ran there (GEMM_CUBLAS_KERNELS=1: cublas_kernels, from a profiling process
-      # while the grid compiles, <= 45 s; off by default until one GPU run has shown what it costs -- the grid
-      # alone needs most of a call). benchmarks/gemm_markdown.py tabulates them.
+      # while the grid compiles, <= 45 s; off by default until one GPU run has shown what it costs).
+      # benchmarks/gemm_markdown.py tabulates them. The grid's cells are timed as bench/gemm_timing.py plans
+      # (2026-11-28: ~30 s of GPU time for the 234 cells on an H100, ~1-1.5 min in all; the log prints each
+      # shape's seconds and the total, the JSON is rewritten after every cell so a timeout keeps what ran).
       no_names=--no-cublas-kernels; [ "${GEMM_CUBLAS_KERNELS:-0}" = 1 ] && no_names=
       timeout ${GEMM_BENCH_TIMEOUT:-400} python3 -m symmcoll bench --op gemm --dtype ${GEMM_DTYPE:-bf16} \
         ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} $no_names --plot --out "$OUT" 2>&1 \

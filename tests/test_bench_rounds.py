@@ -261,6 +261,9 @@ def test_plan_rounds_makes_rounds_short_where_calls_are_long():
         assert plan.per_round == 2 or 6 * replay_s * (plan.per_round + 1) <= ROUND_BUDGET_S, (replay_s, plan)
     assert plan_rounds([1e-2] * 9, [1] * 9, 50) == RoundPlan(DRIFT_ROUNDS, 2)   # 50 replays: 25 rounds of 2
     assert plan_rounds([1e-2] * 9, [1] * 9, 100) == RoundPlan(DRIFT_ROUNDS, 4)  # 100: 4 a round (100 / MAX_ROUNDS)
+    # at least min_rounds (the GEMM grid's 5): us-scale 30 replays in 5 rounds of 6, not 3 of 10
+    assert plan_rounds([1e-4] * 2, [2] * 2, 30, min_rounds=5) == RoundPlan(5, 6)
+    assert plan_rounds([1e-2] * 2, [1] * 2, 30, min_rounds=5) == RoundPlan(5, 6)   # 2 x 7 x 10 ms fits 0.15 s
 
 
 def _fused_planned_rows(low_memory: bool):

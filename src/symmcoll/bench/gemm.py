@@ -7,10 +7,11 @@ and 8, Llama-3-405B at TP 8, DeepSeek-V3's experts), C = A @ B with B [K, N] the
 * correctness first: rows of both results (ours and ``torch.matmul``'s, on the same data) against an
   fp32 reference, ``rel_err`` each; a cell whose result is off is reported and not timed; ours is
   checked again after the timed graph replays (``rel_err_after``);
-* time: CUDA-graph replays, median per call, ours and cuBLAS interleaved in the same run (ROUNDS rounds,
-  ours then cuBLAS in each): ``ratio`` is the median round of ours over cuBLAS's, ``ratio_paired`` the
-  median of each round's ratio (``round_ratios``; the GPU's drift between rounds cancels), and the
-  summary (geomean, worst, cells above 1.10x) uses the paired one where a row has it. Inputs
+* time: CUDA-graph replays, median per call, ours and cuBLAS interleaved in the same run (rounds planned
+  from the cell's pace by bench/gemm_timing.py, at least 5, the order rotated each round): ``ratio`` is
+  the median round of ours over cuBLAS's, ``ratio_paired`` the median of each round's ratio
+  (``round_ratios``; the GPU's drift between rounds cancels), and the summary (geomean, worst, cells
+  above 1.10x) uses the paired one where a row has it. Inputs
   rotate over enough sets that the weights come from HBM, not L2 (as in serving, where each layer's
   weights are read once per step);
 * rates: TFLOP/s, and the weight-read rate (bytes of B / time) beside the SM read kernel's rate
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -39,8 +41,9 @@ from ..fused.gemm_configs import GemmConfig, split_plan, tiles_of
 from ..fused.gemm_tables import gpu_key
 from . import bandwidth
 from . import cublas_kernels as cublas_names
+from .gemm_timing import time_pair
 from .rounds import paired_ratio, paired_ratios
-from .timing import graph_us
+from .timing import frozen_heap, graph_us
 
 GRID_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # (model and layer, N, K) of C[M, N] = A[M, K] @ W^T, W^T = B [K, N]
@@ -60,8 +63,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 ROTATE_BYTES = 256 << 20
 MAX_SETS = 16
 CHECK_ROWS = 256
-# Timed rounds per cell in the bench, ours and cuBLAS alternating; the median of each is reported.
-ROUNDS = 3
+# Timed replays of each side of a cell: the command line's --iters (``replays``, default 10) times this,
+# the 3 rounds of ``replays`` the grid timed until 2026-11-28; bench/gemm_timing.py plans them in rounds.
+REPLAYS_PER_ITER = 3
 # A result further than this from fp32 (relative, Frobenius) is wrong, whatever cuBLAS's error.
 MAX_REL_ERR = 2e-2
 
@@ -146,71 +150,112 @@ def _git_sha() -> str:
 
 def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out_dir: Path,
               console, workers: int = 12, cublas_kernels: bool = True) -> Path:
-    """The grid: every cell checked, then ours (``gemm_config``'s pick) and cuBLAS timed; one JSON,
-    rewritten after every shape (a run cut short keeps the cells it measured). The kernels the grid
-    runs are compiled first, in parallel processes; meanwhile (``cublas_kernels``) another process
-    records which kernels cuBLAS runs in each cell (bench/cublas_kernels.py: ``cublas_kernels`` in the rows)."""
+    """The grid: every cell checked, then ours (``gemm_config``'s pick) and cuBLAS timed (``time_cell``);
+    one JSON, rewritten after every cell (a run cut short keeps every cell it timed; its summary says how
+    many of the planned cells that is). The kernels the grid runs are compiled first, in parallel
+    processes; meanwhile (``cublas_kernels``) another process records which kernels cuBLAS runs in each
+    cell (bench/cublas_kernels.py: ``cublas_kernels`` in the rows). Prints each shape's seconds and the
+    total (``seconds`` and ``shape_seconds`` in the JSON; ``cell_s`` and ``planned_gpu_s`` in the rows)."""
     started = time.time()
     device = current_gpu()
     dtype = DTYPES[dtype_name]
     facts = gpu_facts()
     shapes = grid_shapes(shape_filter)
+    planned = len(shapes) * len(ms)
     profiling = cublas_names.start([(m, n, k) for _, n, k in shapes for m in ms], dtype_name,
                                    device.index) if cublas_kernels else None
     jobs = [compile_job(gemm.gemm_config(m, n, k, dtype, device), m, n, k, dtype_name, facts["sms"])
             for _, n, k in shapes for m in ms]
     failures = precompile(jobs, workers)
-    console.print(f"precompiled {len(set(jobs))} kernels in {time.time() - started:.0f} s"
+    compile_s = time.time() - started
+    console.print(f"precompiled {len(set(jobs))} kernels in {compile_s:.0f} s"
                   f"{'; failed: ' + '; '.join(failures[:5]) if failures else ''}", highlight=False)
     found, seconds, error = cublas_names.collect(profiling) if profiling else ({}, None, None)
     names_note = dict(cells=len(found), seconds=seconds, error=error) if profiling else None
     if profiling:
         console.print(f"cuBLAS kernels of {len(found)} cells recorded ({time.time() - started:.0f} s since the "
                       f"start){'; ' + error if error else ''}", highlight=False)
-    bw = bandwidth.measure(device)
-    console.print(f"{facts['gpu']}: SM copy kernel {bw.copy_tbs:.2f} TB/s (read + write), SM read kernel "
-                  f"{bw.read_tbs:.2f} TB/s, graph-captured copy_ {bw.torch_copy_tbs:.2f} TB/s", highlight=False)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"gemm-{gpu_key(facts['gpu']) or 'gpu'}-{dtype_name}-{facts['created_utc'].replace(':', '')}.json"
-    rows = []
-    for name, n, k in shapes:
-        for m in ms:
-            cell = make_cell(name, m, n, k, dtype, device)
-            config = gemm.gemm_config(m, n, k, dtype, device)
-            row = dict(shape=name, m=m, n=n, k=k, dtype=dtype_name, config=config.label,
-                       weight_mb=cell.weight_bytes / 2 ** 20, sets=len(cell.sets), **found.get((m, n, k), {}))
-            row["rel_err"], row["cublas_rel_err"] = check(cell, ours(cell, None)), check(cell, cublas(cell))
-            if not row["rel_err"] <= max(MAX_REL_ERR, 2 * row["cublas_rel_err"]):
-                row["error"] = "result off the fp32 reference: not timed"
-            else:
-                # Interleaved rounds: a drift of the GPU's clocks or memory over the seconds of a cell
-                # moves both figures alike.
-                mine, theirs = [], []
-                for _ in range(ROUNDS):
-                    mine.append(timed_us(ours(cell, None), replays))
-                    theirs.append(timed_us(cublas(cell), replays))
-                # and correct after hundreds of graph replays too (stream-K's counters back at zero)
-                row["rel_err_after"] = check(cell, ours(cell, None))
-                if not row["rel_err_after"] <= max(MAX_REL_ERR, 2 * row["cublas_rel_err"]):
-                    row["error"] = "result off the fp32 reference after the timed replays"
-                row["us"], row["cublas_us"] = sorted(mine)[ROUNDS // 2], sorted(theirs)[ROUNDS // 2]
-                row["ratio"] = row["us"] / row["cublas_us"]
-                row["round_us"], row["round_cublas_us"] = mine, theirs
-                row["round_ratios"] = paired_ratios(mine, theirs)
-                row["ratio_paired"] = paired_ratio(row["round_ratios"])
-                row["tflops"] = cell.flops / row["us"] / 1e6
-                row["weight_tbs"] = cell.weight_bytes / row["us"] / 1e6
-                row["cublas_weight_tbs"] = cell.weight_bytes / row["cublas_us"] / 1e6
-            rows.append(row)
-            console.print(_line(row), highlight=False)
-            del cell
-            torch.cuda.empty_cache()
-        summary = summarize(rows)
-        path.write_text(json.dumps(dict(provenance=facts, bandwidth=bw.as_dict(), summary=summary, rows=rows,
-                                        seconds=round(time.time() - started), cublas_kernels=names_note), indent=1))
+    rows, shape_seconds = [], {}
+    summary = summarize(rows, planned)
+    with frozen_heap():
+        bw = bandwidth.measure(device)
+        console.print(f"{facts['gpu']}: SM copy kernel {bw.copy_tbs:.2f} TB/s (read + write), SM read kernel "
+                      f"{bw.read_tbs:.2f} TB/s, graph-captured copy_ {bw.torch_copy_tbs:.2f} TB/s", highlight=False)
+        for name, n, k in shapes:
+            shape_started = time.time()
+            for m in ms:
+                cell_started = time.time()
+                row = time_cell(name, m, n, k, dtype_name, device, replays)
+                row.update(found.get((m, n, k), {}), cell_s=round(time.time() - cell_started, 2))
+                rows.append(row)
+                console.print(_line(row), highlight=False)
+                shape_seconds[name] = round(time.time() - shape_started, 1)
+                summary = summarize(rows, planned)
+                # (whole or not at all: the stage's timeout may land in the middle of a write)
+                partial = path.with_suffix(".json.partial")
+                partial.write_text(json.dumps(dict(provenance=facts, bandwidth=bw.as_dict(), summary=summary,
+                                                   rows=rows, seconds=round(time.time() - started),
+                                                   compile_s=round(compile_s), shape_seconds=shape_seconds,
+                                                   cublas_kernels=names_note), indent=1))
+                os.replace(partial, path)
+            console.print(f"-- {name}: {sum(r['shape'] == name for r in rows)} cells in {shape_seconds[name]:.1f} s "
+                          f"(planned GPU time {_planned_s(r for r in rows if r['shape'] == name):.1f} s; "
+                          f"{time.time() - started:.0f} s since the start)", highlight=False)
     console.print(json.dumps(summary), highlight=False)
+    console.print(f"grid: {summary['timed']} of {planned} planned cells timed in {time.time() - started:.0f} s "
+                  f"(compiles {compile_s:.0f} s, planned GPU time of the cells {_planned_s(rows):.0f} s)",
+                  highlight=False)
     console.print(f"result written: {path} ({time.time() - started:.0f} s)", highlight=False)
     return path
+
+
+def _planned_s(rows) -> float:
+    return sum(r.get("planned_gpu_s", 0.0) for r in rows)
+
+
+def time_cell(name: str, m: int, n: int, k: int, dtype_name: str, device: torch.device, replays: int) -> dict:
+    """One cell's row: both results checked against fp32, then ours and cuBLAS timed in paired rounds
+    (bench/gemm_timing.py ``time_pair``), ours checked again after them."""
+    dtype = DTYPES[dtype_name]
+    cell = make_cell(name, m, n, k, dtype, device)
+    config = gemm.gemm_config(m, n, k, dtype, device)
+    row = dict(shape=name, m=m, n=n, k=k, dtype=dtype_name, config=config.label,
+               weight_mb=cell.weight_bytes / 2 ** 20, sets=len(cell.sets))
+    row["rel_err"], row["cublas_rel_err"] = check(cell, ours(cell, None)), check(cell, cublas(cell))
+    bound = max(MAX_REL_ERR, 2 * row["cublas_rel_err"])
+    if not row["rel_err"] <= bound:
+        row["error"] = "result off the fp32 reference: not timed"
+    else:
+        pair = time_pair({"ours": ours(cell, None), "cublas": cublas(cell)}, len(cell.sets),
+                         replays * REPLAYS_PER_ITER)
+        plan = pair.plan
+        row.update(calls_per_graph=plan.calls_per_graph, rounds=plan.rounds, replays_per_round=plan.per_round,
+                   warmup_replays=plan.warmup,
+                   planned_gpu_s=round(plan.gpu_seconds(list(pair.probe_us.values()), len(cell.sets)), 3))
+        # and correct after the timed graph replays too (stream-K's counters back at zero)
+        row["rel_err_after"] = check(cell, ours(cell, None))
+        if pair.measured.errors:  # (a side that raised in a round: no figure for the cell)
+            row["error"] = "; ".join(f"{side}: {e}" for side, e in pair.measured.errors.items())
+        else:
+            row.update(cell_fields(cell, pair.round_medians("ours"), pair.round_medians("cublas")))
+            if not row["rel_err_after"] <= bound:
+                row["error"] = "result off the fp32 reference after the timed replays"
+    del cell
+    torch.cuda.empty_cache()
+    return row
+
+
+def cell_fields(cell: Cell, mine: list[float], theirs: list[float]) -> dict:
+    """A timed row's times, ratios and rates from each side's median per round (us per call): ``us`` and
+    ``cublas_us`` the median round, ``ratio`` ours over cuBLAS's, ``ratio_paired`` the median of the
+    per-round ratios."""
+    us, cublas_us = statistics.median(mine), statistics.median(theirs)
+    ratios = paired_ratios(mine, theirs)
+    return dict(us=us, cublas_us=cublas_us, ratio=us / cublas_us, round_us=mine, round_cublas_us=theirs,
+                round_ratios=ratios, ratio_paired=paired_ratio(ratios), tflops=cell.flops / us / 1e6,
+                weight_tbs=cell.weight_bytes / us / 1e6, cublas_weight_tbs=cell.weight_bytes / cublas_us / 1e6)
 
 
 def decided_ratio(row: dict) -> float:
@@ -223,14 +268,15 @@ def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def summarize(rows: list[dict]) -> dict:
+def summarize(rows: list[dict], planned: int | None = None) -> dict:
     """Geometric mean, worst and cells above 1.10x of ours / cuBLAS (``decided_ratio``: paired where
-    measured; ``*_pooled``: of the medians, as before); the weight-read rate at M <= 64 for B >= 32 MB."""
+    measured; ``*_pooled``: of the medians, as before); the weight-read rate at M <= 64 for B >= 32 MB;
+    ``planned``: the cells the run set out to time (a run cut short has fewer ``cells``)."""
     right = [r for r in rows if "ratio" in r and "error" not in r]  # (a cell wrong after timing has a ratio)
     ratios, pooled = [decided_ratio(r) for r in right], [r["ratio"] for r in right]
     decode = [r["weight_tbs"] for r in right if r["m"] <= 64 and r["weight_mb"] >= 32]
     worst = max(right, key=decided_ratio, default=None)
-    return dict(cells=len(rows), timed=len(ratios), wrong=sum("error" in r for r in rows),
+    return dict(planned=planned or len(rows), cells=len(rows), timed=len(ratios), wrong=sum("error" in r for r in rows),
                 ratio="paired rounds" if any("ratio_paired" in r for r in right) else "median over median",
                 geomean_ratio=_geomean(ratios), worst_ratio=worst and decided_ratio(worst),
                 worst_cell=worst and f"{worst['shape']} M={worst['m']}", above_1_10=sum(r > 1.10 for r in ratios),

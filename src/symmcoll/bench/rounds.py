@@ -68,20 +68,20 @@ class RoundPlan:
 
 
 def plan_rounds(replay_s: Sequence[float], warmups: Sequence[int], replays: int,
-                budget_s: float = ROUND_BUDGET_S) -> RoundPlan:
+                budget_s: float = ROUND_BUDGET_S, min_rounds: int = ROUNDS) -> RoundPlan:
     """Rounds and replays a round for implementations whose one replay takes ``replay_s`` seconds each
     (with ``warmups`` untimed replays each per round): about ``replays`` timed replays each in all, in the
-    fewest rounds (at least ROUNDS) whose every round fits ``budget_s``. Where ROUNDS rounds do not fit (the
-    budget binds), fewer replays a round -- down to MIN_PER_ROUND (or ``replays`` / MAX_ROUNDS, the more)
-    -- and at least DRIFT_ROUNDS rounds, at most MAX_ROUNDS. Fast shapes (tens of us, no drift seen) keep
-    ROUNDS rounds; millisecond shapes get 25-30 rounds of 2-5 replays."""
+    fewest rounds (at least ``min_rounds``) whose every round fits ``budget_s``. Where ``min_rounds`` rounds do
+    not fit (the budget binds), fewer replays a round -- down to MIN_PER_ROUND (or ``replays`` / MAX_ROUNDS,
+    the more) -- and at least DRIFT_ROUNDS rounds, at most MAX_ROUNDS. Fast shapes (tens of us, no drift
+    seen) keep ``min_rounds`` rounds; millisecond shapes get 25-30 rounds of 2-5 replays."""
     replays = max(1, replays)
     floor = max(MIN_PER_ROUND, -(-replays // MAX_ROUNDS))
-    n = per_round(replays, ROUNDS)
+    n = per_round(replays, min_rounds)
     binds = sum(t * (n + w) for t, w in zip(replay_s, warmups)) > budget_s
     while n > floor and sum(t * (n + w) for t, w in zip(replay_s, warmups)) > budget_s:
         n -= 1
-    rounds = max(ROUNDS, -(-replays // n), DRIFT_ROUNDS if binds else 0)
+    rounds = max(min_rounds, -(-replays // n), DRIFT_ROUNDS if binds else 0)
     return RoundPlan(min(MAX_ROUNDS, rounds), n)
 
 

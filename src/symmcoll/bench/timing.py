@@ -20,6 +20,7 @@ bench/fused_timing.py, bench/tp_block.py, bench/link.py, the scripts under bench
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from dataclasses import dataclass
@@ -209,21 +210,57 @@ def event_times_us(step: Callable[[], object], samples: int, *, group=None, per:
 MIN_CALLS_PER_GRAPH = 20
 
 
-def graph_us(calls: list[Callable[[], object]], replays: int, warmup: int = 2, min_graph_us: float = 200.0) -> list[float]:
-    """One process, no group: ``calls`` (e.g. one per rotating input set) captured in order, repeated
-    until a replay lasts about ``min_graph_us``, into one CUDA graph; the time per call of each of
-    ``replays`` timed replays, in microseconds."""
-    for call in calls:  # compile and warm up outside the capture
-        call()
-    probe = event_times_us(lambda: [c() for c in calls], 2, isolated=False)
-    # The probe times eager calls, whose GPU time includes launch gaps: at least MIN_CALLS_PER_GRAPH calls
-    # per graph, so a replay's start-up is spread over many.
-    repeats = max(1, int(min_graph_us / max(min(probe), 1e-3) + 0.999), -(-MIN_CALLS_PER_GRAPH // len(calls)))
+def graph_repeats(pass_us: float, calls: int, min_graph_us: float = 200.0) -> int:
+    """Passes over ``calls`` calls (one pass: ``pass_us``, an eager pass's time) that one graph replay of
+    ``graph_us`` makes: a replay of about ``min_graph_us`` or more, and at least MIN_CALLS_PER_GRAPH calls
+    (the eager probe includes launch gaps, so it overstates a short call: a replay's start-up is spread
+    over many calls whatever the probe said)."""
+    return max(1, int(min_graph_us / max(pass_us, 1e-3) + 0.999), -(-MIN_CALLS_PER_GRAPH // calls))
+
+
+def capture_passes(calls: list[Callable[[], object]], passes: int) -> CapturedCalls:
+    """``passes`` passes over ``calls`` (warmed up: compiled, planned) in order, in one CUDA graph."""
     order = iter(range(10 ** 9))
-    captured = CapturedCalls(lambda: calls[next(order) % len(calls)](), repeats * len(calls))
+    return CapturedCalls(lambda: calls[next(order) % len(calls)](), passes * len(calls))
+
+
+def eager_pass_us(calls: list[Callable[[], object]]) -> float:
+    """Every call once (compiles, warms up), then the faster of two eager passes over them, in us."""
+    for call in calls:
+        call()
+    return min(event_times_us(lambda: [c() for c in calls], 2, isolated=False))
+
+
+def replayed_us(captured: CapturedCalls, replays: int, warmup: int) -> list[float]:
+    """``warmup`` untimed replays, then ``replays`` timed ones back to back: microseconds per captured call."""
     for _ in range(warmup):
         captured.replay()
     return event_times_us(captured.replay, replays, per=captured.calls, isolated=False)
+
+
+def graph_us(calls: list[Callable[[], object]], replays: int, warmup: int = 2, min_graph_us: float = 200.0) -> list[float]:
+    """One process, no group: ``calls`` (e.g. one per rotating input set) captured in order, repeated
+    until a replay lasts about ``min_graph_us`` (``graph_repeats``), into one CUDA graph; the time per
+    call of each of ``replays`` timed replays, in microseconds."""
+    passes = graph_repeats(eager_pass_us(calls), len(calls), min_graph_us)
+    return replayed_us(capture_passes(calls, passes), replays, warmup)
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """The objects alive now (modules, compiled kernels: torch's and Triton's ~200k) left out of the
+    garbage collector's passes inside the block (``gc.freeze``). ``capture_steps`` collects before every
+    capture, and a full pass over those objects takes ~0.1 s (0.11-0.21 s on the CPU machine, torch and
+    symmcoll's benches imported): the GEMM grid, capturing six graphs a cell until 2026-11-28, spent
+    about 130 of the 305 s of 2026-11-27-paired-qkv-h100's grid outside the GPU (its plan implies 163 s
+    of GPU time, its compiles took 10), and the GEMM tune captures one graph a candidate. Frozen, a pass
+    walks only what the block made (tens of microseconds); what was garbage is collected before the freeze."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def release_gpu_memory() -> None:
