@@ -21,9 +21,9 @@ fused (one persistent kernel; one launch per piece)
     partial, then the peers' in rank order) and rounds once.
 
     Which program computes a tile is the same on every rank: tile j of shard s (in the shard's
-    grouped order, gemm.grouped_tile) goes to program (s * tiles + j) % P. So program p waits only on
-    program p of its peers (graph-safe with no co-residency assumption; the interpreter, which runs
-    programs one by one, cannot deadlock), and over all shards each program gets an equal share.
+    grouped order, gemm_kernel.grouped_tile) goes to program (s * tiles + j) % P. So program p waits
+    only on program p of its peers (graph-safe with no co-residency assumption; the interpreter, which
+    runs programs one by one, cannot deadlock), and over all shards each program gets an equal share.
 
     Stage slots alternate between two phases by launch epoch (a per-rank device counter,
     language.signals.launch_epoch): a rank finishes launch e only with every peer's launch-e tiles,
@@ -70,9 +70,9 @@ from ..language import (EPOCH_SLOTS, MAX_WORLD, announce, end_launch, launch_epo
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm
-from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, operand_sources, precision, programs_for,
-                   store_tile, use_tma)
+from .gemm import b_layout, host_descriptors, precision, programs_for, use_tma
 from .gemm_configs import GemmConfig
+from .gemm_kernel import grouped_tile, k_loop, operand_sources, store_tile
 from .gemm_tables import gemm_config
 
 OP = "matmul_reduce_scatter"
