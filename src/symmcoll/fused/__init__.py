@@ -10,7 +10,9 @@ gemm.py                    the GEMM core's host side: the plain matmul, core_lau
 all_gather_matmul.py       all_gather(A shards) @ B (column-parallel linear, SP)
   all_gather_matmul_kernel.py  its kernel (producers pull A's shards, consumers run the GEMM core's tiles)
   all_gather_matmul_rules.py   its shape rule, auto's choice and the producer-count rule
-matmul_reduce_scatter.py   A @ B summed over ranks, row shards scattered (row-parallel linear, SP)
+matmul_reduce_scatter.py   A @ B summed over ranks, row shards scattered (row-parallel linear, SP): tiling,
+                           launches, op
+  matmul_reduce_scatter_kernel.py  its kernel (tiles sent to their owner, peers' tiles added)
 matmul_all_reduce.py       A @ B summed over ranks (row-parallel linear)
 all_reduce_rms_norm.py     all-reduce + residual add + RMSNorm (+ fp8) in one kernel: launch rules, op
   rms_one_shot.py          its one-shot kernel
