@@ -1,6 +1,6 @@
-"""The GEMM core (fused/gemm.py, gemm_configs.py, gemm_tables.py, gemm_candidates.py): every path of the
-one K-loop under the interpreter at tiny shapes (straight and swapped tiles, stream-K, B given
-transposed, odd K and N, bf16/fp16/fp32), the config picker, the table format; on the GPU machine the
+"""The GEMM core (fused/gemm.py, gemm_kernel.py, gemm_configs.py, gemm_tables.py, gemm_candidates.py):
+every path of the one K-loop under the interpreter at tiny shapes (straight and swapped tiles, stream-K,
+B given transposed, odd K and N, bf16/fp16/fp32), the config picker, the table format; on the GPU machine the
 same paths compiled, and split-K inside CUDA graphs (its counters must come back to zero every
 launch). Kernels run in a one-rank pool (the interpreter must be on before symmcoll is imported
 there)."""
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from symmcoll.fused import gemm, gemm_candidates, gemm_configs, gemm_tables
+from symmcoll.fused import gemm, gemm_candidates, gemm_configs, gemm_kernel, gemm_tables
 from symmcoll.fused.gemm_split import wave_part
 from symmcoll.fused.gemm_configs import GemmConfig
 
@@ -301,11 +301,11 @@ def _empty_and_degenerate():
 
 
 def test_only_the_core_calls_tl_dot():
-    """One K-loop for the package: ``tl.dot`` appears in fused/gemm.py's ``mma`` and nowhere else."""
+    """One K-loop for the package: ``tl.dot`` appears in fused/gemm_kernel.py's ``mma`` and nowhere else."""
     offenders = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
-                 if "tl.dot(" in p.read_text() and p.name != "gemm.py"]
+                 if "tl.dot(" in p.read_text() and p.name != "gemm_kernel.py"]
     assert offenders == []
-    assert gemm.__file__.endswith("gemm.py") and gemm.mma is not None
+    assert gemm_kernel.__file__.endswith("gemm_kernel.py") and "tl.dot(" in gemm_kernel.mma.src
 
 
 # ---- the config picker ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ Every GPU activity of the trace (kernels, memcpys, memsets) is put in one class 
   device copies on a stream other than the step's main one (the copy-engine all-gathers of torch's
   async-TP and of symmcoll's copy-engine algorithms).
 * fused: symmcoll's kernels that compute and communicate in one (every ``*_kernel`` of
-  ``symmcoll.fused`` except the plain GEMM of ``fused/gemm.py``).
+  ``symmcoll.fused`` except the plain GEMM's ``matmul_kernel``, in ``fused/gemm_kernel.py``).
 * compute: everything else (cuBLAS, attention, pointwise, Triton GEMMs, local copies).
 
 Shares are of the summed durations (GPU busy time, not wall time): time overlapped on side streams
@@ -59,7 +59,7 @@ def symmcoll_kernel_names() -> tuple[frozenset[str], frozenset[str]]:
                     names.add(name)
         return frozenset(names)
 
-    return kernels(symmcoll.comm), kernels(symmcoll.fused, skip=("gemm",))
+    return kernels(symmcoll.comm), kernels(symmcoll.fused, skip=("gemm", "gemm_kernel"))
 
 
 def kernel_base_name(name: str) -> str:

@@ -1,10 +1,18 @@
 """Communication fused with compute, one module per op, built on comm-style primitives, language/ and
-the persistent GEMM in gemm.py.
+the persistent GEMM core (gemm.py and gemm_kernel.py).
 
+gemm.py                    the GEMM core's host side: the plain matmul, core_launch, the launch helpers
+  gemm_kernel.py           its kernels: the one K-loop (k_loop), the tile order, matmul_kernel
+  gemm_split.py            tiles shared along K (wave split, stream-K) and how their parts are summed
+  gemm_configs.py          the tile config type, the untuned rule, the split plan
+  gemm_tables.py           the config picker (gemm_config) over the measured per-GPU tables
+  gemm_candidates.py       the configs ``symmcoll tune --op gemm`` measures
 all_gather_matmul.py       all_gather(A shards) @ B (column-parallel linear, SP)
   all_gather_matmul_kernel.py  its kernel (producers pull A's shards, consumers run the GEMM core's tiles)
   all_gather_matmul_rules.py   its shape rule, auto's choice and the producer-count rule
-matmul_reduce_scatter.py   A @ B summed over ranks, row shards scattered (row-parallel linear, SP)
+matmul_reduce_scatter.py   A @ B summed over ranks, row shards scattered (row-parallel linear, SP): tiling,
+                           launches, op
+  matmul_reduce_scatter_kernel.py  its kernel (tiles sent to their owner, peers' tiles added)
 matmul_all_reduce.py       A @ B summed over ranks (row-parallel linear)
 all_reduce_rms_norm.py     all-reduce + residual add + RMSNorm (+ fp8) in one kernel: launch rules, op
   rms_one_shot.py          its one-shot kernel

@@ -35,7 +35,7 @@ barriers or copies; host tensor descriptors; C stored by descriptor where the co
 its tiles write the gathered A after their K-loops (tile (m, n) copies its 1/num_n slice of row block
 m's columns) -- unless the caller does not want the gathered A (``return_gathered=False``, torch's
 ``return_A=False``): then the kernel's consumers are the GEMM core's own persistent loop
-(``ALONE_CORE``: gemm.persistent_matmul with gemm.core_launch's config, split plan, grid and
+(``ALONE_CORE``: gemm_kernel.persistent_matmul with gemm.core_launch's config, split plan, grid and
 descriptors; no epoch, no flag, no per-tile source choice), so one rank runs at the core's speed, and
 naive_remote pulls no peer rows after its GEMM. (A copy kernel on a side stream beside the GEMM,
 instead of the tiles' copies, ran 1.08-1.14x cuBLAS against the tiles' 1.06-1.08x on an H100:

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..language import (announce, block_barrier, end_launch, launch_epoch, peer_ptr, send_tile_flag,
                         wait_tile_flag)
-from . import gemm
+from . import gemm_kernel
 
 # Where consumers read peers' rows of A (the variants' one difference inside the kernel).
 PEER_BUFFERS: tl.constexpr = tl.constexpr(1)    # naive_remote: straight from the owners' buffers over NVLink
@@ -82,7 +82,7 @@ def _consumer_tile(tile, blocks_per_shard, num_n, GROUP_M: tl.constexpr):
     ranks: 2 row blocks a shard, GROUP_M 8 -- put every rank's rows into the first wave of tiles, so
     three quarters of the consumers began by waiting for peers' chunks, the last ones included.)"""
     per_shard = blocks_per_shard * num_n
-    block, pid_n = gemm.grouped_tile(tile % per_shard, blocks_per_shard, num_n, GROUP_M)
+    block, pid_n = gemm_kernel.grouped_tile(tile % per_shard, blocks_per_shard, num_n, GROUP_M)
     return (tile // per_shard) * blocks_per_shard + block, pid_n
 
 
@@ -99,7 +99,7 @@ def _first_block(pid, owner, blocks_per_shard, N_PRODUCERS: tl.constexpr):
     return (pid + N_PRODUCERS - (owner * blocks_per_shard) % N_PRODUCERS) % N_PRODUCERS
 
 
-@triton.jit(do_not_specialize=gemm.SPLIT_COUNTS)
+@triton.jit(do_not_specialize=gemm_kernel.SPLIT_COUNTS)
 def ag_matmul_kernel(
     # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
     signal_pad_ptrs_dev, status_ptr, max_spins, rank,
@@ -125,26 +125,26 @@ def ag_matmul_kernel(
     SLICE_COLS: tl.constexpr = 64, COPY_A: tl.constexpr = True,
     # PRODUCERS only: the producers issue a step's loads before storing the step before (_move_rows)
     PULL_AHEAD: tl.constexpr = False,
-    # WORLD == 1 without COPY_A: the GEMM core's persistent loop (gemm.persistent_matmul) with the rest of
-    # the core's constexprs (gemm.core_launch's meta); see the kernel's first branch
+    # WORLD == 1 without COPY_A: the GEMM core's persistent loop (gemm_kernel.persistent_matmul) with the
+    # rest of the core's constexprs (gemm.core_launch's meta); see the kernel's first branch
     ALONE_CORE: tl.constexpr = False, SPLIT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     STREAM: tl.constexpr = False, REDUCE_LOADS: tl.constexpr = 1, PDL: tl.constexpr = False, BN2: tl.constexpr = 0,
 ):
     if ALONE_CORE:
         # A group of one whose caller wants no gathered A has nothing to wait for and nothing to copy: its
-        # consumers are the GEMM core's persistent tile loop itself (gemm.persistent_matmul, the body of
-        # gemm.matmul_kernel), launched by _run_kernel with the core's config, split plan, grid and host
-        # descriptors (gemm.core_launch). The loop below, compiled at WORLD = 1, is not: its tile loop is
+        # consumers are the GEMM core's persistent tile loop itself (gemm_kernel.persistent_matmul, the body
+        # of gemm_kernel.matmul_kernel), launched by _run_kernel with the core's config, split plan, grid and
+        # host descriptors (gemm.core_launch). The loop below, compiled at WORLD = 1, is not: its tile loop is
         # not flattened (Triton 3.6 cannot flatten it around the per-tile source choice, flag waits and the
         # gathered-A copy), so each tile refills the TMA pipeline from empty (mbarrier init, the prologue
         # loads waited in full, the drain before the store) -- 8.5 us against the core's 6.8 at 1024^3 on an
         # H100 (2 tiles a program) -- and its tiles are whole only (no split of the last wave: 1.04-1.05x
         # cuBLAS at 16384x8192x8192 where the core's split tiles ran 1.00-1.02x).
         tl.static_assert(WORLD == 1 and not COPY_A, "the core's loop only where nothing is gathered")
-        gemm.persistent_matmul(a_desc, b_desc, b2_desc, c_ptr, rows, N, K, stride_a, stride_b, stride_c, whole_tiles,
-                               sharing, slots, partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA,
-                               HOST_DESC, TMA_STORE, PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL,
-                               BN2)
+        gemm_kernel.persistent_matmul(a_desc, b_desc, b2_desc, c_ptr, rows, N, K, stride_a, stride_b, stride_c,
+                                      whole_tiles, sharing, slots, partials_ptr, counters_ptr, BM, BN, BK, GROUP_M,
+                                      SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE, PRECISION, SPLIT, FLATTEN, STREAM,
+                                      REDUCE_LOADS, C_HALVES, PDL, BN2)
     else:
         pid = tl.program_id(0)
         if SOURCE == PRODUCERS:
@@ -190,7 +190,7 @@ def ag_matmul_kernel(
                     b_src = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BK, BN])
             for tile in tl.range(consumer, WORLD * blocks_per_shard * num_n, CONSUMERS):
                 logical, pid_n = _consumer_tile(tile, blocks_per_shard, num_n, GROUP_M)
-                owner, first, count = gemm.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
+                owner, first, count = gemm_kernel.row_block(logical, blocks_per_shard, rows, rank, WORLD, BM)
                 local_first = first - owner * rows
                 if WORLD > 1:
                     if owner != rank:
@@ -226,13 +226,14 @@ def ag_matmul_kernel(
                 else:
                     src = base
                     src_rows = row + count
-                acc = gemm.k_loop(src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN, BK, TMA,
-                                  SWAP_AB, B_T, PRECISION)
+                acc = gemm_kernel.k_loop(src, b_src, row, pid_n * BN, 0, K, src_rows, N, K, stride, stride_b, BM, BN,
+                                         BK, TMA, SWAP_AB, B_T, PRECISION)
                 if TMA_STORE:  # WORLD == 1: C's descriptor clips at its last row
-                    gemm.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True, C_HALVES)
+                    gemm_kernel.store_result(c_ptr, acc, local_first, pid_n * BN, rows, N, stride_c, BM, BN, True,
+                                             C_HALVES)
                 elif budget > 0:
-                    gemm.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c, acc,
-                                    tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
+                    gemm_kernel.store_tile(c_ptr + tl.cast(owner * shard_stride + local_first, tl.int64) * stride_c,
+                                           acc, tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), count, N, stride_c)
                 # Alone (WORLD == 1) the gathered A is a copy of A that the tiles make after their K-loops:
                 # tile (m, n) copies its 1/num_n slice of row block m's columns in one round trip (chunks
                 # of SLICE_COLS). Measured on one H100 (2026-11-27): a copy of A's blocks inside the K-loop

@@ -1,5 +1,5 @@
-"""How the GEMM core shares a tile along K (gemm.matmul_kernel's split path; the plan comes from
-gemm_configs.split_plan) and how the parts of a shared tile are summed.
+"""How the GEMM core shares a tile along K (gemm_kernel.matmul_kernel's split path; the plan comes
+from gemm_configs.split_plan) and how the parts of a shared tile are summed.
 
     stream_range    stream-K: the k-steps of the tiles of the last, partial wave laid end to end and
                     cut into one contiguous range per program (as even as whole k-steps allow); a
@@ -124,9 +124,9 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: 
     part reads as zeros: adding 0.0 changes no sum), so the bits do not depend on REDUCE_LOADS, on
     who came last, or on the slot order (an elementwise sum).
 
-    BN2 > 0 (a two-part tile, gemm.k_loop's BN2): a slot is BM x (BN + BN2) floats, the first part's
-    [BM, BN] then the second's [BM, BN2] ``acc2``; both are stored before the one counter bump, the
-    last part sums each in part order and returns (is_last, sum, sum of the second part)."""
+    BN2 > 0 (a two-part tile, gemm_kernel.k_loop's BN2): a slot is BM x (BN + BN2) floats, the first
+    part's [BM, BN] then the second's [BM, BN2] ``acc2``; both are stored before the one counter bump,
+    the last part sums each in part order and returns (is_last, sum, sum of the second part)."""
     in_slot = tl.arange(0, BM * BN // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
     slot_size = BM * (BN + BN2)
     base = partials_ptr + tl.cast(tile, tl.int64) * slots * slot_size  # (tile: an int under the interpreter)

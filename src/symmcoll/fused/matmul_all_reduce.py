@@ -47,9 +47,9 @@ from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer
                         take, tile_values, tile_words, values_of, wait_prior_grid)
 from ..launcher import launch, pdl_meta
 from ..plan import Algorithm
-from .gemm import (b_layout, grouped_tile, host_descriptors, k_loop, load_tile, operand_sources, precision,
-                   programs_for, store_tile, use_tma)
+from .gemm import b_layout, host_descriptors, precision, programs_for, use_tma
 from .gemm_configs import GemmConfig, tiles_of
+from .gemm_kernel import grouped_tile, k_loop, load_tile, operand_sources, store_tile
 from .gemm_tables import device_facts, gemm_config
 from .matmul_reduce_scatter import check_operands, layer_size, meta_launch_cases, run_tiles, size_key
 

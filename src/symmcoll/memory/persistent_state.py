@@ -2,7 +2,7 @@
 
 symmcoll keeps device memory across calls: the workspace (``memory/__init__.py``: address tables,
 state tensors, a ranks-sharing-a-GPU buffer), a plan's chunk flags and epoch table
-(``fused/all_gather_matmul.py``), the split-K counters (``fused/gemm.py``), device splits
+(``fused/all_gather_matmul.py``), the split-K counters (``fused/gemm_split.py``), device splits
 (``comm/splits.py``). The first call that needs one makes it, and under ``torch.compile(mode=
 "reduce-overhead")`` that first call runs inside the warm-up of cudagraph trees
 (``torch/_inductor/cudagraph_trees.py``, ``_use_cuda_memory_pool_manager``). The warm-up calls
