@@ -12,6 +12,7 @@ import torch
 
 from .. import debug_switches
 from .. import plan as planner
+from .gemm_tables import measured_ratio
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -49,12 +50,26 @@ def dispatch_size(request: planner.Request, world: int) -> int:
 COPY_ENGINE_FROM_ROWS = 4096
 
 
+# One rank: the gather is a copy and the op is its GEMM, so "auto" runs the GEMM core where the GPU's GEMM
+# table measured it this much faster than cuBLAS at the very (M, N, K) of every B, else cuBLAS. On one H100
+# (benchmarks/results/2026-11-27-grid-drift-h100/fused/, and call 1 of 2026-11-27-paired-qkv-h100) auto's
+# gather_then_cublas ran 2.2-2.5% behind gather_then_gemm at 16384x8192x8192 and 16384x6656x16384 in both
+# runs (the table: 0.983 / 0.987) and ahead of it at 16384x3584x8192 (1.008) and 4096x8192x8192 (not in it).
+CORE_FASTER_BELOW = 0.99
+
+
 def choose_default(request: planner.Request, world: int) -> str:
     """What "auto" runs where the dispatch table has no rule for this op: the copy-engine producer for
     gathers of COPY_ENGINE_FROM_ROWS rows or more on several ranks, else the symmcoll all-gather then
-    cuBLAS (one rank: the gather is a copy, nothing to overlap)."""
+    cuBLAS -- on one rank (nothing to overlap) then the GEMM core where its table says it beats cuBLAS
+    there (``CORE_FASTER_BELOW``)."""
     rows = world * request.shape[0]
-    return "copy_engine_producer" if world > 1 and rows >= COPY_ENGINE_FROM_ROWS else "gather_then_cublas"
+    if world > 1:
+        return "copy_engine_producer" if rows >= COPY_ENGINE_FROM_ROWS else "gather_then_cublas"
+    k = request.shape[1]
+    ratios = [measured_ratio(rows, shape[1], k, request.device) for shape, _, _ in request.others]
+    core = all(r is not None and r < CORE_FASTER_BELOW for r in ratios)
+    return "gather_then_gemm" if core else "gather_then_cublas"
 
 
 # Producer programs of the fused kernel: on CPU exactly FUSED_PRODUCERS["cpu"] (the tests raise it); on a
