@@ -41,7 +41,7 @@ __all__ = ["ALGORITHMS", "all_reduce", "all_reduce_", "reduce_scatter", "all_gat
 
 class _Algorithms(dict):
     """op -> {name: summary} of the registered kernel algorithms of every op, collectives and fused ops
-    (live view of symmcoll.plan; "nccl", the process group's own, is not listed)."""
+    (live view of symmcoll.registry; "nccl", the process group's own, is not listed)."""
 
     @staticmethod
     def _ops():

@@ -28,7 +28,7 @@ import json
 
 import torch
 
-# Algorithm code -> "op.algorithm", filled by symmcoll.plan.register.
+# Algorithm code -> "op.algorithm", filled by symmcoll.registry.register.
 CODES: dict[int, str] = {}
 # Every dtype torch has, in a fixed order (codes must not change between releases: append only).
 _DTYPE_ORDER = ("bfloat16", "float16", "float32", "int32", "int64", "uint8", "int16", "int8", "bool", "float64",

@@ -6,7 +6,7 @@ multi-GPU (one process per GPU) at mid sizes. They are read once, from the envir
 imported (set them before the rank processes start). All default to off, and off they change nothing:
 the kernels compile to the same PTX as without this module (benchmarks/ptx_identity.py).
 
-Device side (``language.signals`` turns them into constexprs):
+Device side (``language.signals`` and ``language.polls`` turn them into constexprs):
   SYMMCOLL_DEBUG_NO_ABORT_CHECK=1      waits never look at the error record while spinning
                                        (``failed_elsewhere``): no read of pinned host memory in any spin
                                        loop. A failing program still records its own failure; the other

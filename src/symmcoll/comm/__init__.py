@@ -16,7 +16,7 @@ quantized.py    quantized two-shot (int8 / fp8 / int4 on the wire): op all_reduc
 backend.py      the process group's own collectives ("nccl")
 collectives.py  the collectives' op declarations (ops.OpSpec: schema, implementation, fake, shape rule)
 
-Importing this package registers every algorithm (symmcoll.plan) and declares every region
+Importing this package registers every algorithm (symmcoll.registry) and declares every region
 (symmcoll.memory.regions). No module imports a sibling; shared device code lives in symmcoll.language.
 """
 

@@ -26,7 +26,7 @@ fused (one persistent kernel; one launch per piece)
     runs programs one by one, cannot deadlock), and over all shards each program gets an equal share.
 
     Stage slots alternate between two phases by launch epoch (a per-rank device counter,
-    language.signals.launch_epoch): a rank finishes launch e only with every peer's launch-e tiles,
+    language.polls.launch_epoch): a rank finishes launch e only with every peer's launch-e tiles,
     which a peer sends only after it finished launch e-1, so a rank is at most one launch ahead and
     a phase's slots are read before anybody writes them again. Flags carry (epoch, desc): never reset
     (graph replays need no host work), and a flag of this epoch naming another call is reported as a

@@ -1,4 +1,5 @@
-"""@triton.jit building blocks shared by every kernel: signals and waits (signals.py), block copies
+"""@triton.jit building blocks shared by every kernel: signals, barriers and the error record
+(signals.py), the barrier-free waits on data, call headers and launch epochs (polls.py), block copies
 and fp32 reductions (blocks.py), word formats of the barrier-free protocols (words.py), results as
 messages (tiles.py: rows and GEMM tiles as sentinel words, per-tile ready flags), epoch-tagged counts,
 escaped words and device-side splits (tagged.py), a call's prologue and the one-program barrier kernel
@@ -9,10 +10,11 @@ dependent launch's wait / release (pdl.py)."""
 from .blocks import (INTERPRETED, OP_AVG, OP_MAX, OP_MIN, OP_SUM, REDUCE_OPS, combine, copy_blocks, finalize,
                      move_block, nan_max, nan_maximum, nan_min, nan_minimum, narrow, own_shard, reduce_rows,
                      tee_blocks)
-from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, EPOCH_SLOTS, MAX_WORLD, announce, announce_at,
-                      block_barrier, post_header_at, program0_peer_bases,
-                      end_launch, launch_epoch, peer_ptr, peer_rows, post_header, record_argument, record_error,
-                      record_timeout, send_signals, wait_filled, wait_filled_rows, wait_flagged, wait_signals)
+from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, MAX_WORLD, announce, announce_at, block_barrier,
+                      peer_ptr, peer_rows, program0_peer_bases, record_argument, record_error, record_timeout,
+                      send_signals, wait_signals)
+from .polls import (EPOCH_SLOTS, end_launch, launch_epoch, post_header, post_header_at, wait_filled, wait_filled_rows,
+                    wait_flagged)
 from .slots import (HEADER_WORDS, PHASES, checks_headers, declare_slots, open_slots, open_two_stage_slots, post_call,
                     take, take_rows)
 from .tagged import ESCAPE_GROUP, clamped_splits, escape, post_counts, wait_counts, wait_escaped

@@ -35,9 +35,9 @@ SPIN_LOOPS = {
     "symmcoll.language.signals.wait_signals": "acquire",      # barrier slots: CAS desc -> 0
     "symmcoll.language.transport.wait_signal": "acquire",     # a transport put-with-signal's signal
     "symmcoll.language.signals.send_signals": "release",      # barrier slots: CAS 0 -> desc
-    "symmcoll.language.signals.wait_flagged": "data",         # LL: the epoch and the data in one store
-    "symmcoll.language.signals.wait_filled": "data",          # sentinel words: not EMPTY means the data
-    "symmcoll.language.signals.wait_filled_rows": "data",
+    "symmcoll.language.polls.wait_flagged": "data",           # LL: the epoch and the data in one store
+    "symmcoll.language.polls.wait_filled": "data",            # sentinel words: not EMPTY means the data
+    "symmcoll.language.polls.wait_filled_rows": "data",
     "symmcoll.language.tagged.wait_counts": "data",           # (epoch << 32) | count in one store
     "symmcoll.language.tagged.wait_escaped": "data",          # sentinel words and their escape masks
 }

@@ -5,11 +5,11 @@ Every sentinel (Lamport) kernel -- the all-reduces and reduce-scatter of comm/se
 quantized all-reduce, matmul_all_reduce and all_reduce_rms_norm -- lays its region out alike, in int32
 words::
 
-    [0, HEADER_WORDS)       int64 call headers [PHASES][MAX_WORLD] (signals.post_header)
+    [0, HEADER_WORDS)       int64 call headers [PHASES][MAX_WORLD] (polls.post_header)
     slot set p (p < PHASES), stage s (s < SETS), source r:
                             HEADER_WORDS + ((p * SETS + s) * WORLD + r) * ROW, ROW words
 
-A launch uses slot set ``epoch % PHASES`` of its per-rank launch counter (signals.launch_epoch): a rank
+A launch uses slot set ``epoch % PHASES`` of its per-rank launch counter (polls.launch_epoch): a rank
 is at most one launch ahead of any peer (finishing launch k+1 needs every peer's launch k+1 data, sent
 after that peer finished launch k, its resets included), so a set is EMPTY again before anybody writes
 it again. Sender s writes only its row of each receiver's set (and its header); the receiver polls
@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from ..memory.regions import RegionSpec, declare
-from .signals import (EPOCH_SLOTS, MAX_WORLD, announce_at, launch_epoch, peer_ptr, post_header_at,
-                      program0_peer_bases, wait_filled, wait_filled_rows)
+from .polls import EPOCH_SLOTS, launch_epoch, post_header_at, wait_filled, wait_filled_rows
+from .signals import MAX_WORLD, announce_at, peer_ptr, program0_peer_bases
 from .words import EMPTY
 
 PHASES: tl.constexpr = tl.constexpr(3)

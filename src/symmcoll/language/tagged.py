@@ -20,8 +20,8 @@ none is EMPTY, then puts the EMPTY words back. Cost: one word in 16 (6.25%) more
 import triton
 import triton.language as tl
 
-from .signals import (ARG_SPLITS, WAIT_PENDING, end_wait, failed_elsewhere, header_state, record_argument, reread_stale,
-                      wait_state)
+from .polls import WAIT_PENDING, end_wait, header_state, reread_stale, wait_state
+from .signals import ARG_SPLITS, failed_elsewhere, record_argument
 
 # Data words per mask word (a power of two: blocks of data words hold whole groups).
 ESCAPE_GROUP: tl.constexpr = tl.constexpr(16)
@@ -95,7 +95,7 @@ def wait_escaped(data_ptrs, mask_ptrs, valid, rows, EMPTY: tl.constexpr, spin_bu
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
-    # A copy of the tile still behind reads once more (signals.reread_stale), and nobody empties the
+    # A copy of the tile still behind reads once more (polls.reread_stale), and nobody empties the
     # slots (the caller, next) before every copy has read.
     stale = valid & ((words == EMPTY) | (masks == EMPTY))
     words = reread_stale(data_ptrs, stale, words, 0)

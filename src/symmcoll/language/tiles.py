@@ -11,7 +11,7 @@ not EMPTY as final.
 Tile flags (the reduce-scatter GEMM): an int64 flag per (source, tile) in the receiver's region holds
 ``(epoch << 32) | desc`` once the tile's data is there, handed over with language/flags.py's pair
 (``send_tile_flag`` / ``wait_tile_flag``: ``release_flag`` / ``acquire_flag`` at system scope). Flags
-are epoch-tagged (the launch counter of language.signals), so nobody resets them and graph replays need
+are epoch-tagged (the launch counter of language.polls), so nobody resets them and graph replays need
 no host work; a flag of this epoch carrying another descriptor is a peer that made a different call
 (recorded as a mismatch).
 """
