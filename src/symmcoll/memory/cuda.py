@@ -14,6 +14,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from .rendezvous import bounded_rendezvous
+
 _FORBIDDEN_MULTICAST = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0",
                         "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -53,8 +55,6 @@ def allocate_cuda_ipc(group, nbytes: int, device: torch.device):
 
     from torch.distributed import distributed_c10d as c10d
     from torch.multiprocessing.reductions import reduce_tensor
-
-    from . import bounded_rendezvous
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     local = torch.zeros(nbytes, dtype=torch.uint8, device=device)

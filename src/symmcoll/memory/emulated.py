@@ -18,6 +18,8 @@ import uuid
 import torch
 import torch.distributed as dist
 
+from .rendezvous import bounded_rendezvous
+
 SHM_DIR = "/dev/shm"
 _PAGE = 4096
 
@@ -29,8 +31,6 @@ def shm_prefix() -> str:
 def allocate_emulated(group, nbytes: int):
     """A zero-filled allocation of ``nbytes`` on every rank of ``group`` (collective): (this rank's
     bytes, every rank's base address in this process, every rank's bytes, what keeps them alive)."""
-    from . import bounded_rendezvous
-
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
     total = -(-max(nbytes, 1) // _PAGE) * _PAGE

@@ -1,6 +1,6 @@
 """Device state that outlives the call making it, allocated outside any CUDA-graph memory pool.
 
-symmcoll keeps device memory across calls: the workspace (``memory/__init__.py``: address tables,
+symmcoll keeps device memory across calls: the workspace (``memory/creation.py``: address tables,
 state tensors, a ranks-sharing-a-GPU buffer), a plan's chunk flags and epoch table
 (``fused/all_gather_matmul.py``), the split-K counters (``fused/gemm_split.py``), device splits
 (``comm/splits.py``). The first call that needs one makes it, and under ``torch.compile(mode=
