@@ -20,8 +20,8 @@ copy: against the best SM copy rate of the same run (a Triton copy kernel, torch
   two launches alone (moe_route: routing; moe_move: the row copies).
 * dispatch (not in the default parts): moe_dispatch alone, the default and the variant 0 / 4 / 5 / 6
   candidates at every case (every expert count: their routing pass depends on it), then per case the best
-  time of each dispatch variant (fused/moe.py: 0 two launches, 1 one launch ranking every slot, 2 one launch
-  routed by ranges, 3 the same with the next item's loads ahead, 4 the same with each range's slots routed
+  time of each dispatch variant (fused/moe_rules.py: 0 two launches, 1 one launch ranking every slot, 2 one
+  launch routed by ranges, 3 the same with the next item's loads ahead, 4 the same with each range's slots routed
   before its copies, 5 two launches, the pull's next item ahead, 6 two launches, prefixes folded, the pull
   two items ahead); the launches of the default and of the first variant 5 and 6 candidates also alone.
 * combine (not in the default parts): moe_dispatch and moe_combine with their default configs beside torch at
@@ -92,8 +92,8 @@ class Sizes:
 
 QUANTS = (None, "fp8_per_token")
 # (block, max_programs, warps, tokens per item, LOCAL_ROUTE_SLOTS, DISPATCH_VARIANT): the first is
-# fused/moe.py's untuned GPU_CONFIG, timed under its own label too (a check of the spread); dispatch
-# variants (fused/moe.py): 0 the routing launch first, or with local > 0 variant 1 (one launch, every
+# fused/moe_rules.py's untuned GPU_CONFIG, timed under its own label too (a check of the spread); dispatch
+# variants (fused/moe_rules.py): 0 the routing launch first, or with local > 0 variant 1 (one launch, every
 # program ranks every slot) up to that many slots (T * k); 2 one launch routed by ranges of tokens
 # (fused/moe_dispatch_ranges.py), 3 the same with the next item's loads ahead, 4 the same with each
 # range's slots routed before its copies, 5 the routing launch, then the pull with its next item loaded
@@ -335,10 +335,11 @@ def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_disp
     import symmcoll.reference as ref
     from symmcoll import plan
     from symmcoll.bench import roofline
-    from symmcoll.fused import moe
+    from symmcoll.fused import moe_rules
     from symmcoll.plan import LaunchConfig
     # the module's own settings (what the default runs with where its table has no entry), restored after
-    untuned = moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"]
+    untuned = (moe_rules.TOKENS_PER_ITEM["cuda"], moe_rules.LOCAL_ROUTE_SLOTS["cuda"],
+               moe_rules.DISPATCH_VARIANT["cuda"])
     for case in cases or SIZES.moe_cases:
         tokens_n, hidden, experts, k = case
         if res.late(f"moe {case}"):
@@ -378,8 +379,8 @@ def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_disp
         dispatch_options = (("num_experts", experts), ("max_rows", tokens_n * k))
         alone = set()  # the variants whose launches were timed alone at this case
         for label, cfg, tt, local_slots, variant in configs:
-            moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"] = \
-                tt, local_slots, variant
+            (moe_rules.TOKENS_PER_ITEM["cuda"], moe_rules.LOCAL_ROUTE_SLOTS["cuda"],
+             moe_rules.DISPATCH_VARIANT["cuda"]) = tt, local_slots, variant
             handle = {}
 
             def dispatch(cfg=cfg):
@@ -405,21 +406,23 @@ def moe_section(res: Results, device, sweep_configs: bool = True, ops=("moe_disp
             if "out" in handle and (cfg is None or (variant in (5, 6) and variant not in alone)):
                 _moe_kernels_alone(res, case, dispatch, dispatch_bytes, label)
                 alone.add(variant if cfg is not None else None)
-        moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"] = untuned
+        (moe_rules.TOKENS_PER_ITEM["cuda"], moe_rules.LOCAL_ROUTE_SLOTS["cuda"],
+         moe_rules.DISPATCH_VARIANT["cuda"]) = untuned
         symmcoll.check()
     res.save()
 
 
 def _moe_fields(op, case, device, cfg, tt, local_slots, variant) -> dict:
     """The launch of a MoE row as the table keeps it: the candidate's, or (``cfg`` None) the default
-    fused/moe.py picks for this case on one rank (its table's entry, else the untuned rule)."""
+    fused/moe_rules.py picks for this case on one rank (its table's entry, else the untuned rule)."""
     from symmcoll.fused import memory_bound_configs as mbc
-    from symmcoll.fused import moe
+    from symmcoll.fused import moe_rules
     if cfg is None:
         tokens_n, hidden, experts, k = case
         entry = mbc.moe_entry(mbc.device_table(device), op, tokens_n, hidden, k, experts)
         cfg, tt, local_slots, variant = mbc.moe_config(entry) if entry else \
-            (moe.GPU_CONFIG, moe.TOKENS_PER_ITEM["cuda"], moe.LOCAL_ROUTE_SLOTS["cuda"], moe.DISPATCH_VARIANT["cuda"])
+            (moe_rules.GPU_CONFIG, moe_rules.TOKENS_PER_ITEM["cuda"], moe_rules.LOCAL_ROUTE_SLOTS["cuda"],
+             moe_rules.DISPATCH_VARIANT["cuda"])
     fields = dict(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=tt)
     return dict(fields, local_slots=local_slots, variant=variant) if op == "moe_dispatch" else fields
 
@@ -547,14 +550,14 @@ def _filled(row: dict) -> dict:
     """A row of an earlier result with its config's fields (runs before 2026-11-24 run 3 kept labels and
     block/warps/programs only; their defaults were the untuned rules)."""
     from symmcoll.bench import roofline
-    from symmcoll.fused import moe
+    from symmcoll.fused import moe_rules
     row = dict(row)
     label = row.get("config")
     if row["section"] == "rms" and "per_thread" not in row and "block" in row:
         config = SimpleNamespace(block=row["block"], num_warps=row["warps"], max_programs=row["programs"])
         row.update(rms_fields(config, row["case"][1]))
     elif row["section"] in ("moe_dispatch", "moe_combine") and "tt" not in row and label == "default":
-        cfg = moe.GPU_CONFIG
+        cfg = moe_rules.GPU_CONFIG
         row.update(block=cfg.block, programs=cfg.max_programs, warps=cfg.num_warps, tt=1)
     elif row["section"] == "codec" and "block" not in row and label:
         block, warps, programs = ((roofline.CODEC_BLOCK, roofline.CODEC_WARPS, roofline.CODEC_PROGRAMS)

@@ -125,7 +125,7 @@ def test_dispatch_combine(pools, world_size, shape):
 
 def _one_rank():
     """World size 1: no staging, no push, one round; odd rows over several routing blocks, and every
-    slot of a token on the rank; each dispatch variant (fused/moe.py): 1 (one launch, every program
+    slot of a token on the rank; each dispatch variant (fused/moe_rules.py): 1 (one launch, every program
     routes every slot), 0 (the routing launch first, LOCAL_ROUTE_SLOTS 0), 2 (one launch routed by
     ranges of tokens: several ranges, a routing pass of several chunks that end inside a range, rows in
     two parts), 3 (2 with the next item's loads ahead), 4 (3 with each range's slots routed at once,
@@ -133,8 +133,8 @@ def _one_rank():
     ahead: items of 16 tokens over several routing blocks, several items a program, rows in two parts)
     and 6 (the folded prefixes and the pull two items ahead: the same shapes), each reporting
     max_recv_rows too small and a bad id."""
-    from symmcoll.fused import moe
-    saved = moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"]
+    from symmcoll.fused import moe_rules
+    saved = moe_rules.LOCAL_ROUTE_SLOTS["cpu"], moe_rules.DISPATCH_VARIANT["cpu"]
     try:
         for local_slots, variant, shapes in ((4096, 0, ((300, 5, 8, 3), (24, 16, 16, 8))), (0, 0, ((300, 5, 8, 3),)),
                                              (0, 2, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
@@ -142,7 +142,7 @@ def _one_rank():
                                              (0, 4, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
                                              (0, 5, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2))),
                                              (0, 6, ((300, 5, 8, 3), (24, 16, 16, 8), (20, 1024, 8, 2)))):
-            moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"] = local_slots, variant
+            moe_rules.LOCAL_ROUTE_SLOTS["cpu"], moe_rules.DISPATCH_VARIANT["cpu"] = local_slots, variant
             kernel = {0: "moe_route_kernel", 1: "moe_dispatch_local_kernel", 2: "moe_dispatch_ranges_kernel",
                       3: "moe_dispatch_ranges_kernel", 4: "moe_dispatch_ranges_kernel",
                       5: "moe_dispatch_kernel", 6: "moe_pull_folded_kernel"}[variant or (local_slots > 0)]
@@ -172,7 +172,7 @@ def _one_rank():
                 symmcoll.check()
             assert_clean_finish(f"after moe reports on one rank, LOCAL_ROUTE_SLOTS {local_slots}, variant {variant}")
     finally:
-        moe.LOCAL_ROUTE_SLOTS["cpu"], moe.DISPATCH_VARIANT["cpu"] = saved
+        moe_rules.LOCAL_ROUTE_SLOTS["cpu"], moe_rules.DISPATCH_VARIANT["cpu"] = saved
     return True
 
 
@@ -337,8 +337,8 @@ def test_moe_cuda_graph(pools, ws):
 def test_dispatch_variant_6_folds_only_where_the_scan_is_one_step():
     """Variant 6 needs every routing block in the route kernel's one scan step (the totals before the
     folded prefixes); elsewhere (more blocks at many experts, or peers) the dispatch runs as variant 5."""
-    from symmcoll.fused import moe
-    assert moe._folds(6, 64, 256, 1)  # 1024 tokens, top-8 of 256 experts: the cell it is for
-    assert moe._folds(6, 512, 8, 1)  # 4096 tokens, top-8 of 8: one step of [512, 8]
-    assert not moe._folds(6, 256, 256, 1)  # 4096 tokens, top-8 of 256: sixteen steps
-    assert not moe._folds(6, 10, 8, 2) and not moe._folds(5, 10, 8, 1)
+    from symmcoll.fused import moe_rules
+    assert moe_rules.runs_folded(6, 64, 256, 1)  # 1024 tokens, top-8 of 256 experts: the cell it is for
+    assert moe_rules.runs_folded(6, 512, 8, 1)  # 4096 tokens, top-8 of 8: one step of [512, 8]
+    assert not moe_rules.runs_folded(6, 256, 256, 1)  # 4096 tokens, top-8 of 256: sixteen steps
+    assert not moe_rules.runs_folded(6, 10, 8, 2) and not moe_rules.runs_folded(5, 10, 8, 1)

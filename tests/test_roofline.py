@@ -263,7 +263,7 @@ def test_shipped_defaults_are_the_tables_picks(monkeypatch):
     from symmcoll import plan
     from symmcoll.fused import all_reduce_rms_norm as arn
     from symmcoll.fused import memory_bound_configs as mbc
-    from symmcoll.fused import moe
+    from symmcoll.fused import moe_rules
     table = mbc.load_table("h200")
     assert table["rms"] and table["moe_dispatch"] and table["moe_combine"] and table["codec"]
     monkeypatch.setattr(mbc, "device_table", lambda device: table if device.type == "cuda" else {})
@@ -292,11 +292,13 @@ def test_shipped_defaults_are_the_tables_picks(monkeypatch):
     for op in ("moe_dispatch", "moe_combine"):
         for e in table[op]:
             fake = SimpleNamespace(ws=SimpleNamespace(device=cuda), config=None, world=1)
-            cfg, tt, local_slots, variant = moe._config(fake, op, e["tokens"], e["hidden"], e["k"], e["experts"])
+            cfg, tt, local_slots, variant = moe_rules.pick_launch(fake, op, e["tokens"], e["hidden"], e["k"],
+                                                                  e["experts"])
             assert (cfg.block, cfg.max_programs, cfg.num_warps, tt, local_slots, variant) == \
                 (e["block"], e["programs"], e["warps"], e["tt"], e.get("local_slots", 0), e.get("variant", 0))
             fake.world = 2
-            assert moe._config(fake, op, e["tokens"], e["hidden"], e["k"], e["experts"]) == (moe.GPU_CONFIG, 1, 0, 0)
+            assert moe_rules.pick_launch(fake, op, e["tokens"], e["hidden"], e["k"], e["experts"]) == \
+                (moe_rules.GPU_CONFIG, 1, 0, 0)
     for e in table["codec"]:
         assert roofline.codec_config(e["fmt"], e["direction"], e["group"], e["numel"], cuda) == \
             (e["block"], e["warps"], e["programs"])

@@ -18,6 +18,17 @@ all_reduce_rms_norm.py     all-reduce + residual add + RMSNorm (+ fp8) in one ke
   rms_one_shot.py          its one-shot kernel
   rms_two_shot.py          its two-shot kernel
   rms_rows.py              the row math both kernels share
+moe.py                     MoE dispatch (pull) and combine (push), DeepEP's low-latency shape: regions, each
+                           round's launches, ops
+  moe_dispatch_kernels.py  the dispatch's kernels (route, pull, one-launch local)
+  moe_combine_kernels.py   the combine's kernels (push, weighted sum)
+  moe_dispatch_ranges.py   one-rank dispatch in one launch routed by ranges of tokens (variants 2-4)
+  moe_pull_folded.py       one-rank dispatch with folded prefixes, the pull two items ahead (variant 6)
+  moe_rules.py             its shape rules and launch rules (configs, dispatch variant, row parts)
+  moe_nccl.py              the "nccl" algorithms: torch's all_to_all_single, one host read per dispatch
+  moe_hierarchical.py      dispatch and combine across nodes (DeepEP's normal mode)
+memory_bound_configs.py    launch configs of the memory-bound kernels (rms, MoE, codecs) from the measured
+                           per-GPU tables
 
 Each op's module declares the op once (``ops.declare(ops.OpSpec(...))``: its torch op, schema, fake,
 input names, shape rule, "auto" default and algorithms; docs/internals.md, "A fused op") and its

@@ -23,7 +23,7 @@ count of the issue, so those are exact).
   one program per step, the programs' cap ignored (world size 1).
 * moe: ``block`` elements per step over a token's rows, ``programs``, ``warps``, ``tt`` tokens per item;
   dispatch: ``local_slots``, the most slots (T * k) routed inside the one dispatch launch by variant 1
-  (0: never), ``variant`` (fused/moe.py's DISPATCH_VARIANT; absent: 0).
+  (0: never), ``variant`` (fused/moe_rules.py's DISPATCH_VARIANT; absent: 0).
 * codec: ``block`` input values per step, ``warps``, ``programs``.
 """
 
@@ -125,7 +125,7 @@ def moe_entry(table: dict, op: str, tokens: int, hidden: int, k: int, experts: i
 
 def moe_config(entry: dict) -> tuple[LaunchConfig, int, int, int]:
     """(launch, tokens per item, most slots routed inside the dispatch launch by variant 1, dispatch
-    variant: fused/moe.py's DISPATCH_VARIANT) of a moe entry."""
+    variant: fused/moe_rules.py's DISPATCH_VARIANT) of a moe entry."""
     return (LaunchConfig(entry["block"], entry["programs"], entry["warps"]), entry["tt"], entry.get("local_slots", 0),
             entry.get("variant", 0))
 

@@ -1,4 +1,4 @@
-"""MoE dispatch on one rank in one launch, routed by ranges of tokens (dispatch variants 2 and 3, fused/moe.py).
+"""MoE dispatch on one rank in one launch, routed by ranges of tokens (dispatch variants 2 and 3, fused/moe_rules.py).
 
 Why: on one rank the two-launch dispatch (moe_route_kernel, then moe_dispatch_kernel) pays a second
 launch and the routing kernel's chain of dependent memory round trips (histogram, counter, scan:
@@ -18,7 +18,7 @@ How (one launch, no program waits for another, so neither co-residency nor progr
       per item of TT tokens of my range: the item's slots' rows = next[e] + earlier slots of e in the
         item, next += the item's slots per expert ([TT * KP2, E_P2] comparisons, registers only);
         row origins and the tokens' rows (part 0 only), then each token row read once and stored into
-        every slot's row ([TT * KP2, HB] stores, moe_kernels._store_rows); variant 3 (AHEAD) issues
+        every slot's row ([TT * KP2, HB] stores, moe_dispatch_kernels._store_rows); variant 3 (AHEAD) issues
         the next item's row and id loads before this item's stores (two items in flight, not one).
 
 Variant 4 (ROUTE_ALL): the routing pass counts (expert, before my range) as two histograms of E_P2
@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from ..language import ARG_TOPK_IDS, record_argument
-from .moe_kernels import _counts_and_unused_origins, _store_rows
+from .moe_dispatch_kernels import _counts_and_unused_origins, _store_rows
 
 
 @triton.jit

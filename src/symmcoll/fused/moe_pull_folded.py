@@ -1,5 +1,5 @@
-"""MoE dispatch variant 6 (one rank): the pull of fused/moe_kernels.py's moe_dispatch_kernel over the route
-kernel's FOLD layout, with no metadata round trip between one item's row stores and the next's.
+"""MoE dispatch variant 6 (one rank): the pull of fused/moe_dispatch_kernels.py's moe_dispatch_kernel over the
+route kernel's FOLD layout, with no metadata round trip between one item's row stores and the next's.
 
 moe_route_kernel with FOLD stores, per routing block and expert, the first row of that block's slots of
 that expert (the expert's start + the rows of earlier blocks; rows of E_P2 experts), so a slot's row is
@@ -23,7 +23,7 @@ and own-token rows; its results are bit-identical (the same layout).
 import triton
 import triton.language as tl
 
-from .moe_kernels import _counts_and_unused_origins, _store_rows
+from .moe_dispatch_kernels import _counts_and_unused_origins, _store_rows
 
 
 @triton.jit
