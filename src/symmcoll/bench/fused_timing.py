@@ -21,7 +21,7 @@ import torch
 
 from .metrics import summarize
 from .plan import TimingPlan
-from .rounds import agreed, paired_ratio, paired_ratios, per_round
+from .rounds import agreed, paired_ratio, paired_ratios, per_round, slowest_rounds
 from .timing import (CapturedCalls, Timing, event_times_us, graph_calls, release_gpu_memory, time_eager,
                      time_graph)
 
@@ -132,7 +132,7 @@ def slowest_rank(samples_us, group, round_medians: list | None = None) -> dict:
     spread = {"median_us": slowest.median_us, "p20_us": slowest.p20_us, "p80_us": slowest.p80_us,
               "per_rank_median_us": [s.median_us for s in summaries]}
     if round_medians is not None:
-        spread["round_median_us"] = [max(per_rank) for per_rank in zip(*agreed(round_medians, group))]
+        spread["round_median_us"] = slowest_rounds(round_medians, group)
     return spread
 
 

@@ -18,8 +18,8 @@ The plan (``plan_cell``), the same for both sides of a cell:
   at millisecond cells: a round's two sides then see the same GPU speed);
 * untimed replays before each round's timed ones: WARMUP_REPLAYS, one for a replay of a millisecond or
   more.
-On the settled H100 grid's cell times this plans ~28 s of GPU time for all 234 cells
-(``planned_gpu_seconds``; tests/test_gemm.py holds it under GRID_GPU_BUDGET_S).
+On the settled H100 grid's cell times this plans ~31 s of GPU time for all 234 cells
+(``planned_gpu_seconds``; tests/test_bench_gemm_plan.py holds the grid within one device call).
 """
 
 from __future__ import annotations

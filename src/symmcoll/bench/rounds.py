@@ -75,11 +75,13 @@ def plan_rounds(replay_s: Sequence[float], warmups: Sequence[int], replays: int,
     not fit (the budget binds), fewer replays a round -- down to MIN_PER_ROUND (or ``replays`` / MAX_ROUNDS,
     the more) -- and at least DRIFT_ROUNDS rounds, at most MAX_ROUNDS. Fast shapes (tens of us, no drift
     seen) keep ``min_rounds`` rounds; millisecond shapes get 25-30 rounds of 2-5 replays."""
+    def round_s(n: int) -> float:
+        return sum(t * (n + w) for t, w in zip(replay_s, warmups))
     replays = max(1, replays)
     floor = max(MIN_PER_ROUND, -(-replays // MAX_ROUNDS))
     n = per_round(replays, min_rounds)
-    binds = sum(t * (n + w) for t, w in zip(replay_s, warmups)) > budget_s
-    while n > floor and sum(t * (n + w) for t, w in zip(replay_s, warmups)) > budget_s:
+    binds = round_s(n) > budget_s
+    while n > floor and round_s(n) > budget_s:
         n -= 1
     rounds = max(min_rounds, -(-replays // n), DRIFT_ROUNDS if binds else 0)
     return RoundPlan(min(MAX_ROUNDS, rounds), n)
@@ -148,6 +150,11 @@ def agreed(value, group) -> list:
     values = [None] * dist.get_world_size(group)
     dist.all_gather_object(values, value, group=group)
     return values
+
+
+def slowest_rounds(round_medians: Sequence[float], group) -> list[float]:
+    """Each round's slowest rank's median (collective; ``round_medians``: this rank's, one a round)."""
+    return [max(per_rank) for per_rank in zip(*agreed(list(round_medians), group))]
 
 
 def first_error(error: str | None, group) -> str | None:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from ..models import LLAMA_70B, MODES, BlockConfig, BlockWeights, DecoderBlock, KVCache
 from . import kernel_share, provenance
 from .rounds import (ROUND_BUDGET_S, ROUNDS, agreed, first_error, interleave, paired_ratio, paired_ratios, per_round,
-                     plan_rounds)
+                     plan_rounds, slowest_rounds)
 from .timing import capture_steps, event_times_us
 from .timing import release_gpu_memory as _release  # (a module name: the CPU tests replace it)
 
@@ -264,7 +264,7 @@ def run_case(config: BlockConfig, case_name: str, modes, dtype_name: str, replay
             rows[mode]["error"] = error
             continue
         ms = max(agreed(statistics.median(timed.samples[mode]) / 1e3, group))     # the slowest rank
-        round_ms = [max(per_rank) / 1e3 for per_rank in zip(*agreed(timed.round_medians[mode], group))]
+        round_ms = [us / 1e3 for us in slowest_rounds(timed.round_medians[mode], group)]
         diffs = [d for d in agreed(diff, group) if d is not None]
         per_rank = agreed(shares, group)
         rows[mode].update(ms_per_step=ms, tokens_per_s=tokens / ms * 1e3,
