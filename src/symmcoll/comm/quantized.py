@@ -50,8 +50,8 @@ import triton.language as tl
 
 from .. import debug_switches
 from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
-                        open_two_stage_slots, own_shard, pack_words, peer_ptr, post_call, quantize_groups, take_rows,
-                        unpack_words)
+                        open_two_stage_slots, own_shard, pack_words, peer_ptr, post_call, quantize_groups,
+                        shard_geometry, take_rows_pair, unpack_words)
 from ..launcher import launch
 from ..ops import OpSpec, declare, resolve_group
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
@@ -140,15 +140,15 @@ def _receive(row_ptr, src, b, n_words, n_groups, budget, status_ptr, rank, desc,
              WORLD: tl.constexpr, SCALES_AT: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
              BITS: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr):
     """Block ``b`` of the row at ``row_ptr`` (from rank ``src``) once filled, emptied for reuse and
-    decoded: (fp32 values [1, BLOCK], spins left). [1, N] tiles throughout, as the codecs take them:
+    decoded: (fp32 values [1, BLOCK], spins left). Codes and scales in one wait (one round trip, one
+    decision a spin: two waits were two round trips in a row). [1, N] tiles throughout, as the codecs take them:
     a tile made 2-D by ``[None, :]`` got layouts that reduce a group across warps."""
     word = b * WORDS + tl.arange(0, WORDS)[None, :]
     group = b * GROUPS + tl.arange(0, GROUPS)[None, :]
     source = tl.full([1], src, tl.int32)
-    words, budget = take_rows(row_ptr + word, word < n_words, source, rank, budget, status_ptr, desc, headers, epoch,
-                              check, WORLD)
-    scale_bits, budget = take_rows(row_ptr + SCALES_AT + group, group < n_groups, source, rank, budget, status_ptr,
-                                   desc, headers, epoch, 0, WORLD)
+    words, scale_bits, budget = take_rows_pair(row_ptr + word, word < n_words, row_ptr + SCALES_AT + group,
+                                               group < n_groups, source, rank, budget, status_ptr, desc, headers,
+                                               epoch, check, WORLD)
     codes = unpack_words(words, 1, BLOCK, BITS)
     return dequantize_groups(codes, scale_bits.to(tl.float32, bitcast=True), 1, BLOCK, G, FMT), budget
 
@@ -173,9 +173,7 @@ def quantized_two_shot_kernel(
     nprog = tl.num_programs(0)
     epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
         slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, ROW)
-    blocks = tl.cdiv(shard_len, BLOCK)
-    n_words = shard_len // (32 // BITS)
-    n_groups = shard_len // G
+    blocks, n_words, n_groups = shard_geometry(shard_len, BLOCK, BITS, G)
     lane = tl.arange(0, BLOCK)[None, :]
     elem = out_ptr.dtype.element_ty
     WORDS: tl.constexpr = BLOCK * BITS // 32

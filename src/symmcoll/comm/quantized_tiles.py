@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..language import (OP_AVG, dequantize_groups, end_launch, narrow, open_two_stage_slots, own_shard, pack_words,
-                        peer_rows, post_call, quantize_groups, take_rows, unpack_words)
+                        peer_rows, post_call, quantize_groups, shard_geometry, take_rows, unpack_words)
 
 _AVG: tl.constexpr = tl.constexpr(OP_AVG)
 
@@ -60,25 +60,16 @@ def _reduce_in_rank_order(values, rows, REDUCE_OP: tl.constexpr, WORLD: tl.const
 
 
 @triton.jit
-def quantized_tile_kernel(
-    # workspace (Workspace.kernel_args): signal pads, error record, wait budget, my rank
-    signal_pad_ptrs_dev, status_ptr, max_spins, rank,
-    # this call: descriptor; the slot region's address table; this rank's launch-epoch table
-    desc, slot_ptrs_dev, epochs_ptr,
-    # this piece: shard s = x[s * shard_len:][:shard_len], valid below numel
-    x_ptr, out_ptr, numel, shard_len,
-    # FMT/BITS: codec (language/codecs.py); G: group size; ROW: words per slot row, scales at SCALES_AT;
-    # BLOCK: elements per program step; PEERS: WORLD rounded up to a power of two
-    WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
-    ROW: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK: tl.constexpr, PEERS: tl.constexpr,
-):
+def quantized_tile_kernel(signal_pad_ptrs_dev, status_ptr, max_spins, rank, desc, slot_ptrs_dev, epochs_ptr, x_ptr,
+                          out_ptr, numel, shard_len, WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FMT: tl.constexpr,
+                          BITS: tl.constexpr, G: tl.constexpr, ROW: tl.constexpr, SCALES_AT: tl.constexpr,
+                          BLOCK: tl.constexpr, PEERS: tl.constexpr):
+    """quantized.py's kernel's arguments, and PEERS: WORLD rounded up to a power of two (the tile's rows)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
         slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, ROW)
-    blocks = tl.cdiv(shard_len, BLOCK)
-    n_words = shard_len // (32 // BITS)
-    n_groups = shard_len // G
+    blocks, n_words, n_groups = shard_geometry(shard_len, BLOCK, BITS, G)
     lane = tl.arange(0, BLOCK)
     rows = tl.arange(0, PEERS)
     is_peer = (rows < WORLD) & (rows != rank)
