@@ -459,7 +459,7 @@ for stage in $stages; do
       # (SYMMCOLL_QUANT_CONFIG). The exact auto path times once, in the first process. Every result is checked
       # against the fp32 sum (the documented error bound, #wrong) before it is timed.
       first=1
-      for variant in ${QUANT_VARIANTS:-tiles rows rows:2048,264,4}; do
+      for variant in ${QUANT_VARIANTS:-tiles rows rows:2048,396,8 rows:4096,264,8}; do
         name=${variant//[:,]/-}; mkdir -p "$OUT/$name"
         case $variant in
           tiles) vars="SYMMCOLL_QUANT_TILES=1" ;;
@@ -468,10 +468,11 @@ for stage in $stages; do
           *) echo "quant-variants: unknown variant $variant"; status=1; continue ;;
         esac
         extra=""; [ "$first" = 1 ] && extra="auto"; first=0
+        echo "quant-variants: $variant (${vars:-no switch})" | tee "$OUT/$name/bench.log"
         env $vars timeout ${QUANT_VARIANT_TIMEOUT:-100} python3 -m symmcoll bench --op all_reduce --world-size 2 \
           --algorithms ${QUANT_ALGORITHMS:-symmcoll:quantized_int8 symmcoll:quantized_int4} $extra \
           -b ${QUANT_BENCH_MIN:-4M} -e ${QUANT_BENCH_MAX:-64M} -f ${QUANT_BENCH_STEP:-2} --link-bytes 64M \
-          --time-limit $(( ${QUANT_VARIANT_TIMEOUT:-100} - 20 )) --out "$OUT/$name" 2>&1 | tee "$OUT/$name/bench.log"
+          --time-limit $(( ${QUANT_VARIANT_TIMEOUT:-100} - 20 )) --out "$OUT/$name" 2>&1 | tee -a "$OUT/$name/bench.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done
       ;;
