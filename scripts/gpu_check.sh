@@ -7,7 +7,7 @@
 #                                                            [scaleout-multi] [backend] [backend-bench] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
 #                                                            [restructure] [random-calls] [host] [desc-cost]
-#                                                            [multi-diagnose] [rs-lag]
+#                                                            [multi-diagnose] [rs-lag] [quant-variants]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -451,6 +451,30 @@ for stage in $stages; do
         --algorithms "${QUANT_ALGORITHMS:-symmcoll:quantized_*}" auto nccl -b ${QUANT_BENCH_MIN:-1M} \
         -e ${QUANT_BENCH_MAX:-256M} --world-size ${BENCH_WORLD_SIZE:-$sizes} --out "$OUT" 2>&1 | tee "$OUT/quantized_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    quant-variants)
+      # Issue 18: the quantized all-reduce's kernels side by side, one bench process each (the switches are read
+      # at import): "tiles" = the first kernel (comm/quantized_tiles.py, SYMMCOLL_QUANT_TILES=1), "rows" = comm/
+      # quantized.py's with its size table, "rows:B,P,W" = it with LaunchConfig(B, P, W) at every size
+      # (SYMMCOLL_QUANT_CONFIG). The exact auto path times once, in the first process. Every result is checked
+      # against the fp32 sum (the documented error bound, #wrong) before it is timed.
+      first=1
+      for variant in ${QUANT_VARIANTS:-tiles rows rows:2048,396,8 rows:4096,264,8}; do
+        name=${variant//[:,]/-}; mkdir -p "$OUT/$name"
+        case $variant in
+          tiles) vars="SYMMCOLL_QUANT_TILES=1" ;;
+          rows) vars="" ;;
+          rows:*) vars="SYMMCOLL_QUANT_CONFIG=${variant#rows:}" ;;
+          *) echo "quant-variants: unknown variant $variant"; status=1; continue ;;
+        esac
+        extra=""; [ "$first" = 1 ] && extra="auto"; first=0
+        echo "quant-variants: $variant (${vars:-no switch})" | tee "$OUT/$name/bench.log"
+        env $vars timeout ${QUANT_VARIANT_TIMEOUT:-100} python3 -m symmcoll bench --op all_reduce --world-size 2 \
+          --algorithms ${QUANT_ALGORITHMS:-symmcoll:quantized_int8 symmcoll:quantized_int4} $extra \
+          -b ${QUANT_BENCH_MIN:-4M} -e ${QUANT_BENCH_MAX:-64M} -f ${QUANT_BENCH_STEP:-2} --link-bytes 64M \
+          --time-limit $(( ${QUANT_VARIANT_TIMEOUT:-100} - 20 )) --out "$OUT/$name" 2>&1 | tee -a "$OUT/$name/bench.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
       ;;
     quantized-accuracy)
       sizes=2; [ "$ngpu" -ge 4 ] && sizes="4 2"

@@ -81,16 +81,21 @@ def _slots_empty(what):
     assert left.numel() == 0, f"rank {dist.get_rank()}: {what}: slots not EMPTY at {left[:8].tolist()}"
 
 
-def _calls(quantize, cases, op):
+def _launches() -> int:
+    """Launches of the quantized kernel: comm/quantized.py's, or quantized_tiles.py's under SYMMCOLL_QUANT_TILES."""
     from symmcoll.launcher import LAUNCH_COUNTS
+    return LAUNCH_COUNTS["quantized_two_shot_kernel"] + LAUNCH_COUNTS["quantized_tile_kernel"]
+
+
+def _calls(quantize, cases, op):
     _kernel_at_every_size()
     rank = dist.get_rank()
     for call, (numel, group_size, dtype) in enumerate(cases):
         x = _input(numel, dtype, rank, call)
         snapshot = x.clone()
-        before = LAUNCH_COUNTS["quantized_two_shot_kernel"]
+        before = _launches()
         got = symmcoll.all_reduce(x, op=op, quantize=quantize, group_size=group_size)
-        launches = LAUNCH_COUNTS["quantized_two_shot_kernel"] - before
+        launches = _launches() - before
         pieces = len(list(symmcoll.comm.quantized.pieces(numel, dist.get_world_size(), x.device.type)))
         assert launches == pieces >= (3 if numel > 2 * PIECE else 1), (launches, pieces)
         what = f"{quantize} {op} numel={numel} G={group_size} {dtype}"
@@ -146,7 +151,6 @@ def test_quantized_changing_configs(pools, world_size):
 
 
 def _validation_and_fallback():
-    from symmcoll.launcher import LAUNCH_COUNTS
     dev, rank, world = device(), dist.get_rank(), dist.get_world_size()
     x = torch.ones(300, device=dev)
     with pytest.raises(ValueError, match="quantize"):
@@ -167,12 +171,12 @@ def _validation_and_fallback():
         small, large = _input(1023, torch.float32, rank, 1), _input(1024, torch.float32, rank, 2)
         assert plan.resolve("all_reduce_quantized", small, None, "quantized_int8", reduce_op="sum",
                             options=(("group_size", 64),)).name == "exact"
-        before = LAUNCH_COUNTS["quantized_two_shot_kernel"]
+        before = _launches()
         got = symmcoll.all_reduce(small, quantize="int8")
-        assert LAUNCH_COUNTS["quantized_two_shot_kernel"] == before
+        assert _launches() == before
         assert torch.equal(_bits(got), _bits(symmcoll.all_reduce(small)))
         got = symmcoll.all_reduce(large, quantize="int8")
-        assert LAUNCH_COUNTS["quantized_two_shot_kernel"] == before + 1
+        assert _launches() == before + 1
         _check(got, large, "sum", "int8", 64, "at the threshold")
     finally:
         _kernel_at_every_size()

@@ -46,6 +46,12 @@ GPU a plan keeps the launch it prepared first, so set it before the process star
   SYMMCOLL_RS_SENTINEL_LAG=K           each program pushes its block i + K before it waits for and reduces
                                        block i (one loop), instead of pushing all its blocks and then
                                        reducing them (main). Unset: main's kernel, same PTX.
+The quantized all-reduce (issue 18), to time its first kernel beside the one that replaced it in one GPU call
+(read when symmcoll is imported: one bench process per value):
+  SYMMCOLL_QUANT_TILES=1               comm/quantized_tiles.py's kernel ([PEERS, BLOCK] tiles, rows in different
+                                       warps) instead of comm/quantized.py's (one [BLOCK] row per rank).
+  SYMMCOLL_QUANT_CONFIG=B,P,W          every quantized launch with LaunchConfig(B, P, W) (elements a step,
+                                       programs, warps) instead of the size table (GPU_CONFIGS).
 matmul_reduce_scatter's fused kernel (and matmul_all_reduce's two_shot, which runs it):
   SYMMCOLL_MRS_GREEDY_PIECES=1         products larger than a slot go in launches filled to the slot, the
                                        rest in the last (before 2026-11-27's seventh stop), instead of
@@ -84,6 +90,21 @@ AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
 RS_SENTINEL_LAG = _count("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
 MRS_GREEDY_PIECES = _flag("SYMMCOLL_MRS_GREEDY_PIECES")
+QUANT_TILES = _flag("SYMMCOLL_QUANT_TILES")
+
+
+def _triple(name: str) -> tuple[int, int, int] | None:
+    """Three positive counts ``a,b,c`` from the environment, or None where unset."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    parts = value.split(",")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"{name} must be three positive counts a,b,c, got {value!r}")
+    return tuple(int(p) for p in parts)
+
+
+QUANT_CONFIG = _triple("SYMMCOLL_QUANT_CONFIG")
 
 
 def active() -> dict[str, object]:
@@ -92,5 +113,6 @@ def active() -> dict[str, object]:
               "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS,
               "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE,
               "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "RS_SENTINEL_LAG": RS_SENTINEL_LAG,
-              "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES}
+              "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES, "QUANT_TILES": QUANT_TILES,
+              "QUANT_CONFIG": QUANT_CONFIG}
     return {k: v for k, v in values.items() if v not in (False, None)}

@@ -48,14 +48,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import debug_switches
 from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
-                        open_two_stage_slots, own_shard, pack_words, peer_rows, post_call, quantize_groups, take_rows,
-                        unpack_words)
+                        open_two_stage_slots, own_shard, pack_words, peer_ptr, post_call, quantize_groups,
+                        shard_geometry, take_rows_pair, unpack_words)
 from ..launcher import launch
 from ..ops import OpSpec, declare, resolve_group
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
                     inner, resolve)
 from .common import cdiv, chunks, config, meta, next_power_of_2
+from .quantized_tiles import quantized_tile_kernel
 
 OP = "all_reduce_quantized"
 GROUP_SIZES = (32, 64, 128)
@@ -119,47 +121,36 @@ SLOTS, EPOCHS = declare_slots("quantized", "quantized", 2, row_words)
 # the GPU machine (benchmarks/sweep_configs.py) like the sentinel two-shot's.
 GPU_CONFIGS = SizedConfigs(((4 << 20, LaunchConfig(1024, 264, 4)),
                             (1 << 40, LaunchConfig(2048, 264, 8))))
+if debug_switches.QUANT_CONFIG:  # one config at every size, to time configs in one GPU call
+    GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(*debug_switches.QUANT_CONFIG)),))
 
 
 @triton.jit
-def _send(row_ptrs, b, codes, scales, rows_mask, n_words, n_groups, SCALES_AT: tl.constexpr,
-          WORDS: tl.constexpr, GROUPS: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr,
-          BLOCK: tl.constexpr):
-    """Pack block ``b``'s codes and store them with their scales at ``row_ptrs`` ([PEERS, 1])."""
-    word = b * WORDS + tl.arange(0, WORDS)
-    group = b * GROUPS + tl.arange(0, GROUPS)
-    words = pack_words(codes, ROWS, BLOCK, BITS)
-    tl.store(row_ptrs + word[None, :], words, mask=rows_mask & (word < n_words)[None, :])
-    tl.store(row_ptrs + SCALES_AT + group[None, :], scales.to(tl.int32, bitcast=True),
-             mask=rows_mask & (group < n_groups)[None, :])
+def _send(row_ptr, b, words, scales, n_words, n_groups, SCALES_AT: tl.constexpr, WORDS: tl.constexpr,
+          GROUPS: tl.constexpr):
+    """Store block ``b``'s packed codes ([1, WORDS]) and scales ([1, GROUPS]) into the row at ``row_ptr``."""
+    word = b * WORDS + tl.arange(0, WORDS)[None, :]
+    group = b * GROUPS + tl.arange(0, GROUPS)[None, :]
+    tl.store(row_ptr + word, words, mask=word < n_words)
+    tl.store(row_ptr + SCALES_AT + group, scales.to(tl.int32, bitcast=True), mask=group < n_groups)
 
 
 @triton.jit
-def _receive(row_ptrs, rows, is_peer, b, n_words, n_groups, budget, status_ptr, rank, desc, headers, epoch,
-             check, WORLD: tl.constexpr, SCALES_AT: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
-             BITS: tl.constexpr, PEERS: tl.constexpr, BLOCK: tl.constexpr):
-    """Block ``b`` of every peer's row at ``row_ptrs`` ([PEERS, 1], row i from rank i) once filled,
-    emptied for reuse and unpacked: (int32 codes [PEERS, BLOCK], fp32 scales [PEERS, GROUPS], spins left)."""
-    word = b * WORDS + tl.arange(0, WORDS)
-    group = b * GROUPS + tl.arange(0, GROUPS)
-    words, budget = take_rows(row_ptrs + word[None, :], is_peer[:, None] & (word < n_words)[None, :], rows, rank,
-                              budget, status_ptr, desc, headers, epoch, check, WORLD)
-    scale_bits, budget = take_rows(row_ptrs + SCALES_AT + group[None, :],
-                                   is_peer[:, None] & (group < n_groups)[None, :], rows, rank, budget, status_ptr, desc,
-                                   headers, epoch, 0, WORLD)
-    return unpack_words(words, PEERS, BLOCK, BITS), scale_bits.to(tl.float32, bitcast=True), budget
-
-
-@triton.jit
-def _reduce_in_rank_order(values, rows, REDUCE_OP: tl.constexpr, WORLD: tl.constexpr):
-    """Sum (avg) over the rows of a [PEERS, BLOCK] fp32 tile as ((r0 + r1) + r2) + ...: the order the
-    reference uses, whatever order a block reduction would take (extracting a row adds zeros: exact)."""
-    acc = tl.sum(tl.where(rows[:, None] == 0, values, 0.0), axis=0)
-    for r in tl.static_range(1, WORLD):
-        acc += tl.sum(tl.where(rows[:, None] == r, values, 0.0), axis=0)
-    if REDUCE_OP == _AVG:
-        acc = tl.math.div_rn(acc, tl.zeros_like(acc) + WORLD)
-    return acc
+def _receive(row_ptr, src, b, n_words, n_groups, budget, status_ptr, rank, desc, headers, epoch, check,
+             WORLD: tl.constexpr, SCALES_AT: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
+             BITS: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr):
+    """Block ``b`` of the row at ``row_ptr`` (from rank ``src``) once filled, emptied for reuse and
+    decoded: (fp32 values [1, BLOCK], spins left). Codes and scales in one wait (one round trip, one
+    decision a spin: two waits were two round trips in a row). [1, N] tiles throughout, as the codecs take them:
+    a tile made 2-D by ``[None, :]`` got layouts that reduce a group across warps."""
+    word = b * WORDS + tl.arange(0, WORDS)[None, :]
+    group = b * GROUPS + tl.arange(0, GROUPS)[None, :]
+    source = tl.full([1], src, tl.int32)
+    words, scale_bits, budget = take_rows_pair(row_ptr + word, word < n_words, row_ptr + SCALES_AT + group,
+                                               group < n_groups, source, rank, budget, status_ptr, desc, headers,
+                                               epoch, check, WORLD)
+    codes = unpack_words(words, 1, BLOCK, BITS)
+    return dequantize_groups(codes, scale_bits.to(tl.float32, bitcast=True), 1, BLOCK, G, FMT), budget
 
 
 @triton.jit
@@ -171,31 +162,34 @@ def quantized_two_shot_kernel(
     # this piece: shard s = x[s * shard_len:][:shard_len], valid below numel
     x_ptr, out_ptr, numel, shard_len,
     # FMT/BITS: codec (language/codecs.py); G: group size; ROW: words per slot row, scales at SCALES_AT;
-    # BLOCK: elements per program step; PEERS: WORLD rounded up to a power of two
+    # BLOCK: elements per program step
     WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
-    ROW: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK: tl.constexpr, PEERS: tl.constexpr,
+    ROW: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK: tl.constexpr,
 ):
+    """One [BLOCK] row per rank, ranks unrolled (tl.static_range): the rank-order sum adds rows that sit
+    in the same threads, with no reduction across warps (quantized_tiles.py: the [PEERS, BLOCK] tile it
+    replaced, and what that cost), and every thread works on every row."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
         slot_ptrs_dev, epochs_ptr, signal_pad_ptrs_dev, desc, rank, WORLD, ROW)
-    blocks = tl.cdiv(shard_len, BLOCK)
-    n_words = shard_len // (32 // BITS)
-    n_groups = shard_len // G
-    lane = tl.arange(0, BLOCK)
-    rows = tl.arange(0, PEERS)
-    is_peer = (rows < WORLD) & (rows != rank)
-    peers = peer_rows(slot_ptrs_dev, rows, is_peer, tl.int32)
+    blocks, n_words, n_groups = shard_geometry(shard_len, BLOCK, BITS, G)
+    lane = tl.arange(0, BLOCK)[None, :]
     elem = out_ptr.dtype.element_ty
+    WORDS: tl.constexpr = BLOCK * BITS // 32
+    GROUPS: tl.constexpr = BLOCK // G
 
-    # Stage 0: shard s of my input, quantized, into my row of rank s's scatter slots (every s at once).
+    # Stage 0: shard s of my input, quantized, into my row of rank s's scatter slots; the peers in ring
+    # order from mine (each rank starts with a different one).
     for b in range(pid, blocks, nprog):
         in_shard = b * BLOCK + lane
-        offs = rows[:, None] * shard_len + in_shard[None, :]
-        x = tl.load(x_ptr + offs, mask=is_peer[:, None] & (offs < numel), other=0).to(tl.float32)
-        codes, scales = quantize_groups(x, PEERS, BLOCK, G, FMT)
-        _send(peers + scatter_base + rank * ROW, b, codes, scales, is_peer[:, None], n_words, n_groups, SCALES_AT,
-              BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
+        for step in tl.static_range(1, WORLD):
+            s = (rank + step) % WORLD
+            offs = s * shard_len + in_shard
+            x = tl.load(x_ptr + offs, mask=(in_shard < shard_len) & (offs < numel), other=0).to(tl.float32)
+            codes, scales = quantize_groups(x, 1, BLOCK, G, FMT)
+            _send(peer_ptr(slot_ptrs_dev, s, tl.int32) + scatter_base + rank * ROW, b,
+                  pack_words(codes, 1, BLOCK, BITS), scales, n_words, n_groups, SCALES_AT, WORDS, GROUPS)
     post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
     # Stage 1: my shard = my own values (exact) + every peer's decoded codes, in rank order; the
@@ -204,37 +198,46 @@ def quantized_two_shot_kernel(
     check = 1
     for b in range(pid, blocks, nprog):
         _, offs, mask = own_shard(b, BLOCK, lane, rank, shard_len, numel)
-        codes, scales, budget = _receive(region + scatter_base + rows[:, None] * ROW, rows, is_peer, b, n_words,
-                                         n_groups, budget, status_ptr, rank, desc, headers, epoch, check, WORLD,
-                                         SCALES_AT, BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
-        check = 0
-        values = dequantize_groups(codes, scales, PEERS, BLOCK, G, FMT)
-        own = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.float32)
-        reduced = _reduce_in_rank_order(tl.where(rows[:, None] == rank, own[None, :], values), rows, REDUCE_OP,
-                                        WORLD)
-        codes, scales = quantize_groups(reduced[None, :], 1, BLOCK, G, FMT)
+        own = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.float32)  # in flight during the waits
+        # -0.0 + v == v for every v: the sum is ((r0 + r1) + r2) + ..., the reference's order.
+        acc = tl.full([1, BLOCK], -0.0, tl.float32)
+        for src in tl.static_range(WORLD):
+            if src == rank:
+                acc += own
+            else:
+                values, budget = _receive(region + scatter_base + src * ROW, src, b, n_words, n_groups, budget,
+                                          status_ptr, rank, desc, headers, epoch, check, WORLD, SCALES_AT, WORDS,
+                                          GROUPS, BITS, G, FMT, BLOCK)
+                check = 0
+                acc += values
+        if REDUCE_OP == _AVG:
+            acc = tl.math.div_rn(acc, tl.zeros_like(acc) + WORLD)
+        codes, scales = quantize_groups(acc, 1, BLOCK, G, FMT)
         if budget > 0:
             result = dequantize_groups(codes, scales, 1, BLOCK, G, FMT)
-            tl.store(out_ptr + offs[None, :], narrow(result, elem), mask=mask[None, :])
-            _send(peers + gather_base + rank * ROW, b, tl.broadcast_to(codes, (PEERS, BLOCK)),
-                  tl.broadcast_to(scales, (PEERS, BLOCK // G)), is_peer[:, None], n_words, n_groups, SCALES_AT,
-                  BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
+            tl.store(out_ptr + offs, narrow(result, elem), mask=mask)
+            words = pack_words(codes, 1, BLOCK, BITS)
+            for step in tl.static_range(1, WORLD):
+                _send(peer_ptr(slot_ptrs_dev, (rank + step) % WORLD, tl.int32) + gather_base + rank * ROW, b,
+                      words, scales, n_words, n_groups, SCALES_AT, WORDS, GROUPS)
 
     # Stage 2: every other reduced shard from my gather slots into my output.
     for b in range(pid, blocks, nprog):
         in_shard = b * BLOCK + lane
-        codes, scales, budget = _receive(region + gather_base + rows[:, None] * ROW, rows, is_peer, b, n_words,
-                                         n_groups, budget, status_ptr, rank, desc, headers, epoch, 0, WORLD,
-                                         SCALES_AT, BLOCK * BITS // 32, BLOCK // G, BITS, PEERS, BLOCK)
-        offs = rows[:, None] * shard_len + in_shard[None, :]
-        if budget > 0:
-            values = dequantize_groups(codes, scales, PEERS, BLOCK, G, FMT)
-            tl.store(out_ptr + offs, narrow(values, elem),
-                     mask=is_peer[:, None] & (in_shard < shard_len)[None, :] & (offs < numel))
+        for step in tl.static_range(1, WORLD):
+            s = (rank + step) % WORLD
+            values, budget = _receive(region + gather_base + s * ROW, s, b, n_words, n_groups, budget, status_ptr,
+                                      rank, desc, headers, epoch, 0, WORLD, SCALES_AT, WORDS, GROUPS, BITS, G, FMT,
+                                      BLOCK)
+            offs = s * shard_len + in_shard
+            if budget > 0:
+                tl.store(out_ptr + offs, narrow(values, elem), mask=(in_shard < shard_len) & (offs < numel))
     end_launch(epochs_ptr, epoch)
 
 
-def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor, tiles: bool | None = None) -> torch.Tensor:
+    """``tiles``: run quantized_tiles.py's kernel (default: SYMMCOLL_QUANT_TILES, debug_switches)."""
+    tiles = debug_switches.QUANT_TILES if tiles is None else tiles
     ws, cfg, world = plan.ws, config(plan), plan.world
     if cfg.block < ALIGN:
         raise ValueError(f"the quantized all-reduce needs a launch block of >= {ALIGN} elements, got {cfg.block}")
@@ -245,12 +248,13 @@ def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tens
     code = FORMATS[fmt]
     constexprs = meta(plan, REDUCE_OP=plan.reduce_code, FMT=code, BITS=FORMAT_BITS[code],
                       G=dict(plan.request.options)["group_size"], ROW=row_words(device_type, world),
-                      SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=block,
-                      PEERS=next_power_of_2(world))
+                      SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=block)
+    if tiles:
+        constexprs["PEERS"] = next_power_of_2(world)
     constexprs["enable_fp_fusion"] = False  # x * inverse + 0.5 must round twice, as the reference does
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, n, shard_len in pieces(flat.numel(), world, device_type):
-        launch(quantized_two_shot_kernel, cfg.grid(cdiv(shard_len, block)),
+        launch(quantized_tile_kernel if tiles else quantized_two_shot_kernel, cfg.grid(cdiv(shard_len, block)),
                (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, flat[start:], out_flat[start:], n, shard_len),
                constexprs)
     return out
@@ -319,14 +323,16 @@ def compile_cases(make_workspace):
              ("int4", 128, 8, 1, torch.bfloat16, 1 << 20), ("fp8", 128, 4, 0, torch.float32, 3 << 20),
              ("int4", 32, 4, 0, torch.float32, 5 << 10)]
     found = []
-    for fmt, group_size, world, rank, dtype, numel in cases:
-        def thunk(fmt=fmt, group_size=group_size, world=world, rank=rank, dtype=dtype, numel=numel):
+    # quantized_tiles.py's kernel (SYMMCOLL_QUANT_TILES) for the first two, while it is kept for comparison.
+    for i, (fmt, group_size, world, rank, dtype, numel) in enumerate(cases + cases[:2]):
+        def thunk(fmt=fmt, group_size=group_size, world=world, rank=rank, dtype=dtype, numel=numel,
+                  tiles=i >= len(cases)):
             request = Request(OP, (numel,), dtype, torch.device("cuda"), "sum", None, None, (),
                               (("group_size", group_size),))
             algorithm = algorithms(OP)[f"quantized_{fmt}"]
             p = Plan(request, "kernel", algorithm, None, world, rank, make_workspace(world, rank),
                      GPU_CONFIGS.pick(request.nbytes, world), 3, (numel,))
             x = torch.empty((numel,), dtype=dtype, device="meta")
-            _run(fmt, p, x, torch.empty_like(x))
-        found.append((f"{OP}.quantized_{fmt}.G{group_size}", thunk))
+            _run(fmt, p, x, torch.empty_like(x), tiles)
+        found.append((f"{OP}.quantized_{fmt}.G{group_size}{'.tiles' if i >= len(cases) else ''}", thunk))
     return found

@@ -16,21 +16,22 @@ from .signals import (ARG_MAX_ROWS, ARG_SPLITS, ARG_TOPK_IDS, MAX_WORLD, announc
 from .polls import (EPOCH_SLOTS, end_launch, launch_epoch, post_header, post_header_at, wait_filled, wait_filled_rows,
                     wait_flagged)
 from .slots import (HEADER_WORDS, PHASES, checks_headers, declare_slots, open_slots, open_two_stage_slots, post_call,
-                    take, take_rows)
+                    take, take_rows, take_rows_pair)
 from .tagged import ESCAPE_GROUP, clamped_splits, escape, post_counts, wait_counts, wait_escaped
 from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, sanitize_values, unpack
 from .flags import acquire_flag, release_flag
 from .tiles import send_tile_flag, tile_values, tile_words, values_of, wait_tile_flag, words_of
 from .barrier import barrier_kernel, open_call
 from .pdl import release_dependents, wait_prior_grid
-from .codecs import FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, unpack_words
+from .codecs import (FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, shard_geometry,
+                     unpack_words)
 
 __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", "combine", "copy_blocks",
            "finalize", "move_block", "narrow", "own_shard", "reduce_rows", "tee_blocks", "ARG_MAX_ROWS", "ARG_SPLITS",
            "ARG_TOPK_IDS", "EPOCH_SLOTS", "MAX_WORLD", "announce", "block_barrier", "end_launch", "launch_epoch",
            "peer_ptr", "peer_rows", "post_header", "record_argument", "record_error", "record_timeout",
            "send_signals", "wait_filled", "HEADER_WORDS", "PHASES", "declare_slots", "open_slots",
-           "open_two_stage_slots", "take", "take_rows", "wait_filled_rows", "wait_flagged", "wait_signals",
+           "open_two_stage_slots", "take", "take_rows", "take_rows_pair", "wait_filled_rows", "wait_flagged", "wait_signals",
            "ESCAPE_GROUP",
            "clamped_splits", "escape", "post_counts", "wait_counts", "wait_escaped", "EMPTY", "WORD_FORMAT", "pack",
            "padded_words", "sanitize", "sanitize_values", "unpack", "barrier_kernel", "open_call", "FORMAT_BITS",
@@ -38,3 +39,4 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "tile_values", "tile_words", "values_of", "wait_tile_flag", "words_of"]
 __all__ += ["announce_at", "post_header_at", "program0_peer_bases", "checks_headers", "post_call", "nan_max", "nan_maximum", "nan_min", "nan_minimum", "acquire_flag", "release_flag"]
 __all__ += ["release_dependents", "wait_prior_grid"]
+__all__ += ["shard_geometry"]

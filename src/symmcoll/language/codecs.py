@@ -104,6 +104,13 @@ def dequantize_groups(codes, scales, ROWS: tl.constexpr, N: tl.constexpr, G: tl.
 
 
 @triton.jit
+def shard_geometry(shard_len, BLOCK: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr):
+    """A shard of ``shard_len`` values (a multiple of G and of 32 // BITS) in steps of BLOCK: (steps,
+    code words, groups)."""
+    return tl.cdiv(shard_len, BLOCK), shard_len // (32 // BITS), shard_len // G
+
+
+@triton.jit
 def _pair(fields, ROWS: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
     """[ROWS, N] fields of BITS bits -> [ROWS, N // 2] fields of 2 * BITS bits (element 2i low).
     Only the low field needs masking: the high one's sign bits land above 2 * BITS, where the next

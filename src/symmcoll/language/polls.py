@@ -231,30 +231,53 @@ def wait_filled(ptrs, mask, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, 
 
 
 @triton.jit
+def _pending_rows(words, words2, EMPTY: tl.constexpr):
+    """Per row of a [ROWS, N] tile (and of ``words2``, a second tile of the same rows, unless None):
+    whether a word still holds EMPTY."""
+    pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
+    if words2 is not None:
+        pending = tl.maximum(pending, tl.max((words2 == EMPTY).to(tl.int32), axis=1))
+    return pending
+
+
+@triton.jit
 def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, desc, own_headers,
-                     epoch, check, WORLD: tl.constexpr):
+                     epoch, check, WORLD: tl.constexpr, ptrs2=None, mask2=None):
     """``wait_filled`` over a [PEERS, BLOCK] tile whose row i comes from peer ``rows[i]``: one poll
     (one block-wide reduction) covers every peer, and the loads of all rows are in flight together.
-    On timeout the error record names the first row still pending."""
+    On timeout the error record names the first row still pending. With ``ptrs2`` / ``mask2``, a
+    second tile of the same rows (a row's scales beside its codes) is polled in the same spins:
+    returns (words, words2, spins left), else (words, spins left)."""
     words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    words2 = ptrs2
+    if ptrs2 is not None:
+        words2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
-    pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
+    pending = _pending_rows(words, words2, EMPTY)
     state = wait_state(tl.max(pending, axis=0) > 0, headers)
     budget = spin_budget
     spins = 0
     while (state == WAIT_PENDING) & (budget > 0):
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        if ptrs2 is not None:
+            words2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
         headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
-        pending = tl.max((words == EMPTY).to(tl.int32), axis=1)
+        pending = _pending_rows(words, words2, EMPTY)
         state = wait_state(tl.max(pending, axis=0) > 0, headers)
         budget -= 1
         spins += 1
         if failed_elsewhere(status_ptr, spins):
             budget = budget * 0
+    if ptrs2 is not None:
+        words2 = reread_stale(ptrs2, mask2 & (words2 == EMPTY), words2, 0)  # (the barrier: in the next line's)
     words = reread_stale_copies(ptrs, mask, words, EMPTY)
     first = tl.min(tl.where(pending > 0, rows, MAX_WORLD), axis=0)
-    return words, end_wait(state, tl.max(pending, axis=0) > 0, budget, status_ptr, rank, first, desc, own_headers,
-                           check, epoch, WORLD)
+    budget = end_wait(state, tl.max(pending, axis=0) > 0, budget, status_ptr, rank, first, desc, own_headers, check,
+                      epoch, WORLD)
+    if ptrs2 is not None:
+        return words, words2, budget
+    else:
+        return words, budget
 
 
 # ---- Launch epochs: a per-rank device counter that every launch of a family advances once ----------

@@ -118,3 +118,15 @@ def take_rows(ptrs, mask, rows, rank, budget, status_ptr, desc, headers, epoch, 
                                      checks_headers(check), WORLD)
     tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
     return words, budget
+
+
+@triton.jit
+def take_rows_pair(ptrs, mask, ptrs2, mask2, rows, rank, budget, status_ptr, desc, headers, epoch, check,
+                   WORLD: tl.constexpr):
+    """``take_rows`` of two tiles of the same rows at once (a row's codes and its scales): their loads in
+    flight together, one decision per spin. Returns (words, words2, spins left)."""
+    words, words2, budget = wait_filled_rows(ptrs, mask, rows, EMPTY, budget, status_ptr, rank, desc, headers, epoch,
+                                             checks_headers(check), WORLD, ptrs2, mask2)
+    tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
+    tl.store(ptrs2, tl.zeros_like(words2) + EMPTY, mask=mask2)
+    return words, words2, budget
