@@ -117,10 +117,11 @@ def pieces(numel: int, world: int, device_type: str):
 
 SLOTS, EPOCHS = declare_slots("quantized", "quantized", 2, row_words)
 
-# Block = input elements per program step (a power of two >= ALIGN). First guesses, to be swept on
-# the GPU machine (benchmarks/sweep_configs.py) like the sentinel two-shot's.
-GPU_CONFIGS = SizedConfigs(((4 << 20, LaunchConfig(1024, 264, 4)),
-                            (1 << 40, LaunchConfig(2048, 264, 8))))
+# Block = input elements per program step (a power of two >= ALIGN). 2048 values, three programs an SM
+# (396 on 132 SMs), 8 warps: the fastest of the row kernel's configs on 2x H100 at 4-64 MB (2026-11-27,
+# benchmarks/results/2026-11-27-quant-rows-h100x2: int8 / int4 at 16 MB 37.0 / 27.4 us against 41.4 / 32.4
+# with 2048 x 264 and 38.0 / 26.9 with 4096 x 264). Below 4 MB not compared.
+GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(2048, 396, 8)),))
 if debug_switches.QUANT_CONFIG:  # one config at every size, to time configs in one GPU call
     GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(*debug_switches.QUANT_CONFIG)),))
 
