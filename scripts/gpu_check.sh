@@ -444,7 +444,7 @@ for stage in $stages; do
       ;;
     quantized-bench)
       # Every format and group size beside the exact auto path and NCCL, 1-256 MB (QUANT_BENCH_MIN /
-      # QUANT_BENCH_MAX / QUANT_ALGORITHMS narrow it; SYMMCOLL_QUANTIZE_MIN_BYTES=0 times the kernel
+      # QUANT_BENCH_MAX / QUANT_ALGORITHMS (comma-separated: it is one word) narrow it; SYMMCOLL_QUANTIZE_MIN_BYTES=0 times the kernel
       # below its 1 MB fallback too). One world size per call keeps a call under 10 minutes.
       sizes=2; [ "$ngpu" -ge 4 ] && sizes=4
       timeout ${BENCH_TIMEOUT:-540} python3 -m symmcoll bench --op all_reduce \

@@ -101,6 +101,22 @@ def test_algorithms_filter():
     assert not selected("nccl", ("torch:*", "one_shot"))
 
 
+def test_an_algorithms_pattern_that_selects_nothing_is_named():
+    """Two names quoted as one word (the slip of a GPU run on 2026-11-27) must not shrink a run silently."""
+    from types import SimpleNamespace
+
+    from symmcoll.bench.driver import _cases
+    info = SimpleNamespace(implementations={"all_reduce": (("symmcoll:quantized_int8", "quantized"),
+                                                           ("symmcoll:auto", "symmcoll"))})
+    options = SimpleNamespace(ops=["all_reduce"], algorithms=("symmcoll:quantized_int8 symmcoll:auto", "auto"),
+                              dtype="bf16")
+    _, notes = _cases(info, options, None, [], 2)
+    assert notes == ["--algorithms 'symmcoll:quantized_int8 symmcoll:auto' matches no implementation of all_reduce: "
+                     "ignored (several names are separate words or comma-separated)"]
+    options.algorithms = ("quantized_int8", "auto")
+    assert _cases(info, options, None, [], 2)[1] == []
+
+
 def _render(table, width: int = 250) -> str:
     console = Console(width=width, record=True, file=open(os.devnull, "w"))
     console.print(table)

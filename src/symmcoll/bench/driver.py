@@ -213,6 +213,9 @@ def _sweep(runner: Runner, options: BenchOptions, console: Console, deadline: fl
         out.print(f"note: {note}", highlight=False)
     cases, skipped = _cases(info, options, plan, sizes, runner.world_size)
     notes += skipped
+    for note in skipped:
+        if note.startswith("--algorithms"):
+            out.print(f"[bold yellow]note: {note}[/]", highlight=False)
     link, measurements = None, []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=out, disable=not runner.is_writer) as progress:
@@ -255,6 +258,13 @@ def _cases(info: worker.RankInfo, options: BenchOptions, plan: TimingPlan, sizes
                 notes.append(f"{op}: size {format_size(size)} holds no whole element per rank; skipped")
                 continue
             cases += [Case(op, name, size, count, options.dtype, plan) for name in names]
+    # A pattern that selects nothing is a typo or a quoting slip ("a b" as one word): say so instead of
+    # timing fewer implementations than asked for.
+    known = [name for op in options.ops for name, _ in info.implementations.get(op, ())]
+    for pattern in options.algorithms or ():
+        if not any(selected(name, (pattern,)) for name in known):
+            notes.append(f"--algorithms {pattern!r} matches no implementation of {' '.join(options.ops)}: ignored "
+                         f"(several names are separate words or comma-separated)")
     return cases, notes
 
 
