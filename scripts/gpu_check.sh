@@ -454,15 +454,14 @@ for stage in $stages; do
       ;;
     quant-variants)
       # Issue 18: the quantized all-reduce's kernels side by side, one bench process each (the switches are read
-      # at import): "tiles" = the first kernel (comm/quantized_tiles.py, SYMMCOLL_QUANT_TILES=1), "rows" = comm/
-      # quantized.py's with its size table, "rows:B,P,W" = it with LaunchConfig(B, P, W) at every size
-      # (SYMMCOLL_QUANT_CONFIG). The exact auto path times once, in the first process. Every result is checked
+      # at import): "rows" = comm/quantized.py's kernel with its size table, "rows:B,P,W" = it with
+      # LaunchConfig(B, P, W) at every size (SYMMCOLL_QUANT_CONFIG). (The first kernel, "tiles", is gone: 3.4-5x
+      # slower, benchmarks/results/2026-11-27-quant-rows-h100x2.) The exact auto path times once, in the first process. Every result is checked
       # against the fp32 sum (the documented error bound, #wrong) before it is timed.
       first=1
-      for variant in ${QUANT_VARIANTS:-tiles rows rows:2048,396,8 rows:4096,264,8}; do
+      for variant in ${QUANT_VARIANTS:-rows rows:2048,264,8 rows:4096,396,8}; do
         name=${variant//[:,]/-}; mkdir -p "$OUT/$name"
         case $variant in
-          tiles) vars="SYMMCOLL_QUANT_TILES=1" ;;
           rows) vars="" ;;
           rows:*) vars="SYMMCOLL_QUANT_CONFIG=${variant#rows:}" ;;
           *) echo "quant-variants: unknown variant $variant"; status=1; continue ;;

@@ -42,7 +42,7 @@ def test_switches_are_off_unless_set():
 
 
 @pytest.mark.parametrize("env", [{"SYMMCOLL_DEBUG_NO_HEADERS": "yes"}, {"SYMMCOLL_DEBUG_ABORT_CHECK_SPINS": "0"},
-                                 {"SYMMCOLL_QUANT_CONFIG": "4096,264"}, {"SYMMCOLL_QUANT_TILES": "on"}])
+                                 {"SYMMCOLL_QUANT_CONFIG": "4096,264"}, {"SYMMCOLL_MRS_GREEDY_PIECES": "on"}])
 def test_malformed_switch_is_refused_at_import(env):
     result = _import_switches(env)
     assert result.returncode != 0

@@ -82,9 +82,9 @@ def _slots_empty(what):
 
 
 def _launches() -> int:
-    """Launches of the quantized kernel: comm/quantized.py's, or quantized_tiles.py's under SYMMCOLL_QUANT_TILES."""
+    """Launches of the quantized kernel."""
     from symmcoll.launcher import LAUNCH_COUNTS
-    return LAUNCH_COUNTS["quantized_two_shot_kernel"] + LAUNCH_COUNTS["quantized_tile_kernel"]
+    return LAUNCH_COUNTS["quantized_two_shot_kernel"]
 
 
 def _calls(quantize, cases, op):

@@ -46,10 +46,8 @@ GPU a plan keeps the launch it prepared first, so set it before the process star
   SYMMCOLL_RS_SENTINEL_LAG=K           each program pushes its block i + K before it waits for and reduces
                                        block i (one loop), instead of pushing all its blocks and then
                                        reducing them (main). Unset: main's kernel, same PTX.
-The quantized all-reduce (issue 18), to time its first kernel beside the one that replaced it in one GPU call
-(read when symmcoll is imported: one bench process per value):
-  SYMMCOLL_QUANT_TILES=1               comm/quantized_tiles.py's kernel ([PEERS, BLOCK] tiles, rows in different
-                                       warps) instead of comm/quantized.py's (one [BLOCK] row per rank).
+The quantized all-reduce (issue 18), to time launch configs in one GPU call (read when symmcoll is imported:
+one bench process per value):
   SYMMCOLL_QUANT_CONFIG=B,P,W          every quantized launch with LaunchConfig(B, P, W) (elements a step,
                                        programs, warps) instead of the size table (GPU_CONFIGS).
 matmul_reduce_scatter's fused kernel (and matmul_all_reduce's two_shot, which runs it):
@@ -90,7 +88,6 @@ AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
 RS_SENTINEL_LAG = _count("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
 MRS_GREEDY_PIECES = _flag("SYMMCOLL_MRS_GREEDY_PIECES")
-QUANT_TILES = _flag("SYMMCOLL_QUANT_TILES")
 
 
 def _triple(name: str) -> tuple[int, int, int] | None:
@@ -113,6 +110,5 @@ def active() -> dict[str, object]:
               "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS,
               "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE,
               "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "RS_SENTINEL_LAG": RS_SENTINEL_LAG,
-              "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES, "QUANT_TILES": QUANT_TILES,
-              "QUANT_CONFIG": QUANT_CONFIG}
+              "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES, "QUANT_CONFIG": QUANT_CONFIG}
     return {k: v for k, v in values.items() if v not in (False, None)}

@@ -57,7 +57,6 @@ from ..ops import OpSpec, declare, resolve_group
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
                     inner, resolve)
 from .common import cdiv, chunks, config, meta, next_power_of_2
-from .quantized_tiles import quantized_tile_kernel
 
 OP = "all_reduce_quantized"
 GROUP_SIZES = (32, 64, 128)
@@ -168,8 +167,10 @@ def quantized_two_shot_kernel(
     ROW: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """One [BLOCK] row per rank, ranks unrolled (tl.static_range): the rank-order sum adds rows that sit
-    in the same threads, with no reduction across warps (quantized_tiles.py: the [PEERS, BLOCK] tile it
-    replaced, and what that cost), and every thread works on every row."""
+    in the same threads, with no reduction across warps, and every thread works on every row. (It
+    replaced a [PEERS, BLOCK] tile whose rank rows Triton put in different warps: the rank-order sum went
+    through shared memory, ~14 barriers a step, half the warps idle at ws 2 -- 3.4x slower than the exact
+    all-reduce on 2x H100; benchmarks/results/2026-11-27-quant-rows-h100x2.)"""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch, scatter_base, gather_base, region, headers, pads, peer_headers = open_two_stage_slots(
@@ -236,9 +237,7 @@ def quantized_two_shot_kernel(
     end_launch(epochs_ptr, epoch)
 
 
-def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor, tiles: bool | None = None) -> torch.Tensor:
-    """``tiles``: run quantized_tiles.py's kernel (default: SYMMCOLL_QUANT_TILES, debug_switches)."""
-    tiles = debug_switches.QUANT_TILES if tiles is None else tiles
+def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     ws, cfg, world = plan.ws, config(plan), plan.world
     if cfg.block < ALIGN:
         raise ValueError(f"the quantized all-reduce needs a launch block of >= {ALIGN} elements, got {cfg.block}")
@@ -250,12 +249,10 @@ def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor, tiles: bool |
     constexprs = meta(plan, REDUCE_OP=plan.reduce_code, FMT=code, BITS=FORMAT_BITS[code],
                       G=dict(plan.request.options)["group_size"], ROW=row_words(device_type, world),
                       SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=block)
-    if tiles:
-        constexprs["PEERS"] = next_power_of_2(world)
     constexprs["enable_fp_fusion"] = False  # x * inverse + 0.5 must round twice, as the reference does
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, n, shard_len in pieces(flat.numel(), world, device_type):
-        launch(quantized_tile_kernel if tiles else quantized_two_shot_kernel, cfg.grid(cdiv(shard_len, block)),
+        launch(quantized_two_shot_kernel, cfg.grid(cdiv(shard_len, block)),
                (*ws.kernel_args, plan.desc, region.ptrs_dev, epochs, flat[start:], out_flat[start:], n, shard_len),
                constexprs)
     return out
@@ -324,16 +321,14 @@ def compile_cases(make_workspace):
              ("int4", 128, 8, 1, torch.bfloat16, 1 << 20), ("fp8", 128, 4, 0, torch.float32, 3 << 20),
              ("int4", 32, 4, 0, torch.float32, 5 << 10)]
     found = []
-    # quantized_tiles.py's kernel (SYMMCOLL_QUANT_TILES) for the first two, while it is kept for comparison.
-    for i, (fmt, group_size, world, rank, dtype, numel) in enumerate(cases + cases[:2]):
-        def thunk(fmt=fmt, group_size=group_size, world=world, rank=rank, dtype=dtype, numel=numel,
-                  tiles=i >= len(cases)):
+    for fmt, group_size, world, rank, dtype, numel in cases:
+        def thunk(fmt=fmt, group_size=group_size, world=world, rank=rank, dtype=dtype, numel=numel):
             request = Request(OP, (numel,), dtype, torch.device("cuda"), "sum", None, None, (),
                               (("group_size", group_size),))
             algorithm = algorithms(OP)[f"quantized_{fmt}"]
             p = Plan(request, "kernel", algorithm, None, world, rank, make_workspace(world, rank),
                      GPU_CONFIGS.pick(request.nbytes, world), 3, (numel,))
             x = torch.empty((numel,), dtype=dtype, device="meta")
-            _run(fmt, p, x, torch.empty_like(x), tiles)
-        found.append((f"{OP}.quantized_{fmt}.G{group_size}{'.tiles' if i >= len(cases) else ''}", thunk))
+            _run(fmt, p, x, torch.empty_like(x))
+        found.append((f"{OP}.quantized_{fmt}.G{group_size}", thunk))
     return found
