@@ -49,14 +49,14 @@ import triton
 import triton.language as tl
 
 from .. import debug_switches
-from ..language import (FORMAT_BITS, FORMATS, declare_slots, end_launch, narrow, open_two_stage_slots,
-                        own_shard, pack_words, peer_ptr, post_call, quantize_groups, shard_geometry)
+from ..language import (FORMAT_BITS, FORMATS, declare_slots, end_launch, narrow, open_two_stage_slots, own_shard,
+                        post_call, shard_geometry)
 from ..launcher import launch
 from ..ops import OpSpec, declare, resolve_group
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
                     inner, resolve)
 from .common import cdiv, chunks, config, meta, next_power_of_2
-from .quantized_steps import finish_shard, receive_block, send_block, stages_prefetched
+from .quantized_steps import finish_shard, receive_block, scatter_block, stages_prefetched, sum_shard
 
 OP = "all_reduce_quantized"
 GROUP_SIZES = (32, 64, 128)
@@ -162,8 +162,8 @@ def quantized_two_shot_kernel(
 
     if PREFETCH:
         stages_prefetched(slot_ptrs_dev, status_ptr, max_spins, rank, desc, x_ptr, out_ptr, numel, shard_len, epoch,
-                           scatter_base, gather_base, region, headers, pads, peer_headers, blocks, n_words, n_groups,
-                           WORLD, REDUCE_OP, FMT, BITS, G, ROW, SCALES_AT, BLOCK)
+                          scatter_base, gather_base, region, headers, pads, peer_headers, blocks, n_words, n_groups,
+                          WORLD, REDUCE_OP, FMT, BITS, G, ROW, SCALES_AT, BLOCK)
     else:
         # Stage 0: shard s of my input, quantized, into my row of rank s's scatter slots; the peers in ring
         # order from mine (each rank starts with a different one).
@@ -173,9 +173,8 @@ def quantized_two_shot_kernel(
                 s = (rank + step) % WORLD
                 offs = s * shard_len + in_shard
                 x = tl.load(x_ptr + offs, mask=(in_shard < shard_len) & (offs < numel), other=0).to(tl.float32)
-                codes, scales = quantize_groups(x, 1, BLOCK, G, FMT)
-                send_block(peer_ptr(slot_ptrs_dev, s, tl.int32) + scatter_base + rank * ROW, b,
-                      pack_words(codes, 1, BLOCK, BITS), scales, n_words, n_groups, SCALES_AT, WORDS, GROUPS)
+                scatter_block(x, s, b, slot_ptrs_dev, scatter_base, rank, n_words, n_groups, FMT, BITS, G, ROW,
+                              SCALES_AT, BLOCK)
         post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
         # Stage 1: my shard = my own values (exact) + every peer's decoded codes, in rank order; the
@@ -185,19 +184,11 @@ def quantized_two_shot_kernel(
         for b in range(pid, blocks, nprog):
             _, offs, mask = own_shard(b, BLOCK, lane, rank, shard_len, numel)
             own = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.float32)  # in flight during the waits
-            # -0.0 + v == v for every v: the sum is ((r0 + r1) + r2) + ..., the reference's order.
-            acc = tl.full([1, BLOCK], -0.0, tl.float32)
-            for src in tl.static_range(WORLD):
-                if src == rank:
-                    acc += own
-                else:
-                    values, budget = receive_block(region + scatter_base + src * ROW, src, b, n_words, n_groups, budget,
-                                              status_ptr, rank, desc, headers, epoch, check, WORLD, SCALES_AT, WORDS,
-                                              GROUPS, BITS, G, FMT, BLOCK)
-                    check = 0
-                    acc += values
+            acc, budget, check = sum_shard(own, b, budget, check, region, scatter_base, status_ptr, rank, desc,
+                                           headers, epoch, n_words, n_groups, WORLD, ROW, SCALES_AT, BITS, G, FMT,
+                                           BLOCK)
             finish_shard(acc, b, offs, mask, budget, out_ptr, slot_ptrs_dev, gather_base, rank, n_words, n_groups,
-                          WORLD, REDUCE_OP, FMT, BITS, G, ROW, SCALES_AT, BLOCK)
+                         WORLD, REDUCE_OP, FMT, BITS, G, ROW, SCALES_AT, BLOCK)
 
         # Stage 2: every other reduced shard from my gather slots into my output.
         for b in range(pid, blocks, nprog):
@@ -205,8 +196,8 @@ def quantized_two_shot_kernel(
             for step in tl.static_range(1, WORLD):
                 s = (rank + step) % WORLD
                 values, budget = receive_block(region + gather_base + s * ROW, s, b, n_words, n_groups, budget,
-                                          status_ptr, rank, desc, headers, epoch, 0, WORLD, SCALES_AT, WORDS, GROUPS,
-                                          BITS, G, FMT, BLOCK)
+                                               status_ptr, rank, desc, headers, epoch, 0, WORLD, SCALES_AT, WORDS,
+                                               GROUPS, BITS, G, FMT, BLOCK)
                 offs = s * shard_len + in_shard
                 if budget > 0:
                     tl.store(out_ptr + offs, narrow(values, elem), mask=(in_shard < shard_len) & (offs < numel))

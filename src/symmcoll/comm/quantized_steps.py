@@ -14,7 +14,7 @@ _AVG: tl.constexpr = tl.constexpr(OP_AVG)
 
 @triton.jit
 def send_block(row_ptr, b, words, scales, n_words, n_groups, SCALES_AT: tl.constexpr, WORDS: tl.constexpr,
-          GROUPS: tl.constexpr):
+               GROUPS: tl.constexpr):
     """Store block ``b``'s packed codes ([1, WORDS]) and scales ([1, GROUPS]) into the row at ``row_ptr``."""
     word = b * WORDS + tl.arange(0, WORDS)[None, :]
     group = b * GROUPS + tl.arange(0, GROUPS)[None, :]
@@ -24,9 +24,9 @@ def send_block(row_ptr, b, words, scales, n_words, n_groups, SCALES_AT: tl.const
 
 @triton.jit
 def receive_block(row_ptr, src, b, n_words, n_groups, budget, status_ptr, rank, desc, headers, epoch, check,
-             WORLD: tl.constexpr, SCALES_AT: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
-             BITS: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr, loaded=None,
-             loaded_scales=None):
+                  WORLD: tl.constexpr, SCALES_AT: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
+                  BITS: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr, loaded=None,
+                  loaded_scales=None):
     """Block ``b`` of the row at ``row_ptr`` (from rank ``src``) once filled, emptied for reuse and
     decoded: (fp32 values [1, BLOCK], spins left). Codes and scales in one wait (one round trip, one
     decision a spin: two waits were two round trips in a row). [1, N] tiles throughout, as the codecs take them:
@@ -70,6 +70,54 @@ def _shard_input(x_ptr, s, b, lane, shard_len, numel, valid, BLOCK: tl.constexpr
 
 
 @triton.jit
+def scatter_block(x, s, b, slot_ptrs_dev, scatter_base, rank, n_words, n_groups, FMT: tl.constexpr,
+                  BITS: tl.constexpr, G: tl.constexpr, ROW: tl.constexpr, SCALES_AT: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Stage 0's step: block ``b`` of shard ``s`` of my input (fp32 ``x``), quantized, into my row of rank
+    ``s``'s scatter slots."""
+    codes, scales = quantize_groups(x, 1, BLOCK, G, FMT)
+    send_block(peer_ptr(slot_ptrs_dev, s, tl.int32) + scatter_base + rank * ROW, b,
+               pack_words(codes, 1, BLOCK, BITS), scales, n_words, n_groups, SCALES_AT, BLOCK * BITS // 32,
+               BLOCK // G)
+
+
+@triton.jit
+def sum_shard(own, b, budget, check, region, scatter_base, status_ptr, rank, desc, headers, epoch, n_words,
+              n_groups, WORLD: tl.constexpr, ROW: tl.constexpr, SCALES_AT: tl.constexpr, BITS: tl.constexpr,
+              G: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr, ahead=None, loaded=None,
+              loaded_scales=None):
+    """Stage 1's sum for block ``b`` of my shard: my own values (``own``, exact) and every peer's decoded
+    codes, in rank order. With ``loaded`` / ``loaded_scales``, the first poll of peer ``ahead``'s row,
+    read a step early. Returns (sum, spins left, check)."""
+    # -0.0 + v == v for every v: the sum is ((r0 + r1) + r2) + ..., the reference's order.
+    acc = tl.full([1, BLOCK], -0.0, tl.float32)
+    for src in tl.static_range(WORLD):
+        if src == rank:
+            acc += own
+        else:
+            row = region + scatter_base + src * ROW
+            if loaded is None:
+                values, budget = receive_block(row, src, b, n_words, n_groups, budget, status_ptr, rank, desc,
+                                               headers, epoch, check, WORLD, SCALES_AT, BLOCK * BITS // 32,
+                                               BLOCK // G, BITS, G, FMT, BLOCK)
+            elif WORLD == 2:  # the one peer is ``ahead``
+                values, budget = receive_block(row, src, b, n_words, n_groups, budget, status_ptr, rank, desc,
+                                               headers, epoch, check, WORLD, SCALES_AT, BLOCK * BITS // 32,
+                                               BLOCK // G, BITS, G, FMT, BLOCK, loaded, loaded_scales)
+            elif src == ahead:
+                values, budget = receive_block(row, src, b, n_words, n_groups, budget, status_ptr, rank, desc,
+                                               headers, epoch, check, WORLD, SCALES_AT, BLOCK * BITS // 32,
+                                               BLOCK // G, BITS, G, FMT, BLOCK, loaded, loaded_scales)
+            else:
+                values, budget = receive_block(row, src, b, n_words, n_groups, budget, status_ptr, rank, desc,
+                                               headers, epoch, check, WORLD, SCALES_AT, BLOCK * BITS // 32,
+                                               BLOCK // G, BITS, G, FMT, BLOCK)
+            check = 0
+            acc += values
+    return acc, budget, check
+
+
+@triton.jit
 def finish_shard(acc, b, offs, mask, budget, out_ptr, slot_ptrs_dev, gather_base, rank, n_words, n_groups,
                   WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr,
                   G: tl.constexpr, ROW: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK: tl.constexpr):
@@ -84,7 +132,7 @@ def finish_shard(acc, b, offs, mask, budget, out_ptr, slot_ptrs_dev, gather_base
         words = pack_words(codes, 1, BLOCK, BITS)
         for step in tl.static_range(1, WORLD):
             send_block(peer_ptr(slot_ptrs_dev, (rank + step) % WORLD, tl.int32) + gather_base + rank * ROW, b,
-                  words, scales, n_words, n_groups, SCALES_AT, BLOCK * BITS // 32, BLOCK // G)
+                       words, scales, n_words, n_groups, SCALES_AT, BLOCK * BITS // 32, BLOCK // G)
 
 
 @triton.jit
@@ -116,9 +164,8 @@ def stages_prefetched(slot_ptrs_dev, status_ptr, max_spins, rank, desc, x_ptr, o
         x = x_next.to(tl.float32)
         b_next, s_next = _item(k + 1, pid, nprog, rank, WORLD)
         x_next = _shard_input(x_ptr, s_next, b_next, lane, shard_len, numel, k + 1 < items, BLOCK)
-        codes, scales = quantize_groups(x, 1, BLOCK, G, FMT)
-        send_block(peer_ptr(slot_ptrs_dev, s, tl.int32) + scatter_base + rank * ROW, b,
-              pack_words(codes, 1, BLOCK, BITS), scales, n_words, n_groups, SCALES_AT, WORDS, GROUPS)
+        scatter_block(x, s, b, slot_ptrs_dev, scatter_base, rank, n_words, n_groups, FMT, BITS, G, ROW, SCALES_AT,
+                      BLOCK)
     post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
     # Stage 1 (see the kernel): the first peer in rank order is polled a block ahead (at world size 2,
@@ -126,7 +173,7 @@ def stages_prefetched(slot_ptrs_dev, status_ptr, max_spins, rank, desc, x_ptr, o
     budget = max_spins
     check = 1
     ahead = tl.where(rank == 0, 1, 0)
-    ahead_row = region + scatter_base + ahead * ROW
+    ahead_row = region + scatter_base + ahead * ROW  # the row polled a step ahead
     _, offs, mask = own_shard(pid, BLOCK, lane, rank, shard_len, numel)
     own_next = tl.load(x_ptr + offs, mask=mask & (mine > 0), other=0)
     words_next, scales_next = _peek(ahead_row, pid, n_words, n_groups, mine > 0, SCALES_AT, WORDS, GROUPS)
@@ -139,25 +186,9 @@ def stages_prefetched(slot_ptrs_dev, status_ptr, max_spins, rank, desc, x_ptr, o
         own_next = tl.load(x_ptr + offs_next, mask=mask_next & (k + 1 < mine), other=0)
         words_next, scales_next = _peek(ahead_row, b + nprog, n_words, n_groups, k + 1 < mine, SCALES_AT, WORDS,
                                         GROUPS)
-        acc = tl.full([1, BLOCK], -0.0, tl.float32)
-        for src in tl.static_range(WORLD):
-            if src == rank:
-                acc += own
-            else:
-                if WORLD == 2:
-                    values, budget = receive_block(ahead_row, src, b, n_words, n_groups, budget, status_ptr, rank, desc,
-                                              headers, epoch, check, WORLD, SCALES_AT, WORDS, GROUPS, BITS, G, FMT,
-                                              BLOCK, words_now, scales_now)
-                elif src == ahead:
-                    values, budget = receive_block(ahead_row, src, b, n_words, n_groups, budget, status_ptr, rank, desc,
-                                              headers, epoch, check, WORLD, SCALES_AT, WORDS, GROUPS, BITS, G, FMT,
-                                              BLOCK, words_now, scales_now)
-                else:
-                    values, budget = receive_block(region + scatter_base + src * ROW, src, b, n_words, n_groups, budget,
-                                              status_ptr, rank, desc, headers, epoch, check, WORLD, SCALES_AT, WORDS,
-                                              GROUPS, BITS, G, FMT, BLOCK)
-                check = 0
-                acc += values
+        acc, budget, check = sum_shard(own, b, budget, check, region, scatter_base, status_ptr, rank, desc, headers,
+                                       epoch, n_words, n_groups, WORLD, ROW, SCALES_AT, BITS, G, FMT, BLOCK, ahead,
+                                       words_now, scales_now)
         finish_shard(acc, b, offs, mask, budget, out_ptr, slot_ptrs_dev, gather_base, rank, n_words, n_groups,
                       WORLD, REDUCE_OP, FMT, BITS, G, ROW, SCALES_AT, BLOCK)
 
@@ -172,8 +203,8 @@ def stages_prefetched(slot_ptrs_dev, status_ptr, max_spins, rank, desc, x_ptr, o
         words_next, scales_next = _peek(region + gather_base + s_next * ROW, b_next, n_words, n_groups, k + 1 < items,
                                         SCALES_AT, WORDS, GROUPS)
         values, budget = receive_block(region + gather_base + s * ROW, s, b, n_words, n_groups, budget, status_ptr, rank,
-                                  desc, headers, epoch, 0, WORLD, SCALES_AT, WORDS, GROUPS, BITS, G, FMT, BLOCK,
-                                  words_now, scales_now)
+                                       desc, headers, epoch, 0, WORLD, SCALES_AT, WORDS, GROUPS, BITS, G, FMT, BLOCK,
+                                       words_now, scales_now)
         in_shard = b * BLOCK + lane
         offs = s * shard_len + in_shard
         if budget > 0:
