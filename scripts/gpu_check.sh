@@ -457,15 +457,31 @@ for stage in $stages; do
       # at import): "rows" = comm/quantized.py's kernel with its size table, "rows:B,P,W" = it with
       # LaunchConfig(B, P, W) at every size (SYMMCOLL_QUANT_CONFIG). (The first kernel, "tiles", is gone: 3.4-5x
       # slower, benchmarks/results/2026-11-27-quant-rows-h100x2.) The exact auto path times once, in the first process. Every result is checked
-      # against the fp32 sum (the documented error bound, #wrong) before it is timed.
+      # against the fp32 sum (the documented error bound, #wrong) before it is timed. "prefetch" / "prefetch:B,P,W" =
+      # the kernel with every load a loop step ahead (SYMMCOLL_QUANT_PREFETCH=1); "...@R" caps registers at R a thread
+      # (SYMMCOLL_QUANT_MAXNREG: @64 fits 4 programs of 8 warps an SM, for B,P,W = 2048,528,8); a prefetch variant first
+      # runs the bit-exact GPU test (test_gpu_quantized_fresh_data_and_graphs, int8 and int4, ws 2) with its switches
+      # (QUANT_VARIANT_TEST=0 skips it), and is not timed if that fails.
       first=1
       for variant in ${QUANT_VARIANTS:-rows rows:2048,264,8 rows:4096,396,8}; do
-        name=${variant//[:,]/-}; mkdir -p "$OUT/$name"
-        case $variant in
+        name=${variant//[:,@]/-}; mkdir -p "$OUT/$name"
+        kernel=${variant%@*}; regs=""
+        [ "$kernel" != "$variant" ] && regs="SYMMCOLL_QUANT_MAXNREG=${variant##*@}"
+        case $kernel in
           rows) vars="" ;;
-          rows:*) vars="SYMMCOLL_QUANT_CONFIG=${variant#rows:}" ;;
+          rows:*) vars="SYMMCOLL_QUANT_CONFIG=${kernel#rows:}" ;;
+          prefetch) vars="SYMMCOLL_QUANT_PREFETCH=1" ;;
+          prefetch:*) vars="SYMMCOLL_QUANT_PREFETCH=1 SYMMCOLL_QUANT_CONFIG=${kernel#prefetch:}" ;;
           *) echo "quant-variants: unknown variant $variant"; status=1; continue ;;
         esac
+        vars="$vars${regs:+ $regs}"; vars=${vars# }
+        if [[ "$vars" == *PREFETCH* ]] && [ "${QUANT_VARIANT_TEST:-1}" = 1 ]; then
+          env $vars SYMMCOLL_TEST_WORLD_SIZES=2 timeout ${QUANT_VARIANT_TEST_TIMEOUT:-150} python3 -m pytest -v -rA \
+            -p no:cacheprovider "tests/test_quantized.py::test_gpu_quantized_fresh_data_and_graphs[int8-2]" \
+            "tests/test_quantized.py::test_gpu_quantized_fresh_data_and_graphs[int4-2]" \
+            2>&1 | tee "$OUT/$name/test.log"
+          if [ "${PIPESTATUS[0]}" -ne 0 ]; then echo "quant-variants: $variant failed its test, not timed"; status=1; continue; fi
+        fi
         extra=""; [ "$first" = 1 ] && extra="auto"; first=0
         echo "quant-variants: $variant (${vars:-no switch})" | tee "$OUT/$name/bench.log"
         env $vars timeout ${QUANT_VARIANT_TIMEOUT:-100} python3 -m symmcoll bench --op all_reduce --world-size 2 \

@@ -334,7 +334,8 @@ def ptxas_usage(ptx: str) -> tuple[int, int]:
 def compile_specialised(rec: launcher.Recorded):
     """A recorded launch compiled for sm_90 as the GPU's runtime specialises it (what ``compile_ptx``'s
     specs leave out): tensors 16-byte aligned, integer arguments that are multiples of 16 marked so
-    (unless ``do_not_specialize``): the accesses get the vector width they have on the GPU."""
+    (unless ``do_not_specialize``): the accesses get the vector width they have on the GPU; the launch's
+    ``enable_fp_fusion`` and ``maxnreg`` where it sets them."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     spec = spec_of(rec)
@@ -344,7 +345,8 @@ def compile_specialised(rec: launcher.Recorded):
     src = ASTSource(spec.kernel, dict(spec.signature), dict(spec.constexprs), attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": spec.num_warps, "num_stages": spec.num_stages,
-                                   "launch_pdl": bool(rec.meta.get("launch_pdl", False))})
+                                   "launch_pdl": bool(rec.meta.get("launch_pdl", False)),
+                                   **{k: rec.meta[k] for k in ("enable_fp_fusion", "maxnreg") if k in rec.meta}})
 
 
 _LABEL = re.compile(r"^(\$L__\w+):")

@@ -416,3 +416,29 @@ def test_all_gather_matmul_alone_compiles_to_the_gemm_core(m, n, k):
     assert kernel_specs.ptxas_usage(mine.asm["ptx"]) == kernel_specs.ptxas_usage(theirs.asm["ptx"])
     assert mine.metadata.shared == theirs.metadata.shared
     assert _opcodes(mine.asm["ptx"]) == _opcodes(theirs.asm["ptx"])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("prefetch, registers, at_most, spill", [(False, None, 80, 0), (True, None, 80, 20),
+                                                                  (False, 64, 64, 0)], ids=lambda v: str(v))
+def test_quantized_programs_fit_on_their_sms(monkeypatch, fmt, prefetch, registers, at_most, spill):
+    """Every program of a quantized launch must be resident at once (a program waits for a peer's program
+    of the same id): LaunchConfig(2048, 396, 8) puts 3 programs of 8 warps on each of 132 SMs, which
+    65536 registers hold at <= 80 a thread; SYMMCOLL_QUANT_MAXNREG=64 holds 4 (528 programs). The
+    prefetched kernel (SYMMCOLL_QUANT_PREFETCH, 110-128 registers unbounded) is capped at 80; at int8 it
+    spills 20 bytes (5 words stored before stage 1 and read back after it, none in a loop's step)."""
+    from symmcoll import debug_switches, plan
+    from symmcoll.comm import quantized
+    monkeypatch.setattr(quantized, "PREFETCH", prefetch)
+    monkeypatch.setattr(debug_switches, "QUANT_MAXNREG", registers)
+    numel = 8 << 20
+    request = plan.Request(quantized.OP, (numel,), torch.bfloat16, torch.device("cuda"), "sum", None, None, (),
+                           (("group_size", 64),))
+    p = plan.Plan(request, "kernel", plan.algorithms(quantized.OP)[f"quantized_{fmt}"], None, 2, 1,
+                  kernel_specs.FakeWorkspace(2, 1), quantized.GPU_CONFIGS.pick(request.nbytes, 2), 3, (numel,))
+    x = torch.empty((numel,), dtype=torch.bfloat16, device="meta")
+    with launcher.recording() as launches:
+        quantized._run(fmt, p, x, torch.empty_like(x))
+    compiled = kernel_specs.compile_specialised(launches[0])
+    used, spilled = kernel_specs.ptxas_usage(compiled.asm["ptx"])
+    assert used <= at_most and spilled <= (spill if fmt == "int8" else 0), (used, spilled)

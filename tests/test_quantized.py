@@ -150,6 +150,25 @@ def test_quantized_changing_configs(pools, world_size):
     pools(world_size).run(_changing_configs, 4)
 
 
+def _prefetched(calls):
+    """SYMMCOLL_QUANT_PREFETCH's kernel (every load a loop step ahead): the same bits as the emulation
+    with several blocks per program and several (block, peer) items (_changing_configs), and across
+    pieces, odd sizes and avg (_calls); the slots left empty."""
+    from symmcoll.comm import quantized
+    saved = quantized.PREFETCH
+    quantized.PREFETCH = True
+    try:
+        _changing_configs(calls)
+        _calls("int4", CASES[2:4], "sum")
+        _calls("int8", [(5003, 64, torch.bfloat16)], "avg")
+    finally:
+        quantized.PREFETCH = saved
+
+
+def test_quantized_prefetched(pools, world_size):
+    pools(world_size).run(_prefetched, 6)
+
+
 def _validation_and_fallback():
     dev, rank, world = device(), dist.get_rank(), dist.get_world_size()
     x = torch.ones(300, device=dev)

@@ -50,6 +50,13 @@ The quantized all-reduce (issue 18), to time launch configs in one GPU call (rea
 one bench process per value):
   SYMMCOLL_QUANT_CONFIG=B,P,W          every quantized launch with LaunchConfig(B, P, W) (elements a step,
                                        programs, warps) instead of the size table (GPU_CONFIGS).
+  SYMMCOLL_QUANT_PREFETCH=1            the quantized kernel issues every loop step's loads (input blocks, my own
+                                       block, the first poll of codes and scales) one step ahead
+                                       (``comm.quantized_steps.stages_prefetched``) instead of at the step's
+                                       start; at most 80 registers a thread (3 programs of 8 warps an SM).
+  SYMMCOLL_QUANT_MAXNREG=N             the quantized kernel compiled with at most N registers a thread (ptxas'
+                                       maxnreg): 64 lets 4 programs of 8 warps share an SM, for
+                                       SYMMCOLL_QUANT_CONFIG=2048,528,8 (every program must be resident).
 matmul_reduce_scatter's fused kernel (and matmul_all_reduce's two_shot, which runs it):
   SYMMCOLL_MRS_GREEDY_PIECES=1         products larger than a slot go in launches filled to the slot, the
                                        rest in the last (before 2026-11-27's seventh stop), instead of
@@ -102,6 +109,8 @@ def _triple(name: str) -> tuple[int, int, int] | None:
 
 
 QUANT_CONFIG = _triple("SYMMCOLL_QUANT_CONFIG")
+QUANT_PREFETCH = _flag("SYMMCOLL_QUANT_PREFETCH")
+QUANT_MAXNREG = _count("SYMMCOLL_QUANT_MAXNREG", "number of registers")
 
 
 def active() -> dict[str, object]:
@@ -110,5 +119,6 @@ def active() -> dict[str, object]:
               "NO_ANNOUNCE": NO_ANNOUNCE, "STATUS_ON_DEVICE": STATUS_ON_DEVICE, "SEPARATE_REGIONS": SEPARATE_REGIONS,
               "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE,
               "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "RS_SENTINEL_LAG": RS_SENTINEL_LAG,
-              "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES, "QUANT_CONFIG": QUANT_CONFIG}
+              "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES, "QUANT_CONFIG": QUANT_CONFIG,
+              "QUANT_PREFETCH": QUANT_PREFETCH, "QUANT_MAXNREG": QUANT_MAXNREG}
     return {k: v for k, v in values.items() if v not in (False, None)}

@@ -49,21 +49,20 @@ import triton
 import triton.language as tl
 
 from .. import debug_switches
-from ..language import (FORMAT_BITS, FORMATS, OP_AVG, declare_slots, dequantize_groups, end_launch, narrow,
-                        open_two_stage_slots, own_shard, pack_words, peer_ptr, post_call, quantize_groups,
-                        shard_geometry, take_rows_pair, unpack_words)
+from ..language import (FORMAT_BITS, FORMATS, declare_slots, end_launch, narrow, open_two_stage_slots, own_shard,
+                        post_call, shard_geometry)
 from ..launcher import launch
 from ..ops import OpSpec, declare, resolve_group
 from ..plan import (REDUCTION_DTYPES, Algorithm, LaunchConfig, Plan, Request, SizedConfigs, algorithms, clear_cache,
                     inner, resolve)
 from .common import cdiv, chunks, config, meta, next_power_of_2
+from .quantized_steps import finish_shard, receive_block, scatter_block, stages_prefetched, sum_shard
 
 OP = "all_reduce_quantized"
 GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 64
 # Shard lengths are multiples of this: of every group size, and of 8 codes (an int4 word).
 ALIGN = 128
-_AVG: tl.constexpr = tl.constexpr(OP_AVG)
 # Input elements per launch (CPU: small, so that the tests run the multi-piece path).
 MAX_ELEMENTS = {"cuda": 8 << 20, "cpu": 8 << 10}
 # Below this many input bytes the exact path runs instead (SYMMCOLL_QUANTIZE_MIN_BYTES overrides).
@@ -123,34 +122,14 @@ SLOTS, EPOCHS = declare_slots("quantized", "quantized", 2, row_words)
 GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(2048, 396, 8)),))
 if debug_switches.QUANT_CONFIG:  # one config at every size, to time configs in one GPU call
     GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(*debug_switches.QUANT_CONFIG)),))
-
-
-@triton.jit
-def _send(row_ptr, b, words, scales, n_words, n_groups, SCALES_AT: tl.constexpr, WORDS: tl.constexpr,
-          GROUPS: tl.constexpr):
-    """Store block ``b``'s packed codes ([1, WORDS]) and scales ([1, GROUPS]) into the row at ``row_ptr``."""
-    word = b * WORDS + tl.arange(0, WORDS)[None, :]
-    group = b * GROUPS + tl.arange(0, GROUPS)[None, :]
-    tl.store(row_ptr + word, words, mask=word < n_words)
-    tl.store(row_ptr + SCALES_AT + group, scales.to(tl.int32, bitcast=True), mask=group < n_groups)
-
-
-@triton.jit
-def _receive(row_ptr, src, b, n_words, n_groups, budget, status_ptr, rank, desc, headers, epoch, check,
-             WORLD: tl.constexpr, SCALES_AT: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
-             BITS: tl.constexpr, G: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr):
-    """Block ``b`` of the row at ``row_ptr`` (from rank ``src``) once filled, emptied for reuse and
-    decoded: (fp32 values [1, BLOCK], spins left). Codes and scales in one wait (one round trip, one
-    decision a spin: two waits were two round trips in a row). [1, N] tiles throughout, as the codecs take them:
-    a tile made 2-D by ``[None, :]`` got layouts that reduce a group across warps."""
-    word = b * WORDS + tl.arange(0, WORDS)[None, :]
-    group = b * GROUPS + tl.arange(0, GROUPS)[None, :]
-    source = tl.full([1], src, tl.int32)
-    words, scale_bits, budget = take_rows_pair(row_ptr + word, word < n_words, row_ptr + SCALES_AT + group,
-                                               group < n_groups, source, rank, budget, status_ptr, desc, headers,
-                                               epoch, check, WORLD)
-    codes = unpack_words(words, 1, BLOCK, BITS)
-    return dequantize_groups(codes, scale_bits.to(tl.float32, bitcast=True), 1, BLOCK, G, FMT), budget
+# Every load a loop step ahead (``_stages_prefetched``); off by default until a GPU run decides (issue 18).
+# Read at each launch: tests turn it on in their rank processes.
+PREFETCH = debug_switches.QUANT_PREFETCH
+# Registers a thread may use with PREFETCH (ptxas takes 110-128 unbounded, sm_90): every program of a launch
+# must be resident at once, and 3 programs of 8 warps an SM (396 on 132) fit in 65536 registers at <= 80 a
+# thread (the allocation's granularity is 8) -- what the default kernel uses. (SYMMCOLL_QUANT_MAXNREG=64 fits
+# 4 an SM, for LaunchConfig(2048, 528, 8): the default kernel compiles to 64 without spilling.)
+PREFETCH_REGISTERS = 80
 
 
 @triton.jit
@@ -164,7 +143,7 @@ def quantized_two_shot_kernel(
     # FMT/BITS: codec (language/codecs.py); G: group size; ROW: words per slot row, scales at SCALES_AT;
     # BLOCK: elements per program step
     WORLD: tl.constexpr, REDUCE_OP: tl.constexpr, FMT: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
-    ROW: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK: tl.constexpr,
+    ROW: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK: tl.constexpr, PREFETCH: tl.constexpr = False,
 ):
     """One [BLOCK] row per rank, ranks unrolled (tl.static_range): the rank-order sum adds rows that sit
     in the same threads, with no reduction across warps, and every thread works on every row. (It
@@ -181,59 +160,47 @@ def quantized_two_shot_kernel(
     WORDS: tl.constexpr = BLOCK * BITS // 32
     GROUPS: tl.constexpr = BLOCK // G
 
-    # Stage 0: shard s of my input, quantized, into my row of rank s's scatter slots; the peers in ring
-    # order from mine (each rank starts with a different one).
-    for b in range(pid, blocks, nprog):
-        in_shard = b * BLOCK + lane
-        for step in tl.static_range(1, WORLD):
-            s = (rank + step) % WORLD
-            offs = s * shard_len + in_shard
-            x = tl.load(x_ptr + offs, mask=(in_shard < shard_len) & (offs < numel), other=0).to(tl.float32)
-            codes, scales = quantize_groups(x, 1, BLOCK, G, FMT)
-            _send(peer_ptr(slot_ptrs_dev, s, tl.int32) + scatter_base + rank * ROW, b,
-                  pack_words(codes, 1, BLOCK, BITS), scales, n_words, n_groups, SCALES_AT, WORDS, GROUPS)
-    post_call(pads, peer_headers, epoch, desc, rank, WORLD)
-
-    # Stage 1: my shard = my own values (exact) + every peer's decoded codes, in rank order; the
-    # re-quantized sum is my output (decoded from the codes I send) and goes to every peer.
-    budget = max_spins
-    check = 1
-    for b in range(pid, blocks, nprog):
-        _, offs, mask = own_shard(b, BLOCK, lane, rank, shard_len, numel)
-        own = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.float32)  # in flight during the waits
-        # -0.0 + v == v for every v: the sum is ((r0 + r1) + r2) + ..., the reference's order.
-        acc = tl.full([1, BLOCK], -0.0, tl.float32)
-        for src in tl.static_range(WORLD):
-            if src == rank:
-                acc += own
-            else:
-                values, budget = _receive(region + scatter_base + src * ROW, src, b, n_words, n_groups, budget,
-                                          status_ptr, rank, desc, headers, epoch, check, WORLD, SCALES_AT, WORDS,
-                                          GROUPS, BITS, G, FMT, BLOCK)
-                check = 0
-                acc += values
-        if REDUCE_OP == _AVG:
-            acc = tl.math.div_rn(acc, tl.zeros_like(acc) + WORLD)
-        codes, scales = quantize_groups(acc, 1, BLOCK, G, FMT)
-        if budget > 0:
-            result = dequantize_groups(codes, scales, 1, BLOCK, G, FMT)
-            tl.store(out_ptr + offs, narrow(result, elem), mask=mask)
-            words = pack_words(codes, 1, BLOCK, BITS)
+    if PREFETCH:
+        stages_prefetched(slot_ptrs_dev, status_ptr, max_spins, rank, desc, x_ptr, out_ptr, numel, shard_len, epoch,
+                          scatter_base, gather_base, region, headers, pads, peer_headers, blocks, n_words, n_groups,
+                          WORLD, REDUCE_OP, FMT, BITS, G, ROW, SCALES_AT, BLOCK)
+    else:
+        # Stage 0: shard s of my input, quantized, into my row of rank s's scatter slots; the peers in ring
+        # order from mine (each rank starts with a different one).
+        for b in range(pid, blocks, nprog):
+            in_shard = b * BLOCK + lane
             for step in tl.static_range(1, WORLD):
-                _send(peer_ptr(slot_ptrs_dev, (rank + step) % WORLD, tl.int32) + gather_base + rank * ROW, b,
-                      words, scales, n_words, n_groups, SCALES_AT, WORDS, GROUPS)
+                s = (rank + step) % WORLD
+                offs = s * shard_len + in_shard
+                x = tl.load(x_ptr + offs, mask=(in_shard < shard_len) & (offs < numel), other=0).to(tl.float32)
+                scatter_block(x, s, b, slot_ptrs_dev, scatter_base, rank, n_words, n_groups, FMT, BITS, G, ROW,
+                              SCALES_AT, BLOCK)
+        post_call(pads, peer_headers, epoch, desc, rank, WORLD)
 
-    # Stage 2: every other reduced shard from my gather slots into my output.
-    for b in range(pid, blocks, nprog):
-        in_shard = b * BLOCK + lane
-        for step in tl.static_range(1, WORLD):
-            s = (rank + step) % WORLD
-            values, budget = _receive(region + gather_base + s * ROW, s, b, n_words, n_groups, budget, status_ptr,
-                                      rank, desc, headers, epoch, 0, WORLD, SCALES_AT, WORDS, GROUPS, BITS, G, FMT,
-                                      BLOCK)
-            offs = s * shard_len + in_shard
-            if budget > 0:
-                tl.store(out_ptr + offs, narrow(values, elem), mask=(in_shard < shard_len) & (offs < numel))
+        # Stage 1: my shard = my own values (exact) + every peer's decoded codes, in rank order; the
+        # re-quantized sum is my output (decoded from the codes I send) and goes to every peer.
+        budget = max_spins
+        check = 1
+        for b in range(pid, blocks, nprog):
+            _, offs, mask = own_shard(b, BLOCK, lane, rank, shard_len, numel)
+            own = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.float32)  # in flight during the waits
+            acc, budget, check = sum_shard(own, b, budget, check, region, scatter_base, status_ptr, rank, desc,
+                                           headers, epoch, n_words, n_groups, WORLD, ROW, SCALES_AT, BITS, G, FMT,
+                                           BLOCK)
+            finish_shard(acc, b, offs, mask, budget, out_ptr, slot_ptrs_dev, gather_base, rank, n_words, n_groups,
+                         WORLD, REDUCE_OP, FMT, BITS, G, ROW, SCALES_AT, BLOCK)
+
+        # Stage 2: every other reduced shard from my gather slots into my output.
+        for b in range(pid, blocks, nprog):
+            in_shard = b * BLOCK + lane
+            for step in tl.static_range(1, WORLD):
+                s = (rank + step) % WORLD
+                values, budget = receive_block(region + gather_base + s * ROW, s, b, n_words, n_groups, budget,
+                                               status_ptr, rank, desc, headers, epoch, 0, WORLD, SCALES_AT, WORDS,
+                                               GROUPS, BITS, G, FMT, BLOCK)
+                offs = s * shard_len + in_shard
+                if budget > 0:
+                    tl.store(out_ptr + offs, narrow(values, elem), mask=(in_shard < shard_len) & (offs < numel))
     end_launch(epochs_ptr, epoch)
 
 
@@ -249,6 +216,11 @@ def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tens
     constexprs = meta(plan, REDUCE_OP=plan.reduce_code, FMT=code, BITS=FORMAT_BITS[code],
                       G=dict(plan.request.options)["group_size"], ROW=row_words(device_type, world),
                       SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=block)
+    if PREFETCH:  # (left out when off: the default launch and its compile cache key stay as they were)
+        constexprs["PREFETCH"] = True
+    registers = debug_switches.QUANT_MAXNREG or (PREFETCH_REGISTERS if PREFETCH else None)
+    if registers and device_type == "cuda":
+        constexprs["maxnreg"] = registers
     constexprs["enable_fp_fusion"] = False  # x * inverse + 0.5 must round twice, as the reference does
     flat, out_flat = x.reshape(-1), out.reshape(-1)
     for start, n, shard_len in pieces(flat.numel(), world, device_type):
@@ -316,19 +288,26 @@ SPEC = declare(OpSpec(
 
 def compile_cases(make_workspace):
     """Launches to compile for sm_90 (tests/test_compile.py): every format, group size, dtype and GPU
-    config, world sizes 2, 3, 4 and 8, both rank parities."""
-    cases = [("int8", 64, 2, 0, torch.bfloat16, 3 << 20), ("fp8", 32, 3, 1, torch.float16, 1 << 20),
-             ("int4", 128, 8, 1, torch.bfloat16, 1 << 20), ("fp8", 128, 4, 0, torch.float32, 3 << 20),
-             ("int4", 32, 4, 0, torch.float32, 5 << 10)]
+    config, world sizes 2, 3, 4 and 8, both rank parities; SYMMCOLL_QUANT_PREFETCH's kernel at world
+    sizes 2 and 3 (its stage 1 has a form for each)."""
+    cases = [("int8", 64, 2, 0, torch.bfloat16, 3 << 20, False), ("fp8", 32, 3, 1, torch.float16, 1 << 20, False),
+             ("int4", 128, 8, 1, torch.bfloat16, 1 << 20, False), ("fp8", 128, 4, 0, torch.float32, 3 << 20, False),
+             ("int4", 32, 4, 0, torch.float32, 5 << 10, False), ("int8", 64, 2, 1, torch.bfloat16, 8 << 20, True),
+             ("int4", 64, 3, 2, torch.bfloat16, 8 << 20, True)]
     found = []
-    for fmt, group_size, world, rank, dtype, numel in cases:
-        def thunk(fmt=fmt, group_size=group_size, world=world, rank=rank, dtype=dtype, numel=numel):
+    for fmt, group_size, world, rank, dtype, numel, ahead in cases:
+        def thunk(fmt=fmt, group_size=group_size, world=world, rank=rank, dtype=dtype, numel=numel, ahead=ahead):
+            global PREFETCH
             request = Request(OP, (numel,), dtype, torch.device("cuda"), "sum", None, None, (),
                               (("group_size", group_size),))
             algorithm = algorithms(OP)[f"quantized_{fmt}"]
             p = Plan(request, "kernel", algorithm, None, world, rank, make_workspace(world, rank),
                      GPU_CONFIGS.pick(request.nbytes, world), 3, (numel,))
             x = torch.empty((numel,), dtype=dtype, device="meta")
-            _run(fmt, p, x, torch.empty_like(x))
-        found.append((f"{OP}.quantized_{fmt}.G{group_size}", thunk))
+            saved, PREFETCH = PREFETCH, ahead
+            try:
+                _run(fmt, p, x, torch.empty_like(x))
+            finally:
+                PREFETCH = saved
+        found.append((f"{OP}.quantized_{fmt}.G{group_size}{'.prefetch' if ahead else ''}", thunk))
     return found

@@ -242,16 +242,25 @@ def _pending_rows(words, words2, EMPTY: tl.constexpr):
 
 @triton.jit
 def wait_filled_rows(ptrs, mask, rows, EMPTY: tl.constexpr, spin_budget, status_ptr, rank, desc, own_headers,
-                     epoch, check, WORLD: tl.constexpr, ptrs2=None, mask2=None):
+                     epoch, check, WORLD: tl.constexpr, ptrs2=None, mask2=None, loaded=None, loaded2=None):
     """``wait_filled`` over a [PEERS, BLOCK] tile whose row i comes from peer ``rows[i]``: one poll
     (one block-wide reduction) covers every peer, and the loads of all rows are in flight together.
     On timeout the error record names the first row still pending. With ``ptrs2`` / ``mask2``, a
     second tile of the same rows (a row's scales beside its codes) is polled in the same spins:
-    returns (words, words2, spins left), else (words, spins left)."""
-    words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    returns (words, words2, spins left), else (words, spins left). ``loaded`` / ``loaded2``: the
+    first poll's words, read by the caller earlier (volatile loads of ``ptrs`` / ``ptrs2`` under
+    their masks, ``other=0``), so that their round trip overlaps the caller's other work; a word
+    that is not EMPTY is final whenever it was read (``wait_filled``)."""
+    if loaded is None:
+        words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    else:
+        words = loaded
     words2 = ptrs2
     if ptrs2 is not None:
-        words2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+        if loaded2 is None:
+            words2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+        else:
+            words2 = loaded2
     headers = header_state(own_headers, check, epoch, desc, rank, WORLD)
     pending = _pending_rows(words, words2, EMPTY)
     state = wait_state(tl.max(pending, axis=0) > 0, headers)

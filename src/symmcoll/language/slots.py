@@ -122,11 +122,12 @@ def take_rows(ptrs, mask, rows, rank, budget, status_ptr, desc, headers, epoch, 
 
 @triton.jit
 def take_rows_pair(ptrs, mask, ptrs2, mask2, rows, rank, budget, status_ptr, desc, headers, epoch, check,
-                   WORLD: tl.constexpr):
+                   WORLD: tl.constexpr, loaded=None, loaded2=None):
     """``take_rows`` of two tiles of the same rows at once (a row's codes and its scales): their loads in
-    flight together, one decision per spin. Returns (words, words2, spins left)."""
+    flight together, one decision per spin. Returns (words, words2, spins left). ``loaded`` /
+    ``loaded2``: the first poll's words, read earlier by the caller (``wait_filled_rows``)."""
     words, words2, budget = wait_filled_rows(ptrs, mask, rows, EMPTY, budget, status_ptr, rank, desc, headers, epoch,
-                                             checks_headers(check), WORLD, ptrs2, mask2)
+                                             checks_headers(check), WORLD, ptrs2, mask2, loaded, loaded2)
     tl.store(ptrs, tl.zeros_like(words) + EMPTY, mask=mask)
     tl.store(ptrs2, tl.zeros_like(words2) + EMPTY, mask=mask2)
     return words, words2, budget
