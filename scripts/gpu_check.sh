@@ -7,7 +7,7 @@
 #                                                            [scaleout-multi] [backend] [backend-bench] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
 #                                                            [restructure] [random-calls] [host] [desc-cost]
-#                                                            [multi-diagnose] [rs-lag] [quant-variants]
+#                                                            [multi-diagnose] [rs-lag] [quant-variants] [ag-ce]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -108,6 +108,29 @@ for stage in $stages; do
           --op reduce_scatter --world-size ${RS_LAG_WORLD_SIZE:-4} -b ${RS_LAG_MIN:-2M} -e ${RS_LAG_MAX:-32M} -f 2 \
           --algorithms torch:reduce_scatter_out sentinel --link-bytes 64M --time-limit $(( ${RS_LAG_TIMEOUT:-80} - 20 )) \
           --out "$OUT/rs-lag$lag" 2>&1 | tee "$OUT/rs-lag$lag/bench.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
+      ;;
+    ag-ce)
+      # all_gather copy_engine at ws 2 (benchmarks/results/2026-11-27-ws2-leftovers-h100x2: torch's low_contention,
+      # fed from symmetric memory, 0.85-0.92x of our best from 64 MB): main's one-stream path ("off") and the
+      # overlapped one in N parts (SYMMCOLL_AG_CE_PARTS=N, read at import: one bench process per setting), each beside
+      # torch's low_contention and NCCL on the same machine; the bench checks every result before it times it. First
+      # the overlapped path's test at ws 2 (parts 1-3, several chunks, graph replays with fresh data; AG_CE_TEST=0
+      # skips it).
+      if [ "${AG_CE_TEST:-1}" = 1 ]; then
+        mkdir -p "$OUT/ag-ce-test"
+        SYMMCOLL_TEST_WORLD_SIZES=2 timeout ${AG_CE_TEST_TIMEOUT:-40} python3 -m pytest -v -rA -p no:cacheprovider \
+          tests/test_data_movement.py -k copy_engine_overlapped 2>&1 | tee "$OUT/ag-ce-test/test.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      fi
+      for parts in ${AG_CE_SETTINGS:-off 1 2 4}; do
+        mkdir -p "$OUT/ag-ce-$parts"
+        echo "ag-ce: SYMMCOLL_AG_CE_PARTS=$parts (off: unset, the one-stream path)" | tee "$OUT/ag-ce-$parts/bench.log"
+        env $([ "$parts" = off ] || echo SYMMCOLL_AG_CE_PARTS=$parts) timeout ${AG_CE_TIMEOUT:-50} python3 -m symmcoll bench \
+          --op all_gather --world-size 2 -b ${AG_CE_MIN:-16M} -e ${AG_CE_MAX:-256M} -f 2 \
+          --algorithms symmcoll:copy_engine torch:low_contention nccl --link-bytes 64M \
+          --time-limit $(( ${AG_CE_TIMEOUT:-50} - 15 )) --out "$OUT/ag-ce-$parts" 2>&1 | tee -a "$OUT/ag-ce-$parts/bench.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done
       ;;

@@ -297,6 +297,58 @@ def test_larger_than_workspace(pools, world_size):
     pools(world_size).run(with_workspace_bytes, 4096, _larger_than_workspace)
 
 
+def _overlapped_copy_engine(parts):
+    """all_gather copy_engine with SYMMCOLL_AG_CE_PARTS=parts (staging in parts, pulls on a side stream, own
+    slot last): bit-exact for sizes of one byte to three chunks of a 4096-byte workspace, input unchanged,
+    pads zero; one barrier per non-empty part of each chunk plus its exit barrier (main's path: two per
+    chunk); on GPU also graph replays with fresh data (the side stream forked and joined inside the capture)."""
+    from symmcoll import debug_switches
+    from symmcoll.comm.all_to_all_copy_engine import _part
+    from symmcoll.comm.common import chunks
+    from symmcoll.launcher import LAUNCH_COUNTS
+    rank = dist.get_rank()
+    ws_bytes = symmcoll.get_workspace().buffer_bytes
+    assert ws_bytes == 4096
+    saved, debug_switches.AG_CE_PARTS = debug_switches.AG_CE_PARTS, parts
+    try:
+        for call, (shape, dtype) in enumerate([((1,), torch.uint8), ((7, 3), torch.bfloat16), ((1024,), torch.float32),
+                                               ((700, 2), torch.float32), ((3 * ws_bytes + 5,), torch.uint8)]):
+            x = dtype_coded(shape, dtype, rank, call)
+            snapshot = x.clone()
+            nbytes = x.numel() * x.element_size()
+            want_barriers = sum(1 + sum(_part(n, p, parts)[1] > 0 for p in range(parts))
+                                for _, n in chunks(nbytes, ws_bytes))
+            barriers = LAUNCH_COUNTS["barrier_kernel"]
+            _check(f"copy_engine parts={parts} {dtype} {shape}", symmcoll.all_gather(x, algorithm="copy_engine"),
+                   reference.all_gather(x), x, snapshot)
+            assert LAUNCH_COUNTS["barrier_kernel"] - barriers == want_barriers, (shape, dtype)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = [symmcoll.all_gather(x, algorithm="copy_engine") for _ in range(2)]
+            for replay in range(1, 4):
+                x.copy_(dtype_coded(x.shape, x.dtype, rank, 10 + replay))
+                graph.replay()
+                for i, out in enumerate(outs):
+                    assert_bits_equal(out, reference.all_gather(x), f"parts={parts} graph replay {replay} call {i}")
+            assert_pads_zero("after copy_engine graph replays")
+        # unset: main's one-stream path, two barriers per chunk
+        debug_switches.AG_CE_PARTS = None
+        x = dtype_coded((3 * ws_bytes + 5,), torch.uint8, rank, 99)
+        snapshot, barriers = x.clone(), LAUNCH_COUNTS["barrier_kernel"]
+        _check("copy_engine switch unset", symmcoll.all_gather(x, algorithm="copy_engine"), reference.all_gather(x),
+               x, snapshot)
+        assert LAUNCH_COUNTS["barrier_kernel"] - barriers == 2 * 4
+    finally:
+        debug_switches.AG_CE_PARTS = saved
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_all_gather_copy_engine_overlapped(pools, world_size, parts):
+    pools(world_size).run(with_workspace_bytes, 4096, _overlapped_copy_engine, parts)
+
+
 def test_plan_rounds():
     from symmcoll.comm.splits import plan_rounds
 

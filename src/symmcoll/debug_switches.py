@@ -57,6 +57,13 @@ one bench process per value):
   SYMMCOLL_QUANT_MAXNREG=N             the quantized kernel compiled with at most N registers a thread (ptxas'
                                        maxnreg): 64 lets 4 programs of 8 warps share an SM, for
                                        SYMMCOLL_QUANT_CONFIG=2048,528,8 (every program must be resident).
+all_gather.copy_engine (benchmarks/results/2026-11-27-ws2-leftovers-h100x2: torch's low_contention, fed from
+symmetric memory, 0.85-0.92x of it from 64 MB), to time both orderings in one GPU call (read when symmcoll is
+imported: one bench process per value):
+  SYMMCOLL_AG_CE_PARTS=N               each chunk staged in N parts, a barrier after each; a side stream pulls
+                                       part p while the main stream stages part p+1 and then copies the own
+                                       slot (``comm.gather._copy_engine_overlapped``), instead of copy-in, own
+                                       slot, barrier, pulls, barrier on one stream (main). Unset: main's path.
 matmul_reduce_scatter's fused kernel (and matmul_all_reduce's two_shot, which runs it):
   SYMMCOLL_MRS_GREEDY_PIECES=1         products larger than a slot go in launches filled to the slot, the
                                        rest in the last (before 2026-11-27's seventh stop), instead of
@@ -95,6 +102,7 @@ AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
 RS_SENTINEL_LAG = _count("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
 MRS_GREEDY_PIECES = _flag("SYMMCOLL_MRS_GREEDY_PIECES")
+AG_CE_PARTS = _count("SYMMCOLL_AG_CE_PARTS", "number of parts")
 
 
 def _triple(name: str) -> tuple[int, int, int] | None:
@@ -120,5 +128,5 @@ def active() -> dict[str, object]:
               "AGMM_PRODUCERS": AGMM_PRODUCERS, "AGMM_PULL_SINGLE": AGMM_PULL_SINGLE,
               "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "RS_SENTINEL_LAG": RS_SENTINEL_LAG,
               "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES, "QUANT_CONFIG": QUANT_CONFIG,
-              "QUANT_PREFETCH": QUANT_PREFETCH, "QUANT_MAXNREG": QUANT_MAXNREG}
+              "QUANT_PREFETCH": QUANT_PREFETCH, "QUANT_MAXNREG": QUANT_MAXNREG, "AG_CE_PARTS": AG_CE_PARTS}
     return {k: v for k, v in values.items() if v not in (False, None)}

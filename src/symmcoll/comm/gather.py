@@ -21,6 +21,10 @@ all_gather.copy_engine
     the output, and a barrier kernel ends the call. A copy engine pulls at the link rate (357-368 GB/s
     measured) where SM loads reach 310-327 GB/s; the launches cost a few microseconds more: it pays off
     from tens of MB per rank. Graph-safe (copies between fixed addresses, self-resetting barriers).
+    Everything runs on one stream, so the two local passes over the input (copy-in, own slot) add to
+    the pulls. SYMMCOLL_AG_CE_PARTS=N (debug_switches; unset: the above) instead stages each chunk in N
+    parts with a barrier each, pulls part p on a side stream while the main stream stages part p+1,
+    and copies the own slot on the main stream while the last pulls run (``_copy_engine_overlapped``).
 
 broadcast.pull
     The source copies its input into its buffer (and its output); a barrier publishes it; every other
@@ -38,9 +42,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import debug_switches
 from ..language import announce, barrier_kernel, block_barrier, copy_blocks, peer_ptr, tee_blocks
 from ..launcher import launch
 from ..plan import Algorithm, Plan, register, word_dtype_reason
+from .all_to_all_copy_engine import _part, _side_stream
 from .common import as_words, cdiv, chunks, config, launch_once, meta, move_configs
 
 
@@ -107,6 +113,8 @@ def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    if debug_switches.AG_CE_PARTS is not None:
+        return _copy_engine_overlapped(plan, x, out, debug_switches.AG_CE_PARTS)
     ws, world, rank = plan.ws, plan.world, plan.rank
     src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
     total = src.numel()
@@ -119,6 +127,48 @@ def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor
             peer = (rank + k) % world
             dst[peer * total + start:][:n].copy_(ws.peer_buffer(peer)[:n])
         barrier()  # nobody refills its buffer while a peer still copies from it
+    return out
+
+
+def _copy_engine_overlapped(plan: Plan, x: torch.Tensor, out: torch.Tensor, parts: int) -> torch.Tensor:
+    """all_gather.copy_engine with the local copies hidden behind the pulls (SYMMCOLL_AG_CE_PARTS=parts):
+    each chunk is staged in ``parts`` parts, a barrier after each; a side stream pulls part p from every
+    peer while the main stream stages part p+1 and, after the last part, copies my input into my own
+    slot of the output. The main stream's work (two local passes over the input) is shorter than the
+    side stream's (W-1 link transfers), so only the first part's staging and the barriers stay exposed.
+    Safe as today's: a peer reads my part p only after barrier p, which I enter after staging it (same
+    stream); parts are disjoint regions of my buffer; the exit barrier comes after my pulls are joined,
+    so nobody restages its buffer (next chunk or call) while a peer still copies from it."""
+    ws, world, rank = plan.ws, plan.world, plan.rank
+    src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
+    total = src.numel()
+    side = _side_stream(plan, x.device)  # None on CPU: the same operations, in order
+    main = torch.cuda.current_stream(x.device) if side is not None else None
+    barrier = lambda: launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
+
+    def pull(start: int, at: int, length: int) -> None:
+        for k in range(1, world):
+            peer = (rank + k) % world
+            dst[peer * total + start + at:][:length].copy_(ws.peer_buffer(peer)[at:at + length])
+
+    for start, n in chunks(total, ws.buffer_bytes):
+        for p in range(parts):
+            # Every rank cuts the chunk alike (same n): the same parts, the same barriers.
+            at, length = _part(n, p, parts)
+            if length == 0:
+                continue
+            ws.buffer[at:at + length].copy_(src[start + at:][:length])
+            barrier()
+            if side is None:
+                pull(start, at, length)
+            else:
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    pull(start, at, length)
+        dst[rank * total + start:][:n].copy_(src[start:start + n])  # overlaps the pulls still in flight
+        if side is not None:
+            main.wait_stream(side)
+        barrier()  # exit: nobody refills its buffer while a peer still copies from it
     return out
 
 
