@@ -303,8 +303,7 @@ def _overlapped_copy_engine(parts):
     pads zero; one barrier per non-empty part of each chunk plus its exit barrier (main's path: two per
     chunk); on GPU also graph replays with fresh data (the side stream forked and joined inside the capture)."""
     from symmcoll import debug_switches
-    from symmcoll.comm.all_to_all_copy_engine import _part
-    from symmcoll.comm.common import chunks
+    from symmcoll.comm.common import byte_part, chunks
     from symmcoll.launcher import LAUNCH_COUNTS
     rank = dist.get_rank()
     ws_bytes = symmcoll.get_workspace().buffer_bytes
@@ -316,7 +315,7 @@ def _overlapped_copy_engine(parts):
             x = dtype_coded(shape, dtype, rank, call)
             snapshot = x.clone()
             nbytes = x.numel() * x.element_size()
-            want_barriers = sum(1 + sum(_part(n, p, parts)[1] > 0 for p in range(parts))
+            want_barriers = sum(1 + sum(byte_part(n, p, parts)[1] > 0 for p in range(parts))
                                 for _, n in chunks(nbytes, ws_bytes))
             barriers = LAUNCH_COUNTS["barrier_kernel"]
             _check(f"copy_engine parts={parts} {dtype} {shape}", symmcoll.all_gather(x, algorithm="copy_engine"),

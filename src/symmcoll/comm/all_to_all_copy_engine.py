@@ -37,6 +37,7 @@ import torch
 from ..language import barrier_kernel
 from ..launcher import launch
 from ..plan import DEVICE_SPLITS, Algorithm, Plan, register
+from .common import byte_part, side_stream
 from .splits import plan_rounds, split_matrix
 
 # Parts each step's chunk is cut into, by world size (2 ranks have one step: nothing to overlap it with
@@ -44,26 +45,8 @@ from .splits import plan_rounds, split_matrix
 SUBSTEPS = {2: 2}
 
 
-def _side_stream(plan: Plan, device: torch.device):
-    """The stream the copy engines' pulls run on (None on CPU: everything runs in order)."""
-    if device.type != "cuda":
-        return None
-    stream = plan.cache.get("side_stream")
-    if stream is None:
-        stream = plan.cache["side_stream"] = torch.cuda.Stream(device)
-    return stream
-
-
 def _exclusive(values: list[int], upto: int, skip: int | None = None) -> int:
     return sum(v for i, v in enumerate(values[:upto]) if i != skip)
-
-
-def _part(length: int, p: int, parts: int) -> tuple[int, int]:
-    """(start, bytes) of part p of a chunk of ``length`` bytes cut in ``parts`` (16-byte multiples)."""
-    per_part = -(-length // parts)
-    cut = -(-per_part // 16) * 16
-    start = min(p * cut, length)
-    return start, min(cut, length - start)
 
 
 def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -79,7 +62,7 @@ def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch
     src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
     piece, rounds = plan_rounds(nbytes, ws.buffer_bytes, 16)
     sent, recv = nbytes[rank], [nbytes[s][rank] for s in range(world)]
-    side = _side_stream(plan, x.device)
+    side = side_stream(plan, x.device)
     main = torch.cuda.current_stream(x.device) if side is not None else None
     substeps = SUBSTEPS.get(world, 1)
 
@@ -97,7 +80,7 @@ def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch
         def stage(i):
             k, p = stages[i]
             dest = (rank - k) % world
-            a, n = _part(mine[dest], p, substeps)
+            a, n = byte_part(mine[dest], p, substeps)
             if n:
                 at = _exclusive(mine, dest, skip=rank) + a
                 ws.buffer[at:at + n].copy_(src[_exclusive(sent, dest) + start + a:][:n])
@@ -106,7 +89,7 @@ def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch
             k, p = stages[i]
             peer = (rank + k) % world
             theirs = pieces[peer]
-            a, n = _part(theirs[rank], p, substeps)
+            a, n = byte_part(theirs[rank], p, substeps)
             if n:
                 at = _exclusive(theirs, rank, skip=peer) + a
                 dst[_exclusive(recv, peer) + start + a:][:n].copy_(ws.peer_buffer(peer)[at:at + n])

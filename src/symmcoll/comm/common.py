@@ -83,3 +83,22 @@ def launch_once(plan: Plan, kernel, grid: tuple, prefix: tuple, x_view, out_view
             plan.fast = prepared
         return
     launch(kernel, grid, (*prefix, x_view, out_view, *suffix), meta)
+
+
+def side_stream(plan: Plan, device: torch.device):
+    """The plan's side stream, where copy-engine pulls run beside the main stream's staging (all_to_all's and
+    all_gather's copy engines; None on CPU: everything runs in order)."""
+    if device.type != "cuda":
+        return None
+    stream = plan.cache.get("side_stream")
+    if stream is None:
+        stream = plan.cache["side_stream"] = torch.cuda.Stream(device)
+    return stream
+
+
+def byte_part(length: int, p: int, parts: int) -> tuple[int, int]:
+    """(start, bytes) of part p of a chunk of ``length`` bytes cut in ``parts`` (16-byte multiples)."""
+    per_part = -(-length // parts)
+    cut = -(-per_part // 16) * 16
+    start = min(p * cut, length)
+    return start, min(cut, length - start)

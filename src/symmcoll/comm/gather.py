@@ -46,8 +46,7 @@ from .. import debug_switches
 from ..language import announce, barrier_kernel, block_barrier, copy_blocks, peer_ptr, tee_blocks
 from ..launcher import launch
 from ..plan import Algorithm, Plan, register, word_dtype_reason
-from .all_to_all_copy_engine import _part, _side_stream
-from .common import as_words, cdiv, chunks, config, launch_once, meta, move_configs
+from .common import as_words, byte_part, cdiv, chunks, config, launch_once, meta, move_configs, side_stream
 
 
 @triton.jit
@@ -142,7 +141,7 @@ def _copy_engine_overlapped(plan: Plan, x: torch.Tensor, out: torch.Tensor, part
     ws, world, rank = plan.ws, plan.world, plan.rank
     src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
     total = src.numel()
-    side = _side_stream(plan, x.device)  # None on CPU: the same operations, in order
+    side = side_stream(plan, x.device)  # None on CPU: the same operations, in order
     main = torch.cuda.current_stream(x.device) if side is not None else None
     barrier = lambda: launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
 
@@ -154,7 +153,7 @@ def _copy_engine_overlapped(plan: Plan, x: torch.Tensor, out: torch.Tensor, part
     for start, n in chunks(total, ws.buffer_bytes):
         for p in range(parts):
             # Every rank cuts the chunk alike (same n): the same parts, the same barriers.
-            at, length = _part(n, p, parts)
+            at, length = byte_part(n, p, parts)
             if length == 0:
                 continue
             ws.buffer[at:at + length].copy_(src[start + at:][:length])

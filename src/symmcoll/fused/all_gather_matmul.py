@@ -55,6 +55,7 @@ import triton
 
 from .. import debug_switches, ops
 from .. import plan as planner
+from ..comm.common import side_stream
 from ..language import EPOCH_SLOTS, barrier_kernel
 from ..launcher import launch
 from ..memory.persistent_state import persistent
@@ -262,13 +263,6 @@ def _run_alone_core(plan: Plan, a, b, b_t: bool, out, source: int) -> None:
                 ALONE_CORE=True, **core.meta))
 
 
-def _side_stream(plan: Plan, device: torch.device) -> torch.cuda.Stream:
-    """This plan's side stream for copy-engine copies (made once)."""
-    if "side_stream" not in plan.cache:
-        plan.cache["side_stream"] = torch.cuda.Stream(device)
-    return plan.cache["side_stream"]
-
-
 def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, block_m: int) -> None:
     """On a side stream: each peer's piece with the copy engine, then its chunks' flags (entries of the
     ready table copied into them: a small copy after the data copy on the same stream, so the flags
@@ -278,7 +272,7 @@ def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, b
     K = a.shape[1]
     nbytes = rows * K * a.element_size()
     if a.is_cuda:
-        side = _side_stream(plan, a.device)
+        side = side_stream(plan, a.device)
         side.wait_stream(torch.cuda.current_stream(a.device))
         context = torch.cuda.stream(side)
     else:
