@@ -48,6 +48,8 @@ from symmcoll.bench.provenance import tree_digest
 print("src digest", tree_digest("."))
 print("torch", torch.__version__, "triton", triton.__version__, "nccl", torch.cuda.nccl.version())
 print("gpus", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+import importlib.util
+print("pynvml", "importable" if importlib.util.find_spec("pynvml") else "missing")
 PY
 
 # Issue 24's random calls through two ranks sharing GPU 0: a warm-up that compiles in pools, then the
@@ -248,11 +250,22 @@ for stage in $stages; do
       # benchmarks/gemm_markdown.py tabulates them. The grid's cells are timed as bench/gemm_timing.py plans
       # (2026-11-28: ~30 s of GPU time for the 234 cells on an H100, ~1-1.5 min in all; the log prints each
       # shape's seconds and the total, the JSON is rewritten after every cell so a timeout keeps what ran).
+      # Each row records the GPU's SM clock, temperature, power and throttle reasons before and after its
+      # rounds where pynvml imports (bench/gpu_state.py; the log's first lines say whether it does);
+      # besides, nvidia-smi samples the same every GEMM_SMI_MS ms (default 200, 0: off) into
+      # $OUT/gemm_gpu_state.csv, for a run without pynvml (rows' started_s + provenance.created_utc align).
       no_names=--no-cublas-kernels; [ "${GEMM_CUBLAS_KERNELS:-0}" = 1 ] && no_names=
+      smi_pid=
+      if [ "${GEMM_SMI_MS:-200}" != 0 ] && command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=timestamp,index,clocks.sm,temperature.gpu,power.draw,power.limit,clocks_throttle_reasons.active \
+          --format=csv -lms "${GEMM_SMI_MS:-200}" > "$OUT/gemm_gpu_state.csv" 2>&1 &
+        smi_pid=$!
+      fi
       timeout ${GEMM_BENCH_TIMEOUT:-400} python3 -m symmcoll bench --op gemm --dtype ${GEMM_DTYPE:-bf16} \
         ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} $no_names --plot --out "$OUT" 2>&1 \
         | tee "$OUT/gemm_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null
       ;;
     moe)
       # MoE dispatch/combine against NCCL all_to_all_single (+ .tolist()) and torch's all_to_all_vdev_2d.

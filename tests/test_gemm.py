@@ -1054,6 +1054,109 @@ def test_bench_line_and_table_show_cublas_beside_ours_above_1_05(tmp_path):
     assert "M8xN128xK64/s12/c4x1/v/splitK" in lines[0] and "80%" in lines[0]
 
 
+class FakeNvml:
+    """What bench/gpu_state.py asks of pynvml, answering from lists (one value a call, the last repeated):
+    an H100 whose clock drops and whose power cap and thermal slowdown come on over a cell. Only the
+    older throttle-reasons name (an nvidia-ml-py before ClocksEventReasons); power not supported."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self):
+        self.clock, self.temp, self.reasons = [1605, 1410], [52, 61], [0x0, 0x4 | 0x20 | 0x1000]
+        self.calls, self.index = [], None
+
+    def nvmlInit(self):
+        self.calls.append("init")
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self.index = index
+        return ("handle", index)
+
+    @staticmethod
+    def _next(values):
+        return values.pop(0) if len(values) > 1 else values[0]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        assert handle == ("handle", self.index) and clock == self.NVML_CLOCK_SM
+        self.calls.append("read")
+        return self._next(self.clock)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return self._next(self.temp)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        raise RuntimeError("NVMLError_NotSupported")
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return self._next(self.reasons)
+
+
+def test_bench_records_no_gpu_state_without_pynvml(monkeypatch):
+    """pynvml missing (or its init failing): the reader says why once, reads None, time_pair records
+    nothing worth a row's field, and the row's line, the summary and the tag carry nothing of it."""
+    import sys
+    from symmcoll.bench import gemm_timing, gpu_state
+    from symmcoll.bench.gemm import _line, summarize
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    reader = gpu_state.open_reader(torch.device("cuda", 0))
+    assert reader.read() is None and "pynvml not importable" in reader.unavailable
+    assert gpu_state.announce(reader).startswith("GPU state (clock, temperature, power, throttle reasons) not recorded")
+    assert gpu_state.open_reader(torch.device("cpu")).unavailable.startswith("not a CUDA device")
+    broken = FakeNvml()
+    broken.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("driver not loaded"))
+    monkeypatch.setitem(sys.modules, "pynvml", broken)
+    assert "NVML failed (RuntimeError: driver not loaded)" == gpu_state.open_reader(torch.device("cuda", 0)).unavailable
+    monkeypatch.setattr(gemm_timing, "eager_pass_us", lambda calls: 10.0 * len(calls))
+    monkeypatch.setattr(gemm_timing, "capture_passes", lambda calls, passes: None)
+    monkeypatch.setattr(gemm_timing, "replayed_us", lambda captured, replays, warmup: [10.0] * replays)
+    pair = gemm_timing.time_pair({"ours": [print], "cublas": [print]}, 1, 6, observe=reader.read)
+    assert pair.around_rounds == {"before": None, "after": None} and gpu_state.tag(pair.around_rounds) is None
+    row = dict(shape="70b-tp4 o", m=16384, config="c", us=1012.0, cublas_us=911.0, ratio=1.11, ratio_paired=1.11,
+               tflops=500.0, weight_tbs=0.1, cublas_weight_tbs=0.1, rel_err=1e-3, cublas_rel_err=1e-3, weight_mb=32.0)
+    assert "MHz" not in _line(row) and summarize([row])["gpu_state"] is None
+
+
+def test_bench_gpu_state_names_the_throttle_bits_and_tags_hot_cells(monkeypatch):
+    """A fake NVML: torch's device index mapped the way torch.cuda maps it, the state read after the
+    captures and after the last round (not between the rounds), the throttle bits named (an unknown bit
+    as hex, power NotSupported: None); a cell above 1.05x tags its line 'hot: ...', one at 1.03x not;
+    the summary counts the cells that ended power-capped or thermally slowed."""
+    import sys
+    from symmcoll.bench import gemm_timing, gpu_state
+    from symmcoll.bench.gemm import _line, summarize
+    nvml = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", lambda device: {0: 3}[device.index])
+    reader = gpu_state.open_reader(torch.device("cuda", 0))
+    assert reader.unavailable is None and nvml.index == 3  # CUDA_VISIBLE_DEVICES=3: torch's 0 is NVML's 3
+    log = []
+    monkeypatch.setattr(gemm_timing, "eager_pass_us", lambda calls: 500.0 * len(calls))
+    monkeypatch.setattr(gemm_timing, "capture_passes", lambda calls, passes: log.append("capture"))
+    monkeypatch.setattr(gemm_timing, "replayed_us",
+                        lambda captured, replays, warmup: log.append(len(nvml.calls)) or [500.0] * replays)
+    pair = gemm_timing.time_pair({"ours": [print], "cublas": [print]}, 1, 6, observe=reader.read)
+    assert log[:2] == ["capture", "capture"] and set(log[2:]) == {2} and nvml.calls == ["init", "read", "read"]
+    before, after = pair.around_rounds["before"], pair.around_rounds["after"]
+    assert before == dict(sm_mhz=1605, temp_c=52, power_w=None, throttle_mask=0, throttle=[])
+    assert after == dict(sm_mhz=1410, temp_c=61, power_w=None, throttle_mask=0x1024,
+                         throttle=["power cap", "SW thermal", "0x1000"])
+    assert gpu_state.reason_names(0x1 | 0x8 | 0x40 | 0x80) == ["idle", "HW slowdown", "HW thermal", "power brake"]
+    row = dict(shape="70b-tp4 o", m=16384, config="c", us=1012.0, cublas_us=911.0, ratio=1.11, ratio_paired=1.11,
+               tflops=500.0, weight_tbs=0.1, cublas_weight_tbs=0.1, rel_err=1e-3, cublas_rel_err=1e-3, weight_mb=32.0,
+               gpu_state=pair.around_rounds)
+    assert _line(row).endswith("  hot: 1605->1410 MHz 52->61 C, power cap, SW thermal, 0x1000")
+    assert "MHz" not in _line(dict(row, ratio=1.03, ratio_paired=1.03))
+    cool_end = dict(before, power_w=312.0, throttle_mask=1, throttle=["idle"])
+    cool = dict(row, gpu_state=dict(before=before, after=cool_end))
+    assert gpu_state.tag(cool["gpu_state"]) == "gpu: 1605->1605 MHz 52->52 C 312 W, no throttle"
+    assert summarize([row, cool, dict(row, gpu_state=None)])["gpu_state"] == dict(
+        cells=2, ended_power_cap=1, ended_thermal=1, ended_reasons={"power cap": 1, "SW thermal": 1, "0x1000": 1,
+                                                                     "idle": 1})
+    assert json.loads(json.dumps(row))["gpu_state"] == pair.around_rounds  # (the row goes into the JSON as is)
+    assert gpu_state.announce(reader).endswith("through NVML; now 1410 MHz 61 C power cap, SW thermal, 0x1000")
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the profiling process's failure path, on the CPU machine")
 def test_the_grid_runs_without_names_when_the_profiling_process_fails():
     """start/collect on a machine without CUDA: the spawned process's call fails, collect says why and

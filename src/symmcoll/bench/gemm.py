@@ -15,7 +15,10 @@ and 8, Llama-3-405B at TP 8, DeepSeek-V3's experts), C = A @ B with B [K, N] the
   rotate over enough sets that the weights come from HBM, not L2 (as in serving, where each layer's
   weights are read once per step);
 * rates: TFLOP/s, and the weight-read rate (bytes of B / time) beside the SM read kernel's rate
-  measured in the same run (bench/bandwidth.py).
+  measured in the same run (bench/bandwidth.py);
+* the GPU's state (``gpu_state``: SM clock, temperature, power, throttle reasons) before the cell's first
+  round and after its last, where NVML is there (bench/gpu_state.py): whether a cell that drifted ran
+  at its power cap or hot.
 
 The kernels are compiled ahead in parallel processes (``precompile``: a Triton compile takes seconds,
 a timing milliseconds); the tune (bench/gemm_tune.py) compiles its candidates with the same jobs, so
@@ -41,6 +44,7 @@ from ..fused.gemm_configs import GemmConfig, split_plan, tiles_of
 from ..fused.gemm_tables import gpu_key
 from . import bandwidth
 from . import cublas_kernels as cublas_names
+from . import gpu_state
 from .gemm_timing import time_pair
 from .rounds import paired_ratio, paired_ratios
 from .timing import frozen_heap, graph_us
@@ -155,7 +159,8 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
     many of the planned cells that is). The kernels the grid runs are compiled first, in parallel
     processes; meanwhile (``cublas_kernels``) another process records which kernels cuBLAS runs in each
     cell (bench/cublas_kernels.py: ``cublas_kernels`` in the rows). Prints each shape's seconds and the
-    total (``seconds`` and ``shape_seconds`` in the JSON; ``cell_s`` and ``planned_gpu_s`` in the rows)."""
+    total (``seconds`` and ``shape_seconds`` in the JSON; ``cell_s``, ``started_s`` (since the start) and
+    ``planned_gpu_s`` in the rows)."""
     started = time.time()
     device = current_gpu()
     dtype = DTYPES[dtype_name]
@@ -181,6 +186,7 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
     summary = summarize(rows, planned)
     with frozen_heap():
         bw = bandwidth.measure(device)
+        console.print(gpu_state.announce(gpu_state.reader_for(device)), highlight=False)
         console.print(f"{facts['gpu']}: SM copy kernel {bw.copy_tbs:.2f} TB/s (read + write), SM read kernel "
                       f"{bw.read_tbs:.2f} TB/s, graph-captured copy_ {bw.torch_copy_tbs:.2f} TB/s", highlight=False)
         for name, n, k in shapes:
@@ -188,7 +194,8 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
             for m in ms:
                 cell_started = time.time()
                 row = time_cell(name, m, n, k, dtype_name, device, replays)
-                row.update(found.get((m, n, k), {}), cell_s=round(time.time() - cell_started, 2))
+                row.update(found.get((m, n, k), {}), cell_s=round(time.time() - cell_started, 2),
+                           started_s=round(cell_started - started, 2))
                 rows.append(row)
                 console.print(_line(row), highlight=False)
                 shape_seconds[name] = round(time.time() - shape_started, 1)
@@ -229,8 +236,10 @@ def time_cell(name: str, m: int, n: int, k: int, dtype_name: str, device: torch.
         row["error"] = "result off the fp32 reference: not timed"
     else:
         pair = time_pair({"ours": ours(cell, None), "cublas": cublas(cell)}, len(cell.sets),
-                         replays * REPLAYS_PER_ITER)
+                         replays * REPLAYS_PER_ITER, observe=gpu_state.reader_for(device).read)
         plan = pair.plan
+        if pair.around_rounds and pair.around_rounds["after"] is not None:
+            row["gpu_state"] = pair.around_rounds
         row.update(calls_per_graph=plan.calls_per_graph, rounds=plan.rounds, replays_per_round=plan.per_round,
                    warmup_replays=plan.warmup,
                    planned_gpu_s=round(plan.gpu_seconds(list(pair.probe_us.values()), len(cell.sets)), 3))
@@ -281,7 +290,8 @@ def summarize(rows: list[dict], planned: int | None = None) -> dict:
                 geomean_ratio=_geomean(ratios), worst_ratio=worst and decided_ratio(worst),
                 worst_cell=worst and f"{worst['shape']} M={worst['m']}", above_1_10=sum(r > 1.10 for r in ratios),
                 geomean_ratio_pooled=_geomean(pooled), above_1_10_pooled=sum(r > 1.10 for r in pooled),
-                min_decode_weight_tbs=min(decode) if decode else None)
+                min_decode_weight_tbs=min(decode) if decode else None,
+                gpu_state=gpu_state.count_ended_held(rows))
 
 
 def _line(row: dict) -> str:
@@ -294,15 +304,21 @@ def _line(row: dict) -> str:
             f"(paired rounds x{decided_ratio(row):.3f})  "
             f"{row['tflops']:6.1f} TF/s  B {row['weight_tbs']:.2f} TB/s (cuBLAS {row['cublas_weight_tbs']:.2f})  "
             f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}"
-            f"{'  vs cuBLAS ' + cublas_names.describe(row) if _shows_cublas(row) else ''}")
+            f"{'  vs cuBLAS ' + cublas_names.describe(row) if _shows_cublas(row) else ''}"
+            f"{'  ' + gpu_state.tag(row.get('gpu_state')) if _shows_gpu_state(row) else ''}")
 
 
-# Cells slower than this x cuBLAS show cuBLAS's kernel beside our config on their bench line.
+# Cells slower than this x cuBLAS show cuBLAS's kernel beside our config on their bench line, and the
+# GPU's clock, temperature and throttle reasons before and after their rounds.
 SHOW_CUBLAS_ABOVE = 1.05
 
 
 def _shows_cublas(row: dict) -> bool:
     return decided_ratio(row) > SHOW_CUBLAS_ABOVE and cublas_names.describe(row) is not None
+
+
+def _shows_gpu_state(row: dict) -> bool:
+    return decided_ratio(row) > SHOW_CUBLAS_ABOVE and gpu_state.tag(row.get("gpu_state")) is not None
 
 
 def named(name: str, wanted: list[str] | None) -> bool:

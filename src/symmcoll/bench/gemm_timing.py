@@ -97,6 +97,8 @@ class PairTiming:
     measured: Interleaved
     plan: CellPlan
     probe_us: dict
+    # what ``observe`` gave just before the first round and just after the last ({"before", "after"})
+    around_rounds: dict | None = None
 
     def round_medians(self, side: str) -> list[float]:
         return self.measured.round_medians[side]
@@ -106,14 +108,19 @@ class PairTiming:
         return statistics.median(self.round_medians(side))
 
 
-def time_pair(sides: dict[str, list[Callable[[], object]]], sets: int, replays: int) -> PairTiming:
+def time_pair(sides: dict[str, list[Callable[[], object]]], sets: int, replays: int,
+              observe: Callable[[], object] | None = None) -> PairTiming:
     """Both sides of a cell (name -> one call per input set; ours first): each probed, the plan made from
     their probes, each captured once, then the planned rounds, the order rotated every round (ours
     first in even rounds, cuBLAS in odd). A side that raised in a round is out of the later ones
-    (``measured.errors``)."""
+    (``measured.errors``). ``observe`` (e.g. the GPU's clock and temperature, bench/gpu_state.py) is
+    called after the captures, before the first round, and after the last round's timed replays ended:
+    outside every timed replay."""
     probe_us = {name: eager_pass_us(calls) / sets for name, calls in sides.items()}
     plan = plan_cell(list(probe_us.values()), sets, replays)
     captured = {name: capture_passes(calls, plan.repeats) for name, calls in sides.items()}
+    before = observe() if observe else None
     measured = interleave(list(sides), plan.rounds,
                           lambda name, _: replayed_us(captured[name], plan.per_round, plan.warmup))
-    return PairTiming(measured, plan, probe_us)
+    around = dict(before=before, after=observe()) if observe else None
+    return PairTiming(measured, plan, probe_us, around)
