@@ -122,7 +122,7 @@ SLOTS, EPOCHS = declare_slots("quantized", "quantized", 2, row_words)
 GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(2048, 396, 8)),))
 if debug_switches.QUANT_CONFIG:  # one config at every size, to time configs in one GPU call
     GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(*debug_switches.QUANT_CONFIG)),))
-# Every load a loop step ahead (``_stages_prefetched``); off by default until a GPU run decides (issue 18).
+# Every load a loop step ahead (``stages_prefetched``); off by default until a GPU run decides (issue 18).
 # Read at each launch: tests turn it on in their rank processes.
 PREFETCH = debug_switches.QUANT_PREFETCH
 # Registers a thread may use with PREFETCH (ptxas takes 110-128 unbounded, sm_90): every program of a launch
@@ -204,7 +204,9 @@ def quantized_two_shot_kernel(
     end_launch(epochs_ptr, epoch)
 
 
-def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor, prefetch: bool | None = None) -> torch.Tensor:
+    """``prefetch``: run ``stages_prefetched`` (default: the module's PREFETCH switch)."""
+    prefetch = PREFETCH if prefetch is None else prefetch
     ws, cfg, world = plan.ws, config(plan), plan.world
     if cfg.block < ALIGN:
         raise ValueError(f"the quantized all-reduce needs a launch block of >= {ALIGN} elements, got {cfg.block}")
@@ -216,9 +218,9 @@ def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tens
     constexprs = meta(plan, REDUCE_OP=plan.reduce_code, FMT=code, BITS=FORMAT_BITS[code],
                       G=dict(plan.request.options)["group_size"], ROW=row_words(device_type, world),
                       SCALES_AT=shard_capacity(device_type, world) // 4, BLOCK=block)
-    if PREFETCH:  # (left out when off: the default launch and its compile cache key stay as they were)
+    if prefetch:  # (left out when off: the default launch and its compile cache key stay as they were)
         constexprs["PREFETCH"] = True
-    registers = debug_switches.QUANT_MAXNREG or (PREFETCH_REGISTERS if PREFETCH else None)
+    registers = debug_switches.QUANT_MAXNREG or (PREFETCH_REGISTERS if prefetch else None)
     if registers and device_type == "cuda":
         constexprs["maxnreg"] = registers
     constexprs["enable_fp_fusion"] = False  # x * inverse + 0.5 must round twice, as the reference does
@@ -297,17 +299,12 @@ def compile_cases(make_workspace):
     found = []
     for fmt, group_size, world, rank, dtype, numel, ahead in cases:
         def thunk(fmt=fmt, group_size=group_size, world=world, rank=rank, dtype=dtype, numel=numel, ahead=ahead):
-            global PREFETCH
             request = Request(OP, (numel,), dtype, torch.device("cuda"), "sum", None, None, (),
                               (("group_size", group_size),))
             algorithm = algorithms(OP)[f"quantized_{fmt}"]
             p = Plan(request, "kernel", algorithm, None, world, rank, make_workspace(world, rank),
                      GPU_CONFIGS.pick(request.nbytes, world), 3, (numel,))
             x = torch.empty((numel,), dtype=dtype, device="meta")
-            saved, PREFETCH = PREFETCH, ahead
-            try:
-                _run(fmt, p, x, torch.empty_like(x))
-            finally:
-                PREFETCH = saved
+            _run(fmt, p, x, torch.empty_like(x), prefetch=ahead)
         found.append((f"{OP}.quantized_{fmt}.G{group_size}{'.prefetch' if ahead else ''}", thunk))
     return found

@@ -45,7 +45,7 @@ def receive_block(row_ptr, src, b, n_words, n_groups, budget, status_ptr, rank, 
 @triton.jit
 def _peek(row_ptr, b, n_words, n_groups, valid, SCALES_AT: tl.constexpr, WORDS: tl.constexpr,
           GROUPS: tl.constexpr):
-    """The first poll of ``_receive`` for block ``b`` of the row at ``row_ptr`` (its codes and scales as
+    """The first poll of ``receive_block`` for block ``b`` of the row at ``row_ptr`` (its codes and scales as
     they are now; nothing where not ``valid``), issued a step early (PREFETCH)."""
     word = b * WORDS + tl.arange(0, WORDS)[None, :]
     group = b * GROUPS + tl.arange(0, GROUPS)[None, :]
