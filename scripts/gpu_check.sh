@@ -114,22 +114,22 @@ for stage in $stages; do
       done
       ;;
     ag-ce)
-      # all_gather copy_engine at ws 2 (benchmarks/results/2026-11-27-ws2-leftovers-h100x2: torch's low_contention,
-      # fed from symmetric memory, 0.85-0.92x of our best from 64 MB): main's one-stream path ("off") and the
-      # overlapped one in N parts (SYMMCOLL_AG_CE_PARTS=N, read at import: one bench process per setting), each beside
-      # torch's low_contention and NCCL on the same machine; the bench checks every result before it times it. First
-      # the overlapped path's test at ws 2 (parts 1-3, several chunks, graph replays with fresh data; AG_CE_TEST=0
-      # skips it).
+      # all_gather copy_engine at ws 2 (benchmarks/results/2026-11-28-quant-agce-h100x2): each setting of
+      # SYMMCOLL_AG_CE_PARTS (read at import: one bench process each; "default" = unset, the size rule of
+      # comm/gather.py; 0 = the one-stream path; N = N parts) beside torch's low_contention and NCCL on the same
+      # machine; the bench checks every result before it times it. First the copy-engine tests at
+      # AG_CE_TEST_WORLD_SIZES (default 2; parts 1-3, the switch's 0 and unset, several chunks, graph replays
+      # with fresh data; AG_CE_TEST=0 skips them).
       if [ "${AG_CE_TEST:-1}" = 1 ]; then
         mkdir -p "$OUT/ag-ce-test"
-        SYMMCOLL_TEST_WORLD_SIZES=2 timeout ${AG_CE_TEST_TIMEOUT:-40} python3 -m pytest -v -rA -p no:cacheprovider \
-          tests/test_data_movement.py -k copy_engine_overlapped 2>&1 | tee "$OUT/ag-ce-test/test.log"
+        SYMMCOLL_TEST_WORLD_SIZES=${AG_CE_TEST_WORLD_SIZES:-2} timeout ${AG_CE_TEST_TIMEOUT:-40} python3 -m pytest -v -rA \
+          -p no:cacheprovider tests/test_data_movement.py -k copy_engine 2>&1 | tee "$OUT/ag-ce-test/test.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       fi
-      for parts in ${AG_CE_SETTINGS:-off 1 2 4}; do
+      for parts in ${AG_CE_SETTINGS:-0 default 2 4}; do
         mkdir -p "$OUT/ag-ce-$parts"
-        echo "ag-ce: SYMMCOLL_AG_CE_PARTS=$parts (off: unset, the one-stream path)" | tee "$OUT/ag-ce-$parts/bench.log"
-        env $([ "$parts" = off ] || echo SYMMCOLL_AG_CE_PARTS=$parts) timeout ${AG_CE_TIMEOUT:-50} python3 -m symmcoll bench \
+        echo "ag-ce: SYMMCOLL_AG_CE_PARTS=$parts (default: unset, the size rule)" | tee "$OUT/ag-ce-$parts/bench.log"
+        env $([ "$parts" = default ] || echo SYMMCOLL_AG_CE_PARTS=$parts) timeout ${AG_CE_TIMEOUT:-50} python3 -m symmcoll bench \
           --op all_gather --world-size 2 -b ${AG_CE_MIN:-16M} -e ${AG_CE_MAX:-256M} -f 2 \
           --algorithms symmcoll:copy_engine torch:low_contention nccl --link-bytes 64M \
           --time-limit $(( ${AG_CE_TIMEOUT:-50} - 15 )) --out "$OUT/ag-ce-$parts" 2>&1 | tee -a "$OUT/ag-ce-$parts/bench.log"
@@ -485,7 +485,8 @@ for stage in $stages; do
       sizes=2; [ "$ngpu" -ge 4 ] && sizes=4
       timeout ${BENCH_TIMEOUT:-540} python3 -m symmcoll bench --op all_reduce \
         --algorithms "${QUANT_ALGORITHMS:-symmcoll:quantized_*}" auto nccl -b ${QUANT_BENCH_MIN:-1M} \
-        -e ${QUANT_BENCH_MAX:-256M} --world-size ${BENCH_WORLD_SIZE:-$sizes} --out "$OUT" 2>&1 | tee "$OUT/quantized_bench.log"
+        -e ${QUANT_BENCH_MAX:-256M} --world-size ${BENCH_WORLD_SIZE:-$sizes} --time-limit $(( ${BENCH_TIMEOUT:-540} - 25 )) \
+        --out "$OUT" 2>&1 | tee "$OUT/quantized_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     quant-variants)
@@ -497,7 +498,8 @@ for stage in $stages; do
       # the kernel with every load a loop step ahead (SYMMCOLL_QUANT_PREFETCH=1); "...@R" caps registers at R a thread
       # (SYMMCOLL_QUANT_MAXNREG: @64 fits 4 programs of 8 warps an SM, for B,P,W = 2048,528,8); a prefetch variant first
       # runs the bit-exact GPU test (test_gpu_quantized_fresh_data_and_graphs, int8 and int4, ws 2) with its switches
-      # (QUANT_VARIANT_TEST=0 skips it), and is not timed if that fails.
+      # (QUANT_VARIANT_TEST=0 skips it), and is not timed if that fails. Since 2026-11-28 "rows" is the shipped
+      # size rule (prefetching from 16 MB a rank, comm/quantized.py); "noprefetch" / "noprefetch:B,P,W" = never.
       first=1
       for variant in ${QUANT_VARIANTS:-rows rows:2048,264,8 rows:4096,396,8}; do
         name=${variant//[:,@]/-}; mkdir -p "$OUT/$name"
@@ -505,13 +507,15 @@ for stage in $stages; do
         [ "$kernel" != "$variant" ] && regs="SYMMCOLL_QUANT_MAXNREG=${variant##*@}"
         case $kernel in
           rows) vars="" ;;
+          noprefetch) vars="SYMMCOLL_QUANT_PREFETCH=0" ;;
+          noprefetch:*) vars="SYMMCOLL_QUANT_PREFETCH=0 SYMMCOLL_QUANT_CONFIG=${kernel#noprefetch:}" ;;
           rows:*) vars="SYMMCOLL_QUANT_CONFIG=${kernel#rows:}" ;;
           prefetch) vars="SYMMCOLL_QUANT_PREFETCH=1" ;;
           prefetch:*) vars="SYMMCOLL_QUANT_PREFETCH=1 SYMMCOLL_QUANT_CONFIG=${kernel#prefetch:}" ;;
           *) echo "quant-variants: unknown variant $variant"; status=1; continue ;;
         esac
         vars="$vars${regs:+ $regs}"; vars=${vars# }
-        if [[ "$vars" == *PREFETCH* ]] && [ "${QUANT_VARIANT_TEST:-1}" = 1 ]; then
+        if [[ "$vars" == *PREFETCH=1* ]] && [ "${QUANT_VARIANT_TEST:-1}" = 1 ]; then
           env $vars SYMMCOLL_TEST_WORLD_SIZES=2 timeout ${QUANT_VARIANT_TEST_TIMEOUT:-150} python3 -m pytest -v -rA \
             -p no:cacheprovider "tests/test_quantized.py::test_gpu_quantized_fresh_data_and_graphs[int8-2]" \
             "tests/test_quantized.py::test_gpu_quantized_fresh_data_and_graphs[int4-2]" \

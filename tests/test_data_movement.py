@@ -300,8 +300,8 @@ def test_larger_than_workspace(pools, world_size):
 def _overlapped_copy_engine(parts):
     """all_gather copy_engine with SYMMCOLL_AG_CE_PARTS=parts (staging in parts, pulls on a side stream, own
     slot last): bit-exact for sizes of one byte to three chunks of a 4096-byte workspace, input unchanged,
-    pads zero; one barrier per non-empty part of each chunk plus its exit barrier (main's path: two per
-    chunk); on GPU also graph replays with fresh data (the side stream forked and joined inside the capture)."""
+    pads zero; one barrier per non-empty part of each chunk plus its exit barrier (the one-stream path,
+    SYMMCOLL_AG_CE_PARTS=0: two per chunk; unset: the size rule's 2 parts); on GPU also graph replays with fresh data (the side stream forked and joined inside the capture)."""
     from symmcoll import debug_switches
     from symmcoll.comm.common import byte_part, chunks
     from symmcoll.launcher import LAUNCH_COUNTS
@@ -332,13 +332,15 @@ def _overlapped_copy_engine(parts):
                 for i, out in enumerate(outs):
                     assert_bits_equal(out, reference.all_gather(x), f"parts={parts} graph replay {replay} call {i}")
             assert_pads_zero("after copy_engine graph replays")
-        # unset: main's one-stream path, two barriers per chunk
-        debug_switches.AG_CE_PARTS = None
+        # 0: the one-stream path, two barriers per chunk; unset: the size rule (2 parts below 128 MB: three)
         x = dtype_coded((3 * ws_bytes + 5,), torch.uint8, rank, 99)
-        snapshot, barriers = x.clone(), LAUNCH_COUNTS["barrier_kernel"]
-        _check("copy_engine switch unset", symmcoll.all_gather(x, algorithm="copy_engine"), reference.all_gather(x),
-               x, snapshot)
-        assert LAUNCH_COUNTS["barrier_kernel"] - barriers == 2 * 4
+        staged_in_two = sum(1 + sum(byte_part(n, p, 2)[1] > 0 for p in range(2)) for _, n in chunks(x.numel(), ws_bytes))
+        for switch, want_barriers in ((0, 2 * 4), (None, staged_in_two)):
+            debug_switches.AG_CE_PARTS = switch
+            snapshot, barriers = x.clone(), LAUNCH_COUNTS["barrier_kernel"]
+            _check(f"copy_engine switch {switch}", symmcoll.all_gather(x, algorithm="copy_engine"),
+                   reference.all_gather(x), x, snapshot)
+            assert LAUNCH_COUNTS["barrier_kernel"] - barriers == want_barriers, switch
     finally:
         debug_switches.AG_CE_PARTS = saved
 

@@ -206,6 +206,28 @@ def _validation_and_fallback():
     assert world >= 2
 
 
+def test_prefetch_and_copy_engine_parts_follow_their_size_rules_unless_forced(monkeypatch):
+    """The measured defaults (prefetching quantized stages from 16 MB a rank; the copy-engine all-gather in 2
+    parts below 128 MB, 4 from there), and the switches that force either side (0 = off / one stream)."""
+    from symmcoll import debug_switches
+    from symmcoll.comm import gather, quantized
+    monkeypatch.setattr(quantized, "PREFETCH", None)
+    assert [quantized.prefetch_for(n) for n in (4 << 20, (16 << 20) - 1, 16 << 20, 1 << 30)] == [False, False, True, True]
+    for forced in (True, False):
+        monkeypatch.setattr(quantized, "PREFETCH", forced)
+        assert quantized.prefetch_for(1) is forced and quantized.prefetch_for(1 << 30) is forced
+    monkeypatch.setattr(debug_switches, "AG_CE_PARTS", None)
+    assert [gather.copy_engine_parts(n) for n in (1, 64 << 20, (128 << 20) - 1, 128 << 20, 1 << 33)] == [2, 2, 2, 4, 4]
+    monkeypatch.setattr(debug_switches, "AG_CE_PARTS", 0)
+    assert gather.copy_engine_parts(256 << 20) == 0
+    for name, value, parsed in (("SYMMCOLL_QUANT_PREFETCH", "0", False), ("SYMMCOLL_AG_CE_PARTS", "0", 0)):
+        monkeypatch.setenv(name, value)
+        assert (debug_switches._on_off if "PREFETCH" in name else debug_switches._parts)(name) == parsed
+    monkeypatch.setenv("SYMMCOLL_QUANT_PREFETCH", "2")
+    with pytest.raises(ValueError, match="SYMMCOLL_QUANT_PREFETCH"):
+        debug_switches._on_off("SYMMCOLL_QUANT_PREFETCH")
+
+
 def test_quantized_validation_fallback_mismatch(pools):
     pools(2).run(_validation_and_fallback)
 

@@ -50,10 +50,11 @@ The quantized all-reduce (issue 18), to time launch configs in one GPU call (rea
 one bench process per value):
   SYMMCOLL_QUANT_CONFIG=B,P,W          every quantized launch with LaunchConfig(B, P, W) (elements a step,
                                        programs, warps) instead of the size table (GPU_CONFIGS).
-  SYMMCOLL_QUANT_PREFETCH=1            the quantized kernel issues every loop step's loads (input blocks, my own
-                                       block, the first poll of codes and scales) one step ahead
-                                       (``comm.quantized_steps.stages_prefetched``) instead of at the step's
-                                       start; at most 80 registers a thread (3 programs of 8 warps an SM).
+  SYMMCOLL_QUANT_PREFETCH=1 / 0        every launch with / without the kernel that issues every loop step's loads
+                                       (input blocks, my own block, the first poll of codes and scales) one step
+                                       ahead (``comm.quantized_steps.stages_prefetched``; at most 80 registers a
+                                       thread, 3 programs of 8 warps an SM). Unset: the size rule
+                                       (``comm.quantized.prefetch_for``: from 16 MB a rank).
   SYMMCOLL_QUANT_MAXNREG=N             the quantized kernel compiled with at most N registers a thread (ptxas'
                                        maxnreg): 64 lets 4 programs of 8 warps share an SM, for
                                        SYMMCOLL_QUANT_CONFIG=2048,528,8 (every program must be resident).
@@ -62,8 +63,9 @@ symmetric memory, 0.85-0.92x of it from 64 MB), to time both orderings in one GP
 imported: one bench process per value):
   SYMMCOLL_AG_CE_PARTS=N               each chunk staged in N parts, a barrier after each; a side stream pulls
                                        part p while the main stream stages part p+1 and then copies the own
-                                       slot (``comm.gather._copy_engine_overlapped``), instead of copy-in, own
-                                       slot, barrier, pulls, barrier on one stream (main). Unset: main's path.
+                                       slot (``comm.gather._copy_engine_overlapped``). N = 0: copy-in, own slot,
+                                       barrier, pulls, barrier on one stream (the path before 2026-11-28).
+                                       Unset: the size rule (``comm.gather.copy_engine_parts``).
 matmul_reduce_scatter's fused kernel (and matmul_all_reduce's two_shot, which runs it):
   SYMMCOLL_MRS_GREEDY_PIECES=1         products larger than a slot go in launches filled to the slot, the
                                        rest in the last (before 2026-11-27's seventh stop), instead of
@@ -102,7 +104,24 @@ AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
 RS_SENTINEL_LAG = _count("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
 MRS_GREEDY_PIECES = _flag("SYMMCOLL_MRS_GREEDY_PIECES")
-AG_CE_PARTS = _count("SYMMCOLL_AG_CE_PARTS", "number of parts")
+def _parts(name: str) -> int | None:
+    """A count >= 0 from the environment (0 names the one-stream path), or None where unset."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"{name} must be a count >= 0, got {value!r}")
+    return int(value)
+
+
+def _on_off(name: str) -> bool | None:
+    """1 / 0 from the environment, or None where unset (the default rule applies)."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _triple(name: str) -> tuple[int, int, int] | None:
@@ -117,8 +136,13 @@ def _triple(name: str) -> tuple[int, int, int] | None:
 
 
 QUANT_CONFIG = _triple("SYMMCOLL_QUANT_CONFIG")
-QUANT_PREFETCH = _flag("SYMMCOLL_QUANT_PREFETCH")
+QUANT_PREFETCH = _on_off("SYMMCOLL_QUANT_PREFETCH")
 QUANT_MAXNREG = _count("SYMMCOLL_QUANT_MAXNREG", "number of registers")
+AG_CE_PARTS = _parts("SYMMCOLL_AG_CE_PARTS")
+
+
+# Switches whose 0 is a choice, not the default (unset is): a result file names them when set to 0.
+_TRI_STATE = ("QUANT_PREFETCH",)
 
 
 def active() -> dict[str, object]:
@@ -129,4 +153,4 @@ def active() -> dict[str, object]:
               "AGMM_ALONE_OWN_LOOP": AGMM_ALONE_OWN_LOOP, "RS_SENTINEL_LAG": RS_SENTINEL_LAG,
               "MRS_GREEDY_PIECES": MRS_GREEDY_PIECES, "QUANT_CONFIG": QUANT_CONFIG,
               "QUANT_PREFETCH": QUANT_PREFETCH, "QUANT_MAXNREG": QUANT_MAXNREG, "AG_CE_PARTS": AG_CE_PARTS}
-    return {k: v for k, v in values.items() if v not in (False, None)}
+    return {k: v for k, v in values.items() if v is not None and (v is not False or k in _TRI_STATE)}

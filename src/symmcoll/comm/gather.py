@@ -21,10 +21,12 @@ all_gather.copy_engine
     the output, and a barrier kernel ends the call. A copy engine pulls at the link rate (357-368 GB/s
     measured) where SM loads reach 310-327 GB/s; the launches cost a few microseconds more: it pays off
     from tens of MB per rank. Graph-safe (copies between fixed addresses, self-resetting barriers).
-    Everything runs on one stream, so the two local passes over the input (copy-in, own slot) add to
-    the pulls. SYMMCOLL_AG_CE_PARTS=N (debug_switches; unset: the above) instead stages each chunk in N
-    parts with a barrier each, pulls part p on a side stream while the main stream stages part p+1,
-    and copies the own slot on the main stream while the last pulls run (``_copy_engine_overlapped``).
+    The local passes over the input are hidden behind the pulls: each chunk is staged in parts
+    (``copy_engine_parts``) with a barrier each, part p is pulled on a side stream while the main stream
+    stages part p+1, and the own slot is copied on the main stream while the last pulls run
+    (``_copy_engine_overlapped``). On 2x H100 that took 256 MB from 1094 to 960 us and 16 MB from 86 to
+    79 (benchmarks/results/2026-11-28-quant-agce-h100x2). SYMMCOLL_AG_CE_PARTS=N forces N parts, 0 the
+    one-stream path before it (copy-in, own slot, barrier, pulls, barrier; ``_copy_engine_one_stream``).
 
 broadcast.pull
     The source copies its input into its buffer (and its output); a barrier publishes it; every other
@@ -111,9 +113,28 @@ def _all_gather(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+# Parts a chunk is staged in, by its bytes a rank: 2 below 128 MB, 4 from there. Measured on 2x H100 (1 / 2 / 4
+# parts, us): 16 MB 79.2 / 79.1 / 87.0, 32 MB 145.3 / 144.4 / 146.7, 64 MB 268.8 / 262.3 / 263.6, 128 MB
+# 516.0 / 499.8 / 495.2, 256 MB 1012 / 975.8 / 960.5 (results/2026-11-28-quant-agce-h100x2).
+PARTS_BY_BYTES = ((128 << 20, 2), (1 << 62, 4))
+
+
+def copy_engine_parts(chunk_bytes: int) -> int:
+    """Parts a chunk of ``chunk_bytes`` is staged in (SYMMCOLL_AG_CE_PARTS, else PARTS_BY_BYTES); 0: one stream."""
     if debug_switches.AG_CE_PARTS is not None:
-        return _copy_engine_overlapped(plan, x, out, debug_switches.AG_CE_PARTS)
+        return debug_switches.AG_CE_PARTS
+    return next(parts for below, parts in PARTS_BY_BYTES if chunk_bytes < below)
+
+
+def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    parts = copy_engine_parts(min(x.numel() * x.element_size(), plan.ws.buffer_bytes))
+    if parts:
+        return _copy_engine_overlapped(plan, x, out, parts)
+    return _copy_engine_one_stream(plan, x, out)
+
+
+def _copy_engine_one_stream(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Copy-in, own slot, barrier, pulls, barrier: everything on the caller's stream (SYMMCOLL_AG_CE_PARTS=0)."""
     ws, world, rank = plan.ws, plan.world, plan.rank
     src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
     total = src.numel()
@@ -130,7 +151,7 @@ def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor
 
 
 def _copy_engine_overlapped(plan: Plan, x: torch.Tensor, out: torch.Tensor, parts: int) -> torch.Tensor:
-    """all_gather.copy_engine with the local copies hidden behind the pulls (SYMMCOLL_AG_CE_PARTS=parts):
+    """all_gather.copy_engine with the local copies hidden behind the pulls:
     each chunk is staged in ``parts`` parts, a barrier after each; a side stream pulls part p from every
     peer while the main stream stages part p+1 and, after the last part, copies my input into my own
     slot of the output. The main stream's work (two local passes over the input) is shorter than the

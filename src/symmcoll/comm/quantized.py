@@ -122,9 +122,20 @@ SLOTS, EPOCHS = declare_slots("quantized", "quantized", 2, row_words)
 GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(2048, 396, 8)),))
 if debug_switches.QUANT_CONFIG:  # one config at every size, to time configs in one GPU call
     GPU_CONFIGS = SizedConfigs(((1 << 40, LaunchConfig(*debug_switches.QUANT_CONFIG)),))
-# Every load a loop step ahead (``stages_prefetched``); off by default until a GPU run decides (issue 18).
-# Read at each launch: tests turn it on in their rank processes.
+# Every load a loop step ahead (``stages_prefetched``) from PREFETCH_FROM_BYTES a rank: on 2x H100 it was
+# 9% faster at 16 MB (int8 37.0 -> 33.7 us, int4 27.1 -> 24.8) and at 64 MB (147.0 -> 134.3, 109.1 -> 100.2),
+# and 6-9% slower at 4 MB (10.6 -> 11.2, 8.4 -> 9.2): benchmarks/results/2026-11-28-quant-agce-h100x2. 8 MB
+# not measured. SYMMCOLL_QUANT_PREFETCH=1 / 0 forces it on / off at every size (read at each launch: tests
+# set it in their rank processes).
 PREFETCH = debug_switches.QUANT_PREFETCH
+PREFETCH_FROM_BYTES = 16 << 20
+
+
+def prefetch_for(nbytes: int) -> bool:
+    """Whether a call of ``nbytes`` a rank runs the prefetching stages (the switch, else the size rule)."""
+    return nbytes >= PREFETCH_FROM_BYTES if PREFETCH is None else PREFETCH
+
+
 # Registers a thread may use with PREFETCH (ptxas takes 110-128 unbounded, sm_90): every program of a launch
 # must be resident at once, and 3 programs of 8 warps an SM (396 on 132) fit in 65536 registers at <= 80 a
 # thread (the allocation's granularity is 8) -- what the default kernel uses. (SYMMCOLL_QUANT_MAXNREG=64 fits
@@ -205,8 +216,8 @@ def quantized_two_shot_kernel(
 
 
 def _run(fmt: str, plan: Plan, x: torch.Tensor, out: torch.Tensor, prefetch: bool | None = None) -> torch.Tensor:
-    """``prefetch``: run ``stages_prefetched`` (default: the module's PREFETCH switch)."""
-    prefetch = PREFETCH if prefetch is None else prefetch
+    """``prefetch``: run ``stages_prefetched`` (default: ``prefetch_for`` the call's bytes a rank)."""
+    prefetch = prefetch_for(x.numel() * x.element_size()) if prefetch is None else prefetch
     ws, cfg, world = plan.ws, config(plan), plan.world
     if cfg.block < ALIGN:
         raise ValueError(f"the quantized all-reduce needs a launch block of >= {ALIGN} elements, got {cfg.block}")
