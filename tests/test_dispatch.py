@@ -68,6 +68,20 @@ def test_table_from_results_picks_the_fastest_correct_and_merges():
     assert [(r.max_bytes, r.algorithm) for r in rules] == [(4096, "one_shot"), (1 << 20, "nccl")]
 
 
+def test_runs_of_one_case_are_pooled_size_by_size():
+    # Two runs of the same op / world size / dtype: one that stopped before 1 MB and timed only one_shot at
+    # 4 KB (slowly), one that measured everything. One rule set, the faster row at each size -- not two
+    # overlapping rule lists (2026-11-28: a run cut short at 4 MB read "one_shot" there, 60% slower).
+    result = synthetic_result()
+    cut = [dataclasses.replace(m, median_us=m.median_us * 3) for m in result.measurements
+           if m.size_bytes == 4096 and m.implementation == "symmcoll:one_shot"]
+    slower = [dataclasses.replace(m, median_us=m.median_us * 10) if m.implementation == "symmcoll:one_shot"
+              and m.size_bytes == 1 << 20 else m for m in result.measurements]
+    runs = [dataclasses.replace(result, measurements=tuple(cut)), dataclasses.replace(result, measurements=tuple(slower))]
+    rules = dispatch.table_from_results(runs, "s").rules
+    assert [(r.max_bytes, r.algorithm) for r in rules] == [(4096, "one_shot"), (1 << 20, "nccl")]
+
+
 def _with_fallback_rows(extra_us, **fields):
     """The synthetic run with one_shot 10x slower at 1 MB and symmcoll:nccl rows (the backend's + extra_us,
     with ``fields``); also returns the rows without the fallback's and the backend's own rows."""

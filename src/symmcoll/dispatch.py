@@ -90,8 +90,10 @@ class Table:
 
 def table_from_results(results, source: str) -> Table:
     """Rules from ``bench.results.BenchResult``s: the fastest correct symmcoll algorithm or backend
-    collective at each measured size, merged over consecutive sizes."""
-    rules = []
+    collective at each measured size, merged over consecutive sizes. Runs of the same (op, world size,
+    dtype) are pooled: at a size two runs measured, the faster row wins (one run may stop early, or time
+    only some implementations at its last size)."""
+    by_case: dict[tuple[str, int, str], dict[int, tuple[float, str]]] = {}
     for result in results:
         world = result.config.world_size
         # The fallback as symmcoll runs it ("symmcoll:nccl", out of place) where the run measured it;
@@ -100,7 +102,6 @@ def table_from_results(results, source: str) -> Table:
         # where graphs are captured (2026-11-27: the fallback's all_to_all read counts on the host).
         rows = [m for m in result.measurements if not (result.config.plan.mode == "graph" and m.timing == "eager")]
         measured_fallback = {m.op for m in rows if m.implementation == f"symmcoll:{FALLBACK}"}
-        by_case: dict[tuple[str, str], dict[int, tuple[float, str]]] = {}
         for m in rows:
             if not m.ok or m.family not in ("symmcoll", "backend"):
                 continue
@@ -109,11 +110,10 @@ def table_from_results(results, source: str) -> Table:
             name = m.implementation.split(":", 1)[1] if m.family == "symmcoll" else FALLBACK
             if name == "auto":
                 continue
-            best = by_case.setdefault((m.op, m.dtype), {})
+            best = by_case.setdefault((m.op, world, m.dtype), {})
             if m.size_bytes not in best or m.median_us < best[m.size_bytes][0]:
                 best[m.size_bytes] = (m.median_us, name)
-        for (op, dtype), winners in by_case.items():
-            rules += _merged_rules(op, world, dtype, winners)
+    rules = [rule for (op, world, dtype), winners in by_case.items() for rule in _merged_rules(op, world, dtype, winners)]
     return Table(tuple(rules), source)
 
 
