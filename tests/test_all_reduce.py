@@ -268,3 +268,31 @@ def _push_copy_engine_graph(workspace_bytes):
 def test_push_copy_engine_pieces_and_graphs(pools, world_size):
     # Small workspace: the calls are cut into workspace-sized pieces.
     pools(world_size).run(with_workspace_bytes, 1 << 16, _push_copy_engine_graph, 1 << 16)
+
+
+def _backend_split(calls):
+    """algorithm="nccl" as reduce-scatter into my shard of out + all-gather in place (comm/backend.py), made to
+    run here on gloo at small sizes: the sum / avg / max of every rank, input unchanged; sizes the group does
+    not divide, and small ones, keep the copy + all_reduce."""
+    from symmcoll.comm import backend
+    rank, world = dist.get_rank(), dist.get_world_size()
+    saved = backend.SPLIT_FROM_BYTES, backend.SPLIT_BACKENDS
+    backend.SPLIT_FROM_BYTES, backend.SPLIT_BACKENDS = 64, ("nccl", "gloo")
+    try:
+        for call, (numel, dtype, op) in enumerate([(world * 40, torch.float32, "sum"), (world * 33, torch.bfloat16, "avg"),
+                                                   (world * 16, torch.float16, "max"), (world * 40 + 1, torch.float32, "sum"),
+                                                   (world, torch.float32, "sum")]):
+            x = rank_coded(numel, dtype, rank, call)
+            snapshot = x.clone()
+            split = numel % world == 0 and numel * x.element_size() >= 64
+            plan = symmcoll.plan.resolve("all_reduce", x, None, "nccl", reduce_op=op)
+            assert backend.split_all_reduce(plan, x, torch.empty_like(x)) == split, (numel, dtype)
+            got = symmcoll.all_reduce(x, op=op, algorithm="nccl")
+            assert_close(got, reference.all_reduce(x, op=op), f"nccl split={split} {op} numel={numel}", exact=op != "avg")
+            assert_close(x, snapshot, "input must not change", exact=True)
+    finally:
+        backend.SPLIT_FROM_BYTES, backend.SPLIT_BACKENDS = saved
+
+
+def test_backend_all_reduce_runs_as_reduce_scatter_and_all_gather_without_a_copy(pools, world_size):
+    pools(world_size).run(_backend_split, 1)

@@ -23,19 +23,41 @@ def _reduce_op(plan: Plan):
             "min": dist.ReduceOp.MIN}[op], op == "avg"
 
 
-def _all_reduce(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    reduce_op, divide = _reduce_op(plan)
-    out.copy_(x)
-    dist.all_reduce(out, op=reduce_op, group=plan.group)
-    if divide:
-        out /= plan.world
-    return out
-
-
 # torch 2.13 renamed reduce_scatter_tensor and all_gather_into_tensor (the old names warn once per
 # process, i.e. once per rank); older torch has only the old names.
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+# torch's all_reduce is in place and symmcoll's returns a new tensor: copying x into it first cost 171 us of
+# NCCL's 1193 at 256 MB on 4x H100 (results/2026-11-28-allreduce-backend-h100x4: 1364 through symmcoll), enough
+# for auto to keep slower kernels of ours there. From SPLIT_FROM_BYTES the process group's all-reduce runs as
+# what a ring all-reduce is, a reduce-scatter from x into my shard of out and an all-gather in place over
+# out, with no copy (one more launch: not below tens of MB). NOT measured yet on a GPU; NCCL only (gloo
+# takes it where a test asks: SPLIT_BACKENDS).
+SPLIT_FROM_BYTES = 32 << 20
+SPLIT_BACKENDS = ("nccl",)
+
+
+def split_all_reduce(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether this call runs as reduce-scatter + all-gather (contiguous, divisible by the group)."""
+    return (x.numel() * x.element_size() >= SPLIT_FROM_BYTES and x.numel() % plan.world == 0
+            and x.is_contiguous() and out.is_contiguous() and dist.get_backend(plan.group) in SPLIT_BACKENDS)
+
+
+def _all_reduce(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    reduce_op, divide = _reduce_op(plan)
+    if split_all_reduce(plan, x, out):
+        flat = out.view(-1)
+        shard = flat.numel() // plan.world
+        mine = flat[plan.rank * shard:(plan.rank + 1) * shard]
+        reduce_scatter_single(mine, x.reshape(-1), op=reduce_op, group=plan.group)
+        all_gather_single(flat, mine, group=plan.group)  # in place: my shard is already where it belongs
+    else:
+        out.copy_(x)
+        dist.all_reduce(out, op=reduce_op, group=plan.group)
+    if divide:
+        out /= plan.world
+    return out
 
 
 def _reduce_scatter(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
