@@ -4,7 +4,7 @@
 #                                                            [gemm-tune] [gemm-bench] [gemm-retune]
 #                                                            [fused] [fused-floor] [fused-env] [tp_block] [pdl] [quantized-tests] [quantized-bench]
 #                                                            [quantized-accuracy] [moe] [faults] [scaleout]
-#                                                            [scaleout-multi] [backend] [backend-bench] [roofline]
+#                                                            [scaleout-multi] [backend] [backend-bench] [backend-profile] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
 #                                                            [restructure] [random-calls] [host] [desc-cost]
 #                                                            [multi-diagnose] [rs-lag] [quant-variants] [ag-ce]
@@ -307,6 +307,38 @@ for stage in $stages; do
         -n ${BACKEND_BENCH_REPLAYS:-50} --time-limit ${BACKEND_BENCH_LIMIT:-300} ${bb_cases:+--shapes $bb_cases} \
         --out "$OUT" 2>&1 | tee "$OUT/backend_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    backend-profile)
+      # Why the DTensor block's decode 64 is slower through symmcoll.backend than plain Inductor at ws 4
+      # (benchmarks/NOTES.md, "backend_block decode 64"): backend_block --profile on BACKEND_PROFILE_CASES (default
+      # decode:64:tp and decode:1:tp, where it wins), both modes, each profiled before it is timed: every rank's GPU
+      # kernels by name (us and calls a step, top 20), GPU busy / idle and host time a step, in the log and the JSON
+      # (traces of the GPU activities in traces/), into $OUT/backend_profile/. Then decode:64:tp again with
+      # matmul_all_reduce's "auto" forced to each of BACKEND_PROFILE_FORCE (default "nccl one_shot": torch.matmul +
+      # the process group's all-reduce inside our op, after a one-program barrier; the fused one-shot kernel; ""
+      # skips them) through a dispatch table of its own (this GPU's shipped table + that rule), into
+      # $OUT/backend_profile/force_<name>/. About 3 minutes on 4 GPUs (at most 150 + 90 s per forced algorithm).
+      bp=$OUT/backend_profile; mkdir -p "$bp"
+      SYMMCOLL_TRACE_DIR=$bp/traces timeout ${BACKEND_PROFILE_TIMEOUT:-150} python3 -m symmcoll bench --op backend_block \
+        --world-size "$ngpu" -n ${BACKEND_BENCH_REPLAYS:-50} --time-limit $(( ${BACKEND_PROFILE_TIMEOUT:-150} - 50 )) \
+        --profile --shapes ${BACKEND_PROFILE_CASES:-decode:64:tp decode:1:tp} --out "$bp" 2>&1 | tee "$bp/backend_profile.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      for algo in ${BACKEND_PROFILE_FORCE-nccl one_shot}; do
+        dir=$bp/force_$algo; mkdir -p "$dir"
+        python3 - "$algo" "$ngpu" > "$dir/dispatch.json" <<'PY'
+import sys, torch
+from symmcoll import dispatch
+algorithm, world = sys.argv[1], int(sys.argv[2])
+table = dispatch.active_table(torch.device("cuda", 0))
+rules = [r for r in table.rules if r.op != "matmul_all_reduce"]
+rules.append(dispatch.Rule("matmul_all_reduce", world, "bf16", 1 << 62, algorithm))
+print(dispatch.Table(tuple(rules), f"{table.source}; every matmul_all_reduce: {algorithm}").to_json())
+PY
+        SYMMCOLL_DISPATCH_FILE=$dir/dispatch.json timeout ${BACKEND_FORCE_TIMEOUT:-90} \
+          python3 -m symmcoll bench --op backend_block --world-size "$ngpu" -n ${BACKEND_BENCH_REPLAYS:-50} --profile \
+          --shapes decode:64:tp --out "$dir" 2>&1 | tee "$dir/backend_profile.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
       ;;
     backend)
       # symmcoll.backend (issue 26): the Llama block of tests/llama_client.py compiled with inner="inductor"

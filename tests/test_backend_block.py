@@ -122,6 +122,26 @@ def test_table_fits_120_columns_and_compares_within_a_compile_mode():
     assert backend_block.rewrite_text({"collectives": 0, "rewritten": 0, "into": {}}) == "0/0 (no collective)"
 
 
+def test_profile_text_lists_every_rank_and_rank_0s_longest_kernels():
+    """--profile's log lines: every rank's busy / idle GPU time and host time a step, then rank 0's
+    longest GPU activities, each with its us and calls a step, at most ``top`` of them."""
+    def rank(busy, host):
+        return {"busy_us": busy, "idle_us": 4.0, "host_ms": host,
+                "top_kernels": [["nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT", 57.8], ["two_shot_tiles_kernel", 21.5],
+                                ["triton_red_fused_add_mean_mul_pow_rsqrt_0", 3.2]],
+                "top_calls": [["nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT", 2], ["two_shot_tiles_kernel", 2],
+                              ["triton_red_fused_add_mean_mul_pow_rsqrt_0", 1]]}
+    row = {"case": "decode:64:tp", "mode": "symmcoll", "compile_mode": "reduce-overhead", "ms_per_step": 0.513,
+           "profile": [rank(470.25, 0.21), rank(468.0, 0.2)]}
+    lines = backend_block.profile_text(row, top=2).splitlines()
+    assert len(lines) == 3, lines
+    assert "decode:64:tp symmcoll (reduce-overhead)" in lines[0] and "ranks 0..1" in lines[0]
+    assert "GPU busy 470.2 / 468.0 us" in lines[0] and "host 0.210 / 0.200 ms" in lines[0], lines[0]
+    assert "ms/step 0.513" in lines[0]
+    assert lines[1].split() == ["57.80", "us", "2.00x", "nvjet_sm90_tst_64x64_64x13_2x1_v_bz_NNT"], lines[1]
+    assert lines[2].split() == ["21.50", "us", "2.00x", "two_shot_tiles_kernel"], lines[2]
+
+
 def test_the_whole_run_on_cpu_untimed(tmp_path):
     """``backend_block.run`` on two CPU ranks (gloo, the interpreter), Inductor replaced by aot_eager,
     untimed: decode through the cache (tensor parallel), prefill (tensor + sequence parallel), and a case
@@ -148,7 +168,7 @@ def test_the_whole_run_on_cpu_untimed(tmp_path):
         for row in (plain, ours):
             assert row["error"] is None, row
             assert row["rel_err_fp32"] <= backend_block.TOLERANCE and row["token_err_fp32"] <= backend_block.TOKEN_TOLERANCE
-            assert row["ms_per_step"] is None and row["compile_s"] > 0
+            assert row["ms_per_step"] is None and row["compile_s"] > 0 and row["profile"] is None
         assert ours["rel_diff_vs_inductor"] <= backend_block.TOLERANCE
         assert plain["rewrites"] is None and not plain["symmcoll_kernels"], plain
         into = expected[ours["case"]]

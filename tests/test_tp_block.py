@@ -174,12 +174,13 @@ def test_bad_configurations():
         block.prefill(torch.zeros(3, TINY.hidden, dtype=torch.bfloat16), KVCache.empty(TINY, 1, 2, 8))
 
 
-@pytest.mark.parametrize("op", ["tp_block", "backend_block"])   # (backend_block: tests/test_backend_block.py)
-def test_bench_says_it_is_skipped_without_gpus(capsys, op):
+@pytest.mark.parametrize("args", [["tp_block"], ["backend_block"], ["backend_block", "--profile"]])
+def test_bench_says_it_is_skipped_without_gpus(capsys, args):   # (backend_block: tests/test_backend_block.py)
     if torch.cuda.is_available():
         pytest.skip("GPUs present: the benchmark would run")
     from symmcoll import cli
-    assert cli.main(["bench", "--op", op]) == 0
+    op = args[0]
+    assert cli.main(["bench", "--op", *args]) == 0
     out = capsys.readouterr().out
     assert op in out and "skipped" in out
 
@@ -220,6 +221,9 @@ def test_bench_cases_and_kernel_classes():
     assert got["top_kernels"][:3] == [["sm90_xmma_gemm_bf16bf16_bf16f32", 100], ["matmul_kernel", 50],
                                       ["ag_matmul_kernel", 40]]
     assert ["Memcpy DtoD (Device -> Device)", 8] in got["top_kernels"]
+    # how often each of them ran, in the same order
+    assert [name for name, _ in got["top_calls"]] == [name for name, _ in got["top_kernels"]]
+    assert ["Memcpy DtoD (Device -> Device)", 2] in got["top_calls"] and got["top_calls"][0][1] == 1
     assert all(name != "cudaLaunchKernel" for name, _ in got["top_kernels"])
     assert (got["busy_us"], got["activities"]) == (238, 11)  # every GPU activity, none of the host's
     assert kernel_share.kernel_base_name("void (anonymous namespace)::two_shot_all_reduce_kernel<float, 8>(float*") \
@@ -239,6 +243,7 @@ def test_bench_cases_and_kernel_classes():
         kernel_share.trace_events = real
     assert step["busy_us"] == 25 / 6 and step["activities"] == 5 / 6 and step["idle_us"] == 3 / 6, step
     assert step["top_kernels"][0] == ["a", round(10 / 6, 2)] and step["idle_before"] == [["c", 0.5]], step
+    assert step["top_calls"][0] == ["a", round(2 / 6, 2)], step
     assert kernel_share.shares([])["comm_share"] is None
 
 

@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-cublas-kernels", action="store_true",
                        help=f"{GEMM}: do not record which cuBLAS kernels each cell runs (a profiling process "
                             f"beside the compile)")
+    bench.add_argument("--profile", action="store_true",
+                       help=f"{BACKEND_BLOCK}: also profile every timed mode (torch.profiler: GPU kernels by name, "
+                            f"us and calls a step; busy, idle and host time a step)")
     bench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     bench.add_argument("--link-bytes", type=_size, default=256 << 20,
                        help="bytes per rank for the link measurement (default 256M)")

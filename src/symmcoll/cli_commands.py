@@ -158,7 +158,8 @@ def _rounds(args: argparse.Namespace) -> int | None:
 
 def _bench_backend_block(args: argparse.Namespace) -> int:
     """The torchtitan-style DTensor block compiled plainly and with symmcoll.backend (--algorithms: modes
-    inductor, symmcoll; --shapes: case-name prefixes; --time-limit: start no case after that)."""
+    inductor, symmcoll; --shapes: case-name prefixes; --time-limit: start no case after that; --profile:
+    each timed mode profiled too)."""
     import torch
 
     console = _console()
@@ -173,7 +174,8 @@ def _bench_backend_block(args: argparse.Namespace) -> int:
         console.print(f"[bold red]{BACKEND_BLOCK}: --algorithms takes modes {', '.join(backend_block.MODES)}[/]")
         return 2
     worlds = tuple(int(w) for w in _split(args.world_size)) or (torch.cuda.device_count(),)
-    return backend_block.run(worlds, cases, modes, args.iters or 20, Path(args.out), console, args.time_limit)
+    return backend_block.run(worlds, cases, modes, args.iters or 20, Path(args.out), console, args.time_limit,
+                             setup=backend_block.Setup(profile=args.profile))
 
 
 def plot_command(args: argparse.Namespace) -> int:

@@ -31,7 +31,12 @@ Per case, in every rank process, after ``settle_graphs``:
    whole update and of the worst token: past TOLERANCE / TOKEN_TOLERANCE the mode is not timed;
 3. ``replays`` samples (fewer past CASE_BUDGET_S, at least MIN_SAMPLES) of STEPS calls back to back
    between CUDA events (decode 8, prefill 1): the median per step, slowest rank; then the last output is
-   checked again.
+   checked again;
+4. with ``--profile`` (``Setup.profile``), ahead of 3 (the profiler's CUPTI stays attached: every mode
+   is then timed alike): a few samples under torch.profiler, every rank's GPU activities by name (us and
+   calls a step, the PROFILE_TOP longest), busy and idle us a step, and the host's time to issue a step
+   (near ms/step: the step waits for the host, not the GPU); in the JSON (``profile``: one entry per
+   rank) and the log.
 The driver runs a case with ``mode="reduce-overhead"``; where a mode fails there (an error, a mismatch, or
 cudagraph trees leaving a partition outside CUDA graphs), it runs the case again in compile mode "default"
 (every mode), keeping both sets of rows; "x inductor" compares rows of one compile mode.
@@ -63,6 +68,7 @@ TIMING = {"reduce-overhead": "cudagraph-tree replays, back to back",
 TOLERANCE = 5e-2
 TOKEN_TOLERANCE = 8e-2
 SEED = 0
+PROFILE_TOP = 20   # GPU activities (by name) a profiled row lists
 # Short names of the ops a rewrite produces, for the table (the JSON keeps the full names).
 SHORT = {"all_gather_matmul": "ag_mm", "matmul_reduce_scatter": "mm_rs", "matmul_all_reduce": "mm_ar",
          "all_reduce_rms_norm": "ar_rms", "all_reduce": "ar", "all_gather": "ag", "reduce_scatter": "rs",
@@ -80,6 +86,7 @@ class Setup:
     cache_tokens: int = 2048
     timed: bool = True
     compile_modes: tuple[str, ...] = COMPILE_MODES   # the first, then the next where a mode failed
+    profile: bool = False   # each timed mode also profiled (``backend_block_rank.profile_step``)
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,8 @@ def run(world_sizes, cases, modes, replays: int, out_dir, console, time_limit_s:
                                   f"err fp32 {_sci(r['rel_err_fp32'])}, vs ind. {_sci(r['rel_diff_vs_inductor'])}, "
                                   f"first call {_fmt(r['compile_s'], '{:.0f}')} s, "
                                   f"{r['error'] or rewrite_text(r['rewrites'])}", highlight=False)
+                    if r.get("profile"):
+                        console.print(profile_text(r), highlight=False)
                 _write(path, info, world, setup, replays, rows, left_out)
         add_speedups(rows)
         for table in tables(rows, world, setup.args):
@@ -227,6 +236,21 @@ def failed(rows: list[dict]) -> int:
     plain_ok = {(r["case"], r["compile_mode"]) for r in rows if r["mode"] == "inductor" and not r["error"]}
     return int(any(r["mode"] == "symmcoll" and r["error"] and (r["case"], r["compile_mode"]) in plain_ok
                    for r in rows))
+
+
+def profile_text(row: dict, top: int = PROFILE_TOP) -> str:
+    """A profiled row in the log: every rank's busy / idle GPU time and host time a step, then rank 0's
+    longest GPU activities (us and calls a step, name)."""
+    ranks = row["profile"]
+
+    def each(key: str, spec: str) -> str:
+        return " / ".join(_fmt(p[key], spec) for p in ranks)
+    lines = [f"  profile {row['case']} {row['mode']} ({row['compile_mode']}), a step, ranks 0..{len(ranks) - 1}: "
+             f"GPU busy {each('busy_us', '{:.1f}')} us, idle {each('idle_us', '{:.1f}')} us, host "
+             f"{each('host_ms', '{:.3f}')} ms; ms/step {_fmt(row['ms_per_step'], '{:.3f}')}; rank 0's longest:"]
+    calls = dict(map(tuple, ranks[0]["top_calls"]))
+    lines += [f"    {us:9.2f} us {calls.get(name, 0):6.2f}x  {name}" for name, us in ranks[0]["top_kernels"][:top]]
+    return "\n".join(lines)
 
 
 NOTE = 24   # characters of an error in the table (the widest rewrite: "4/4: 2 ag_mm, 2 mm_rs")

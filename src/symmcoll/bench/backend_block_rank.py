@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 from .. import launcher
 from ..models.dtensor_llama import KVCache, TransformerBlock, parallelize
-from .backend_block import (CASE_BUDGET_S, MIN_SAMPLES, MODES, SEED, STEPS, TIMING, TOKEN_TOLERANCE, TOLERANCE, Case,
-                            Setup, parse_case)
+from . import kernel_share
+from .backend_block import (CASE_BUDGET_S, MIN_SAMPLES, MODES, PROFILE_TOP, SEED, STEPS, TIMING, TOKEN_TOLERANCE,
+                            TOLERANCE, Case, Setup, parse_case)
 from .plan import TimingPlan
 from .rounds import agreed
 from .timing import agreed_iters, capture_steps, event_times_us, settle_graphs
@@ -24,6 +25,9 @@ from .timing import agreed_iters, capture_steps, event_times_us, settle_graphs
 # its cache, so every compile runs the rewrite and reports it.
 REPORTS = logging.getLogger("symmcoll.bench.backend_block")
 
+# A profiled row: runs of STEPS steps under the profiler (a session can lose the GPU records of its first
+# kernels, pytorch/pytorch#192021: several runs dilute that), and runs its host time is the median of.
+PROFILE_RUNS, HOST_SAMPLES = 3, 5
 _STATE: dict = {}   # per rank process: the mesh and the parallelised blocks of the current (setup, world)
 
 
@@ -170,7 +174,8 @@ def run_case(case_name: str, modes, compile_mode: str, replays: int, setup: Setu
                    "compile_mode": compile_mode, "world_size": world, "ms_per_step": None, "tokens_per_s": None,
                    "rel_err_fp32": None, "token_err_fp32": None, "rel_diff_vs_inductor": None,
                    "token_diff_vs_inductor": None, "symmcoll_kernels": None, "compile_s": None, "samples": None,
-                   "timing": None, "rewrites": None, "report": None, "cudagraph_skips": None, "error": None}
+                   "timing": None, "rewrites": None, "report": None, "cudagraph_skips": None, "profile": None,
+                   "error": None}
             error, measured, backend = None, {}, None
             try:
                 _attach_cache(block, case, setup, torch.bfloat16)
@@ -188,6 +193,10 @@ def run_case(case_name: str, modes, compile_mode: str, replays: int, setup: Setu
             error = verdict(agreed(error, group), agreed(measured, group), compile_mode)
             if error is None and setup.timed:
                 try:
+                    if setup.profile:
+                        # Before the timing: torch.profiler leaves CUPTI attached to the process, so every
+                        # mode of a profiled run is timed alike, after a profile (cublas_kernels.py).
+                        measured["profile"] = profile_step(run, steps, f"{case.name}-{mode}-rank{dist.get_rank()}")
                     measured.update(_timed(run, steps, replays, group))
                     last = (captured if captured is not None else step()) - x
                     err, token = compare_updates((last,), want)
@@ -199,6 +208,8 @@ def run_case(case_name: str, modes, compile_mode: str, replays: int, setup: Setu
             if backend is not None:
                 row.update(rewrites=rewrite_summary(backend.reports), report="\n".join(map(str, backend.reports)))
             row.update(_agreed(per_rank, tokens), error=error)
+            if error is None and any(m.get("profile") for m in per_rank):
+                row["profile"] = [m.get("profile") for m in per_rank]
             if row["ms_per_step"] is not None:
                 row["timing"] = TIMING[compile_mode]
             if error is not None and mode == "inductor":
@@ -242,6 +253,25 @@ def _timed(run, steps: int, replays: int, group) -> dict:
     samples = agreed_iters(probe_s, plan, group)
     times = event_times_us(run, samples, group=group, per=steps, isolated=False)
     return {"ms": statistics.median(times) / 1e3, "samples": samples}
+
+
+def profile_step(run, steps: int, tag: str) -> dict:
+    """Where a step's time goes on this rank: kernel_share.profile of PROFILE_RUNS runs of ``run``
+    (``steps`` steps each): GPU activities by name, us and calls a step (the PROFILE_TOP longest), busy
+    and idle us a step (SYMMCOLL_TRACE_DIR keeps the trace as ``tag``.json); and host_ms, the host's
+    time to issue a step (median of HOST_SAMPLES runs, each started on an idle GPU, timed until it
+    returns, no sync): near ms/step, the step waits for the host."""
+    shares = kernel_share.profile(run, calls=PROFILE_RUNS, tag=tag, steps=steps, top=PROFILE_TOP)
+    host = []
+    for _ in range(HOST_SAMPLES):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        host.append((time.perf_counter() - start) * 1e3 / steps)
+    torch.cuda.synchronize()
+    keep = ("busy_us", "idle_us", "activities", "comm_us", "fused_us", "compute_us")
+    return {**{k: shares[k] for k in keep}, "host_ms": statistics.median(host),
+            **{k: shares[k] for k in ("top_kernels", "top_calls", "idle_before")}}
 
 
 def _agreed(per_rank: list[dict], tokens: int) -> dict:

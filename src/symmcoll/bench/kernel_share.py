@@ -90,8 +90,9 @@ def classify(event: dict, main_stream, comm_kernels=frozenset(), fused_kernels=f
     return "compute"
 
 
-def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
-    """Summed GPU microseconds per class and the comm and fused shares of their total."""
+def shares(events: list[dict], comm_kernels=None, fused_kernels=None, top: int = TOP_KERNELS) -> dict:
+    """Summed GPU microseconds per class and the comm and fused shares of their total (``top``: how many
+    activities top_kernels and idle_before list)."""
     if comm_kernels is None or fused_kernels is None:
         comm_kernels, fused_kernels = symmcoll_kernel_names()
     per_stream: dict = {}
@@ -102,6 +103,7 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
     main_stream = max(per_stream, key=per_stream.get) if per_stream else None
     totals = {"comm": 0.0, "fused": 0.0, "compute": 0.0}
     by_name: dict[str, float] = {}
+    calls: dict[str, int] = {}
     on_main = []  # (the main stream's activities: its idle time below)
     count = 0
     for e in events:
@@ -111,10 +113,11 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
             totals[kind] += float(e.get("dur", 0))
             name = e.get("name", "")[:TOP_NAME_CHARS]
             by_name[name] = by_name.get(name, 0.0) + float(e.get("dur", 0))
+            calls[name] = calls.get(name, 0) + 1
             if e.get("args", {}).get("stream") == main_stream:
                 on_main.append(e)
     busy = sum(totals.values())
-    top = sorted(by_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]
+    longest = sorted(by_name.items(), key=lambda item: -item[1])[:top]
     # Idle time of the main stream before each activity, by the activity's name: where a step's time
     # goes beyond its kernels (gaps of IDLE_CAP_US or more are between calls, not inside one).
     idle_before: dict[str, float] = {}
@@ -125,15 +128,16 @@ def shares(events: list[dict], comm_kernels=None, fused_kernels=None) -> dict:
             name = e.get("name", "")[:TOP_NAME_CHARS]
             idle_before[name] = idle_before.get(name, 0.0) + start - last_end
         last_end = max(last_end or start, start + float(e.get("dur", 0)))
-    idle_top = sorted(idle_before.items(), key=lambda item: -item[1])[:TOP_KERNELS]
+    idle_top = sorted(idle_before.items(), key=lambda item: -item[1])[:top]
     # busy_us / activities: every GPU activity's time and count (a step's time less busy_us is the
-    # GPU's idle time between kernels: launch gaps, host waits)
+    # GPU's idle time between kernels: launch gaps, host waits); top_calls: how often each of top_kernels ran
     return {"comm_us": totals["comm"], "fused_us": totals["fused"], "compute_us": totals["compute"],
             "busy_us": busy, "activities": count, "idle_us": sum(idle_before.values()),
             "idle_before": [[name, round(us, 2)] for name, us in idle_top],
             "comm_share": totals["comm"] / busy if busy else None,
             "fused_share": totals["fused"] / busy if busy else None,
-            "top_kernels": [[name, round(us, 2)] for name, us in top]}
+            "top_kernels": [[name, round(us, 2)] for name, us in longest],
+            "top_calls": [[name, calls[name]] for name, _ in longest]}
 
 
 def trace_events(run, calls: int = 2) -> list[dict]:
@@ -156,9 +160,9 @@ def trace_events(run, calls: int = 2) -> list[dict]:
         os.unlink(path)
 
 
-def profile(run, calls: int = 2, tag: str | None = None, steps: int = 1) -> dict:
-    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels, busy_us, activities,
-    idle_us and idle_before a step, one call of ``run`` being ``steps`` steps (a graph replay of
+def profile(run, calls: int = 2, tag: str | None = None, steps: int = 1, top: int = TOP_KERNELS) -> dict:
+    """Shares of ``calls`` calls of ``run`` (CUDA activities only); top_kernels, top_calls, busy_us,
+    activities, idle_us and idle_before a step, one call of ``run`` being ``steps`` steps (a graph replay of
     several). With SYMMCOLL_TRACE_DIR set, the chrome trace is kept there as ``<tag>.json``."""
     events = trace_events(run, calls)
     keep = os.environ.get("SYMMCOLL_TRACE_DIR")
@@ -166,9 +170,9 @@ def profile(run, calls: int = 2, tag: str | None = None, steps: int = 1) -> dict
         os.makedirs(keep, exist_ok=True)
         with open(os.path.join(keep, f"{tag}.json"), "w") as f:  # the GPU activities only
             json.dump([e for e in events if e.get("cat") in KERNEL_CATEGORIES], f)
-    result = shares(events)
+    result = shares(events, top=top)
     per = calls * steps
-    for key in ("top_kernels", "idle_before"):
+    for key in ("top_kernels", "idle_before", "top_calls"):
         result[key] = [[name, round(us / per, 2)] for name, us in result[key]]
     for key in ("busy_us", "activities", "idle_us"):
         result[key] /= per
