@@ -131,7 +131,7 @@ for stage in $stages; do
         echo "ag-ce: SYMMCOLL_AG_CE_PARTS=$parts (default: unset, the size rule)" | tee "$OUT/ag-ce-$parts/bench.log"
         env $([ "$parts" = default ] || echo SYMMCOLL_AG_CE_PARTS=$parts) timeout ${AG_CE_TIMEOUT:-50} python3 -m symmcoll bench \
           --op all_gather --world-size 2 -b ${AG_CE_MIN:-16M} -e ${AG_CE_MAX:-256M} -f 2 \
-          --algorithms symmcoll:copy_engine torch:low_contention nccl --link-bytes 64M \
+          --algorithms symmcoll:copy_engine torch:low_contention torch:low_contention_copy_in nccl --link-bytes 64M \
           --time-limit $(( ${AG_CE_TIMEOUT:-50} - 15 )) --out "$OUT/ag-ce-$parts" 2>&1 | tee -a "$OUT/ag-ce-$parts/bench.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done

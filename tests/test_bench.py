@@ -101,6 +101,24 @@ def test_algorithms_filter():
     assert not selected("nccl", ("torch:*", "one_shot"))
 
 
+def test_torch_ops_with_the_copy_in_run_only_when_asked_and_copy_the_callers_tensor_every_call():
+    from symmcoll.bench.baselines import TORCH_COPY_IN, copy_in
+    from symmcoll.bench.impls import Bound
+    assert not driver._wanted(TORCH_COPY_IN, None) and not driver._wanted(TORCH_COPY_IN, ("torch:*",))
+    assert driver._wanted(TORCH_COPY_IN, ("torch:*_copy_in",)) and driver._wanted("torch_symm_mem", ("torch:*",))
+    assert not driver._wanted(results.QUANTIZED, ("torch:*",)) and driver._wanted(results.QUANTIZED, ("quantized_int8",))
+    # A stand-in for torch's in-place two_shot: doubles its symmetric buffer. Fed the caller's tensor inside the call,
+    # every call gives the same answer from the same input (it was in place; it is not any more).
+    symm = torch.zeros(4)
+
+    def binder(x, group):
+        symm.copy_(x)
+        return Bound(load=symm.copy_, call=lambda: symm.mul_(2))
+    bound = copy_in(binder)(torch.ones(4), None)
+    bound.load(torch.full((4,), 3.0))
+    assert bound.call().tolist() == [6.0] * 4 and bound.call().tolist() == [6.0] * 4
+
+
 def test_an_algorithms_pattern_that_selects_nothing_is_named():
     """Two names quoted as one word (the slip of a GPU run on 2026-11-27) must not shrink a run silently."""
     from types import SimpleNamespace

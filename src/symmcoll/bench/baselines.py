@@ -8,6 +8,9 @@
   all_reduce: ``one_shot_all_reduce`` (out of place), ``two_shot_all_reduce_`` (in place);
   reduce_scatter: ``reduce_scatter_out``, ``_low_contention_reduce_scatter``;
   all_gather: ``_low_contention_all_gather`` (copy engines, no SMs).
+  Each also as ``torch:<name>_copy_in`` (family TORCH_COPY_IN, run only when an ``--algorithms`` pattern names
+  "copy_in"): the same op with the caller's tensor copied into the symmetric buffer inside the timed call, which
+  is what a caller holding an ordinary tensor pays, and what symmcoll's own times include.
   Multimem ops are left out (NVLink multicast is forbidden on our hosts); the all-to-all ops need the
   NVSHMEM backend, which we do not set up.
 """
@@ -67,9 +70,26 @@ _BACKEND_BINDERS = {"all_reduce": _bind_backend_all_reduce, "reduce_scatter": _b
                     "all_gather": _bind_backend_all_gather, "all_to_all": _bind_backend_all_to_all}
 
 
+TORCH_COPY_IN = "torch_copy_in"
+
+
+def copy_in(binder):
+    """``binder``'s op as a caller with a tensor of its own runs it: that tensor copied into the op's symmetric
+    input inside the call. Never in place (each call starts from the caller's tensor again)."""
+    def bind(x: torch.Tensor, group) -> Bound:
+        inner = binder(x, group)
+        user = x.clone()
+
+        def call():
+            inner.load(user)
+            return inner.call()
+        return Bound(load=user.copy_, call=call)
+    return bind
+
+
 def torch_symm_mem_implementations(op: str, device: torch.device) -> tuple[list[Implementation], list[str]]:
-    """(torch's symmetric-memory ops for ``op`` that this torch has, the names of those it lacks);
-    nothing off CUDA."""
+    """(torch's symmetric-memory ops for ``op`` that this torch has, each fed from a symmetric buffer and, as
+    ``..._copy_in``, from the caller's tensor; the names of those it lacks); nothing off CUDA."""
     if device.type != "cuda":
         return [], []
     try:
@@ -82,6 +102,7 @@ def torch_symm_mem_implementations(op: str, device: torch.device) -> tuple[list[
             continue
         if hasattr(torch.ops.symm_mem, symm_op):
             found.append(Implementation(f"torch:{name}", op, "torch_symm_mem", in_place, binder))
+            found.append(Implementation(f"torch:{name}_copy_in", op, TORCH_COPY_IN, False, copy_in(binder)))
         else:
             missing.append(f"torch.ops.symm_mem.{symm_op}")
     return found, missing

@@ -268,10 +268,16 @@ def _cases(info: worker.RankInfo, options: BenchOptions, plan: TimingPlan, sizes
     return cases, notes
 
 
+# Families that run only when a pattern asks for them by a word of their names: the lossy implementations
+# ("quantized_int8", "symmcoll:quantized_*") and torch's ops timed with the copy-in ("torch:*_copy_in").
+ASKED_FOR = {QUANTIZED: "quantized", "torch_copy_in": "copy_in"}
+
+
 def _wanted(family: str, patterns: tuple[str, ...] | None) -> bool:
-    """Lossy implementations run only when a pattern asks for them by name ("quantized_int8",
-    "symmcoll:quantized_*"), never as part of "everything" or "symmcoll:*"."""
-    return family != QUANTIZED or any("quantized" in p for p in patterns or ())
+    """Whether ``family`` runs under ``patterns``: ASKED_FOR's families never as part of "everything",
+    "symmcoll:*" or "torch:*"."""
+    word = ASKED_FOR.get(family)
+    return word is None or any(word in p for p in patterns or ())
 
 
 def _with_link(measurements: list[Measurement], link: LinkLimit | None) -> list[Measurement]:

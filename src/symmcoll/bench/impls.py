@@ -22,7 +22,7 @@ from .results import QUANTIZED
 
 # QUANTIZED: the lossy all_reduce(x, quantize=...) -- never a candidate of the exact dispatch table, and
 # run only when --algorithms names it (a pattern containing "quantized").
-FAMILIES = ("symmcoll", "backend", "torch_symm_mem", QUANTIZED)
+FAMILIES = ("symmcoll", "backend", "torch_symm_mem", "torch_copy_in", QUANTIZED)
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class Bound:
 class Implementation:
     """name: shown in tables ("symmcoll:one_shot", "nccl", "torch:two_shot").
     family: "symmcoll" | "backend" (the torch.distributed backend: NCCL, or gloo on CPU) |
-    "torch_symm_mem".
+    "torch_symm_mem" | "torch_copy_in" (the same ops with the caller's tensor copied in during the call) |
+    QUANTIZED.
     in_place: the result overwrites the input, so repeated calls (a graph of K calls) do not
     recompute the same answer and only eager calls can be checked.
     bind: (static input, group) -> Bound.

@@ -27,7 +27,7 @@ class Measurement:
 
     op: str
     implementation: str
-    family: str                 # "symmcoll" | "backend" (NCCL/gloo) | "torch_symm_mem" | QUANTIZED
+    family: str                 # "symmcoll" | "backend" (NCCL/gloo) | "torch_symm_mem" | "torch_copy_in" | QUANTIZED
     size_bytes: int             # see metrics.SIZE_CONVENTION
     count: int                  # elements of size_bytes
     dtype: str
