@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from bench_fixtures import gemm_grid_on_cpu
 
 from symmcoll.bench import gemm, gemm_energy, gemm_timing, gpu_state
 from symmcoll.bench.gemm_energy import CounterProbe, round_fields, side_round
@@ -331,22 +332,12 @@ def test_gemm_energy_grid_says_once_why_nothing_is_recorded_and_passes_the_windo
     """run_bench on a machine without NVML: one line says energy and clock are not recorded and why, the
     JSON holds the probe; time_cell gets the probe, and an energy window only at the M values asked
     (none here: nothing to poll)."""
-    class Bandwidth:
-        copy_tbs = read_tbs = torch_copy_tbs = 2.9
-
-        def as_dict(self):
-            return {}
     got = []
 
     def time_cell(name, m, n, k, dtype_name, device, replays, counter=None, window_s=0.0):
         got.append((m, counter, window_s))
         return dict(shape=name, m=m, n=n, k=k, config="c", error="skipped", rel_err=1e-3, cublas_rel_err=1e-3)
-    monkeypatch.setattr(gemm, "current_gpu", lambda: torch.device("cpu"))
-    monkeypatch.setattr(gemm, "gpu_facts", lambda: dict(gpu="NVIDIA H100 80GB HBM3", sms=132,
-                                                        created_utc="2026-11-28T00:00:00Z"))
-    monkeypatch.setattr(gemm, "precompile", lambda jobs, workers: [])
-    monkeypatch.setattr(gemm.bandwidth, "measure", lambda device: Bandwidth())
-    monkeypatch.setattr(gemm, "time_cell", time_cell)
+    gemm_grid_on_cpu(monkeypatch, time_cell)
     lines = []
     console = SimpleNamespace(print=lambda text, highlight=False: lines.append(text))
     path = gemm.run_bench("bf16", (1, 16), ["70b-tp8 qkv"], 10, tmp_path, console, cublas_kernels=False,
