@@ -254,6 +254,11 @@ for stage in $stages; do
       # rounds where pynvml imports (bench/gpu_state.py; the log's first lines say whether it does);
       # besides, nvidia-smi samples the same every GEMM_SMI_MS ms (default 200, 0: off) into
       # $OUT/gemm_gpu_state.csv, for a run without pynvml (rows' started_s + provenance.created_utc align).
+      # Each row also records each side's energy per call (NVML's total energy counter) and SM clock in every
+      # round, read around its timed replays (bench/gemm_energy.py); GEMM_ENERGY_WINDOW_S (default 0: off)
+      # adds, after the rounds of the cells of M in GEMM_ENERGY_M (default 16 256 1024 4096 16384), an energy
+      # window a side: replayed that long (at least 5 counter steps) while the counter is polled
+      # (0.5 s a side at a 100 ms step: ~90 s for the 90 default cells). benchmarks/NOTES.md, "energy per GEMM".
       no_names=--no-cublas-kernels; [ "${GEMM_CUBLAS_KERNELS:-0}" = 1 ] && no_names=
       smi_pid=
       if [ "${GEMM_SMI_MS:-200}" != 0 ] && command -v nvidia-smi >/dev/null; then
@@ -262,7 +267,8 @@ for stage in $stages; do
         smi_pid=$!
       fi
       timeout ${GEMM_BENCH_TIMEOUT:-400} python3 -m symmcoll bench --op gemm --dtype ${GEMM_DTYPE:-bf16} \
-        ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} $no_names --plot --out "$OUT" 2>&1 \
+        ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} ${GEMM_M:+--m $GEMM_M} $no_names --plot --out "$OUT" \
+        --energy-window-s ${GEMM_ENERGY_WINDOW_S:-0} ${GEMM_ENERGY_M:+--energy-m $GEMM_ENERGY_M} 2>&1 \
         | tee "$OUT/gemm_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null

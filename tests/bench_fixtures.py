@@ -1,4 +1,5 @@
-"""A synthetic benchmark result for the report, plot and dispatch tests (not a test module)."""
+"""A synthetic benchmark result for the report, plot and dispatch tests, and the GEMM grid with its GPU parts
+faked (not a test module)."""
 
 from symmcoll.bench import results
 from symmcoll.bench.metrics import bandwidth, link_percent
@@ -34,3 +35,23 @@ def synthetic_result() -> results.BenchResult:
     return results.BenchResult(results.SCHEMA, provenance, config, link, tuple(rows), ("a note",))
 
 
+
+
+def gemm_grid_on_cpu(monkeypatch, time_cell) -> None:
+    """bench/gemm.py's run_bench made to run here: a CPU device with an H100's facts, no compiles, a fixed
+    bandwidth, ``time_cell`` in place of the GPU's (its signature: gemm.time_cell's)."""
+    import torch
+
+    from symmcoll.bench import gemm
+
+    class Bandwidth:
+        copy_tbs = read_tbs = torch_copy_tbs = 2.9
+
+        def as_dict(self):
+            return {}
+    monkeypatch.setattr(gemm, "current_gpu", lambda: torch.device("cpu"))
+    monkeypatch.setattr(gemm, "gpu_facts", lambda: dict(gpu="NVIDIA H100 80GB HBM3", sms=132,
+                                                        created_utc="2026-11-28T00:00:00Z"))
+    monkeypatch.setattr(gemm, "precompile", lambda jobs, workers: [])
+    monkeypatch.setattr(gemm.bandwidth, "measure", lambda device: Bandwidth())
+    monkeypatch.setattr(gemm, "time_cell", time_cell)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+from bench_fixtures import gemm_grid_on_cpu
 
 from symmcoll.bench import gemm, gemm_timing
 from symmcoll.bench.gemm_timing import CellPlan, plan_cell, planned_gpu_seconds, time_pair
@@ -109,26 +109,16 @@ def test_bench_time_pair_captures_once_and_rotates_the_sides_each_round(monkeypa
 def test_bench_grid_cut_short_keeps_every_timed_cell_and_says_how_many_were_planned(tmp_path, monkeypatch):
     """run_bench rewrites its JSON after every cell: killed in the third cell (as the stage's timeout
     does), the file holds the two cells timed, the summary says 2 of the 4 planned, each shape's seconds."""
-    class Bandwidth:
-        copy_tbs = read_tbs = torch_copy_tbs = 2.9
-
-        def as_dict(self):
-            return {}
     cells = []
 
-    def time_cell(name, m, n, k, dtype_name, device, replays):
+    def time_cell(name, m, n, k, dtype_name, device, replays, counter=None, window_s=0.0):
         cells.append((name, m))
         if len(cells) == 3:
             raise KeyboardInterrupt("the stage's timeout")
         return dict(shape=name, m=m, n=n, k=k, config="c", ratio=1.0, ratio_paired=1.0, us=10.0, cublas_us=10.0,
                     rel_err=1e-3, cublas_rel_err=1e-3, tflops=1.0, weight_tbs=1.0, cublas_weight_tbs=1.0,
                     weight_mb=1.0, planned_gpu_s=0.5)
-    monkeypatch.setattr(gemm, "current_gpu", lambda: torch.device("cpu"))
-    monkeypatch.setattr(gemm, "gpu_facts", lambda: dict(gpu="NVIDIA H100 80GB HBM3", sms=132,
-                                                        created_utc="2026-11-28T00:00:00Z"))
-    monkeypatch.setattr(gemm, "precompile", lambda jobs, workers: [])
-    monkeypatch.setattr(gemm.bandwidth, "measure", lambda device: Bandwidth())
-    monkeypatch.setattr(gemm, "time_cell", time_cell)
+    gemm_grid_on_cpu(monkeypatch, time_cell)
 
     class Console:
         lines: list = []

@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
                             f"torch.compile and with symmcoll.backend, decode and prefill (GPU); {GEMM}: the GEMM core beside cuBLAS on one GPU over the serving "
                             f"grid (--shapes: layer-name prefixes such as 70b-tp8, --m: M values)")
     bench.add_argument("--m", nargs="+", default=None, metavar="M", help=f"{GEMM}: M values (default: the grid)")
+    bench.add_argument("--energy-window-s", type=float, default=0.0, metavar="SECONDS",
+                       help=f"{GEMM}: after each cell's rounds, each side replayed this long (at least 5 steps of "
+                            f"NVML's energy counter) while the counter is polled: its energy per call and clock "
+                            f"(default 0: off; bench/gemm_energy.py)")
+    bench.add_argument("--energy-m", nargs="+", default=None, metavar="M",
+                       help=f"{GEMM}: the M values whose cells get energy windows (default 16 256 1024 4096 16384)")
     bench.add_argument("-b", "--minbytes", type=_size, default=None, help="smallest size (4K, 1M, ...)")
     bench.add_argument("-e", "--maxbytes", type=_size, default=None, help="largest size")
     bench.add_argument("-f", "--stepfactor", type=float, default=None,

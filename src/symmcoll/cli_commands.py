@@ -116,8 +116,10 @@ def _bench_gemm(args: argparse.Namespace) -> int:
     from .bench import gemm
 
     dtype = args.dtype if args.dtype in gemm.DTYPES else "bf16"
+    energy_ms = tuple(int(m) for m in _split(args.energy_m)) or gemm.gemm_energy.ENERGY_WINDOW_M
     path = gemm.run_bench(dtype, _gemm_ms(args), _split(args.shapes) or None, args.iters or 10, Path(args.out),
-                          console, cublas_kernels=not args.no_cublas_kernels)
+                          console, cublas_kernels=not args.no_cublas_kernels, energy_window_s=args.energy_window_s,
+                          energy_ms=energy_ms)
     if args.plot:
         from .bench.plot import plot_gemm
         console.print(f"plot written: {plot_gemm(path)}", highlight=False)

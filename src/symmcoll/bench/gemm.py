@@ -18,7 +18,9 @@ and 8, Llama-3-405B at TP 8, DeepSeek-V3's experts), C = A @ B with B [K, N] the
   measured in the same run (bench/bandwidth.py);
 * the GPU's state (``gpu_state``: SM clock, temperature, power, throttle reasons) before the cell's first
   round and after its last, where NVML is there (bench/gpu_state.py): whether a cell that drifted ran
-  at its power cap or hot.
+  at its power cap or hot;
+* each side's energy per call and SM clock in every round, and in energy windows where asked (bench/
+  gemm_energy.py): whether the kernel that loses at the power cap spends more energy per GEMM.
 
 The kernels are compiled ahead in parallel processes (``precompile``: a Triton compile takes seconds,
 a timing milliseconds); the tune (bench/gemm_tune.py) compiles its candidates with the same jobs, so
@@ -44,7 +46,7 @@ from ..fused.gemm_configs import GemmConfig, split_plan, tiles_of
 from ..fused.gemm_tables import gpu_key
 from . import bandwidth
 from . import cublas_kernels as cublas_names
-from . import gpu_state
+from . import gemm_energy, gpu_state
 from .gemm_timing import time_pair
 from .rounds import paired_ratio, paired_ratios
 from .timing import frozen_heap, graph_us
@@ -153,14 +155,15 @@ def _git_sha() -> str:
 
 
 def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, replays: int, out_dir: Path,
-              console, workers: int = 12, cublas_kernels: bool = True) -> Path:
+              console, workers: int = 12, cublas_kernels: bool = True, energy_window_s: float = 0.0,
+              energy_ms: tuple[int, ...] = gemm_energy.ENERGY_WINDOW_M) -> Path:
     """The grid: every cell checked, then ours (``gemm_config``'s pick) and cuBLAS timed (``time_cell``);
     one JSON, rewritten after every cell (a run cut short keeps every cell it timed; its summary says how
     many of the planned cells that is). The kernels the grid runs are compiled first, in parallel
     processes; meanwhile (``cublas_kernels``) another process records which kernels cuBLAS runs in each
     cell (bench/cublas_kernels.py: ``cublas_kernels`` in the rows). Prints each shape's seconds and the
     total (``seconds`` and ``shape_seconds`` in the JSON; ``cell_s``, ``started_s`` (since the start) and
-    ``planned_gpu_s`` in the rows)."""
+    ``planned_gpu_s`` in the rows). Energy windows (``energy_window_s`` > 0) at the M in ``energy_ms``."""
     started = time.time()
     device = current_gpu()
     dtype = DTYPES[dtype_name]
@@ -186,14 +189,18 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
     summary = summarize(rows, planned)
     with frozen_heap():
         bw = bandwidth.measure(device)
-        console.print(gpu_state.announce(gpu_state.reader_for(device)), highlight=False)
+        reader = gpu_state.reader_for(device)
+        console.print(gpu_state.announce(reader), highlight=False)
+        counter = gemm_energy.probe_counter(reader.meter, busy=gemm_energy.spin_gpu)
+        console.print(gemm_energy.announce(reader.unavailable, counter, energy_window_s, energy_ms), highlight=False)
         console.print(f"{facts['gpu']}: SM copy kernel {bw.copy_tbs:.2f} TB/s (read + write), SM read kernel "
                       f"{bw.read_tbs:.2f} TB/s, graph-captured copy_ {bw.torch_copy_tbs:.2f} TB/s", highlight=False)
         for name, n, k in shapes:
             shape_started = time.time()
             for m in ms:
                 cell_started = time.time()
-                row = time_cell(name, m, n, k, dtype_name, device, replays)
+                row = time_cell(name, m, n, k, dtype_name, device, replays, counter,
+                                counter.window_s(energy_window_s) if m in energy_ms else 0.0)
                 row.update(found.get((m, n, k), {}), cell_s=round(time.time() - cell_started, 2),
                            started_s=round(cell_started - started, 2))
                 rows.append(row)
@@ -205,12 +212,15 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
                 partial.write_text(json.dumps(dict(provenance=facts, bandwidth=bw.as_dict(), summary=summary,
                                                    rows=rows, seconds=round(time.time() - started),
                                                    compile_s=round(compile_s), shape_seconds=shape_seconds,
-                                                   cublas_kernels=names_note), indent=1))
+                                                   cublas_kernels=names_note, energy_counter=counter.as_dict()),
+                                              indent=1))
                 os.replace(partial, path)
             console.print(f"-- {name}: {sum(r['shape'] == name for r in rows)} cells in {shape_seconds[name]:.1f} s "
                           f"(planned GPU time {_planned_s(r for r in rows if r['shape'] == name):.1f} s; "
                           f"{time.time() - started:.0f} s since the start)", highlight=False)
     console.print(json.dumps(summary), highlight=False)
+    if summary["energy"]:
+        console.print(gemm_energy.describe(summary["energy"]), highlight=False)
     console.print(f"grid: {summary['timed']} of {planned} planned cells timed in {time.time() - started:.0f} s "
                   f"(compiles {compile_s:.0f} s, planned GPU time of the cells {_planned_s(rows):.0f} s)",
                   highlight=False)
@@ -222,9 +232,10 @@ def _planned_s(rows) -> float:
     return sum(r.get("planned_gpu_s", 0.0) for r in rows)
 
 
-def time_cell(name: str, m: int, n: int, k: int, dtype_name: str, device: torch.device, replays: int) -> dict:
+def time_cell(name: str, m: int, n: int, k: int, dtype_name: str, device: torch.device, replays: int,
+              counter: gemm_energy.CounterProbe | None = None, window_s: float = 0.0) -> dict:
     """One cell's row: both results checked against fp32, then ours and cuBLAS timed in paired rounds
-    (bench/gemm_timing.py ``time_pair``), ours checked again after them."""
+    (bench/gemm_timing.py ``time_pair``; energy and clock metered given ``counter``), ours checked again."""
     dtype = DTYPES[dtype_name]
     cell = make_cell(name, m, n, k, dtype, device)
     config = gemm.gemm_config(m, n, k, dtype, device)
@@ -235,8 +246,10 @@ def time_cell(name: str, m: int, n: int, k: int, dtype_name: str, device: torch.
     if not row["rel_err"] <= bound:
         row["error"] = "result off the fp32 reference: not timed"
     else:
+        reader = gpu_state.reader_for(device)
+        meter = reader.meter if counter and not reader.unavailable else None
         pair = time_pair({"ours": ours(cell, None), "cublas": cublas(cell)}, len(cell.sets),
-                         replays * REPLAYS_PER_ITER, observe=gpu_state.reader_for(device).read)
+                         replays * REPLAYS_PER_ITER, observe=reader.read, meter=meter, window_s=window_s)
         plan = pair.plan
         if pair.around_rounds and pair.around_rounds["after"] is not None:
             row["gpu_state"] = pair.around_rounds
@@ -249,6 +262,8 @@ def time_cell(name: str, m: int, n: int, k: int, dtype_name: str, device: torch.
             row["error"] = "; ".join(f"{side}: {e}" for side, e in pair.measured.errors.items())
         else:
             row.update(cell_fields(cell, pair.round_medians("ours"), pair.round_medians("cublas")))
+            if counter:
+                row.update(gemm_energy.pair_fields(pair, counter, row))
             if not row["rel_err_after"] <= bound:
                 row["error"] = "result off the fp32 reference after the timed replays"
     del cell
@@ -291,7 +306,7 @@ def summarize(rows: list[dict], planned: int | None = None) -> dict:
                 worst_cell=worst and f"{worst['shape']} M={worst['m']}", above_1_10=sum(r > 1.10 for r in ratios),
                 geomean_ratio_pooled=_geomean(pooled), above_1_10_pooled=sum(r > 1.10 for r in pooled),
                 min_decode_weight_tbs=min(decode) if decode else None,
-                gpu_state=gpu_state.count_ended_held(rows))
+                gpu_state=gpu_state.count_ended_held(rows), energy=gemm_energy.summarize(right, decided_ratio))
 
 
 def _line(row: dict) -> str:
@@ -305,7 +320,8 @@ def _line(row: dict) -> str:
             f"{row['tflops']:6.1f} TF/s  B {row['weight_tbs']:.2f} TB/s (cuBLAS {row['cublas_weight_tbs']:.2f})  "
             f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}"
             f"{'  vs cuBLAS ' + cublas_names.describe(row) if _shows_cublas(row) else ''}"
-            f"{'  ' + gpu_state.tag(row.get('gpu_state')) if _shows_gpu_state(row) else ''}")
+            f"{'  ' + gpu_state.tag(row.get('gpu_state')) if _shows_gpu_state(row) else ''}"
+            f"{'  ' + gemm_energy.tag(row) if gemm_energy.tag(row) else ''}")
 
 
 # Cells slower than this x cuBLAS show cuBLAS's kernel beside our config on their bench line, and the

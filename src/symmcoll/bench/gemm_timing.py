@@ -29,8 +29,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .rounds import Interleaved, interleave, plan_rounds
-from .timing import capture_passes, eager_pass_us, graph_repeats, replayed_us
+import torch
+
+from . import gemm_energy
+from .rounds import Interleaved, interleave, plan_rounds, rotation
+from .timing import capture_passes, eager_pass_us, event_times_us, graph_repeats, replayed_us
 
 # A replay this long needs no more calls: its start-up (a graph launch queued behind the previous
 # replay, a few us) is <= 0.2% of it, and both sides have the same calls per graph. Every cell whose
@@ -99,6 +102,10 @@ class PairTiming:
     probe_us: dict
     # what ``observe`` gave just before the first round and just after the last ({"before", "after"})
     around_rounds: dict | None = None
+    # side -> [(before, after) reads of ``meter`` around its timed replays, one pair a round it ran]
+    meters: dict | None = None
+    # side -> gemm_energy.polled_window after the rounds (energy windows asked for)
+    windows: dict | None = None
 
     def round_medians(self, side: str) -> list[float]:
         return self.measured.round_medians[side]
@@ -108,19 +115,48 @@ class PairTiming:
         return statistics.median(self.round_medians(side))
 
 
+def metered_replays(captured, replays: int, warmup: int, meter: Callable[[], object]) -> tuple[list[float], tuple]:
+    """``timing.replayed_us`` with ``meter`` read right before and right after the timed replays: after a
+    synchronize that ends the warm-up replays (the window holds none of them), before the first timing
+    event; after the synchronize that ``event_times_us`` makes past the last one. The GPU idles during
+    the reads (tens of microseconds each), outside the events, as it idles between turns anyway."""
+    for _ in range(warmup):
+        captured.replay()
+    torch.cuda.synchronize()
+    before = meter()
+    samples = event_times_us(captured.replay, replays, per=captured.calls, isolated=False)
+    return samples, (before, meter())
+
+
 def time_pair(sides: dict[str, list[Callable[[], object]]], sets: int, replays: int,
-              observe: Callable[[], object] | None = None) -> PairTiming:
+              observe: Callable[[], object] | None = None, meter: Callable[[], object] | None = None,
+              window_s: float = 0.0) -> PairTiming:
     """Both sides of a cell (name -> one call per input set; ours first): each probed, the plan made from
     their probes, each captured once, then the planned rounds, the order rotated every round (ours
     first in even rounds, cuBLAS in odd). A side that raised in a round is out of the later ones
     (``measured.errors``). ``observe`` (e.g. the GPU's clock and temperature, bench/gpu_state.py) is
     called after the captures, before the first round, and after the last round's timed replays ended:
-    outside every timed replay."""
+    outside every timed replay. ``meter`` (the energy counter and the SM clock: bench/gemm_energy.py) is
+    read around each side's timed replays in every round (``metered_replays``: ``meters``); with
+    ``window_s``, after the rounds each side in the next round's order is replayed for an energy window
+    (gemm_energy.polled_window: ``windows``)."""
     probe_us = {name: eager_pass_us(calls) / sets for name, calls in sides.items()}
     plan = plan_cell(list(probe_us.values()), sets, replays)
     captured = {name: capture_passes(calls, plan.repeats) for name, calls in sides.items()}
+    meters = {name: [] for name in sides} if meter else None
+
+    def turn(name, _):
+        if meter is None:
+            return replayed_us(captured[name], plan.per_round, plan.warmup)
+        samples, reads = metered_replays(captured[name], plan.per_round, plan.warmup, meter)
+        meters[name].append(reads)
+        return samples
     before = observe() if observe else None
-    measured = interleave(list(sides), plan.rounds,
-                          lambda name, _: replayed_us(captured[name], plan.per_round, plan.warmup))
+    measured = interleave(list(sides), plan.rounds, turn)
     around = dict(before=before, after=observe()) if observe else None
-    return PairTiming(measured, plan, probe_us, around)
+    windows = None
+    if meter and window_s > 0 and not measured.errors:  # (a replay's length from the rounds: the eager probe
+        windows = {name: gemm_energy.polled_window(      # overstates short calls)
+            captured[name].replay, plan.calls_per_graph, measured.median(name) * plan.calls_per_graph * 1e-6,
+            window_s, meter) for name in rotation(list(sides), plan.rounds)}
+    return PairTiming(measured, plan, probe_us, around, meters, windows)

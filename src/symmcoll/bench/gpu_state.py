@@ -16,6 +16,7 @@ outside the timed replays. NVML's power draw on Ampere and later is an average o
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,6 +46,10 @@ def _or_none(query: Callable[[], object]):
         return None
 
 
+def _sm_mhz(nvml, handle) -> int | None:
+    return _or_none(lambda: int(nvml.nvmlDeviceGetClockInfo(handle, getattr(nvml, "NVML_CLOCK_SM", NVML_CLOCK_SM))))
+
+
 @dataclass(frozen=True)
 class Reader:
     """One GPU's NVML handle (``nvml``: the pynvml module), or why there is none (``unavailable``)."""
@@ -64,12 +69,25 @@ class Reader:
         mask = _or_none(lambda: int(reasons(handle))) if reasons else None
         power_mw = _or_none(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
         return dict(
-            sm_mhz=_or_none(lambda: int(nvml.nvmlDeviceGetClockInfo(handle, getattr(nvml, "NVML_CLOCK_SM",
-                                                                                      NVML_CLOCK_SM)))),
+            sm_mhz=_sm_mhz(nvml, handle),
             temp_c=_or_none(lambda: int(nvml.nvmlDeviceGetTemperature(
                 handle, getattr(nvml, "NVML_TEMPERATURE_GPU", NVML_TEMPERATURE_GPU)))),
             power_w=None if power_mw is None else round(power_mw / 1000.0, 1),
             throttle_mask=mask, throttle=None if mask is None else reason_names(mask))
+
+    def meter(self) -> dict | None:
+        """What bench/gemm_energy.py reads around each side's timed replays: NVML's total energy counter
+        (``mj``: millijoules since the driver loaded, Volta and later; None where NVML does not give it),
+        the SM clock (``sm_mhz``), the host time of the counter's read (``t_s``, time.perf_counter) and
+        what the two queries cost (``read_us``); None without NVML."""
+        if self.handle is None:
+            return None
+        nvml, handle = self.nvml, self.handle
+        started = time.perf_counter()
+        mj = _or_none(lambda: int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)))
+        read_at = time.perf_counter()
+        mhz = _sm_mhz(nvml, handle)
+        return dict(t_s=read_at, mj=mj, sm_mhz=mhz, read_us=round((time.perf_counter() - started) * 1e6, 1))
 
 
 def nvml_handle(device, nvml) -> object:
