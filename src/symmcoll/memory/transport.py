@@ -136,11 +136,10 @@ def prepare_nvshmem_kernel(kernel) -> None:
     _INITIALISED_KERNELS.add(name)
 
 
-def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
-    """A zero-filled NVSHMEM symmetric allocation of ``nbytes`` on every rank of ``group`` (collective):
-    (this rank's bytes, every rank's base address -- 0 for ranks on other nodes --, every rank's bytes
-    as tensors -- None across nodes --, what keeps them alive, the transport). ``same_node(r)``: whether
-    group rank r shares this rank's node."""
+def select_nvshmem_backend(device: torch.device) -> None:
+    """Make torch's NVSHMEM backend serve this process's symmetric allocations (multicast off). The first
+    allocation after it initialises NVSHMEM over the default group: collective over every rank, through
+    the default group's store (a unique id) and NVSHMEM's own bootstrap."""
     from .cuda import disable_multicast_env
 
     disable_multicast_env()
@@ -153,6 +152,16 @@ def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
             raise RuntimeError(f"symmcoll: a group that spans nodes needs torch's NVSHMEM symmetric-memory backend, "
                                f"which could not be selected ({exc}); make the first symmcoll call on such a group "
                                f"before any other symmetric allocation of this process") from exc
+
+
+def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
+    """A zero-filled NVSHMEM symmetric allocation of ``nbytes`` on every rank of ``group`` (collective):
+    (this rank's bytes, every rank's base address -- 0 for ranks on other nodes --, every rank's bytes
+    as tensors -- None across nodes --, what keeps them alive, the transport). ``same_node(r)``: whether
+    group rank r shares this rank's node."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    select_nvshmem_backend(device)
     local = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
     handle = symm_mem.rendezvous(local, group.group_name)
     local.zero_()
@@ -165,4 +174,4 @@ def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
 
 
 __all__ = ["Transport", "EMULATED", "NVSHMEM", "available", "nvshmem_selected", "workspace_possible", "emulated",
-           "nvshmem_library", "extern_libs", "prepare_nvshmem_kernel", "allocate_nvshmem"]
+           "nvshmem_library", "extern_libs", "prepare_nvshmem_kernel", "select_nvshmem_backend", "allocate_nvshmem"]
