@@ -301,6 +301,36 @@ def test_routing_across_nodes():
     assert set(plan.algorithms("all_gather", across_nodes=True)) == {"hierarchical", "hierarchical_get"}
 
 
+def test_groups_short_of_the_whole_job_get_no_nvshmem_memory(monkeypatch):
+    """NVSHMEM's allocations are collective over every process of the job: on GPU, a group that spans nodes
+    but is not the whole job would wait in nvshmem_malloc forever (its workspace, or even the descriptor
+    handshake's); so would any group short of the whole job once NVSHMEM serves this process's symmetric
+    memory (torch cannot switch back). Such groups go to the process group's own collective, no workspace."""
+    from symmcoll.memory import transport
+    monkeypatch.setitem(transport._AVAILABLE, "nvshmem", True)  # as on a GPU machine with NVSHMEM
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    req = lambda op, device: plan.Request(op, (8,), torch.float32, device, "sum", None, None)  # noqa: E731
+    whole, part = topology.layout([0, 1, 2, 3], 2, job_world=4), topology.layout([0, 1, 2, 3], 2, job_world=8)
+    assert whole.whole_job and not part.whole_job and whole.spans and part.spans
+    assert plan.choose(req("all_reduce", cuda), 4, "auto", whole) == "hierarchical"
+    assert transport.workspace_possible(whole, cuda)
+    assert plan.choose(req("all_reduce", cuda), 4, "auto", part) == "nccl"
+    assert plan.choose(req("all_gather", cuda), 4, "hierarchical", part) == "nccl"
+    assert not transport.workspace_possible(part, cuda)
+    # CPU (emulated nodes) serves any group.
+    assert plan.choose(req("all_reduce", cpu), 4, "auto", part) == "hierarchical"
+    # One node, short of the whole job: CUDA symmetric memory, unless NVSHMEM already serves this process.
+    one_node = topology.layout([0, 1], 2, job_world=4)
+    assert transport.workspace_possible(one_node, cuda) and plan.choose(req("all_reduce", cuda), 2, "auto", one_node) != "nccl"
+    monkeypatch.setattr(transport, "nvshmem_selected", lambda device: device.type == "cuda")
+    assert not transport.workspace_possible(one_node, cuda)
+    assert plan.choose(req("all_reduce", cuda), 2, "auto", one_node) == "nccl"
+    assert transport.workspace_possible(topology.layout([0, 1], 2, job_world=2), cuda)
+    # A group that spans nodes with no NVSHMEM: no workspace, NCCL.
+    monkeypatch.setitem(transport._AVAILABLE, "nvshmem", False)
+    assert not transport.workspace_possible(whole, cuda) and plan.choose(req("all_reduce", cuda), 4, "auto", whole) == "nccl"
+
+
 def test_nvshmem_device_library_for_the_compile_checks():
     """CI installs NVSHMEM's device library (the test extra): test_compile.py then links and compiles the
     exchange kernels over the NVSHMEM transport for sm_90, not the emulated twin."""

@@ -211,13 +211,15 @@ def _resolve(op, x, group, algorithm, reduce_op, src, splits, config, others=(),
     # Device-side splits always run a kernel: the received counts and the bound check live on the device.
     if world == 1 and op in OPS and splits != DEVICE_SPLITS:
         return Plan(request, "local", None, group, world, rank, None, None, 0, out_shape)
-    name = choose(request, world, algorithm, topology.of_group(group))
+    topo = topology.of_group(group)
+    name = choose(request, world, algorithm, topo)
     chosen = table[name]
     runs_anyway = _RUNS_WHEN_EMPTY.get(op)
     empty = not (runs_anyway and runs_anyway(request)) and _no_work(request, out_shape)
     # Whatever this rank does, it meets its peers with its descriptor, except where the caller asked
-    # for the process group itself.
-    handshake = 1 < world <= MAX_WORLD and algorithm != BACKEND and (empty or name == BACKEND)
+    # for the process group itself or no workspace can serve the group.
+    handshake = 1 < world <= MAX_WORLD and algorithm != BACKEND and (empty or name == BACKEND) \
+        and transport.workspace_possible(topo, x.device)
     ws = None
     if name != BACKEND or handshake:
         ws = memory.get_workspace(group, x.device, op=f"{op}.{name}")
@@ -295,6 +297,8 @@ def choose(request: Request, world: int, algorithm: str = "auto", topo: topology
     table = _REGISTRY[request.op]
     if algorithm == BACKEND:
         return BACKEND
+    if topo is not None and not transport.workspace_possible(topo, request.device):
+        return BACKEND  # no symmetric memory can serve this group (NVSHMEM's is the whole job's only)
     if topo is not None and topo.spans:
         return _choose_across_nodes(request, world, algorithm, topo)
     if algorithm in table and table[algorithm].family == ACROSS_NODES:

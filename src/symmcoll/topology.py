@@ -36,6 +36,9 @@ class Topology:
     ranks_per_node: int
     nodes: int
     regular: bool = True
+    # Whether the group holds every process of the job. NVSHMEM's allocations are collective over all of
+    # them: only such a group can have an NVSHMEM workspace (memory/transport.py ``workspace_possible``).
+    whole_job: bool = True
 
     @property
     def spans(self) -> bool:
@@ -80,23 +83,24 @@ def ranks_per_node_setting() -> int | None:
     return None
 
 
-def layout(global_ranks: list[int], per_node: int | None) -> Topology:
+def layout(global_ranks: list[int], per_node: int | None, job_world: int | None = None) -> Topology:
     """The topology of a group whose rank r is global rank ``global_ranks[r]``, with ``per_node``
-    global ranks per node (None: one node)."""
+    global ranks per node (None: one node), in a job of ``job_world`` processes (None: this group's)."""
     world = len(global_ranks)
+    whole = job_world is None or world == job_world
     if per_node is None:
-        return Topology(world, world, 1)
+        return Topology(world, world, 1, whole_job=whole)
     node_ids = [g // per_node for g in global_ranks]
     nodes = len(set(node_ids))
     if nodes == 1:
-        return Topology(world, world, 1)
+        return Topology(world, world, 1, whole_job=whole)
     size = world // nodes
     # Regular: blocks of `size` consecutive group ranks, each block on one node (then, with `nodes`
     # distinct ids, each node holds exactly one block).
     blocks = [node_ids[n * size:(n + 1) * size] for n in range(nodes)]
     if world % nodes or any(len(set(block)) != 1 for block in blocks):
-        return Topology(world, 1, nodes, regular=False)
-    return Topology(world, size, nodes)
+        return Topology(world, 1, nodes, regular=False, whole_job=whole)
+    return Topology(world, size, nodes, whole_job=whole)
 
 
 _CACHE: dict[str, Topology] = {}
@@ -113,7 +117,7 @@ def of_group(group) -> Topology:
             ranks = [dist.get_global_rank(group, r) for r in range(world)]
         except (RuntimeError, ValueError):  # the default group: its ranks are the global ranks
             ranks = list(range(world))
-        topo = layout(ranks, ranks_per_node_setting())
+        topo = layout(ranks, ranks_per_node_setting(), dist.get_world_size())
         _CACHE[name] = topo
     return topo
 

@@ -21,6 +21,7 @@ from ..errors import SymmcollError
 from .layout import MAX_WORLD, SIGNAL_PAD_INTS
 from .regions import Geometry, RegionSpec, declare, declared
 from .rendezvous import bounded_rendezvous, timeout_spins
+from .transport import workspace_possible
 from .workspace import STATUS_INTS, SymmetricRegion, Workspace
 
 DEFAULT_BUFFER_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
@@ -57,6 +58,12 @@ def create_workspace(group, device: torch.device) -> Workspace:
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     # ---- groups that span nodes (symmcoll.topology): kernels see one node's ranks at a time ----
     topo = topology.of_group(group)
+    if not workspace_possible(topo, device):  # (plan.choose sends such groups to the process group's own)
+        why = (f"it holds {world} of the job's {dist.get_world_size()} processes, and NVSHMEM's allocations (a "
+               f"group that spans nodes; every group once NVSHMEM serves this process) are collective over all of "
+               f"them" if not topo.whole_job else "it spans nodes and torch's NVSHMEM backend or NVSHMEM's device "
+               "library is missing")
+        raise SymmcollError(f"symmcoll: no workspace for group {group.group_name!r} on {device}: {why}")
     spans = topo.spans and topo.regular
     kernel_world = topo.ranks_per_node if spans else world
     if kernel_world > MAX_WORLD:

@@ -92,6 +92,33 @@ def available(device: torch.device) -> bool:
     return _AVAILABLE["nvshmem"]
 
 
+def nvshmem_selected(device: torch.device) -> bool:
+    """Whether this process's symmetric allocations on ``device`` are NVSHMEM's (torch cannot change that
+    back once one was made)."""
+    if device.type != "cuda":
+        return False
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+        return getattr(symm_mem, "get_backend", lambda d: None)(device) == "NVSHMEM"
+    except Exception:  # noqa: BLE001 - a torch without symmetric memory backends
+        return False
+
+
+def workspace_possible(topo, device: torch.device) -> bool:
+    """Whether a workspace can be made for a group laid out as ``topo`` (symmcoll.topology) on ``device``.
+    NVSHMEM's allocations (nvshmem_malloc, and torch's rendezvous, which makes another) are collective over
+    every process of the job: made by the ranks of a smaller group only, they wait forever for the others.
+    So a group that is not the whole job gets none where NVSHMEM would allocate it -- a group that spans
+    nodes on GPU, or any group once this process's symmetric memory is NVSHMEM's -- and a group that spans
+    nodes gets one only where the transport is available. CPU and ranks sharing a GPU (emulated
+    transport, mapped files or CUDA IPC) serve any group."""
+    if device.type != "cuda" or os.environ.get("SYMMCOLL_MEMORY") == "ipc":
+        return True
+    if topo.spans and topo.regular:
+        return topo.whole_job and available(device)
+    return topo.whole_job or not nvshmem_selected(device)
+
+
 _INITIALISED_KERNELS: set = set()
 
 
@@ -109,11 +136,10 @@ def prepare_nvshmem_kernel(kernel) -> None:
     _INITIALISED_KERNELS.add(name)
 
 
-def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
-    """A zero-filled NVSHMEM symmetric allocation of ``nbytes`` on every rank of ``group`` (collective):
-    (this rank's bytes, every rank's base address -- 0 for ranks on other nodes --, every rank's bytes
-    as tensors -- None across nodes --, what keeps them alive, the transport). ``same_node(r)``: whether
-    group rank r shares this rank's node."""
+def select_nvshmem_backend(device: torch.device) -> None:
+    """Make torch's NVSHMEM backend serve this process's symmetric allocations (multicast off). The first
+    allocation after it initialises NVSHMEM over the default group: collective over every rank, through
+    the default group's store (a unique id) and NVSHMEM's own bootstrap."""
     from .cuda import disable_multicast_env
 
     disable_multicast_env()
@@ -126,6 +152,16 @@ def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
             raise RuntimeError(f"symmcoll: a group that spans nodes needs torch's NVSHMEM symmetric-memory backend, "
                                f"which could not be selected ({exc}); make the first symmcoll call on such a group "
                                f"before any other symmetric allocation of this process") from exc
+
+
+def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
+    """A zero-filled NVSHMEM symmetric allocation of ``nbytes`` on every rank of ``group`` (collective):
+    (this rank's bytes, every rank's base address -- 0 for ranks on other nodes --, every rank's bytes
+    as tensors -- None across nodes --, what keeps them alive, the transport). ``same_node(r)``: whether
+    group rank r shares this rank's node."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    select_nvshmem_backend(device)
     local = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
     handle = symm_mem.rendezvous(local, group.group_name)
     local.zero_()
@@ -137,5 +173,5 @@ def allocate_nvshmem(group, nbytes: int, device: torch.device, same_node):
     return local, bases, peers, [handle], Transport(NVSHMEM, pes)
 
 
-__all__ = ["Transport", "EMULATED", "NVSHMEM", "available", "emulated", "nvshmem_library", "extern_libs",
-           "prepare_nvshmem_kernel", "allocate_nvshmem"]
+__all__ = ["Transport", "EMULATED", "NVSHMEM", "available", "nvshmem_selected", "workspace_possible", "emulated",
+           "nvshmem_library", "extern_libs", "prepare_nvshmem_kernel", "select_nvshmem_backend", "allocate_nvshmem"]
