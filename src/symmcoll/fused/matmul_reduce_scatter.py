@@ -320,7 +320,7 @@ def meta_launch_cases(make_workspace, op, algorithm, launch_fn, shapes, out_rows
 def compile_cases(make_workspace):
     """The fused kernel's launches on meta tensors: TMA (aligned) and pointer (odd N) loads, decode-sized
     and large M, every world size, rank 1 somewhere, B given as nn.Linear's W.t() (TMA and pointers);
-    chunked's (its barriers and its sum kernel) in each dtype, several units, an odd element count."""
+    chunked's (its barriers and its sum kernel) in each dtype, several units, odd N, a single value."""
     chunked_cases = meta_launch_cases(make_workspace, OP, "chunked", _chunked,
                                       ((4, 1, torch.bfloat16, (8192, 8192, 7168), False),
                                        (2, 0, torch.bfloat16, (16384, 16384, 14336), True),
