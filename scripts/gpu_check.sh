@@ -7,7 +7,7 @@
 #                                                            [scaleout-multi] [backend] [backend-bench] [backend-profile] [roofline]
 #                                                            [roofline-bench] [roofline-shared] [semantics]
 #                                                            [restructure] [random-calls] [host] [desc-cost]
-#                                                            [multi-diagnose] [rs-lag] [quant-variants] [ag-ce]
+#                                                            [multi-diagnose] [rs-lag] [quant-variants] [ag-ce] [mrs-chunked]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -133,6 +133,30 @@ for stage in $stages; do
           --op all_gather --world-size 2 -b ${AG_CE_MIN:-16M} -e ${AG_CE_MAX:-256M} -f 2 \
           --algorithms symmcoll:copy_engine torch:low_contention torch:low_contention_copy_in nccl --link-bytes 64M \
           --time-limit $(( ${AG_CE_TIMEOUT:-50} - 15 )) --out "$OUT/ag-ce-$parts" 2>&1 | tee -a "$OUT/ag-ce-$parts/bench.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
+      ;;
+    mrs-chunked)
+      # matmul_reduce_scatter's chunked algorithm (benchmarks/NOTES.md "matmul_reduce_scatter chunked"): first its
+      # CUDA-graph replays with fresh data at ws 2 and 4 (tests/test_gpu_rowpar.py, in a 64 MB workspace: 32 MB slots,
+      # so the 8192 x 12288 case runs 2-3 units a step; MRS_CHUNKED_TEST=0 skips them),
+      # then the fused bench once per world size in MRS_CHUNKED_WORLDS (default "4 2"; one process each, so a
+      # timeout loses one table only) at MRS_CHUNKED_SHAPES: chunked, unfused, fused, auto, nccl (torch.matmul +
+      # NCCL) and torch's fused_matmul_reduce_scatter beside cuBLAS on one rank's GEMM, each checked against fp32
+      # before and after it is timed.
+      if [ "${MRS_CHUNKED_TEST:-1}" = 1 ]; then
+        mkdir -p "$OUT/mrs-chunked"
+        SYMMCOLL_WORKSPACE_BYTES=67108864 timeout ${MRS_CHUNKED_TEST_TIMEOUT:-150} python3 -m pytest -v -rA -p no:cacheprovider tests/test_gpu_rowpar.py \
+          -k "cuda_graph and chunked" 2>&1 | tee "$OUT/mrs-chunked/gpu_tests.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      fi
+      for w in ${MRS_CHUNKED_WORLDS:-4 2}; do
+        if [ "$w" -gt "$ngpu" ]; then echo "mrs-chunked: ws $w needs $w GPUs, $ngpu here"; status=1; continue; fi
+        mkdir -p "$OUT/mrs-chunked/ws$w"
+        timeout ${MRS_CHUNKED_TIMEOUT:-150} python3 -m symmcoll bench --op matmul_reduce_scatter --world-size $w \
+          --algorithms chunked unfused fused auto nccl torch:fused_matmul_reduce_scatter \
+          --shapes ${MRS_CHUNKED_SHAPES:-512x8192x28672 2048x8192x28672 8192x8192x28672 16384x8192x28672} \
+          --out "$OUT/mrs-chunked/ws$w" 2>&1 | tee "$OUT/mrs-chunked/ws$w/fused_bench.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done
       ;;

@@ -137,6 +137,10 @@ def _graph_replays(op, algorithm, shape, replays):
 
 GRAPH_CASES = [("matmul_reduce_scatter", "fused", (2048, 8192, 4096)),
                ("matmul_reduce_scatter", "fused", (16384, 8192, 1024)),  # several pieces per call
+               ("matmul_reduce_scatter", "chunked", (2048, 8192, 4096)),
+               # chunks of 48 MB (ws 4) / 96 MB (ws 2): 2 / 3 units a step in the 32 MB slots of the 64 MB
+               # workspace the mrs-chunked stage of scripts/gpu_check.sh gives these tests (one at the default)
+               ("matmul_reduce_scatter", "chunked", (8192, 12288, 512)),
                ("matmul_all_reduce", "one_shot", (16, 8192, 7168)),
                ("matmul_all_reduce", "two_shot", (1000, 8190, 1024)),
                ("all_reduce_rms_norm", "one_shot", (6, 6144, None)),

@@ -30,7 +30,7 @@ def launches(name):
 
 # ---- matmul_reduce_scatter ---------------------------------------------------------------------------
 
-MMRS_ALGORITHMS = ["fused", "unfused", "nccl"]
+MMRS_ALGORITHMS = ["fused", "unfused", "chunked", "nccl"]
 
 
 def _mmrs_shapes(world):
@@ -156,6 +156,88 @@ def _even_pieces(dtype):
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_fused_launches_of_equal_size(pools, world):
     pools(world).run(_even_pieces, torch.bfloat16)
+
+
+# ---- matmul_reduce_scatter chunked: cuBLAS on row chunks, pulled from double-buffered slots ------------
+
+
+def _chunked_case(dtype):
+    """chunked, shape after shape with fresh data: chunks of odd row counts, products of one and of two
+    8 KB CPU slot pieces (150 bf16 columns: 27 rows a piece, 33 rows a chunk), one row a chunk, B given as
+    nn.Linear's W.t(), and integer-valued operands whose sum is exact (so the result is too). Every call:
+    within the op's tolerance of the fp32 reference, inputs unchanged, one barrier kernel per unit plus
+    the exit barrier and one sum kernel (no launch at all on one rank), the same bits for the same inputs.
+    M not a multiple of W is refused as the shape rule says."""
+    from symmcoll.fused import matmul_reduce_scatter_chunked as chunked
+    rank, world = dist.get_rank(), dist.get_world_size()
+    errs = []
+    shapes = [(35 * world, 50, 40, False), (33 * world, 150, 24, False), (world, 17, 9, False),
+              (33 * world, 150, 24, True), (35 * world, 50, 40, False)]
+    for call, (m, n, k, transposed) in enumerate(shapes):
+        a = operand((m, k), dtype, rank, call)
+        b = operand((n, k), dtype, rank, call, salt=1).t() if transposed else operand((k, n), dtype, rank, call, salt=1)
+        a_before, b_before = a.clone(), b.clone()
+        barriers, sums = launches("barrier_kernel"), launches("sum_partials_kernel")
+        got = symmcoll.matmul_reduce_scatter(a, b, algorithm="chunked")
+        what = f"chunked {m}x{n}x{k}{' B^T' if transposed else ''} call {call}"
+        assert got.dtype == dtype and got.shape == (m // world, n), what
+        errs.append(assert_rel_close(got, reference.matmul_reduce_scatter(a, b), what))
+        assert torch.equal(a, a_before) and torch.equal(b, b_before), f"rank {rank}: {what}: inputs changed"
+        if ON_CPU:
+            pieces = -(-(m // world) // chunked.cut(m // world, n * a.element_size(), "cpu", 32 << 20).piece_rows)
+            if n == 150:  # 300 (600) bytes a row: 27 (13) rows of 33 in a slot
+                assert pieces == (2 if a.element_size() == 2 else 3), pieces
+            want = ((world - 1) * pieces + 1, 1) if world > 1 else (0, 0)
+            assert (launches("barrier_kernel") - barriers, launches("sum_partials_kernel") - sums) == want, what
+        assert torch.equal(symmcoll.matmul_reduce_scatter(a, b, algorithm="chunked"), got), f"{what}: not deterministic"
+    # Integers in [-1, 1], K = 24: partials within +-24 and sums within +-96 are exact in every dtype, so the
+    # result equals the sum exactly (a row or a slot mixed up would not).
+    m, n, k = 6 * world, 150, 24
+    a = operand((m, k), torch.float32, rank, 9).round().clamp(-1, 1).to(dtype)
+    b = operand((k, n), torch.float32, rank, 9, salt=1).round().clamp(-1, 1).to(dtype)
+    got = symmcoll.matmul_reduce_scatter(a, b, algorithm="chunked")
+    want = reference.matmul_reduce_scatter(a, b)
+    assert torch.equal(got.float(), want), f"rank {rank}: chunked integers: {(got.float() - want).abs().max()}"
+    # A row longer than a slot (half the shared buffer: rows of 128 MB on GPU) runs the unfused path.
+    from symmcoll.fused import matmul_reduce_scatter as mrs
+    real_cut, mrs.chunked.cut = mrs.chunked.cut, lambda *args: None
+    try:
+        sums = launches("sum_partials_kernel")
+        got = symmcoll.matmul_reduce_scatter(a, b, algorithm="chunked")
+    finally:
+        mrs.chunked.cut = real_cut
+    assert torch.equal(got.float(), want) and launches("sum_partials_kernel") == sums, "a row past a slot: unfused"
+    if world > 1:
+        with pytest.raises(ValueError, match="divisible by the world size"):
+            symmcoll.matmul_reduce_scatter(torch.ones(2 * world + 1, 8, dtype=dtype, device=device()),
+                                           torch.ones(8, 5, dtype=dtype, device=device()), algorithm="chunked")
+    return max(errs)
+
+
+@pytest.mark.parametrize("world, dtype", [(1, torch.bfloat16), (2, torch.float16), (3, torch.float32),
+                                          (4, torch.bfloat16)], ids=lambda v: str(v))
+def test_chunked(pools, world, dtype):
+    pools(world).run(_chunked_case, dtype)
+
+
+def test_chunked_units_cover_every_row_once():
+    """Units: W-1 steps, each the chunk's rows in slot-sized pieces (the same on every rank); slots whole
+    pages apart and both inside the buffer; a row larger than a slot: no units (the unfused path runs)."""
+    from symmcoll.fused.matmul_reduce_scatter_chunked import PAGE, SLOTS, cut
+    gpu = cut(2048, 8192 * 2, "cuda", 256 << 20)
+    assert (gpu.piece_rows, gpu.slot_bytes) == (2048, 2048 * 8192 * 2)  # 4x H100 at M = 8192: one unit a step
+    assert len(gpu.units(4)) == 3
+    big = cut(8192, 16384 * 2, "cuda", 256 << 20)  # 256 MB a chunk: two pieces of 4096 rows
+    assert big.units(2) == [(0, 0, 4096), (0, 4096, 4096)] and SLOTS * big.slot_bytes <= 256 << 20
+    for rows, row_bytes in ((33, 300), (35, 100), (1, 34), (100, 20000)):
+        units = cut(rows, row_bytes, "cpu", 32 << 20)
+        assert units.slot_bytes % PAGE == 0 and units.piece_rows * row_bytes <= units.slot_bytes
+        for world in (2, 3, 4):
+            got = units.units(world)
+            for step in range(world - 1):
+                covered = [r for s, first, n in got if s == step for r in range(first, first + n)]
+                assert covered == list(range(rows)), (rows, row_bytes, world, step)
+    assert cut(4, 200 << 20, "cuda", 256 << 20) is None
 
 
 # ---- matmul_all_reduce -------------------------------------------------------------------------------
@@ -403,7 +485,8 @@ def got_finite(t):
     return bool(t.float().isfinite().all())
 
 
-@pytest.mark.parametrize("op, algorithm", [("matmul_reduce_scatter", "fused"), ("matmul_all_reduce", "one_shot")])
+@pytest.mark.parametrize("op, algorithm", [("matmul_reduce_scatter", "fused"), ("matmul_reduce_scatter", "chunked"),
+                                           ("matmul_all_reduce", "one_shot")])
 def test_mismatched_calls_are_reported(pools, op, algorithm):
     assert pools(2).run(_mismatched_calls, op, algorithm) == [True] * 2
 
@@ -457,8 +540,8 @@ def _fp32(fn, algorithm):
     return fn(algorithm, torch.float32) is not None
 
 
-@pytest.mark.parametrize("fn, algorithm", [(_mmrs, "fused"), (_mmar, "one_shot"), (_mmar, "two_shot"),
-                                           (_arn, "one_shot"), (_arn, "two_shot")],
+@pytest.mark.parametrize("fn, algorithm", [(_mmrs, "fused"), (_mmrs, "chunked"), (_mmar, "one_shot"),
+                                           (_mmar, "two_shot"), (_arn, "one_shot"), (_arn, "two_shot")],
                          ids=lambda v: getattr(v, "__name__", v))
 def test_fp32(pools, fn, algorithm):
     assert pools(3).run(_fp32, fn, algorithm) == [True] * 3

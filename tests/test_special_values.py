@@ -90,7 +90,7 @@ def _fused_failures(dtype) -> list[str]:
 
     a, b = _operands(4 * world, 9, 20, rank, world, dtype)
     nccl = ("nccl",) if _process_group_runs_here() else ()
-    for algorithm in ("fused", "unfused", *nccl):
+    for algorithm in ("fused", "unfused", "chunked", *nccl):
         check(symmcoll.matmul_reduce_scatter(a, b, algorithm=algorithm), reference.matmul_reduce_scatter(a, b),
               f"matmul_reduce_scatter.{algorithm} {dtype}")
     for algorithm in ("one_shot", "two_shot", "unfused", *nccl):

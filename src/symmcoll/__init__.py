@@ -220,8 +220,10 @@ def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, group=None, *, algor
     """This rank's row shard of sum over ranks of ``a @ b``: a [M, K], b [K, N] (each rank's own;
     contiguous, or the transpose of a contiguous [N, K] such as ``linear.weight.t()``: no copy), output
     [M / W, N] (rows [r * M/W, (r+1) * M/W) on rank r; M % W == 0). bf16/fp16/fp32, fp32 accumulation.
-    algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "unfused" (torch.matmul +
-    symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's). Not differentiable."""
+    algorithm: "auto", "fused" (one kernel: tiles travel as they finish), "chunked" (torch.matmul per
+    destination's row chunk, each pulled by its owner with the copy engine under the next chunk's GEMM),
+    "unfused" (torch.matmul + symmcoll.reduce_scatter) or "nccl" (torch.matmul + the process group's).
+    Not differentiable."""
     name = _ops.group_name(group)
     return _matmul_reduce_scatter.SPEC.call(_tensor(a, "a"), _tensor(b, "b"), name, algorithm)
 

@@ -13,6 +13,7 @@ all_gather_matmul.py       all_gather(A shards) @ B (column-parallel linear, SP)
 matmul_reduce_scatter.py   A @ B summed over ranks, row shards scattered (row-parallel linear, SP): tiling,
                            launches, op
   matmul_reduce_scatter_kernel.py  its kernel (tiles sent to their owner, peers' tiles added)
+  matmul_reduce_scatter_chunked.py its "chunked" algorithm (cuBLAS on row chunks, copy-engine pulls, a sum)
 matmul_all_reduce.py       A @ B summed over ranks (row-parallel linear)
 all_reduce_rms_norm.py     all-reduce + residual add + RMSNorm (+ fp8) in one kernel: launch rules, op
   rms_one_shot.py          its one-shot kernel

@@ -54,6 +54,12 @@ fused, one pass over B (shards shorter than a tile: decode; ``tiling`` decides)
 nccl / unfused
     torch.matmul, then the process group's reduce-scatter (NCCL) / symmcoll.reduce_scatter ("auto").
 
+chunked (matmul_reduce_scatter_chunked.py: the protocol and why it is safe)
+    cuBLAS on one peer's row chunk at a time (peers first, own chunk last) into a double-buffered slot
+    of the shared buffer; after a barrier kernel the chunk's owner pulls it with the copy engine on a
+    side stream while the next chunk's GEMM runs; then one kernel sums the W partials in fp32, rank
+    order. torch's fused_matmul_reduce_scatter's idea on one GEMM stream, one barrier a step.
+
 This file is the op: its regions, how the fused kernel cuts the product (``tiling``, ``pieces``) and
 launches it (``run_tiles``, which matmul_all_reduce's two_shot uses too), the variants, the shape rule,
 the op's declaration and its compile checks. The kernel is in matmul_reduce_scatter_kernel.py.
@@ -72,6 +78,7 @@ from ..language import EPOCH_SLOTS, MAX_WORLD
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm
+from . import matmul_reduce_scatter_chunked as chunked
 from .gemm import b_layout, host_descriptors, precision, programs_for, use_tma
 from .gemm_configs import GemmConfig
 from .gemm_tables import gemm_config
@@ -211,6 +218,15 @@ def _unfused(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) 
     return plan.inner(p, "reduce_scatter", partial).execute(partial, out)
 
 
+def _chunked(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if not (out.numel() and a.shape[1]):
+        return out.zero_()
+    units = chunked.cut(out.shape[0], b.shape[1] * a.element_size(), p.ws.device.type, p.ws.buffer_bytes)
+    if units is None:  # a row of the product exceeds a slot (half the shared buffer): the same sum, unfused
+        return _unfused(p, a, out, b)
+    return chunked.run(p, a, b, out, units)
+
+
 def check_operands(request: plan.Request) -> tuple[int, int, int]:
     """(M, N, K) of a matmul request ``a`` [M, K] @ ``b`` [K, N]; ValueError naming the argument."""
     a_shape = request.shape
@@ -277,7 +293,10 @@ SPEC = ops.declare(ops.OpSpec(
                 Algorithm(OP, "unfused", 71, "fused", _unfused, "torch.matmul + symmcoll.reduce_scatter"),
                 Algorithm(OP, "fused", 72, "fused", _fused,
                           "persistent GEMM, peers' row shards first; finished tiles stored into the owner's slots "
-                          "with a flag each; the owner adds them to its own tiles"))))
+                          "with a flag each; the owner adds them to its own tiles"),
+                Algorithm(OP, "chunked", 73, "fused", _chunked,
+                          "cuBLAS on each peer's row chunk into a double-buffered slot, a barrier, the owner pulls it "
+                          "with the copy engine under the next chunk's GEMM; own chunk last, then one fp32 sum"))))
 
 def meta_launch_cases(make_workspace, op, algorithm, launch_fn, shapes, out_rows):
     """Compile cases of a fused GEMM launch on meta tensors, shared by the matmul + collective ops: for
@@ -300,8 +319,16 @@ def meta_launch_cases(make_workspace, op, algorithm, launch_fn, shapes, out_rows
 
 def compile_cases(make_workspace):
     """The fused kernel's launches on meta tensors: TMA (aligned) and pointer (odd N) loads, decode-sized
-    and large M, every world size, rank 1 somewhere, B given as nn.Linear's W.t() (TMA and pointers)."""
-    return meta_launch_cases(make_workspace, OP, "fused", _fused,
+    and large M, every world size, rank 1 somewhere, B given as nn.Linear's W.t() (TMA and pointers);
+    chunked's (its barriers and its sum kernel) in each dtype, several units, odd N, a single value."""
+    chunked_cases = meta_launch_cases(make_workspace, OP, "chunked", _chunked,
+                                      ((4, 1, torch.bfloat16, (8192, 8192, 7168), False),
+                                       (2, 0, torch.bfloat16, (16384, 16384, 14336), True),
+                                       (3, 2, torch.float16, (96, 8190, 1000), False),
+                                       (8, 5, torch.float32, (2048, 4095, 512), False),
+                                       (2, 1, torch.bfloat16, (2, 1, 8), False)),  # one value: numel a constexpr
+                                      out_rows=lambda m, world: m // world)
+    return chunked_cases + meta_launch_cases(make_workspace, OP, "fused", _fused,
                              ((2, 0, torch.bfloat16, (8192, 8192, 14336), False),
                               (2, 1, torch.bfloat16, (16, 8192, 14336), False),
                               (4, 1, torch.float16, (512, 8190, 7168), False),

@@ -59,7 +59,8 @@ def declared() -> list[RegionSpec]:
 # The shared buffer and the signal pad are the workspace's own.
 BUFFER = declare(RegionSpec(
     "buffer", "workspace", lambda g: g.buffer_bytes,
-    "barrier-based kernels (pull family, tree, data movement, copy engine) write their own rank's copy "
-    "before their entry barrier and read peers' copies only between entry and exit barrier; the exit "
-    "barrier ends every use, so the next call (of any algorithm) cannot overwrite what a peer reads"))
+    "barrier-based kernels (pull family, tree, data movement, copy engine, matmul_reduce_scatter chunked) "
+    "write their own rank's copy before their entry barrier and read peers' copies only between entry and "
+    "exit barrier; the exit barrier ends every use, so the next call (of any algorithm) cannot overwrite "
+    "what a peer reads"))
 
