@@ -76,20 +76,30 @@ from __future__ import annotations
 
 import os
 
-def _flag(name: str) -> bool:
-    value = os.environ.get(name, "0")
+
+def _on_off(name: str) -> bool | None:
+    """1 / 0 from the environment, or None where unset (the default rule applies)."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
     if value not in ("0", "1"):
         raise ValueError(f"{name} must be 0 or 1, got {value!r}")
     return value == "1"
 
 
-def _count(name: str, what: str) -> int | None:
-    """A positive count (spins, programs) from the environment, or None where unset (the default applies)."""
+def _flag(name: str) -> bool:
+    """A switch that is off unless set to 1."""
+    return _on_off(name) is True
+
+
+def _count(name: str, what: str, least: int = 1) -> int | None:
+    """A count >= ``least`` (spins, programs; parts, where 0 names a path) from the environment, or None where
+    unset (the default applies)."""
     value = os.environ.get(name)
     if value is None:
         return None
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name} must be a positive {what}, got {value!r}")
+    if not value.isdigit() or int(value) < least:
+        raise ValueError(f"{name} must be a {what} >= {least}, got {value!r}")
     return int(value)
 
 
@@ -104,24 +114,6 @@ AGMM_PULL_SINGLE = _flag("SYMMCOLL_AGMM_PULL_SINGLE")
 AGMM_ALONE_OWN_LOOP = _flag("SYMMCOLL_AGMM_ALONE_OWN_LOOP")
 RS_SENTINEL_LAG = _count("SYMMCOLL_RS_SENTINEL_LAG", "number of blocks")
 MRS_GREEDY_PIECES = _flag("SYMMCOLL_MRS_GREEDY_PIECES")
-def _parts(name: str) -> int | None:
-    """A count >= 0 from the environment (0 names the one-stream path), or None where unset."""
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    if not value.isdigit():
-        raise ValueError(f"{name} must be a count >= 0, got {value!r}")
-    return int(value)
-
-
-def _on_off(name: str) -> bool | None:
-    """1 / 0 from the environment, or None where unset (the default rule applies)."""
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def _triple(name: str) -> tuple[int, int, int] | None:
@@ -138,7 +130,7 @@ def _triple(name: str) -> tuple[int, int, int] | None:
 QUANT_CONFIG = _triple("SYMMCOLL_QUANT_CONFIG")
 QUANT_PREFETCH = _on_off("SYMMCOLL_QUANT_PREFETCH")
 QUANT_MAXNREG = _count("SYMMCOLL_QUANT_MAXNREG", "number of registers")
-AG_CE_PARTS = _parts("SYMMCOLL_AG_CE_PARTS")
+AG_CE_PARTS = _count("SYMMCOLL_AG_CE_PARTS", "number of parts (0: the one-stream path)", least=0)
 
 
 # Switches whose 0 is a choice, not the default (unset is): a result file names them when set to 0.

@@ -102,12 +102,17 @@ class Plan:
             ws.check()  # CPU: the kernels already ran
         return out
 
-    def _handshake(self) -> None:
+    def barrier(self) -> None:
+        """One barrier kernel (a single program) with the group's ranks: bounded waits, this call's descriptor
+        checked against each peer's; on the current stream."""
         from .language import barrier_kernel
         from .launcher import launch
+        launch(barrier_kernel, (1,), (*self.ws.kernel_args, self.desc), dict(WORLD=self.world, num_warps=1))
+
+    def _handshake(self) -> None:
         ws = self.ws
         ws.check()
-        launch(barrier_kernel, (1,), (*ws.kernel_args, self.desc), dict(WORLD=self.world, num_warps=1))
+        self.barrier()
         if ws.device.type == "cpu":
             ws.check()
 

@@ -34,10 +34,8 @@ import math
 
 import torch
 
-from ..language import barrier_kernel
-from ..launcher import launch
 from ..plan import DEVICE_SPLITS, Algorithm, Plan, register
-from .common import byte_part, side_stream
+from .common import byte_part, on_side, side_stream
 from .splits import plan_rounds, split_matrix
 
 # Parts each step's chunk is cut into, by world size (2 ranks have one step: nothing to overlap it with
@@ -65,9 +63,6 @@ def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch
     side = side_stream(plan, x.device)
     main = torch.cuda.current_stream(x.device) if side is not None else None
     substeps = SUBSTEPS.get(world, 1)
-
-    def barrier():
-        launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
 
     for t in range(rounds):
         start = t * piece
@@ -98,18 +93,14 @@ def _copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor | None) -> torch
         if t == 0 and sent[rank]:
             dst[_exclusive(recv, rank):][:sent[rank]].copy_(src[_exclusive(sent, rank):][:sent[rank]])
         for i in range(len(stages)):
-            barrier()
-            if side is None:
+            plan.barrier()
+            with on_side(side, main):
                 pull(i)
-            else:
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    pull(i)
             if i + 1 < len(stages):
                 stage(i + 1)
         if side is not None:
             main.wait_stream(side)
-        barrier()  # exit: nobody restages its buffer while a peer still copies from it
+        plan.barrier()  # exit: nobody restages its buffer while a peer still copies from it
     return out
 
 

@@ -3,6 +3,8 @@ launch configs of data movement."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..launcher import Prepared, launch
@@ -94,6 +96,15 @@ def side_stream(plan: Plan, device: torch.device):
     if stream is None:
         stream = plan.cache["side_stream"] = torch.cuda.Stream(device)
     return stream
+
+
+def on_side(side, main):
+    """Context: the side stream, after everything ``main`` has so far (a null context where ``side`` is None:
+    on CPU everything runs in order on the current stream)."""
+    if side is None:
+        return contextlib.nullcontext()
+    side.wait_stream(main)
+    return torch.cuda.stream(side)
 
 
 def byte_part(length: int, p: int, parts: int) -> tuple[int, int]:

@@ -45,10 +45,9 @@ import triton
 import triton.language as tl
 
 from .. import debug_switches
-from ..language import announce, barrier_kernel, block_barrier, copy_blocks, peer_ptr, tee_blocks
-from ..launcher import launch
+from ..language import announce, block_barrier, copy_blocks, peer_ptr, tee_blocks
 from ..plan import Algorithm, Plan, register, word_dtype_reason
-from .common import as_words, byte_part, cdiv, chunks, config, launch_once, meta, move_configs, side_stream
+from .common import as_words, byte_part, cdiv, chunks, config, launch_once, meta, move_configs, on_side, side_stream
 
 
 @triton.jit
@@ -138,15 +137,14 @@ def _copy_engine_one_stream(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> t
     ws, world, rank = plan.ws, plan.world, plan.rank
     src, dst = x.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8)
     total = src.numel()
-    barrier = lambda: launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
     for start, n in chunks(total, ws.buffer_bytes):
         ws.buffer[:n].copy_(src[start:start + n])
         dst[rank * total + start:][:n].copy_(src[start:start + n])
-        barrier()
+        plan.barrier()
         for k in range(1, world):
             peer = (rank + k) % world
             dst[peer * total + start:][:n].copy_(ws.peer_buffer(peer)[:n])
-        barrier()  # nobody refills its buffer while a peer still copies from it
+        plan.barrier()  # nobody refills its buffer while a peer still copies from it
     return out
 
 
@@ -164,7 +162,6 @@ def _copy_engine_overlapped(plan: Plan, x: torch.Tensor, out: torch.Tensor, part
     total = src.numel()
     side = side_stream(plan, x.device)  # None on CPU: the same operations, in order
     main = torch.cuda.current_stream(x.device) if side is not None else None
-    barrier = lambda: launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
 
     def pull(start: int, at: int, length: int) -> None:
         for k in range(1, world):
@@ -178,17 +175,13 @@ def _copy_engine_overlapped(plan: Plan, x: torch.Tensor, out: torch.Tensor, part
             if length == 0:
                 continue
             ws.buffer[at:at + length].copy_(src[start + at:][:length])
-            barrier()
-            if side is None:
+            plan.barrier()
+            with on_side(side, main):
                 pull(start, at, length)
-            else:
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    pull(start, at, length)
         dst[rank * total + start:][:n].copy_(src[start:start + n])  # overlaps the pulls still in flight
         if side is not None:
             main.wait_stream(side)
-        barrier()  # exit: nobody refills its buffer while a peer still copies from it
+        plan.barrier()  # exit: nobody refills its buffer while a peer still copies from it
     return out
 
 

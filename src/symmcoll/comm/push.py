@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..language import announce, barrier_kernel, block_barrier, combine, finalize, narrow, peer_ptr
+from ..language import announce, block_barrier, combine, finalize, narrow, peer_ptr
 from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm, LaunchConfig, Plan, SizedConfigs, reduction_dtype_reason, register
@@ -176,7 +176,7 @@ def _push_copy_engine(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> torch.T
                (*ws.kernel_args, plan.desc, staging.ptrs_dev, flat[start:], out_flat[start + rank * shard:],
                 my_reduced, n, shard, shard),
                meta(plan, REDUCE_OP=plan.reduce_code, BLOCK=cfg.block, TEE=True, EXIT_BARRIER=False))
-        launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
+        plan.barrier()
         for k in range(1, world):
             peer = (rank + k) % world
             length = max(0, min(shard, n - peer * shard))

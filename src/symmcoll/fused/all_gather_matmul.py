@@ -55,8 +55,8 @@ import triton
 
 from .. import debug_switches, ops
 from .. import plan as planner
-from ..comm.common import side_stream
-from ..language import EPOCH_SLOTS, barrier_kernel
+from ..comm.common import on_side, side_stream
+from ..language import EPOCH_SLOTS
 from ..launcher import launch
 from ..memory.persistent_state import persistent
 from ..plan import Algorithm, Plan
@@ -195,10 +195,9 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
     for start in range(0, rows_total, piece):
         rows = min(piece, rows_total - start)
         a_piece = a[start:start + rows]
-        barrier = lambda: launch(barrier_kernel, (1,), (*ws.kernel_args, plan.desc), dict(WORLD=world, num_warps=1))
         if copies:
             ws.buffer[: rows * K * a.element_size()].view(a.dtype).view(rows, K).copy_(a_piece)
-            barrier()
+            plan.barrier()
         if source == COPY_ENGINE.value and not alone:
             launch(bump_kernel, (1,), (epoch, ready, plan.desc, ready.numel()), dict(BLOCK=256, num_warps=1))
             _copy_engine_gather(plan, a, g, flags, ready, start, rows, config.block_m)
@@ -226,7 +225,7 @@ def _run_kernel(plan: Plan, a, bs, source: int, producers: int = 0):
                 src = ws.peer_buffer(owner)[: rows * K * a.element_size()].view(a.dtype).view(rows, K)
                 g[owner * rows_total + start:][:rows].copy_(src)
         if copies:
-            barrier()
+            plan.barrier()
     # Alone, the kernel's tiles copy A into the gathered A as they go (a copy by the copy engine on a
     # side stream during the GEMM slowed it by 6-13% at M = 16384 on an H200, run of 2026-11-24 06:54).
     if source != PRODUCERS.value and not alone and (wanted or len(bs) > 1):
@@ -271,14 +270,8 @@ def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, b
     blocks = triton.cdiv(rows, block_m)
     K = a.shape[1]
     nbytes = rows * K * a.element_size()
-    if a.is_cuda:
-        side = side_stream(plan, a.device)
-        side.wait_stream(torch.cuda.current_stream(a.device))
-        context = torch.cuda.stream(side)
-    else:
-        import contextlib
-        context = contextlib.nullcontext()
-    with context:
+    side = side_stream(plan, a.device)  # None on CPU: in order
+    with on_side(side, torch.cuda.current_stream(a.device) if side is not None else None):
         for k in range(1, world):
             owner = (rank + k) % world
             g[owner * a.shape[0] + start:][:rows].copy_(ws.peer_buffer(owner)[:nbytes].view(a.dtype).view(rows, K))

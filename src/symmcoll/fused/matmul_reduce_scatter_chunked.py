@@ -55,15 +55,14 @@ a step, loses 2.6-5x to the unfused path there).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ..comm.common import cdiv, side_stream
-from ..language import barrier_kernel, narrow
+from ..comm.common import cdiv, on_side, side_stream
+from ..language import narrow
 from ..launcher import launch
 from ..plan import Plan
 
@@ -134,14 +133,6 @@ def _sum(parts: torch.Tensor, out: torch.Tensor, world: int) -> None:
            dict(WORLD=world, BLOCK=block, num_warps=warps))
 
 
-def _on(side, main):
-    """The side stream, after everything main has so far (None: in order, on CPU and meta tensors)."""
-    if side is None:
-        return contextlib.nullcontext()
-    side.wait_stream(main)
-    return torch.cuda.stream(side)
-
-
 def run(p: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, units: Cut) -> torch.Tensor:
     """``out`` [M / W, N] = this rank's rows of the sum over ranks of ``a`` [M, K] @ ``b`` [K, N] (b
     row-major or nn.Linear's W.t(); torch.matmul reads either), in the units of ``units``."""
@@ -154,9 +145,6 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, units: Cut
     side = side_stream(p, a.device)
     main = torch.cuda.current_stream(a.device) if side is not None else None
 
-    def barrier():
-        launch(barrier_kernel, (1,), (*ws.kernel_args, p.desc), dict(WORLD=world, num_warps=1))
-
     for u, (step, first, count) in enumerate(units.units(world)):
         target, source = (rank + step + 1) % world, (rank - step - 1) % world
         at, nbytes = (u % SLOTS) * units.slot_bytes, count * row_bytes
@@ -164,18 +152,18 @@ def run(p: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, units: Cut
         torch.matmul(a[target * rows + first:][:count], b, out=slot)
         if side is not None and u > 0:
             main.wait_stream(side)  # my copy of unit u-1 is done before I enter barrier u (slot reuse)
-        barrier()
+        p.barrier()
         theirs = ws.peer_buffer(source)[at:at + nbytes].view(a.dtype).view(count, n)
-        with _on(side, main):
+        with on_side(side, main):
             parts[source, first:first + count].copy_(theirs)
     torch.matmul(a[rank * rows:(rank + 1) * rows], b, out=parts[rank])
     if side is None:
-        barrier()  # exit: nobody rewrites a slot (next call) while a peer still copies from it
+        p.barrier()  # exit: nobody rewrites a slot (next call) while a peer still copies from it
     else:
         copied = torch.cuda.Event()
         copied.record(side)
         with torch.cuda.stream(side):
-            barrier()  # exit, beside the own chunk's GEMM and the sum
+            p.barrier()  # exit, beside the own chunk's GEMM and the sum
         main.wait_event(copied)
     _sum(parts, out, world)
     if side is not None:
