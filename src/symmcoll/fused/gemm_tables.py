@@ -55,18 +55,21 @@ def load_table(key: str | None) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def measured_ratios(key: str | None) -> dict:
-    """{(m, n, k): ours / cuBLAS as the tune measured it} of a shipped table (empty if none)."""
+def measured_cells(key: str | None) -> dict:
+    """{(m, n, k): (ours / cuBLAS, cuBLAS us) as the tune measured them} of a shipped table (empty if none;
+    the time is None in a table written before it was kept)."""
     data = read_table(key)
-    return {(e["m"], e["n"], e["k"]): e["ratio"] for e in data.get("entries", ()) if e.get("ratio")}
+    return {(e["m"], e["n"], e["k"]): (e["ratio"], e.get("cublas_us")) for e in data.get("entries", ())
+            if e.get("ratio")}
 
 
-def measured_ratio(m: int, n: int, k: int, device: torch.device) -> float | None:
-    """The core's time over cuBLAS's that the table of ``device``'s GPU measured at exactly (m, n, k)
-    (None: not measured there, or not a GPU). What a one-rank fused op reads to run the core or cuBLAS."""
+def measured_cell(m: int, n: int, k: int, device: torch.device) -> tuple[float, float | None] | None:
+    """(the core's time over cuBLAS's, cuBLAS's time in us) that the table of ``device``'s GPU measured at
+    exactly (m, n, k) (None: not measured there, or not a GPU). What a one-rank fused op reads to run the
+    core or cuBLAS."""
     if device.type == "cpu":
         return None
-    return measured_ratios(device_facts(device)[0]).get((m, n, k))
+    return measured_cells(device_facts(device)[0]).get((m, n, k))
 
 
 def table_of(rows: list[dict]) -> dict:
@@ -149,5 +152,5 @@ def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None 
     path.write_text(json.dumps({"gpu": provenance.get("gpu"), "provenance": provenance, "entries": rows}, indent=1)
                     + "\n")
     load_table.cache_clear()
-    measured_ratios.cache_clear()
+    measured_cells.cache_clear()
     return path
