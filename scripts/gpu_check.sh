@@ -28,7 +28,7 @@ stages=${*:-tests bench}
 # gemm-retune: issue 22 in one call (<= 8 min) -- gemm-tune on the cells of GEMM_TUNE_FROM slower than
 # GEMM_TUNE_ABOVE x cuBLAS, worst first, until GEMM_TUNE_BUDGET s (the table written to $OUT and copied
 # into the package), then gemm-bench: the whole grid beside cuBLAS with that table. GEMM_TUNE_FROM=auto
-# (the default) takes the last committed grid of the GPU that came (H100: issue 22's settled grid).
+# (the default) takes the last committed grid of the GPU that came (both of 2026-11-28).
 case " $stages " in *" gemm-retune "*)
   export GEMM_TUNE_FROM=${GEMM_TUNE_FROM:-auto}
   export GEMM_TUNE_ABOVE=${GEMM_TUNE_ABOVE:-1.05} GEMM_TUNE_BUDGET=${GEMM_TUNE_BUDGET:-150}
@@ -251,8 +251,8 @@ for stage in $stages; do
       key=$(python3 -c 'import torch; from symmcoll.fused.gemm_tables import gpu_key; print(gpu_key(torch.cuda.get_device_name()) or "gpu")')
       if [ "${GEMM_TUNE_FROM:-}" = auto ]; then
         case $key in
-          h100) GEMM_TUNE_FROM=benchmarks/results/2026-11-27-gemm-settled-h100/gemm-h100-bf16-2026-11-27T093110Z.json ;;
-          *) GEMM_TUNE_FROM=benchmarks/results/2026-11-24-gemm-h200/final/gemm-h200-bf16-2026-11-24T054013Z.json ;;
+          h100) GEMM_TUNE_FROM=benchmarks/results/2026-11-28-grid-gpu-state-h100/grid/gemm-h100-bf16-2026-11-28T003009Z.json ;;
+          *) GEMM_TUNE_FROM=benchmarks/results/2026-11-28-gemm-retune-h200/final/gemm-h200-bf16-2026-11-28T040917Z.json ;;
         esac
       fi
       # The table shipped in the package is the base: cells this run does not measure are kept, and what
