@@ -199,6 +199,61 @@ def _split_sum_bits():
     assert gemm.reduce_loads(128, 256, 8) == 1
 
 
+def test_split_tiles_summed_apart_get_the_bits_their_last_part_sums(pools):
+    pools(1).run(_split_sum_apart)
+
+
+def _split_sum_apart():
+    """GemmConfig.sum_apart: the parts of a shared tile store their partials and split_sum_kernel sums them,
+    a few rows of a tile per program, in part order -- the very bits the tile's last part sums in the
+    kernel, for whole tiles beside shared ones (12 whole + 1 in 4 parts, flattened), swapped tiles with
+    B and W^T (3 tiles in 4 parts, odd K), tiles past M and N, and C's tile in halves (4 whole + 2 in
+    2 parts); one sum launch per
+    call, the counters never touched."""
+    from symmcoll import launcher
+    device = torch.device(_device())
+    cases = [(416, 16, 512, GemmConfig(32, 16, 16, 2, 4, False, 4, 1, 1, True), False),
+             (5, 70, 1000, GemmConfig(16, 32, 32, 1, 4, True, 4, 1), False),
+             (5, 70, 1000, GemmConfig(16, 32, 32, 1, 4, True, 4, 1), True),
+             (70, 300, 256, GemmConfig(32, 256, 32, 2, 4, False, 4, 1, tma_store=True), False)]
+    counters = gemm.split_counters(device)
+    for m, n, k, config, b_t in cases:
+        apart = replace(config, sum_apart=True)
+        plan = gemm_configs.split_plan(apart, gemm_configs.tiles_of(apart, m, n), k, 4)
+        assert plan.shared and not plan.stream and plan.sharing >= 2, (apart.label, plan)
+        a, b = _operands(m, n, k, torch.bfloat16, b_t, _device(), m + n)
+        before = launcher.LAUNCH_COUNTS["split_sum_kernel"]
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        gemm.matmul(a, b, out=out, config=apart, programs=4)
+        assert launcher.LAUNCH_COUNTS["split_sum_kernel"] == before + 1, apart.label
+        assert torch.equal(out, gemm.matmul(a, b, config=config, programs=4)), f"{apart.label}: sums differ"
+        assert _rel_err(out, a, b) < 4e-3 and int(counters.abs().sum()) == 0
+    # no shared tile (4 tiles on 4 programs): no second launch
+    before = launcher.LAUNCH_COUNTS["split_sum_kernel"]
+    gemm.matmul(*_operands(40, 64, 100, torch.bfloat16, False, _device(), 1), programs=4,
+                config=GemmConfig(32, 32, 32, 2, 4, False, 4, 1, sum_apart=True))
+    assert launcher.LAUNCH_COUNTS["split_sum_kernel"] == before
+
+
+def test_sum_apart_configs_round_trip_and_are_offered_for_big_split_tiles():
+    """A config that sums apart says so (label /r, the 15th list field; a list without it sums in the
+    kernel), refuses stream-K and two-part tiles, and is a tune candidate for big tiles in many parts
+    past decode (128 x 1280 x 8192: 128 x 128 in 13 parts), never at decode nor for stream-K."""
+    config = GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)
+    assert config.label.endswith("/r") and len(config.as_list()) == 15
+    assert GemmConfig.from_list(config.as_list()) == config
+    assert not GemmConfig.from_list(replace(config, sum_apart=False).as_list()).sum_apart
+    for bad in (dict(stream_k=True), dict(block_n2=32)):
+        with pytest.raises(ValueError, match="sum_apart"):
+            GemmConfig(128, 128, 64, split_k=16, sum_apart=True, **bad)
+    offered = [c for c in gemm_candidates.candidates(128, 1280, 8192) if c.sum_apart]
+    assert any((c.block_m, c.block_n, c.split_k) == (128, 128, 16) for c in offered)
+    for c in offered:
+        plan = gemm_configs.split_plan(c, gemm_configs.tiles_of(c, 128, 1280), 8192, 132 * c.occupancy)
+        assert not c.stream_k and plan.sharing >= gemm_candidates.SUM_APART_MIN_PARTS, c.label
+    assert not any(c.sum_apart for c in gemm_candidates.candidates(64, 1280, 8192))
+
+
 @triton.jit
 def _wave_units(out_ptr, shared_tiles, parts, steps, rounds):
     """(tile, part, first step, end step) of every wave-split unit a program meets, as matmul_kernel walks them."""
@@ -538,9 +593,10 @@ def test_shipped_entries_run_what_they_were_measured_as(key):
     must not move it)."""
     rows = json.loads(gemm_tables.table_path(key).read_text())["entries"]
     for row in rows:
-        # every field spelled out; a two-part tile adds its second width (the 14th), a no-split config has one part
+        # every field spelled out; a two-part tile adds its second width (the 14th), a config that sums apart
+        # the 14th and 15th; a no-split config has one part
         one_part = len(GemmConfig(16, 16, 16).as_list())
-        assert len(row["no_split"]) == one_part and len(row["config"]) in (one_part, one_part + 1), \
+        assert len(row["no_split"]) == one_part and len(row["config"]) in (one_part, one_part + 1, one_part + 2), \
             "shipped tables spell every field out"
         config = GemmConfig.from_list(row["config"]).fitted(2)
         assert row["label"] == config.label
@@ -653,11 +709,12 @@ def test_tuner_offers_wave_split_two_part_tiles_under_one_wave():
     """Where M <= 512 leaves too few two-part tiles for a wave, the tune gets them wave-split: the
     decompositions of SPLIT_TWO_PART_CELLS among the candidates, each split two-part candidate's
     (tile, part) units >= 90% of the SMs and at most all of them, parts of >= 16 k-steps, no tile wider
-    than 96 accumulator values a thread (ptxas spills beyond), at most ~120 candidates a cell; 128x128
+    than 96 accumulator values a thread (ptxas spills beyond), at most ~140 candidates a cell (120 before the
+    configs that sum apart: 18 more at 128x1280); 128x128
     in 3 parts (40 tiles: 120 units) at the 40-tile cells; none past M = 512, at decode or short K."""
     for m, n, tile, parts in SPLIT_TWO_PART_CELLS:
         found = gemm_candidates.candidates(m, n, 8192)
-        assert len(found) <= 120, (m, n, len(found))
+        assert len(found) <= 140, (m, n, len(found))
         split = [c for c in found if c.block_n2 and c.split_k > 1]
         assert any(c.label.startswith(tile) and c.split_k == parts for c in split), (m, n, [c.label for c in split])
         for config in split:
@@ -727,7 +784,8 @@ GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 1
                                                                                    block_n2=16),
                GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32),  # two-part, wave-split
                GemmConfig(128, 64, 64, 8, 1, False, 8, 7, block_n2=32),  # cuBLAS's 128 x 96, one wave, deep
-               GemmConfig(128, 64, 64, 8, 1, False, 8, 8)]  # (a small product's one-wave tile, eight stages)
+               GemmConfig(128, 64, 64, 8, 1, False, 8, 8),  # (a small product's one-wave tile, eight stages)
+               GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)]  # split tiles summed by a second kernel
 
 
 @pytest.mark.gpu
@@ -745,7 +803,8 @@ def test_gpu_matmul_configs(config, shape, b_t):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [GemmConfig(16, 64, 128, 1, 8, True, 4, 5),
-                                    GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16)],  # two-part, 4 parts
+                                    GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16),  # two-part, 4 parts
+                                    GemmConfig(64, 128, 64, 8, 16, False, 4, 4, sum_apart=True)],  # a second kernel
                          ids=lambda c: c.label)
 def test_gpu_split_k_in_graph_replays_with_fresh_data(config):
     a = torch.empty((16, 8192), dtype=torch.bfloat16, device="cuda")

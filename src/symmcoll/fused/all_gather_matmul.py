@@ -260,6 +260,7 @@ def _run_alone_core(plan: Plan, a, b, b_t: bool, out, source: int) -> None:
             core.counters),
            dict(WORLD=1, SOURCE=source, N_PRODUCERS=0, CONSUMERS=core.grid, COPY_COLS=64, COPY_A=False,
                 ALONE_CORE=True, **core.meta))
+    gemm.launch_split_sum(core, out)  # (a config that sums its split tiles apart: the second kernel)
 
 
 def _copy_engine_gather(plan: Plan, a, g, flags, ready, start: int, rows: int, block_m: int) -> None:

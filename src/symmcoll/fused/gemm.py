@@ -27,7 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..launcher import launch, pdl_meta
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, split_plan
-from .gemm_kernel import matmul_kernel
+from .gemm_kernel import matmul_kernel, split_sum_kernel
 from .gemm_tables import gemm_config
 from .gemm_split import reduce_loads, split_counters
 
@@ -130,6 +130,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     src, b_t = b_layout(b, K)
     core = core_launch(a, src, b_t, out, config or gemm_config(M, N, K, a.dtype, a.device), programs)
     launch(matmul_kernel, (core.grid,), core.args, core.meta)
+    launch_split_sum(core, out)
     return out
 
 
@@ -153,12 +154,27 @@ class CoreLaunch:
     partials: torch.Tensor
     counters: torch.Tensor
     meta: dict
+    sum_grid: tuple | None = None  # GemmConfig.sum_apart with shared tiles: split_sum_kernel's grid and meta
+    sum_meta: dict | None = None
 
     @property
     def args(self) -> tuple:
         """``matmul_kernel``'s runtime arguments, in order."""
         return (self.a, self.b, self.b2, self.c, self.M, self.N, self.K, *self.strides, self.whole_tiles,
                 self.sharing, self.slots, self.partials, self.counters)
+
+
+# Elements of a tile split_sum_kernel's program sums (ROWS = this / block_n rows): 128 x 128 tiles in 8-row
+# chunks, 16 a tile, so 10 shared tiles (128 x 1280) give 160 programs, each loading 4 KB per part.
+SUM_ELEMENTS = 1024
+
+
+def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
+    """GemmConfig.sum_apart: after ``core``'s launch, its shared tiles summed into ``out`` (nothing where
+    the launch shares no tile or its config sums in the kernel)."""
+    if core.sum_grid is not None:
+        launch(split_sum_kernel, core.sum_grid, (core.partials, out, core.M, core.N, out.stride(0), core.whole_tiles,
+                                                 core.sharing, core.slots), core.sum_meta)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -173,10 +189,14 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     plan = split_plan(config, tiles, K, nprog)
     units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
     grid = min(nprog, max(units, plan.whole_tiles)) if plan.shared else min(tiles, nprog)
+    sum_apart = config.sum_apart and plan.shared and not plan.stream
     meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.tile_n, config.num_warps) if plan.shared else 1,
-                C_HALVES=config.c_halves, BN2=config.block_n2, **config.meta())
-    return config, tiles, plan, max(1, grid), meta
+                C_HALVES=config.c_halves, BN2=config.block_n2, SUM_APART=sum_apart, **config.meta())
+    rows = min(config.block_m, max(1, SUM_ELEMENTS // config.block_n))
+    sum_grid = (tiles - plan.whole_tiles, config.block_m // rows) if sum_apart else None
+    sum_meta = dict(BM=config.block_m, BN=config.block_n, GROUP_M=config.group_m, ROWS=rows, num_warps=4)
+    return config, tiles, plan, max(1, grid), meta, sum_grid, sum_meta
 
 
 def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor, config: GemmConfig,
@@ -186,7 +206,8 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     programs (default ``programs_for``), descriptors where TMA may load (``use_tma``)."""
     (M, K), N = a.shape, out.shape[1]
     device_type = "meta" if a.device.type == "meta" else a.device.type
-    config, tiles, plan, grid, shape_meta = _core_shape(M, N, K, config, a.element_size(), programs, a.device)
+    config, tiles, plan, grid, shape_meta, sum_grid, sum_meta = _core_shape(M, N, K, config, a.element_size(),
+                                                                            programs, a.device)
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.tile_n,),
                                dtype=torch.float32, device=a.device)
@@ -201,17 +222,19 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     b2_arg = None if not config.block_n2 else b_descriptor(src, b_t, config.block_n2, config.block_k) if tma else src
     tma_store = tma and config.tma_store
     c_arg = c_descriptor(out, M, config) if tma_store else out
+    pdl = pdl_meta(a.device)
     return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                           **shape_meta, **pdl_meta(a.device)))
+                           **shape_meta, **pdl), sum_grid, {**sum_meta, **pdl} if sum_grid else None)
 
 
 def compile_cases(make_workspace):
     """The plain GEMM's launches on meta tensors: large-M TMA, swapped decode tiles with the wave split
     and with stream-K, B given transposed, mid-M stream-K (the last wave shared, and the last full wave
     with it; two programs per SM) and the wave split, C stored in halves through TMA (whole and split
-    tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T; whole and wave-split), the small
+    tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T; whole and wave-split), split tiles
+    summed apart, the small
     products' one-wave and two-per-SM tiles, odd K and N by pointer loads, fp16 and fp32."""
     def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
@@ -247,6 +270,8 @@ def compile_cases(make_workspace):
             # two-part tiles wave-split: 32 tiles x 4 parts = 128 units on 132 SMs (256x2560, 128x1280)
             case(256, 2560, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 4, False, 8, 5, block_n2=32)),
             case(128, 1280, 8192, torch.bfloat16, GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), b_t=True),
+            # the wave split summed apart (GemmConfig.sum_apart): 10 tiles of 128 x 128 in 13 parts, then the sum kernel
+            case(128, 1280, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)),
             # small products (gemm_candidates.small_candidates): one wave of 128 x 64 tiles, two warpgroups,
             # eight stages at 1024^3; two flattened programs per SM at 2048 x 1024 x 1024
             case(1024, 1024, 1024, torch.bfloat16, GemmConfig(128, 64, 64, 8, 1, False, 8, 8)),

@@ -140,6 +140,24 @@ def small_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]
     return found
 
 
+# The wave split's parts summed by a second kernel (GemmConfig.sum_apart) where a big tile is cut into many
+# parts: at M = 65-512 (the narrow-N QKV cells: 128 x 1280 x 8192 ran 12.6 us against cuBLAS's 10.9 on one
+# H200, 2026-11-28, as 40 tiles of 64 x 64 in 3 parts; 10 tiles of 128 x 128 in 13 parts load half the
+# bytes per SM but ran 21 us, their last parts reading 13 partials of 64 KB each alone), tiles of at least
+# SUM_APART_MIN_TILE outputs in at least SUM_APART_MIN_PARTS parts.
+SUM_APART_MIN_TILE = 64 * 128
+SUM_APART_MIN_PARTS = 6
+
+
+def sum_apart_candidates(plans: dict, m: int, base: GemmConfig) -> list[GemmConfig]:
+    """The wave-split configs of ``plans`` (split plan -> config) that sum apart: where M is past decode and
+    at most 512, the tile big and its parts many (see SUM_APART_MIN_TILE)."""
+    if not 64 < m <= 512 or base.block_m * base.block_n < SUM_APART_MIN_TILE or base.block_n2:
+        return []
+    return [replace(config, sum_apart=True) for plan, config in plans.items()
+            if plan.shared and not plan.stream and plan.sharing >= SUM_APART_MIN_PARTS]
+
+
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
     the dimensions each regime cares about (wave splits and stream-K where the last wave of tiles is
@@ -218,6 +236,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
             config = replace(base, split_k=cap, stream_k=stream)
             plans.setdefault(split_plan(config, tiles, k, programs), config)
         found.extend(plans.values())
+        found.extend(sum_apart_candidates(plans, m, base))
     found.extend(two_part_candidates(m, n, k, sms))  # (whole, or wave-split where under one wave)
     found.extend(small_candidates(m, n, k, sms))  # (whole tiles only)
     unique = list(dict.fromkeys(found))

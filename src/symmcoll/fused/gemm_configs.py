@@ -66,7 +66,11 @@ class GemmConfig:
     e.g. 128 + 32 = 160: N = 2560 in 16 column blocks, so 512 x 2560 makes 128 tiles of 64 rows -- one
     wave on 132 SMs), computed as two accumulators from one A block per k-step. Two-part tiles are
     whole or wave-split (``split_k``; no stream-K), straight (no swap) and stored by masked stores (no
-    tma_store)."""
+    tma_store). ``sum_apart``: a wave-split tile's parts store their fp32 partials and a second kernel
+    sums them, every SM a few rows of a tile (gemm_kernel.split_sum_kernel), instead of the tile's last
+    part reading all of them back alone -- one SM's load rate over ``parts`` partials, ~1.4 us per
+    64 KB partial (128 x 128 tiles on one H100), which caps the parts a big tile can be cut into.
+    One part a tile, the wave split only (no stream-K, no two-part tile)."""
 
     block_m: int
     block_n: int
@@ -82,6 +86,7 @@ class GemmConfig:
     split_wave: bool = False
     stream_k: bool = False
     block_n2: int = 0
+    sum_apart: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -104,6 +109,8 @@ class GemmConfig:
             if unsupported:
                 raise ValueError(f"a two-part tile (block_n2={self.block_n2}) is whole or wave-split, straight and "
                                  f"stored by masked stores: {', '.join(unsupported)} not supported")
+        if self.sum_apart and (self.stream_k or self.block_n2):
+            raise ValueError("sum_apart sums the wave split's parts of one-part tiles: not with stream_k or block_n2")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
@@ -145,28 +152,33 @@ class GemmConfig:
                 f"/g{self.group_m}/s{'k' if self.stream_k else ''}{self.split_k}{'+' if self.split_wave else ''}"
                 f"/w{self.num_warps}"
                 f"/p{self.num_stages}"
-                f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}{'/t' if self.tma_store else ''}")
+                f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}{'/t' if self.tma_store else ''}"
+                f"{'/r' if self.sum_apart else ''}")
 
     def as_list(self) -> list:
-        """Every field, in order; ``block_n2`` (the 14th) only where it is set, so the tables written before
-        two-part tiles stay as they are (``from_list``: no 14th field, one part)."""
+        """Every field, in order; ``block_n2`` (the 14th) only where it or ``sum_apart`` (the 15th, only
+        where set) is, so the tables written before either stay as they are (``from_list``: no 14th
+        field, one part; no 15th, the last part sums)."""
+        tail = [self.block_n2, 1] if self.sum_apart else [self.block_n2] if self.block_n2 else []
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
                 self.num_warps, self.num_stages, self.occupancy, int(self.flatten), int(self.tma_store),
-                int(self.split_wave), int(self.stream_k)] + ([self.block_n2] if self.block_n2 else [])
+                int(self.split_wave), int(self.stream_k)] + tail
 
     @staticmethod
     def from_list(values) -> GemmConfig:
         """The inverse of ``as_list``. Older tables' shorter lists mean what they meant when measured:
         up to 11 fields (before stream-K existed) a split is the wave split; 12 fields (written by
         the tune of git 50c1510, where every split was stream-K) a split is stream-K; up to 13 fields
-        (before two-part tiles) a tile has one part (block_n2 = 0)."""
+        (before two-part tiles) a tile has one part (block_n2 = 0); up to 14 (before ``sum_apart``) the
+        last part of a split tile sums it."""
         bm, bn, bk, group, split, swap, warps, stages, *rest = values
         if len(rest) == 4:  # (occupancy, flatten, tma_store, split_wave): the 50c1510 format
             rest = [*rest, int(split > 1)]
-        defaults = [1, 0, 0, 0, 0, 0]
-        occupancy, flatten, tma_store, split_wave, stream_k, block_n2 = (list(rest) + defaults[len(rest):])[:6]
+        defaults = [1, 0, 0, 0, 0, 0, 0]
+        occupancy, flatten, tma_store, split_wave, stream_k, block_n2, sum_apart = \
+            (list(rest) + defaults[len(rest):])[:7]
         return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten),
-                          bool(tma_store), bool(split_wave), bool(stream_k), block_n2)
+                          bool(tma_store), bool(split_wave), bool(stream_k), block_n2, bool(sum_apart))
 
 
 # Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).

@@ -10,7 +10,8 @@ tile stores, and the plain ``matmul``'s persistent kernel (its host side, which 
     grouped_tile    the persistent scheduler's tile order: GROUP_M row blocks sweep the columns
                     together, so a column block of B is reused from L2 (Triton tutorials 03/09).
     split path      the tiles of the last, partial wave shared along K -- stream-K or the wave
-                    split -- and summed by their last part without a second kernel (gemm_split.py).
+                    split -- and summed by their last part without a second kernel (gemm_split.py), or
+                    (GemmConfig.sum_apart) by ``split_sum_kernel`` after it, every SM a few rows.
     matmul_kernel   persistent: whole tiles round-robin over the programs, then each program's
                     stream-K range or wave-split parts (its body is ``persistent_matmul``, which
                     all_gather_matmul's kernel runs too); fused ops run their own kernels on ``k_loop``
@@ -28,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
-from .gemm_split import split_reduce, stream_owner, stream_range, wave_part
+from .gemm_split import split_reduce, store_partial, stream_owner, stream_range, wave_part
 
 
 @triton.jit
@@ -220,10 +221,11 @@ def matmul_kernel(
     C_HALVES: tl.constexpr = 1,  # C's tile stored whole or in two column halves (GemmConfig.c_halves)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
     BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide (no stream-K)
+    SUM_APART: tl.constexpr = False,  # split tiles' partials summed by split_sum_kernel (GemmConfig.sum_apart)
 ):
     persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
                       partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE,
-                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2)
+                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART)
 
 
 @triton.jit
@@ -232,13 +234,14 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                       GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, B_T: tl.constexpr, TMA: tl.constexpr,
                       HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
                       FLATTEN: tl.constexpr, STREAM: tl.constexpr, REDUCE_LOADS: tl.constexpr, C_HALVES: tl.constexpr,
-                      PDL: tl.constexpr, BN2: tl.constexpr):
+                      PDL: tl.constexpr, BN2: tl.constexpr, SUM_APART: tl.constexpr = False):
     """``matmul_kernel``'s whole body (its parameters, in its order): every program of the grid runs its
     whole tiles, then its parts of the split ones. A kernel that calls it compiles the GEMM core's
     tile loop itself -- all_gather_matmul's kernel does alone, where it has nothing to wait for."""
     # (GemmConfig refuses these; the kernel says so too)
     tl.static_assert(BN2 == 0 or not (STREAM or SWAP_AB or TMA_STORE),
                      "two-part tiles: whole or wave-split (no stream-K), straight, masked stores")
+    tl.static_assert(not SUM_APART or not (STREAM or BN2 > 0), "sum_apart: the wave split of one-part tiles")
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN + BN2)
     tiles = num_m * num_n
@@ -296,7 +299,11 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                 part = program - opener
             else:
                 parts = tl.where(in_whole, 1, sharing)
-            if parts > 1:
+            if SUM_APART:  # a shared tile's part leaves its partial to split_sum_kernel
+                if parts > 1:
+                    store_partial(acc, partials_ptr, t, part, slots, BM, BN)
+                is_last = parts == 1
+            elif parts > 1:
                 if BN2 > 0:  # both parts' partials, one counter bump; the last part sums each
                     is_last, acc, acc2 = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN,
                                                       REDUCE_LOADS, acc2, BN2)
@@ -321,3 +328,26 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                 acc2 = None
             release_dependents(PDL)  # (the first call counts: the next kernel's launch overlaps what follows)
             store_result(c_ptr, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES, acc2, BN2)
+
+
+@triton.jit
+def split_sum_kernel(
+    # GemmConfig.sum_apart: C's shared tiles [whole_tiles, tiles) of matmul_kernel's launch before this one,
+    # each the sum in part order of its `sharing` fp32 partials (slots [shared tile, slots, BM, BN], row-major:
+    # gemm_split.store_partial) -- the bits the tile's last part would have summed (gemm_split.sum_slots).
+    partials_ptr, c_ptr, M, N, stride_c, whole_tiles, sharing, slots,
+    BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+    ROWS: tl.constexpr,  # rows of a tile per program: program (shared tile, row chunk)
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for matmul_kernel first
+):
+    t = tl.program_id(0)
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BN)
+    pid_m, pid_n = grouped_tile(whole_tiles + t, tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    wait_prior_grid(PDL)
+    release_dependents(PDL)  # (the next kernel still waits for all of this one before touching memory)
+    base = partials_ptr + tl.cast(t, tl.int64) * slots * (BM * BN) + rows[:, None] * BN + cols[None, :]
+    total = tl.zeros([ROWS, BN], tl.float32)
+    for part in range(0, sharing):
+        total += tl.load(base + part * (BM * BN), cache_modifier=".cg")
+    store_tile(c_ptr, total, pid_m * BM + rows, pid_n * BN + cols, M, N, stride_c)

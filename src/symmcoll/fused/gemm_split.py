@@ -13,6 +13,8 @@ from gemm_configs.split_plan) and how the parts of a shared tile are summed.
                     result does not depend on who came last), a few slots per round trip
                     (``reduce_loads``), resets the counter (graph replays need no host work) and
                     owns the epilogue. Nobody waits.
+    store_partial   GemmConfig.sum_apart instead of split_reduce: the part's partial stored row-major,
+                    summed by a second kernel (gemm_kernel.split_sum_kernel), every SM a few rows.
     split_counters  the zeroed per-tile counters: one table per (device, stream) for launches made
                     eagerly; for a launch captured into a CUDA graph, a slice of its own of one
                     zeroed arena made outside any capture (no fill kernel in the graph).
@@ -150,6 +152,15 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: 
         return is_last, from_slot_order(total, BM, BN), from_slot_order(total2, BM, BN2)
     else:
         return is_last, from_slot_order(total, BM, BN)
+
+
+@triton.jit
+def store_partial(acc, partials_ptr, tile, part, slots, BM: tl.constexpr, BN: tl.constexpr):
+    """GemmConfig.sum_apart: this part's fp32 partial of shared ``tile`` into its slot, row-major (no
+    counter, nobody sums here: gemm_kernel.split_sum_kernel reads a few rows of every slot of a tile
+    per program, after this kernel)."""
+    base = partials_ptr + (tl.cast(tile, tl.int64) * slots + part) * (BM * BN)
+    tl.store(base + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :], acc)
 
 
 _COUNTERS: dict = {}
