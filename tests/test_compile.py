@@ -90,7 +90,7 @@ def test_kernel_compiles_for_sm90(spec):
 
 # The GEMM core's tune candidates for the narrow-N cells at M = 1024-4096 (gemm_candidates.candidates): C
 # stored in halves through TMA (128x256, whole and split: 166-254 registers), the deep pipelines (128x128 at
-# five and six stages, 128x256 / 256x128 at four), whole and shared (the wave split, stream-K).
+# five and six stages, 128x256 / 256x128 at four), whole and shared (the wave split, stream-K, summed apart).
 NARROW_N_TILES = [(8192, 8192, 1024, (128, 256, 64, 16, 1, False, 8, 3, 1, True, True)),
                   (1024, 2560, 8192, (128, 256, 64, 8, 4, False, 8, 3, 1, True, True)),
                   (1024, 2560, 8192, (128, 256, 64, 8, 4, False, 8, 3, 1, False, True)),
@@ -98,7 +98,11 @@ NARROW_N_TILES = [(8192, 8192, 1024, (128, 256, 64, 16, 1, False, 8, 3, 1, True,
                   (1024, 2560, 8192, (128, 128, 64, 8, 4, False, 8, 6, 1, False, False, False, True)),
                   (1024, 2560, 8192, (128, 128, 64, 8, 4, False, 8, 5, 1, True, True)),
                   (1024, 2560, 8192, (128, 256, 64, 8, 4, False, 8, 4)),
-                  (1024, 2560, 8192, (256, 128, 64, 8, 4, False, 8, 4))]
+                  (1024, 2560, 8192, (256, 128, 64, 8, 4, False, 8, 4)),
+                  # the wave split summed apart (sum_apart, the 15th field) at the QKV cell 128x1280: 10 tiles in 13
+                  # parts (128x128 p6: 98 registers against 128 summing in the kernel), 5 in 16 (128x256 p4: 181)
+                  (128, 1280, 8192, (128, 128, 64, 8, 16, False, 8, 6, 1, False, False, False, False, 0, True)),
+                  (128, 1280, 8192, (128, 256, 64, 8, 16, False, 8, 4, 1, False, False, False, False, 0, True))]
 
 
 @pytest.mark.parametrize("m, n, k, fields", NARROW_N_TILES, ids=lambda v: str(v))
