@@ -75,15 +75,17 @@ def test_group_of_one_copies_a_in_the_kernel():
         assert launch.run(_check, 1, algorithm, 45, 100, (70, 8), torch.bfloat16, 1, device=DEVICE) == [True]
 
 
-def _alone_core(split_k):
+def _alone_core(split_k, sum_apart=False):
     """World size 1, C only, each kernel variant: one launch of ag_matmul_kernel (the variant's own
     kernel; no matmul_kernel launch) whose C equals the GEMM core's bit for bit on the same data and
     config -- with split_k > 1 the last wave's tiles split along K (45 x 70 in 32 x 32 tiles: 6 tiles on
-    4 interpreted programs), which a fused op with peers never runs."""
+    4 interpreted programs), which a fused op with peers never runs; a config that sums its split tiles
+    apart adds the core's sum launch (gemm_kernel.split_sum_kernel)."""
     from symmcoll import launcher
     from symmcoll.fused import gemm
     from symmcoll.fused.gemm_configs import CPU_CONFIG
-    config = replace(CPU_CONFIG, split_k=split_k)
+    config = replace(CPU_CONFIG, split_k=split_k, sum_apart=sum_apart)
+    launches = {"ag_matmul_kernel": 1, **({"split_sum_kernel": 1} if sum_apart else {})}
     saved = agmm.gemm_config
     agmm.gemm_config = lambda *args, **kwargs: config
     try:
@@ -93,7 +95,7 @@ def _alone_core(split_k):
             before = dict(launcher.LAUNCH_COUNTS)
             out = symmcoll.all_gather_matmul(a, b, algorithm=algorithm)
             ran = {k: v - before.get(k, 0) for k, v in launcher.LAUNCH_COUNTS.items() if v != before.get(k, 0)}
-            assert ran == {"ag_matmul_kernel": 1}, f"{algorithm}: launches {ran}"
+            assert ran == launches, f"{algorithm}: launches {ran}"
             assert torch.equal(out, gemm.matmul(a, b, config=config)), f"{algorithm}: C differs from the core's"
             ref = a.float() @ b.float()
             err = float((out.float() - ref).norm() / ref.norm())
@@ -103,9 +105,9 @@ def _alone_core(split_k):
     return True
 
 
-@pytest.mark.parametrize("split_k", [1, 2])
-def test_group_of_one_without_gathered_a_runs_the_core_loop(split_k):
-    assert launch.run(_alone_core, 1, split_k, device=DEVICE) == [True]
+@pytest.mark.parametrize("split_k, sum_apart", [(1, False), (2, False), (2, True)])
+def test_group_of_one_without_gathered_a_runs_the_core_loop(split_k, sum_apart):
+    assert launch.run(_alone_core, 1, split_k, sum_apart, device=DEVICE) == [True]
 
 
 # Shapes of the fused bench's all_gather_matmul grid whose H100 table configs differ in kind: 64x64x128
