@@ -330,7 +330,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
             store_result(c_ptr, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES, acc2, BN2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPLIT_COUNTS)
 def split_sum_kernel(
     # GemmConfig.sum_apart: C's shared tiles [whole_tiles, tiles) of matmul_kernel's launch before this one,
     # each the sum in part order of its `sharing` fp32 partials (slots [shared tile, slots, BM, BN], row-major:
