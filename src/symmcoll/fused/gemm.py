@@ -193,10 +193,12 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.tile_n, config.num_warps) if plan.shared else 1,
                 C_HALVES=config.c_halves, BN2=config.block_n2, SUM_APART=sum_apart, **config.meta())
-    rows = min(config.block_m, max(1, SUM_ELEMENTS // config.block_n))
-    sum_grid = (tiles - plan.whole_tiles, config.block_m // rows) if sum_apart else None
-    sum_meta = dict(BM=config.block_m, BN=config.block_n, GROUP_M=config.group_m, ROWS=rows, num_warps=4)
-    return config, tiles, plan, max(1, grid), meta, sum_grid, sum_meta
+    summing = None  # (split_sum_kernel's grid, its constexprs) where the config sums its shared tiles apart
+    if sum_apart:
+        rows = min(config.block_m, max(1, SUM_ELEMENTS // config.block_n))
+        summing = ((tiles - plan.whole_tiles, config.block_m // rows),
+                   dict(BM=config.block_m, BN=config.block_n, GROUP_M=config.group_m, ROWS=rows, num_warps=4))
+    return config, tiles, plan, max(1, grid), meta, summing
 
 
 def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor, config: GemmConfig,
@@ -206,13 +208,17 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     programs (default ``programs_for``), descriptors where TMA may load (``use_tma``)."""
     (M, K), N = a.shape, out.shape[1]
     device_type = "meta" if a.device.type == "meta" else a.device.type
-    config, tiles, plan, grid, shape_meta, sum_grid, sum_meta = _core_shape(M, N, K, config, a.element_size(),
-                                                                            programs, a.device)
+    config, tiles, plan, grid, shape_meta, summing = _core_shape(M, N, K, config, a.element_size(), programs,
+                                                                 a.device)
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.tile_n,),
                                dtype=torch.float32, device=a.device)
-        counters = split_counters(a.device, tiles - plan.whole_tiles) if a.device.type != "meta" else torch.empty(
-            MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
+        if summing:  # no counter is bumped: a captured launch takes no slice of the arena
+            counters = partials  # (unused)
+        elif a.device.type != "meta":
+            counters = split_counters(a.device, tiles - plan.whole_tiles)
+        else:
+            counters = torch.empty(MAX_SPLIT_TILES, dtype=torch.int32, device="meta")
     else:
         partials, counters = out, out  # (unused)
     tma = use_tma(device_type, a, src, out)
@@ -226,7 +232,7 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                           **shape_meta, **pdl), sum_grid, {**sum_meta, **pdl} if sum_grid else None)
+                           **shape_meta, **pdl), *((summing[0], {**summing[1], **pdl}) if summing else ()))
 
 
 def compile_cases(make_workspace):
