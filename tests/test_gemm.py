@@ -982,6 +982,21 @@ def test_one_fused_shape_can_be_named_on_a_command_line():
     assert not any(named(s[0], ["fused-1024x1024"]) for s in SHAPES)
 
 
+
+def test_fused_shapes_are_tuned_with_the_inputs_their_bench_reuses():
+    """The tune times FUSED_SHAPES' cells on one input set (the fused ops' bench calls the same tensors every
+    time: L2-warm where they fit) and the grid's cells rotating through sets past L2 (weights from HBM)."""
+    from symmcoll.bench.gemm import MAX_SETS, SHAPES, make_cell
+    from symmcoll.bench.gemm_tune import FUSED_SHAPES, is_fused_shape
+    assert all(is_fused_shape(name) for name, _, _ in FUSED_SHAPES)
+    assert not any(is_fused_shape(name) for name, _, _ in SHAPES) and not is_fused_shape("fused")
+    device = torch.device("cpu")
+    rotating = make_cell("70b-tp8 qkv", 4, 32, 64, torch.bfloat16, device)
+    warm = make_cell("fused 1024x1024", 4, 32, 64, torch.bfloat16, device, rotate=False)
+    assert len(rotating.sets) == MAX_SETS and len(warm.sets) == 1  # (tiny sets: the most there may be)
+    # the same seed, the same first set either way
+    assert torch.equal(rotating.sets[0][0], warm.sets[0][0]) and torch.equal(rotating.sets[0][1], warm.sets[0][1])
+
 # ---- which kernels cuBLAS runs (bench/cublas_kernels.py) -------------------------------------------------
 
 # Names cuBLAS gave its kernels in public Hopper traces (vLLM / SGLang profiles), what they say.

@@ -97,10 +97,14 @@ class Cell:
         return self.n * self.k * self.sets[0][1].element_size()
 
 
-def make_cell(name: str, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Cell:
+def make_cell(name: str, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int = 0,
+              rotate: bool = True) -> Cell:
+    """The cell's input sets: enough to rotate through ``ROTATE_BYTES`` (every call reads its inputs from
+    HBM, as a layer's weights are), or one (``rotate=False``: the same inputs every call, L2-warm where
+    they fit -- how the fused ops' bench calls them)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     per_set = (m * k + k * n + m * n) * dtype.itemsize
-    count = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / per_set)))
+    count = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / per_set))) if rotate else 1
     sets = []
     for _ in range(count):
         a = torch.randn((m, k), device=device, dtype=torch.float32, generator=gen).to(dtype)
