@@ -42,35 +42,32 @@ def configs() -> list[GemmConfig]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--replays", type=int, default=10)
-    args = parser.parse_args()
-    # Every tile shared, whatever the partial wave's size (the default argument is read at each call).
-    gemm_configs.stream_split.__defaults__ = (1.0,)
+def run_probe(cells, candidates, out: Path, replays: int) -> None:
+    """Each cell's table config, then ``candidates(cell)``, beside cuBLAS on the same data (each result
+    checked against fp32 before it is timed); rows written to ``out`` (JSON) with the GPU's facts."""
     device = current_gpu()
     rows = []
-    for name, m, n, k in CELLS:
+    for name, m, n, k in cells:
         cell = make_cell(name, m, n, k, DTYPES["bf16"], device)
-        cublas_us = timed_us(cublas(cell), args.replays)
+        cublas_us = timed_us(cublas(cell), replays)
         cublas_err = check(cell, cublas(cell))
         table = gemm_config(m, n, k, torch.bfloat16, device)
-        for config in [table] + configs():
+        for config in [table] + candidates((name, m, n, k)):
             fitted = config.fitted(2)
             tiles = math.ceil(m / fitted.block_m) * math.ceil(n / fitted.tile_n)
             plan = split_plan(fitted, tiles, k, programs_for(fitted, device))
-            row = dict(shape=name, m=m, n=n, k=k, config=config.label, table=config is table, tiles=tiles,
-                       whole_tiles=plan.whole_tiles, sharing=plan.sharing, stream=plan.stream,
+            row = dict(shape=name, m=m, n=n, k=k, config=config.label, ran=fitted.label, table=config is table,
+                       tiles=tiles, whole_tiles=plan.whole_tiles, sharing=plan.sharing, stream=plan.stream,
                        cublas_us=cublas_us, cublas_rel_err=cublas_err)
             try:
                 err = check(cell, ours(cell, config))
             except Exception as exc:  # noqa: BLE001 - a config that cannot run is reported, not fatal
                 rows.append(dict(row, error=f"{type(exc).__name__}: {exc}"[:300]))
+                print(f"{name:<16} M={m:<4} {config.label:<30} {type(exc).__name__}", flush=True)
                 continue
             row["rel_err"] = err
             if err <= MAX_REL_ERR:
-                row["us"] = timed_us(ours(cell, config), args.replays)
+                row["us"] = timed_us(ours(cell, config), replays)
                 row["ratio"] = row["us"] / cublas_us
             rows.append(row)
             print(f"{name:<16} M={m:<4} {config.label:<30} tiles {tiles:<3} shared by {plan.sharing:<3} "
@@ -78,9 +75,19 @@ def main() -> None:
                   f"  err {err:.1e}{'  (table)' if config is table else ''}", flush=True)
         del cell
         torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(dict(provenance=gpu_facts(), rows=rows), indent=1))
-    print(f"written: {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(provenance=gpu_facts(), rows=rows), indent=1))
+    print(f"written: {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--replays", type=int, default=10)
+    args = parser.parse_args()
+    # Every tile shared, whatever the partial wave's size (the default argument is read at each call).
+    gemm_configs.stream_split.__defaults__ = (1.0,)
+    run_probe(CELLS, lambda cell: configs(), args.out, args.replays)
 
 
 if __name__ == "__main__":
