@@ -102,7 +102,10 @@ NARROW_N_TILES = [(8192, 8192, 1024, (128, 256, 64, 16, 1, False, 8, 3, 1, True,
                   # the wave split summed apart (sum_apart, the 15th field) at the QKV cell 128x1280: 10 tiles in 13
                   # parts (128x128 p6: 98 registers against 128 summing in the kernel), 5 in 16 (128x256 p4: 181)
                   (128, 1280, 8192, (128, 128, 64, 8, 16, False, 8, 6, 1, False, False, False, False, 0, True)),
-                  (128, 1280, 8192, (128, 256, 64, 8, 16, False, 8, 4, 1, False, False, False, False, 0, True))]
+                  (128, 1280, 8192, (128, 256, 64, 8, 16, False, 8, 4, 1, False, False, False, False, 0, True)),
+                  # the deep pipelines past the candidates' 200 KB budget (gemm_candidates.DEEP_STAGES): 216 / 224 KB
+                  (128, 5120, 8192, (64, 128, 64, 8, 1, False, 4, 9)),
+                  (128, 2560, 8192, (64, 64, 128, 8, 4, False, 4, 7))]
 
 
 @pytest.mark.parametrize("m, n, k, fields", NARROW_N_TILES, ids=lambda v: str(v))

@@ -12,11 +12,17 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .gemm_configs import (MAX_SPLIT, SMEM_BYTES, GemmConfig, SplitPlan, pow2_at_least, split_plan, tiles_of,
+from .gemm_configs import (MAX_SPLIT, SMEM_BUDGET, SMEM_BYTES, GemmConfig, SplitPlan, pow2_at_least, split_plan, tiles_of,
                            untuned_config)
 
 # Deep-pipeline candidates above M = 512 where the tiles of 128x128 make at most this many waves.
 DEEP_MAX_WAVES = 3
+# Pipelines past SMEM_BUDGET, up to what a block may take (SMEM_BYTES), at M = 128-512: there the one-wave
+# cells' time follows the operand bytes each SM keeps in flight (70b-tp2 qkv M = 128 on an H200: 64x128x64
+# 42.4 us at 4 stages, 30.7 at 6, 29.1 at 8, 28.7 at 9; 70b-tp4 qkv M = 128: 64x64x128 18.2 us at 6
+# stages, 17.4 at 7 -- results/2026-11-28-sum-apart-h200/deep-stages; slower at 70b gate_up, M = 128).
+DEEP_STAGES = (GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=9),
+               GemmConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=7))
 
 
 # Two-part tiles (GemmConfig.block_n2): (rows, warps, first part, second part) -- widths 80, 96, 144, 160,
@@ -71,7 +77,7 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
             depths = ONE_WAVE_STAGES if one_wave else TWO_PART_STAGES if split == 1 else TWO_PART_SPLIT_STAGES
             for stages in depths:
                 found.append(GemmConfig(bm, bn, 64, group_m=8, split_k=split, num_warps=warps, num_stages=stages,
-                                        block_n2=bn2).fitted(2))
+                                        block_n2=bn2).fitted(2, SMEM_BUDGET))
     return list(dict.fromkeys(found))
 
 
@@ -195,6 +201,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
                                           (256, 128, 64, 8, 4), (64, 128, 64, 4, 6), (64, 128, 64, 4, 8),
                                           (64, 64, 128, 4, 6)):
             bases.append(GemmConfig(bm, bn, bk, group_m=8, num_warps=warps, num_stages=stages))
+        bases.extend(DEEP_STAGES)
     if m > 512:  # compute-bound: the big tiles, their pipelines, the epilogue under the next tile's loads
         for bm, bn, bk, warps, stages in ((128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
                                           (128, 128, 128, 8, 3)):
@@ -220,7 +227,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
                                     tma_store=store))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
-        base = base.fitted(2)
+        base = base.fitted(2, SMEM_BYTES if base in DEEP_STAGES else SMEM_BUDGET)
         programs = sms * base.occupancy
         tiles = tiles_of(base, m, n)
         # caps of parts (wave split) and of programs (stream-K) per tile; only splits that differ run.
@@ -240,4 +247,10 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     found.extend(two_part_candidates(m, n, k, sms))  # (whole, or wave-split where under one wave)
     found.extend(small_candidates(m, n, k, sms))  # (whole tiles only)
     unique = list(dict.fromkeys(found))
-    return [c for c in unique if c.smem_bytes(2) <= SMEM_BYTES // c.occupancy]
+    return [c for c in unique if c.smem_bytes(2) <= (SMEM_BYTES if _deep(c) else SMEM_BUDGET) // c.occupancy]
+
+
+def _deep(config: GemmConfig) -> bool:
+    """Whether ``config`` is one of DEEP_STAGES' pipelines (split or not), allowed past SMEM_BUDGET."""
+    whole = replace(config, split_k=1, stream_k=False, split_wave=False, sum_apart=False)
+    return whole in DEEP_STAGES
