@@ -785,7 +785,8 @@ GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 1
                GemmConfig(128, 128, 64, 8, 4, False, 8, 4, block_n2=32),  # two-part, wave-split
                GemmConfig(128, 64, 64, 8, 1, False, 8, 7, block_n2=32),  # cuBLAS's 128 x 96, one wave, deep
                GemmConfig(128, 64, 64, 8, 1, False, 8, 8),  # (a small product's one-wave tile, eight stages)
-               GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)]  # split tiles summed by a second kernel
+               GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True),  # split tiles summed by a second kernel
+               GemmConfig(64, 128, 64, 8, 1, False, 4, 9), GemmConfig(64, 64, 128, 8, 4, False, 4, 7)]  # 216 / 224 KB
 
 
 @pytest.mark.gpu
