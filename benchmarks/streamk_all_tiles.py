@@ -70,8 +70,9 @@ def run_probe(cells, candidates, out: Path, replays: int) -> None:
                 row["us"] = timed_us(ours(cell, config), replays)
                 row["ratio"] = row["us"] / cublas_us
             rows.append(row)
+            us, ratio = row.get("us", float("nan")), row.get("ratio", float("nan"))
             print(f"{name:<16} M={m:<4} {config.label:<30} tiles {tiles:<3} shared by {plan.sharing:<3} "
-                  f"{row.get('us', float('nan')):7.1f} us  cuBLAS {cublas_us:7.1f}  x{row.get('ratio', float('nan')):.3f}"
+                  f"{us:7.1f} us  cuBLAS {cublas_us:7.1f}  x{ratio:.3f}"
                   f"  err {err:.1e}{'  (table)' if config is table else ''}", flush=True)
         del cell
         torch.cuda.empty_cache()

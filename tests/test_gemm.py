@@ -991,7 +991,8 @@ def test_only_the_deep_pipelines_pass_the_candidates_shared_memory_budget():
     offered at M = 128-512 only."""
     from symmcoll.fused.gemm_candidates import DEEP_STAGES
     from symmcoll.fused.gemm_configs import SMEM_BUDGET, SMEM_BYTES
-    assert SMEM_BUDGET < min(c.smem_bytes(2) for c in DEEP_STAGES) <= max(c.smem_bytes(2) for c in DEEP_STAGES) <= SMEM_BYTES
+    deep_bytes = [c.smem_bytes(2) for c in DEEP_STAGES]
+    assert SMEM_BUDGET < min(deep_bytes) <= max(deep_bytes) <= SMEM_BYTES
     assert all(c.fitted(2) == c and c.fitted(2, SMEM_BUDGET).num_stages < c.num_stages for c in DEEP_STAGES)
     for m in (1, 16, 64, 128, 200, 256, 512, 1024, 4096, 16384):
         for n, k in ((1280, 8192), (28672, 8192), (1024, 1024), (100, 72), (8192, 1000)):

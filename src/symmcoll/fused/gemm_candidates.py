@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .gemm_configs import (MAX_SPLIT, SMEM_BUDGET, SMEM_BYTES, GemmConfig, SplitPlan, pow2_at_least, split_plan, tiles_of,
-                           untuned_config)
+from .gemm_configs import (MAX_SPLIT, SMEM_BUDGET, SMEM_BYTES, GemmConfig, SplitPlan, pow2_at_least, split_plan,
+                           tiles_of, untuned_config)
 
 # Deep-pipeline candidates above M = 512 where the tiles of 128x128 make at most this many waves.
 DEEP_MAX_WAVES = 3
