@@ -1,0 +1,110 @@
+"""Where a GEMM call's time goes, kernel by kernel (issue 22, written 2026-11-28 for the next GPU session).
+
+Why: on the H200, 70b-tp8 qkv (128 x 1280 x 8192) runs 12.0-12.8 us against cuBLAS's 10.9 with 20 tiles of
+64 x 128 in 6 parts summed apart, while 10 tiles of 128 x 128 in 13 parts -- B read once, half the bytes per
+SM -- ran 15.7 us (results/2026-11-28-sum-apart-h200). The graph-replay time alone does not say whether the
+main kernel, the sum kernel or the gap between them costs it. Here each config (and cuBLAS) is captured in a
+CUDA graph, checked against fp32, and REPLAYS replays are traced with torch.profiler (CUDA activities):
+per kernel its median duration, and per replay the span from the first kernel's start to the last one's end
+and the idle time between kernels. Run in a process of its own (the profiler stays attached to it).
+
+    python3 benchmarks/gemm_kernel_times.py --out $OUT/kernel_times.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from symmcoll.bench.gemm import DTYPES, MAX_REL_ERR, check, cublas, current_gpu, gpu_facts, make_cell, ours
+from symmcoll.bench.kernel_share import KERNEL_CATEGORIES, trace_events
+from symmcoll.fused.gemm_configs import GemmConfig
+from symmcoll.fused.gemm_tables import gemm_config
+
+REPLAYS = 20
+# (shape, m, n, k, configs beside the table's)
+CELLS = [
+    ("70b-tp8 qkv", 128, 1280, 8192, [GemmConfig(128, 128, 64, 8, 16, False, 8, 4, sum_apart=True),
+                                      GemmConfig(64, 128, 64, 8, 16, False, 4, 6),
+                                      GemmConfig(64, 64, 128, 8, 4, False, 4, 6)]),
+    ("70b-tp8 qkv", 512, 1280, 8192, [GemmConfig(64, 128, 64, 8, 4, False, 4, 8),
+                                      GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)]),
+    ("70b-tp2 qkv", 128, 5120, 8192, [GemmConfig(64, 128, 64, 8, 1, False, 4, 8),
+                                      GemmConfig(128, 128, 64, 8, 2, False, 8, 6)]),
+]
+
+
+def replay_times(events: list[dict]) -> dict:
+    """Per kernel name its median duration (us); per replay the span and the idle time between kernels,
+    replays told apart by gaps over 20 us (each replay is launched 1 ms after the last finished: ``traced``)."""
+    kernels = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES),
+                     key=lambda e: float(e["ts"]))
+    durations: dict[str, list[float]] = {}
+    for e in kernels:
+        durations.setdefault(e["name"], []).append(float(e["dur"]))
+    replays, current = [], []
+    for e in kernels:
+        if current and float(e["ts"]) - max(float(c["ts"]) + float(c["dur"]) for c in current) > 20.0:
+            replays.append(current)
+            current = []
+        current.append(e)
+    if current:
+        replays.append(current)
+    spans = [max(float(e["ts"]) + float(e["dur"]) for e in r) - float(r[0]["ts"]) for r in replays]
+    busy = [sum(float(e["dur"]) for e in r) for r in replays]
+    return dict(kernels={name: statistics.median(d) for name, d in durations.items()},
+                kernel_counts={name: len(d) for name, d in durations.items()}, replays=len(replays),
+                span_us=statistics.median(spans), idle_us=statistics.median(s - b for s, b in zip(spans, busy)))
+
+
+def traced(calls) -> dict:
+    """REPLAYS replays of a CUDA graph of ``calls[0]``, each after the previous finished (a host sync
+    between them), traced."""
+    call = calls[0]
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for _ in range(3):
+        graph.replay()
+
+    def replay_and_wait():
+        graph.replay()
+        time.sleep(0.001)  # (a gap the replays are told apart by)
+
+    return replay_times(trace_events(replay_and_wait, REPLAYS))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    device = current_gpu()
+    rows = []
+    for name, m, n, k, extra in CELLS:
+        cell = make_cell(name, m, n, k, DTYPES["bf16"], device)
+        sides = [("cublas", None, cublas(cell))]
+        for config in [gemm_config(m, n, k, torch.bfloat16, device)] + extra:
+            sides.append((config.label, config, ours(cell, config)))
+        for label, config, calls in sides:
+            err = check(cell, calls)
+            row = dict(shape=name, m=m, n=n, k=k, side=label, rel_err=err)
+            if err <= MAX_REL_ERR:
+                row.update(traced(calls))
+            rows.append(row)
+            kernels = ", ".join(f"{kname[:40]} {us:.1f}" for kname, us in row.get("kernels", {}).items())
+            print(f"{name:<12} M={m:<4} {label:<30} span {row.get('span_us', float('nan')):6.1f} us  "
+                  f"idle {row.get('idle_us', float('nan')):5.1f}  [{kernels}]  err {err:.1e}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(dict(provenance=gpu_facts(), rows=rows), indent=1))
+    print(f"written: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
