@@ -1304,3 +1304,24 @@ def test_gpu_cublas_kernels_of_two_cells_are_named_and_read():
         assert row.get("cublas_kernels"), row
         tiling = cublas_tiling(main_kernel(row))
         assert tiling.family is not None, row
+
+
+def test_kernel_times_split_replays_and_count_the_gaps_between_kernels():
+    """benchmarks/gemm_kernel_times.py's reading of a trace: replays told apart by gaps over 20 us, per kernel
+    its median duration, per replay the span and the idle time between its kernels (what a sum kernel launched
+    after the main one costs beyond its own run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gemm_kernel_times",
+                                                  SRC.parent.parent / "benchmarks" / "gemm_kernel_times.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    events = [dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=0.0, dur=5.0)]
+    for replay, (main, gap, summing) in enumerate(((9.0, 1.5, 1.0), (10.0, 2.5, 1.2), (9.5, 1.0, 0.8))):
+        start = 1000.0 * replay
+        events += [dict(ph="X", cat="kernel", name="matmul_kernel", ts=start, dur=main),
+                   dict(ph="X", cat="kernel", name="split_sum_kernel", ts=start + main + gap, dur=summing)]
+    times = module.replay_times(events)
+    assert times["replays"] == 3 and times["kernel_counts"] == {"matmul_kernel": 3, "split_sum_kernel": 3}
+    assert times["kernels"] == {"matmul_kernel": 9.5, "split_sum_kernel": 1.0}
+    assert times["span_us"] == pytest.approx(11.5) and times["idle_us"] == pytest.approx(1.5)
