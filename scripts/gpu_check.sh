@@ -8,6 +8,7 @@
 #                                                            [roofline-bench] [roofline-shared] [semantics]
 #                                                            [restructure] [random-calls] [host] [desc-cost]
 #                                                            [multi-diagnose] [rs-lag] [quant-variants] [ag-ce] [mrs-chunked]
+#                                                            [gemm-probe]
 #   (default: tests bench). "shared" is for a one-GPU machine: ranks share GPU 0 (correctness, compile,
 #   graphs, host overhead; no bandwidth), benchmarks/shared_gpu_check.py.
 # and call the device tool with carry=[".symmcoll-sha"]. The whole GPU test suite takes longer than one
@@ -266,6 +267,23 @@ for stage in $stages; do
         | tee "$OUT/gemm_tune.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       [ -f "$OUT/gemm_$key.json" ] && cp "$OUT/gemm_$key.json" src/symmcoll/data/
+      ;;
+    gemm-probe)
+      # Issue 22's GEMM experiments, each a script of benchmarks/ that checks every config against fp32 before
+      # timing it beside the table's config and cuBLAS (~30 s each on an H200): GEMM_PROBES (default
+      # "kernel-times") picks them -- kernel-times (gemm_kernel_times.py: a call's time kernel by kernel),
+      # deep-stages (gemm_deep_stages.py: pipelines past the 200 KB budget), streamk-all (streamk_all_tiles.py:
+      # stream-K over every tile of one-wave cells). Each writes $OUT/<probe>.json and its log.
+      for probe in ${GEMM_PROBES:-kernel-times}; do
+        case $probe in
+          kernel-times) script=gemm_kernel_times.py ;;
+          deep-stages) script=gemm_deep_stages.py ;;
+          streamk-all) script=streamk_all_tiles.py ;;
+          *) echo "gemm-probe: unknown probe $probe" >&2; status=1; continue ;;
+        esac
+        timeout ${GEMM_PROBE_TIMEOUT:-200} python3 "benchmarks/$script" --out "$OUT/$probe.json" 2>&1 | tee "$OUT/$probe.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
       ;;
     gemm-bench)
       # The GEMM core beside cuBLAS over the serving grid (bf16; GEMM_DTYPE=fp16), with its plot. Each row
