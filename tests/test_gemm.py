@@ -1008,6 +1008,15 @@ def test_only_the_deep_pipelines_pass_the_candidates_shared_memory_budget():
                 assert config.fitted(2) == config, (table.name, entry["m"], entry["n"], entry["k"], config.label)
                 assert config.smem_bytes(2) <= SMEM_BUDGET // config.occupancy or config.num_stages in (7, 9), \
                     (table.name, config.label)
+    # the fused ops' kernels (split=False) keep the budget's room for their epilogues: the H200 table's deep
+    # entries come to them one stage shallower; the core (split=True) runs them as measured
+    meta = torch.device("meta")
+    for m, n, k in ((128, 5120, 8192), (128, 2560, 8192), (256, 1280, 8192)):
+        fused = gemm_tables.gemm_config(m, n, k, torch.bfloat16, meta, split=False)
+        assert fused.smem_bytes(2) <= SMEM_BUDGET and fused.split_k == 1, (m, n, k, fused.label)
+    deep_core = gemm_tables.gemm_config(128, 5120, 8192, torch.bfloat16, meta)
+    assert (deep_core.num_stages, deep_core.smem_bytes(2)) == (9, 216 * 1024), deep_core.label
+    assert gemm_tables.gemm_config(128, 5120, 8192, torch.bfloat16, meta, split=False).num_stages == 8
     for m, n, k in ((128, 5120, 8192), (256, 1280, 8192), (512, 2560, 8192), (64, 1280, 8192), (1024, 2560, 8192)):
         found = gemm_candidates.candidates(m, n, k)
         deep = [c for c in found if c.smem_bytes(2) > SMEM_BUDGET // c.occupancy]

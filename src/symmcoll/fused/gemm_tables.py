@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .gemm_configs import CPU_CONFIG, GemmConfig, untuned_config
+from .gemm_configs import CPU_CONFIG, SMEM_BUDGET, GemmConfig, untuned_config
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -126,6 +126,8 @@ def gemm_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device
         return picked[1]
     config = lookup(table, m, n, k, split) if dtype in (torch.bfloat16, torch.float16) else None
     config = (config or untuned_config(m, n, k, sms, split)).for_itemsize(dtype.itemsize)
+    if not split:  # a fused op's own kernel: its epilogue's buffers beside the pipeline (SMEM_BUDGET's room)
+        config = config.fitted(dtype.itemsize, SMEM_BUDGET)
     if len(_PICKED) >= _MAX_PICKED:
         _PICKED.clear()
     _PICKED[picked_key] = (table, config)
