@@ -144,11 +144,12 @@ def alone_launch(m, n, k, algorithm):
                                             torch.empty((k, n), dtype=torch.bfloat16, device="meta"))
 
 
-def recorded_alone_and_core(m, n, k, algorithm):
+def recorded_alone_and_core(m, n, k, algorithm, table="h100"):
     """(``alone_launch``'s recorded launches, gemm.matmul's) for the same product with the H100 GEMM table
-    (nothing runs)."""
+    (``table="h200"``: the H200's, what a machine without a GPU answers from; nothing runs)."""
+    import contextlib
     from symmcoll.fused import gemm
-    with h100_tables():
+    with h100_tables() if table == "h100" else contextlib.nullcontext():
         with launcher.recording() as ours:
             alone_launch(m, n, k, algorithm)
         with launcher.recording() as core:

@@ -450,17 +450,13 @@ def test_all_gather_matmul_alone_runs_the_h200_tables_deep_pipeline_as_the_core_
     """At 128 x 5120 x 8192 the H200 table's config is a deep pipeline (64x128x64, 9 stages: 216 KB, past the
     candidates' 200 KB budget): all_gather_matmul's kernel alone (the core's loop) compiles with it to the
     core's shared memory, within what a block may take, and spills nothing."""
-    from symmcoll.fused import gemm
-    with launcher.recording() as ours:
-        kernel_specs.alone_launch(128, 5120, 8192, "fused")
-    with launcher.recording() as core:
-        gemm.matmul(torch.empty((128, 8192), dtype=torch.bfloat16, device="meta"),
-                    torch.empty((8192, 5120), dtype=torch.bfloat16, device="meta"))
-    mine, theirs = kernel_specs.compile_specialised(ours[0]), kernel_specs.compile_specialised(core[0])
+    (ours,), (core,) = kernel_specs.recorded_alone_and_core(128, 5120, 8192, "fused", table="h200")
+    mine, theirs = kernel_specs.compile_specialised(ours), kernel_specs.compile_specialised(core)
     assert theirs.metadata.num_stages == 9 and mine.metadata.num_stages == 9
     assert mine.metadata.shared == theirs.metadata.shared <= kernel_specs.SHARED_MEMORY_LIMIT
     assert theirs.metadata.shared >= 216 * 1024
     assert kernel_specs.ptxas_usage(mine.asm["ptx"])[1] == 0 == kernel_specs.ptxas_usage(theirs.asm["ptx"])[1]
+
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("prefetch, registers, at_most, spill", [(False, None, 80, 0), (True, None, 80, 20),

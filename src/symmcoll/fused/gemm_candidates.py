@@ -227,7 +227,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
                                     tma_store=store))
     found: list[GemmConfig] = [untuned_config(m, n, k, sms, split=False), untuned_config(m, n, k, sms)]
     for base in bases:
-        base = base.fitted(2, SMEM_BYTES if base in DEEP_STAGES else SMEM_BUDGET)
+        base = base.fitted(2, _smem_limit(base))
         programs = sms * base.occupancy
         tiles = tiles_of(base, m, n)
         # caps of parts (wave split) and of programs (stream-K) per tile; only splits that differ run.
@@ -247,10 +247,11 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     found.extend(two_part_candidates(m, n, k, sms))  # (whole, or wave-split where under one wave)
     found.extend(small_candidates(m, n, k, sms))  # (whole tiles only)
     unique = list(dict.fromkeys(found))
-    return [c for c in unique if c.smem_bytes(2) <= (SMEM_BYTES if _deep(c) else SMEM_BUDGET) // c.occupancy]
+    return [c for c in unique if c.smem_bytes(2) <= _smem_limit(c) // c.occupancy]
 
 
-def _deep(config: GemmConfig) -> bool:
-    """Whether ``config`` is one of DEEP_STAGES' pipelines (split or not), allowed past SMEM_BUDGET."""
+def _smem_limit(config: GemmConfig) -> int:
+    """The shared memory a candidate's pipeline may take: SMEM_BYTES for DEEP_STAGES' pipelines (split or
+    not), SMEM_BUDGET for every other."""
     whole = replace(config, split_k=1, stream_k=False, split_wave=False, sum_apart=False)
-    return whole in DEEP_STAGES
+    return SMEM_BYTES if whole in DEEP_STAGES else SMEM_BUDGET
