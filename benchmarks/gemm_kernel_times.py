@@ -36,6 +36,11 @@ CELLS = [
                                       GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)]),
     ("70b-tp2 qkv", 128, 5120, 8192, [GemmConfig(64, 128, 64, 8, 1, False, 4, 8),
                                       GemmConfig(128, 128, 64, 8, 2, False, 8, 6)]),
+    # decode cells whose weight B (32-72 MB) is read below 3.6 TB/s (grid3/): is the time inside the
+    # kernel (ramp, tail) or between kernels (the graph's launch gap)?
+    ("70b-tp4 o", 1, 8192, 2048, []),
+    ("70b-tp4 qkv", 64, 2560, 8192, []),
+    ("405b-tp8 qkv", 64, 2304, 16384, []),
 ]
 
 
@@ -63,14 +68,16 @@ def replay_times(events: list[dict]) -> dict:
 
 
 def traced(calls) -> dict:
-    """REPLAYS replays of a CUDA graph of ``calls[0]``, each after the previous finished (a host sync
-    between them), traced."""
-    call = calls[0]
-    call()
+    """REPLAYS replays of a CUDA graph of every input set's call in turn (the weights come from HBM, as in
+    the grid), each replay after the previous finished (a sleep between them), traced; ``call_us`` and
+    ``call_idle_us`` are a replay's span and idle time per call."""
+    for call in calls:
+        call()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        call()
+        for call in calls:
+            call()
     for _ in range(3):
         graph.replay()
 
@@ -78,7 +85,8 @@ def traced(calls) -> dict:
         graph.replay()
         time.sleep(0.001)  # (a gap the replays are told apart by)
 
-    return replay_times(trace_events(replay_and_wait, REPLAYS))
+    times = replay_times(trace_events(replay_and_wait, REPLAYS))
+    return dict(times, calls=len(calls), call_us=times["span_us"] / len(calls), call_idle_us=times["idle_us"] / len(calls))
 
 
 def main() -> None:
@@ -99,8 +107,9 @@ def main() -> None:
                 row.update(traced(calls))
             rows.append(row)
             kernels = ", ".join(f"{kname[:40]} {us:.1f}" for kname, us in row.get("kernels", {}).items())
-            print(f"{name:<12} M={m:<4} {label:<30} span {row.get('span_us', float('nan')):6.1f} us  "
-                  f"idle {row.get('idle_us', float('nan')):5.1f}  [{kernels}]  err {err:.1e}", flush=True)
+            print(f"{name:<12} M={m:<4} {label:<30} per call {row.get('call_us', float('nan')):6.1f} us  "
+                  f"idle {row.get('call_idle_us', float('nan')):5.1f} ({row.get('calls', 0)} calls a replay)  "
+                  f"[{kernels}]  err {err:.1e}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(provenance=gpu_facts(), rows=rows), indent=1))
     print(f"written: {args.out}")
