@@ -33,11 +33,12 @@ def _tp_rows(root: Path) -> dict:
 
 
 def _gemm_rows(root: Path) -> dict:
-    """{state: {(shape, m): row}} from gemm_<state>/."""
+    """{state: {(shape, m): row}} from gemm_<state>/ (off, on, on_pf<KB>: PDL with that prefetch)."""
     found = {}
-    for state in ("off", "on"):
-        for path in sorted((root / f"gemm_{state}").glob("gemm-*.json")):
-            found[state] = {(r["shape"], r["m"]): r for r in json.loads(path.read_text())["rows"]}
+    for run in sorted(root.glob("gemm_*")):
+        if run.is_dir():
+            for path in sorted(run.glob("gemm-*.json")):
+                found[run.name[len("gemm_"):]] = {(r["shape"], r["m"]): r for r in json.loads(path.read_text())["rows"]}
     return found
 
 
@@ -61,22 +62,29 @@ def main(root: Path) -> int:
             print(f"  {case:10s} PDL {state:3s} {cells}")
         summary["tp_block"][case] = line
     gemm = _gemm_rows(root)
-    if gemm.get("off") and gemm.get("on"):
-        print("GEMM: ours / cuBLAS, PDL off -> on (us ours off -> on)")
-        ratios = []
+    ons = sorted(state for state in gemm if state != "off")
+    if gemm.get("off") and ons:
+        print("GEMM: ours / cuBLAS (B's TB/s at M <= 64), PDL off, then " + ", ".join(ons))
+        ratios: dict = {state: [] for state in ons}
         for key, off in gemm["off"].items():
-            on = gemm["on"].get(key)
-            if not on or "ratio" not in off or "ratio" not in on:
-                print(f"  {key}: {off.get('error') or (on or {}).get('error') or 'missing'}")
+            cells = [off] + [gemm[state].get(key) or {} for state in ons]
+            if any("ratio" not in c for c in cells):
+                print(f"  {key}: " + "; ".join(str(c.get("error", "missing")) for c in cells if "ratio" not in c))
                 continue
-            ratios.append(on["us"] / off["us"])
-            summary["gemm"].append(dict(shape=key[0], m=key[1], ratio_off=off["ratio"], ratio_on=on["ratio"],
-                                        us_off=off["us"], us_on=on["us"]))
-            print(f"  {key[0]:18s} M={key[1]:<4d} {off['ratio']:.3f} -> {on['ratio']:.3f}   "
-                  f"({off['us']:.1f} -> {on['us']:.1f} us)")
-        summary["gemm_geomean_us_on_over_off"] = _geomean(ratios)
-        if ratios:
-            print(f"  geomean of ours' time on / off: {summary['gemm_geomean_us_on_over_off']:.4f}")
+            row = dict(shape=key[0], m=key[1], ratio_off=off["ratio"], us_off=off["us"],
+                       weight_tbs_off=off.get("weight_tbs"))
+            for state, on in zip(ons, cells[1:]):
+                ratios[state].append(on["us"] / off["us"])
+                row.update({f"ratio_{state}": on["ratio"], f"us_{state}": on["us"],
+                            f"weight_tbs_{state}": on.get("weight_tbs")})
+            summary["gemm"].append(row)
+            rate = lambda c: f" {c['weight_tbs']:.2f}TB/s" if key[1] <= 64 and c.get("weight_tbs") else ""
+            print(f"  {key[0]:18s} M={key[1]:<4d} " + "  ".join(f"{c['ratio']:.3f} ({c['us']:.1f} us{rate(c)})"
+                                                            for c in cells))
+        for state in ons:
+            summary[f"gemm_geomean_us_{state}_over_off"] = _geomean(ratios[state])
+            if ratios[state]:
+                print(f"  geomean of ours' time {state} / off: {_geomean(ratios[state]):.4f}")
     (root / "pdl_compare.json").write_text(json.dumps(summary, indent=1))
     return 0
 

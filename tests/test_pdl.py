@@ -1,7 +1,7 @@
 """Programmatic dependent launch (SYMMCOLL_PDL; launcher.pdl_meta, language/pdl.py) on the decode path's
 kernels: a chain in which each kernel reads what the one before wrote -- all_reduce_rms_norm's one-shot
-kernel, the GEMM core (whole tiles, then stream-K), matmul_all_reduce's one-shot kernel, the norm
-again -- gives the same bits with the switch on as off, and with it on every launch carries
+kernel, the GEMM core (whole tiles, then stream-K, then whole tiles of B the kernel before wrote),
+matmul_all_reduce's one-shot kernel, the norm again -- gives the same bits with the switch on as off, and with it on every launch carries
 the kernel's PDL constexpr and Triton's launch_pdl option (off: neither). CPU: the interpreter at world
 sizes 1 and 2 (the wait and release are no-ops there; the launches and constexpr paths are what is
 checked). GPU: also the compiled kernels' metadata (the fast path launches with it) and CUDA-graph
@@ -45,7 +45,8 @@ def _weights(seed: int):
     w_down = (torch.randn(ffn, hidden, generator=g) * ffn ** -0.5).bfloat16().to(_device())
     w_mix = (torch.randn(hidden, hidden, generator=g) * scale).bfloat16().to(_device())
     norm = (1 + 0.1 * torch.randn(hidden, generator=g)).bfloat16().to(_device())
-    return w_up, w_down, w_mix, norm
+    w_tok = (torch.randn(tokens, tokens, generator=g) * tokens ** -0.5).bfloat16().to(_device())
+    return w_up, w_down, w_mix, norm, w_tok
 
 
 def _inputs(call: int):
@@ -55,13 +56,15 @@ def _inputs(call: int):
             torch.randn(tokens, hidden, generator=g).bfloat16().to(_device()))
 
 
-def _chain(x, residual, w_up, w_down, w_mix, norm):
-    """Five kernels, each reading the previous one's output."""
+def _chain(x, residual, w_up, w_down, w_mix, norm, w_tok):
+    """Six kernels, each reading the previous one's output -- the fourth as its B, which a PDL launch of the
+    GEMM core asks L2 for before it waits (launcher.PDL_PREFETCH_BYTES)."""
     _, _, _, config, programs = _dims()
     normed, h = symmcoll.all_reduce_rms_norm(x, residual, norm, 1e-5, algorithm="one_shot")
     up = gemm.matmul(normed, w_up)
     down = gemm.matmul(up, w_down, config=config, programs=programs)
-    mixed = symmcoll.matmul_all_reduce(down, w_mix, algorithm="one_shot")
+    mixing = gemm.matmul(w_tok, down)
+    mixed = symmcoll.matmul_all_reduce(mixing, w_mix, algorithm="one_shot")
     return symmcoll.all_reduce_rms_norm(mixed, h, norm, 1e-5, algorithm="one_shot")
 
 
