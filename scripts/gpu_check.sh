@@ -215,11 +215,8 @@ for stage in $stages; do
       # it fails. 2: tp_block at world size 1, PDL_TP_CASES (default "decode:1 decode:8 decode:64"), modes
       # nccl and symmcoll (each checked against nccl's output), PDL_REPEATS (default 2) rounds of off then
       # on, into $OUT/pdl/tp_{off,on}_<round>/.
-      # PDL_TP_CASES="" skips them. 3: the GEMM grid at PDL_GEMM_M (default "1 16 64") x PDL_GEMM_SHAPES
-      # (default: every shape), every cell checked against fp32 first, PDL off, then on with each of
-      # PDL_PREFETCH_KBS (default "64"; KB of its first tile's B each program asks L2 for before it waits,
-      # SYMMCOLL_PDL_PREFETCH_KB; 0: no prefetch; a trailing "e": the next kernel released right after the
-      # wait, SYMMCOLL_PDL_EARLY_RELEASE), into $OUT/pdl/gemm_{off,on_pf<KB>}/.
+      # 3: the GEMM grid at PDL_GEMM_M (default "1 16 64") x PDL_GEMM_SHAPES (default "70b-tp8 70b-tp2"),
+      # every cell checked against fp32 first, off then on, into $OUT/pdl/gemm_{off,on}/.
       # Then benchmarks/pdl_compare.py prints both side by side ($OUT/pdl/pdl_compare.json).
       mkdir -p "$OUT/pdl"
       timeout ${PDL_TESTS_TIMEOUT:-120} python3 -m pytest -v -rA -p no:cacheprovider tests/test_pdl.py 2>&1 \
@@ -228,7 +225,6 @@ for stage in $stages; do
         status=1; echo "pdl: tests/test_pdl.py failed: nothing timed" | tee -a "$OUT/pdl/tests.log"
       else
         for round in $(seq ${PDL_REPEATS:-2}); do
-          [ -n "${PDL_TP_CASES-x}" ] || break  # PDL_TP_CASES="": no tp_block rounds
           for pdl in 0 1; do
             tag=$([ "$pdl" = 1 ] && echo on || echo off)_$round
             SYMMCOLL_PDL=$pdl timeout ${PDL_TP_TIMEOUT:-60} python3 -m symmcoll bench --op tp_block --world-size 1 \
@@ -237,12 +233,11 @@ for stage in $stages; do
             [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
           done
         done
-        for kb in off ${PDL_PREFETCH_KBS:-64}; do
-          if [ "$kb" = off ]; then pdl=0; tag=off; else pdl=1; tag=on_pf$kb; fi
-          early=0; kb=${kb/off/0}; case $kb in *e) early=1; kb=${kb%e} ;; esac
-          SYMMCOLL_PDL=$pdl SYMMCOLL_PDL_PREFETCH_KB=$kb SYMMCOLL_PDL_EARLY_RELEASE=$early timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench \
-            --op gemm --dtype bf16 ${PDL_GEMM_SHAPES:+--shapes $PDL_GEMM_SHAPES} --m ${PDL_GEMM_M:-1 16 64} \
-            --no-cublas-kernels --out "$OUT/pdl/gemm_$tag" 2>&1 | tee "$OUT/pdl/gemm_$tag.log"
+        for pdl in 0 1; do
+          tag=$([ "$pdl" = 1 ] && echo on || echo off)
+          SYMMCOLL_PDL=$pdl timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench --op gemm --dtype bf16 \
+            --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} --no-cublas-kernels --out "$OUT/pdl/gemm_$tag" 2>&1 \
+            | tee "$OUT/pdl/gemm_$tag.log"
           [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         done
         python3 benchmarks/pdl_compare.py "$OUT/pdl" 2>&1 | tee "$OUT/pdl/compare.log"

@@ -360,12 +360,8 @@ def test_pdl_kernels_wait_before_any_global_access(monkeypatch, case):
     unpredicated griddepcontrol.wait in the entry block (every thread passes it, before any branch) and
     no instruction that touches global memory before it (device-side descriptors are written there too);
     griddepcontrol.launch_dependents present; Triton's launch_pdl in the compiled metadata (what the
-    launcher's fast path launches with). The GEMM core's TMA launches (not stream-K) ask L2 for their
-    first tile's B before the wait (launcher.PDL_PREFETCH_BYTES: cp.async.bulk.prefetch.L2, a hint that
-    reads nothing into the kernel): those prefetches are the only memory instructions before it, and
-    the wait is then after the prefetch's loop, still unpredicated. The same launch without PDL (and
-    its prefetch): no griddepcontrol at all, and the PDL build costs at most 2 registers more (8 with the
-    prefetch's addresses) and spills nothing more."""
+    launcher's fast path launches with). The same launch without PDL: no griddepcontrol at all, and the
+    PDL build costs at most 2 registers more and spills nothing more."""
     label, thunk = case
     monkeypatch.setattr(launcher, "PDL", True)
     with launcher.recording() as launches:
@@ -373,8 +369,7 @@ def test_pdl_kernels_wait_before_any_global_access(monkeypatch, case):
     assert launches and all(r.meta.get("PDL") and r.meta.get("launch_pdl") for r in launches), label
     for rec in launches:
         on = kernel_specs.compile_specialised(rec)
-        off_meta = {k: v for k, v in rec.meta.items() if k not in ("PDL", "launch_pdl", "PREFETCH_BYTES")}
-        prefetch = rec.meta.get("PREFETCH_BYTES", 0) > 0
+        off_meta = {k: v for k, v in rec.meta.items() if k not in ("PDL", "launch_pdl")}
         off = kernel_specs.compile_specialised(launcher.Recorded(rec.kernel, rec.grid, rec.args, off_meta))
         ptx = on.asm["ptx"]
         assert on.metadata.launch_pdl and not off.metadata.launch_pdl
@@ -385,17 +380,13 @@ def test_pdl_kernels_wait_before_any_global_access(monkeypatch, case):
         wait = next(i for i, line in enumerate(body) if "griddepcontrol.wait" in line)
         assert not re.match(r"^\s*@", body[wait]), f"{label}: the wait is predicated"
         before = body[:wait]
-        if prefetch:  # the prefetch's branches come first; every thread still reaches the one wait
-            assert any("cp.async.bulk.prefetch.L2" in line for line in before), f"{label}: no prefetch of B"
-        else:
-            assert not [line for line in before if re.match(r"^\s*\$L__BB\w+:", line) or re.search(r"\bbra\b", line)], \
-                f"{label}: the wait is not in the entry block"
-        touching = [m.group(1) for m in map(_MEMORY_OP.match, before) if m and not _OWN_SPACE.match(m.group(1))
-                    and not (prefetch and m.group(1).startswith("cp.async.bulk.prefetch.L2"))]
+        assert not [line for line in before if re.match(r"^\s*\$L__BB\w+:", line) or re.search(r"\bbra\b", line)], \
+            f"{label}: the wait is not in the entry block"
+        touching = [m.group(1) for m in map(_MEMORY_OP.match, before) if m and not _OWN_SPACE.match(m.group(1))]
         assert touching == [], f"{label}: {touching} before griddepcontrol.wait"
         (regs_on, spill_on), (regs_off, spill_off) = kernel_specs.ptxas_usage(ptx), kernel_specs.ptxas_usage(
             off.asm["ptx"])
-        assert regs_on <= regs_off + (8 if prefetch else 2) and spill_on <= spill_off, \
+        assert regs_on <= regs_off + 2 and spill_on <= spill_off, \
             f"{label}: {regs_on} registers ({spill_on} B spilled) with PDL, {regs_off} ({spill_off} B) without"
 
 

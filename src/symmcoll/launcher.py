@@ -53,12 +53,6 @@ _COMPILED: dict = {}
 FAST = os.environ.get("SYMMCOLL_FAST_LAUNCH", "1") != "0"
 # SYMMCOLL_PDL=1 launches the decode path's kernels with programmatic dependent launch (``pdl_meta``).
 PDL = os.environ.get("SYMMCOLL_PDL", "0") == "1"
-# With PDL, the bytes of its first tile's B each program of the GEMM core asks L2 for before it waits for the
-# previous kernel (gemm_kernel.persistent_matmul, language/pdl.prefetch_b_block); 0: none.
-PDL_PREFETCH_BYTES = int(os.environ.get("SYMMCOLL_PDL_PREFETCH_KB", "64")) * 1024
-# With PDL, whether the GEMM core lets the next kernel launch right after its wait (1) or after its first
-# tile's K-loop (0, the default).
-PDL_EARLY_RELEASE = os.environ.get("SYMMCOLL_PDL_EARLY_RELEASE", "0") == "1"
 # Launches per kernel name in this process (tests use it to prove that chunked paths ran).
 LAUNCH_COUNTS: collections.Counter = collections.Counter()
 

@@ -25,7 +25,6 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import launcher
 from ..launcher import launch, pdl_meta
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, split_plan
 from .gemm_kernel import matmul_kernel, split_sum_kernel
@@ -157,13 +156,12 @@ class CoreLaunch:
     meta: dict
     sum_grid: tuple | None = None  # GemmConfig.sum_apart with shared tiles: split_sum_kernel's grid and meta
     sum_meta: dict | None = None
-    b_raw: torch.Tensor | None = None  # B's tensor where the kernel prefetches it (PREFETCH_BYTES), else None
 
     @property
     def args(self) -> tuple:
         """``matmul_kernel``'s runtime arguments, in order."""
         return (self.a, self.b, self.b2, self.c, self.M, self.N, self.K, *self.strides, self.whole_tiles,
-                self.sharing, self.slots, self.partials, self.counters, self.b_raw)
+                self.sharing, self.slots, self.partials, self.counters)
 
 
 # Elements of a tile split_sum_kernel's program sums (ROWS = this / block_n rows): 128 x 128 tiles in 8-row
@@ -235,15 +233,10 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     tma_store = tma and config.tma_store
     c_arg = c_descriptor(out, M, config) if tma_store else out
     pdl = pdl_meta(a.device)
-    # PDL: each program asks L2 for its first tile's B before it waits for the previous kernel (TMA only:
-    # B's rows are 16-byte aligned there; not stream-K, whose ranges are not looked up)
-    prefetch = launcher.PDL_PREFETCH_BYTES if pdl and tma and not plan.stream else 0
     return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                           PREFETCH_BYTES=prefetch, EARLY_RELEASE=bool(pdl) and launcher.PDL_EARLY_RELEASE,
-                           **shape_meta, **pdl),
-                      *((summing[0], {**summing[1], **pdl}) if summing else (None, None)), src if prefetch else None)
+                           **shape_meta, **pdl), *((summing[0], {**summing[1], **pdl}) if summing else ()))
 
 
 def compile_cases(make_workspace):

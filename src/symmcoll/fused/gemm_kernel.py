@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..language import INTERPRETED, narrow, prefetch_b_block, release_dependents, wait_prior_grid
+from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
 from .gemm_split import split_reduce, store_partial, stream_owner, stream_range, wave_part
 
 
@@ -214,8 +214,6 @@ def matmul_kernel(
     # programs [0, sharing) (STREAM: stream-K) or cut into `sharing` parts a tile (the wave split);
     # fp32 partials [shared tiles, slots, BM, BN + BN2] and per-shared-tile counters (all zero)
     whole_tiles, sharing, slots, partials_ptr, counters_ptr,
-    # B's tensor itself where PREFETCH_BYTES > 0 (b_ptr is its descriptor then), else None
-    b_raw,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr,
     PRECISION: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr, STREAM: tl.constexpr,
@@ -224,13 +222,10 @@ def matmul_kernel(
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
     BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide (no stream-K)
     SUM_APART: tl.constexpr = False,  # split tiles' partials summed by split_sum_kernel (GemmConfig.sum_apart)
-    PREFETCH_BYTES: tl.constexpr = 0,  # PDL: bytes of its first tile's B each program asks L2 for before waiting
-    EARLY_RELEASE: tl.constexpr = False,  # PDL: let the next kernel launch right after the wait (not after a K-loop)
 ):
     persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
                       partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE,
-                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART, b_raw,
-                      PREFETCH_BYTES, EARLY_RELEASE)
+                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART)
 
 
 @triton.jit
@@ -239,8 +234,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                       GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, B_T: tl.constexpr, TMA: tl.constexpr,
                       HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
                       FLATTEN: tl.constexpr, STREAM: tl.constexpr, REDUCE_LOADS: tl.constexpr, C_HALVES: tl.constexpr,
-                      PDL: tl.constexpr, BN2: tl.constexpr, SUM_APART: tl.constexpr = False, b_raw=None,
-                      PREFETCH_BYTES: tl.constexpr = 0, EARLY_RELEASE: tl.constexpr = False):
+                      PDL: tl.constexpr, BN2: tl.constexpr, SUM_APART: tl.constexpr = False):
     """``matmul_kernel``'s whole body (its parameters, in its order): every program of the grid runs its
     whole tiles, then its parts of the split ones. A kernel that calls it compiles the GEMM core's
     tile loop itself -- all_gather_matmul's kernel does alone, where it has nothing to wait for."""
@@ -252,28 +246,8 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
     num_n = tl.cdiv(N, BN + BN2)
     tiles = num_m * num_n
     program = tl.program_id(0)
-    if PREFETCH_BYTES > 0:
-        # PDL: the B block of my first work item into L2 while the previous kernel finishes (a hint, safe
-        # before the wait: language/pdl.prefetch_l2); stream-K ranges are not looked up
-        tl.static_assert(PDL and not STREAM, "B is prefetched by PDL launches of whole tiles or the wave split")
-        first = program
-        k_first = 0
-        k_last = K
-        if SPLIT:
-            if program >= whole_tiles:
-                t0, _, lo0, hi0 = wave_part(program, tiles - whole_tiles, sharing, tl.cdiv(K, BK))
-                first = whole_tiles + t0
-                k_first = lo0 * BK
-                k_last = tl.minimum(K, hi0 * BK)
-        if first < tiles:
-            _, pid_n0 = grouped_tile(first, num_m, num_n, GROUP_M)
-            prefetch_b_block(b_raw, pid_n0 * (BN + BN2), k_first, k_last, N, K, stride_b, BN, B_T, PREFETCH_BYTES)
     # PDL: nothing global before this (a device-side descriptor is written to global scratch)
     wait_prior_grid(PDL)
-    if EARLY_RELEASE:
-        # at once: the next kernel's programs prefetch as soon as an SM has room for them (where two of
-        # its programs fit beside one of ours, the SM may take two of them and another none)
-        release_dependents(PDL)
     a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
     if BN2 > 0:  # B's second column part, blocks BN2 wide
         b2_src = b_source(b2_ptr, N, K, stride_b, BN2, BK, TMA, B_T, HOST_DESC)
@@ -377,8 +351,9 @@ def split_sum_kernel(
     total = tl.zeros([ROWS, BN], tl.float32)
     if PARTS > 0:
         # Unrolled: the parts' loads are independent, so all go out before the first add waits (the loop
-        # below issues a part's load only after the previous part's add: one L2 round trip a part, 2.6 us
-        # for 16 parts at 70b-tp8 qkv M = 128 on an H200, kernel-times/ of 2026-11-28). Same order of adds.
+        # below issues a part's load after the previous part's add). Same order of adds. On an H200 at
+        # 70b-tp8 qkv M = 128 (16 parts): 2.6 -> 2.4 us -- the kernel's time is mostly its start after the
+        # GEMM's end (cuBLAS's split-K reduce kernel there: 2.0-2.1 us); results/2026-11-28-pdl-prefetch-h200.
         for part in tl.static_range(PARTS):
             total += tl.load(base + part * (BM * BN), cache_modifier=".cg")
     else:

@@ -58,39 +58,3 @@ def release_dependents(PDL: tl.constexpr):
             pass
         else:
             gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs, nbytes, mask):
-    """Ask L2 for ``nbytes`` (a multiple of 16, ``ptrs`` 16-byte aligned) at each pointer where ``mask``
-    holds (``cp.async.bulk.prefetch.L2``, sm_90: no completion, no register written). A hint only: the
-    data is read again by the loads that use it, so a prefetch may come before ``wait_prior_grid`` --
-    L2 is the GPU's point of coherence, and a line the previous kernel writes after it was prefetched
-    is the written line when read. A no-op under the interpreter."""
-    if INTERPRETED:
-        pass
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,r", [ptrs, nbytes, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_b_block(b_ptr, col0, k_lo, k_hi, N, K, stride_b, BN: tl.constexpr, B_T: tl.constexpr,
-                     BYTES: tl.constexpr, STEP: tl.constexpr = 128):
-    """Prefetch into L2 up to BYTES of a GEMM tile's B block -- columns [col0, col0 + BN) of B [K, N]
-    over k in [k_lo, k_hi) (row-major; B_T: the rows [col0, col0 + BN) of W = B^T [N, K]) -- from k_lo
-    on, whole 16-byte pieces inside B only. A PDL-launched GEMM calls it before ``wait_prior_grid``: the
-    weights stream in while the previous kernel finishes (decode reads B once, its time is B's bytes)."""
-    esize: tl.constexpr = b_ptr.dtype.element_ty.primitive_bitwidth // 8
-    if B_T:  # BN rows of W, each a run along k
-        run = tl.minimum(k_hi - k_lo, BYTES // (BN * esize)) * esize // 16 * 16
-        n = col0 + tl.arange(0, BN)
-        prefetch_l2(b_ptr + n.to(tl.int64) * stride_b + k_lo, tl.zeros([BN], tl.int32) + run, (n < N) & (run > 0))
-    else:  # rows k of B, each a run of the tile's columns
-        rows = tl.minimum(k_hi - k_lo, BYTES // (BN * esize))
-        run = tl.minimum(BN, N - col0) * esize // 16 * 16
-        for r0 in range(0, rows, STEP):
-            r = r0 + tl.arange(0, STEP)
-            prefetch_l2(b_ptr + (k_lo + r).to(tl.int64) * stride_b + col0, tl.zeros([STEP], tl.int32) + run,
-                        (r < rows) & (run > 0))
