@@ -3,10 +3,11 @@
 Why: on the H200, 70b-tp8 qkv (128 x 1280 x 8192) runs 12.0-12.8 us against cuBLAS's 10.9 with 20 tiles of
 64 x 128 in 6 parts summed apart, while 10 tiles of 128 x 128 in 13 parts -- B read once, half the bytes per
 SM -- ran 15.7 us (results/2026-11-28-sum-apart-h200). The graph-replay time alone does not say whether the
-main kernel, the sum kernel or the gap between them costs it. Here each config (and cuBLAS) is captured in a
-CUDA graph, checked against fp32, and REPLAYS replays are traced with torch.profiler (CUDA activities):
-per kernel its median duration, and per replay the span from the first kernel's start to the last one's end
-and the idle time between kernels. Run in a process of its own (the profiler stays attached to it).
+main kernel, the sum kernel or the gap between them costs it. Here each config (and cuBLAS) is checked against fp32,
+its calls on every input set of the cell are captured in one CUDA graph (the weights come from HBM, as in the
+grid), and REPLAYS replays are traced with torch.profiler (CUDA activities): per kernel its median duration,
+and per call the replay's span (first kernel's start to last one's end) and idle time between kernels. The
+decode cells (32-72 MB weights read below 3.6 TB/s) ask whether that time is inside the kernel or between. Run in a process of its own (the profiler stays attached to it).
 
     python3 benchmarks/gemm_kernel_times.py --out $OUT/kernel_times.json
 """
