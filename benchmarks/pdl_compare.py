@@ -33,7 +33,8 @@ def _tp_rows(root: Path) -> dict:
 
 
 def _gemm_rows(root: Path) -> dict:
-    """{state: {(shape, m): row}} from gemm_<state>/ (off, on, on_pf<KB>: PDL with that prefetch)."""
+    """{state: {(shape, m): row}} from every gemm_<state>/: off and on (and on_pf<KB>, the B prefetch of
+    16e9d9e's stage, in results/2026-11-28-pdl-prefetch-h200)."""
     found = {}
     for run in sorted(root.glob("gemm_*")):
         if run.is_dir():
