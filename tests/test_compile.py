@@ -105,12 +105,7 @@ NARROW_N_TILES = [(8192, 8192, 1024, (128, 256, 64, 16, 1, False, 8, 3, 1, True,
                   (128, 1280, 8192, (128, 256, 64, 8, 16, False, 8, 4, 1, False, False, False, False, 0, True)),
                   # the deep pipelines past the candidates' 200 KB budget (gemm_candidates.DEEP_STAGES): 216 / 224 KB
                   (128, 5120, 8192, (64, 128, 64, 8, 1, False, 4, 9)),
-                  (128, 2560, 8192, (64, 64, 128, 8, 4, False, 4, 7)),
-                  # whole two-part tiles in one wave past the 200 KB budget (gemm_candidates.DEEP_ONE_WAVE_MAX_M):
-                  # 64 x (128+64) at 7 stages, 128 x (64+32) at 8, 64 x (64+32) at 11 (224, 224, 220 KB)
-                  (512, 2560, 8192, (64, 128, 64, 8, 1, False, 4, 7, 1, False, False, False, False, 64)),
-                  (512, 2560, 8192, (128, 64, 64, 8, 1, False, 8, 8, 1, False, False, False, False, 32)),
-                  (512, 1280, 8192, (64, 64, 64, 8, 1, False, 4, 11, 1, False, False, False, False, 32))]
+                  (128, 2560, 8192, (64, 64, 128, 8, 4, False, 4, 7))]
 
 
 @pytest.mark.parametrize("m, n, k, fields", NARROW_N_TILES, ids=lambda v: str(v))

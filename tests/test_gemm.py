@@ -797,9 +797,7 @@ GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 1
                GemmConfig(128, 64, 64, 8, 1, False, 8, 7, block_n2=32),  # cuBLAS's 128 x 96, one wave, deep
                GemmConfig(128, 64, 64, 8, 1, False, 8, 8),  # (a small product's one-wave tile, eight stages)
                GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True),  # split tiles summed by a second kernel
-               GemmConfig(64, 128, 64, 8, 1, False, 4, 9), GemmConfig(64, 64, 128, 8, 4, False, 4, 7),  # 216 / 224 KB
-               GemmConfig(64, 128, 64, 8, 1, False, 4, 7, block_n2=64),  # two-part, one wave, 224 KB
-               GemmConfig(64, 64, 64, 8, 1, False, 4, 11, block_n2=32)]  # two-part, 11 stages, 220 KB
+               GemmConfig(64, 128, 64, 8, 1, False, 4, 9), GemmConfig(64, 64, 128, 8, 4, False, 4, 7)]  # 216 / 224 KB
 
 
 @pytest.mark.gpu
@@ -1000,8 +998,8 @@ def test_one_fused_shape_can_be_named_on_a_command_line():
 def test_only_the_deep_pipelines_pass_the_candidates_shared_memory_budget():
     """GemmConfig.fitted cuts a pipeline to what a block may take (SMEM_BYTES, 224 KB); the untuned rule, the
     shipped tables' entries and the tune's candidates stay within SMEM_BUDGET (200 KB, the limit every entry
-    was measured under: each runs as measured), except gemm_candidates.DEEP_STAGES' 216-224 KB pipelines and
-    whole two-part tiles in one wave at the deepest pipeline a block takes, offered at M = 128-512 only."""
+    was measured under: each runs as measured), except gemm_candidates.DEEP_STAGES' 216-224 KB pipelines,
+    offered at M = 128-512 only."""
     from symmcoll.fused.gemm_candidates import DEEP_STAGES
     from symmcoll.fused.gemm_configs import SMEM_BUDGET, SMEM_BYTES
     deep_bytes = [c.smem_bytes(2) for c in DEEP_STAGES]
@@ -1019,8 +1017,8 @@ def test_only_the_deep_pipelines_pass_the_candidates_shared_memory_budget():
             for fields in (entry["config"], entry.get("no_split") or entry["config"]):
                 config = GemmConfig.from_list(fields)
                 assert config.fitted(2) == config, (table.name, entry["m"], entry["n"], entry["k"], config.label)
-                assert (config.smem_bytes(2) <= SMEM_BUDGET // config.occupancy or config.num_stages in (7, 9)
-                        or (config.block_n2 > 0 and config.split_k == 1)), (table.name, config.label)
+                assert config.smem_bytes(2) <= SMEM_BUDGET // config.occupancy or config.num_stages in (7, 9), \
+                    (table.name, config.label)
     # the fused ops' kernels (split=False) keep the budget's room for their epilogues: the H200 table's deep
     # entries come to them one stage shallower; the core (split=True) runs them as measured
     meta = torch.device("meta")
@@ -1033,13 +1031,7 @@ def test_only_the_deep_pipelines_pass_the_candidates_shared_memory_budget():
     for m, n, k in ((128, 5120, 8192), (256, 1280, 8192), (512, 2560, 8192), (64, 1280, 8192), (1024, 2560, 8192)):
         found = gemm_candidates.candidates(m, n, k)
         deep = [c for c in found if c.smem_bytes(2) > SMEM_BUDGET // c.occupancy]
-        assert all(c.smem_bytes(2) <= SMEM_BYTES and (c.num_stages, c.num_warps) in ((9, 4), (7, 4)) for c in deep
-                   if not c.block_n2), (m, n, k, [c.label for c in deep])
-        # whole two-part tiles in one wave, at the deepest pipeline a block takes (DEEP_ONE_WAVE_MAX_M)
-        two_part = [c for c in deep if c.block_n2]
-        assert all(c.split_k == 1 and c.fitted(2) == c and replace(c, num_stages=c.num_stages + 1).fitted(2) == c
-                   and 0.8 * 132 <= gemm_configs.tiles_of(c, m, n) <= 132 for c in two_part), (m, n, k)
-        assert bool(two_part) == ((m, n) in ((512, 2560), (128, 5120))), (m, n, k, [c.label for c in two_part])
+        assert all(c.smem_bytes(2) <= SMEM_BYTES and (c.num_stages, c.num_warps) in ((9, 4), (7, 4)) for c in deep)
         assert bool(deep) == (128 <= m <= 512), (m, n, k, [c.label for c in deep])
 
 def test_fused_shapes_are_tuned_with_the_inputs_their_bench_reuses():

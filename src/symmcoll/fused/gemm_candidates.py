@@ -43,11 +43,6 @@ TWO_PART_MAX_WASTE = 0.05
 # tiles has no second part to give.
 ONE_WAVE_MIN_FILL = 0.8
 ONE_WAVE_STAGES = (4, 6, 8)
-# ... and, whole in one wave at M = 128-512, also the deepest pipeline a block takes (SMEM_BYTES, past
-# SMEM_BUDGET, as DEEP_STAGES): 64 x (128+64) at 7 stages, 64 x (128+32) at 8 (sm_90: 166 / 152 registers, no
-# spill, shared memory within the block limit) -- the QKV cells 512x2560 and 256x5120, at 1.07-1.11x cuBLAS
-# on the H200 with 6 stages (results/2026-11-28-pdl-prefetch-h200).
-DEEP_ONE_WAVE_MAX_M = 512
 
 
 def wave_fill(tiles: int, programs: int) -> float:
@@ -83,9 +78,6 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
             for stages in depths:
                 found.append(GemmConfig(bm, bn, 64, group_m=8, split_k=split, num_warps=warps, num_stages=stages,
                                         block_n2=bn2).fitted(2, SMEM_BUDGET))
-            if one_wave and split == 1 and m <= DEEP_ONE_WAVE_MAX_M:
-                found.append(GemmConfig(bm, bn, 64, group_m=8, num_warps=warps, num_stages=16,
-                                        block_n2=bn2).fitted(2, SMEM_BYTES))
     return list(dict.fromkeys(found))
 
 
@@ -260,8 +252,6 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
 
 def _smem_limit(config: GemmConfig) -> int:
     """The shared memory a candidate's pipeline may take: SMEM_BYTES for DEEP_STAGES' pipelines (split or
-    not) and for whole two-part tiles (two_part_candidates offers them past SMEM_BUDGET in one wave at
-    M <= DEEP_ONE_WAVE_MAX_M only), SMEM_BUDGET for every other."""
+    not), SMEM_BUDGET for every other."""
     whole = replace(config, split_k=1, stream_k=False, split_wave=False, sum_apart=False)
-    deep = whole in DEEP_STAGES or (config.block_n2 > 0 and config.split_k == 1)
-    return SMEM_BYTES if deep else SMEM_BUDGET
+    return SMEM_BYTES if whole in DEEP_STAGES else SMEM_BUDGET
