@@ -57,8 +57,8 @@ def _inputs(call: int):
 
 
 def _chain(x, residual, w_up, w_down, w_mix, norm, w_tok):
-    """Six kernels, each reading the previous one's output -- the fourth as its B, which a PDL launch of the
-    GEMM core asks L2 for before it waits (launcher.PDL_PREFETCH_BYTES)."""
+    """Six kernels, each reading the previous one's output -- the fourth as its B (a PDL-launched GEMM must
+    wait before it loads B too, not only A)."""
     _, _, _, config, programs = _dims()
     normed, h = symmcoll.all_reduce_rms_norm(x, residual, norm, 1e-5, algorithm="one_shot")
     up = gemm.matmul(normed, w_up)

@@ -167,9 +167,6 @@ class CoreLaunch:
 # Elements of a tile split_sum_kernel's program sums (ROWS = this / block_n rows): 128 x 128 tiles in 8-row
 # chunks, 16 a tile, so 10 shared tiles (128 x 1280) give 160 programs, each loading 4 KB per part.
 SUM_ELEMENTS = 1024
-# Parts split_sum_kernel sums unrolled (PARTS: every load in flight at once; ROWS x BN / 128 threads = 8
-# fp32 a part per thread, 256 registers' worth at 32 parts); more parts sum in a loop.
-MAX_UNROLLED_PARTS = 32
 
 
 def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
@@ -177,7 +174,7 @@ def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
     the launch shares no tile or its config sums in the kernel)."""
     if core.sum_grid is not None:
         launch(split_sum_kernel, core.sum_grid, (core.partials, out, core.M, core.N, out.stride(0), core.whole_tiles,
-                                                 core.sharing, core.slots), core.sum_meta)
+                                                 core.slots), core.sum_meta)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -200,8 +197,8 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     if sum_apart:
         rows = min(config.block_m, max(1, SUM_ELEMENTS // config.block_n))
         summing = ((tiles - plan.whole_tiles, config.block_m // rows),
-                   dict(BM=config.block_m, BN=config.block_n, GROUP_M=config.group_m, ROWS=rows,
-                        PARTS=plan.sharing if plan.sharing <= MAX_UNROLLED_PARTS else 0, num_warps=4))
+                   dict(BM=config.block_m, BN=config.block_n, GROUP_M=config.group_m, ROWS=rows, PARTS=plan.sharing,
+                        num_warps=4))
     return config, tiles, plan, max(1, grid), meta, summing
 
 

@@ -330,16 +330,16 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
             store_result(c_ptr, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES, acc2, BN2)
 
 
-@triton.jit(do_not_specialize=SPLIT_COUNTS)
+@triton.jit(do_not_specialize=["whole_tiles", "slots"])
 def split_sum_kernel(
     # GemmConfig.sum_apart: C's shared tiles [whole_tiles, tiles) of matmul_kernel's launch before this one,
-    # each the sum in part order of its `sharing` fp32 partials (slots [shared tile, slots, BM, BN], row-major:
+    # each the sum in part order of its PARTS fp32 partials (slots [shared tile, slots, BM, BN], row-major:
     # gemm_split.store_partial) -- the bits the tile's last part would have summed (gemm_split.sum_slots).
-    partials_ptr, c_ptr, M, N, stride_c, whole_tiles, sharing, slots,
+    partials_ptr, c_ptr, M, N, stride_c, whole_tiles, slots,
     BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
     ROWS: tl.constexpr,  # rows of a tile per program: program (shared tile, row chunk)
+    PARTS: tl.constexpr,  # the wave split's parts a tile (the plan's sharing, <= MAX_SPLIT)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for matmul_kernel first
-    PARTS: tl.constexpr = 0,  # = sharing where the host knows it (gemm._core_shape): every part's load in flight
 ):
     t = tl.program_id(0)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
@@ -349,14 +349,10 @@ def split_sum_kernel(
     release_dependents(PDL)  # (the next kernel still waits for all of this one before touching memory)
     base = partials_ptr + tl.cast(t, tl.int64) * slots * (BM * BN) + rows[:, None] * BN + cols[None, :]
     total = tl.zeros([ROWS, BN], tl.float32)
-    if PARTS > 0:
-        # Unrolled: the parts' loads are independent, so all go out before the first add waits (the loop
-        # below issues a part's load after the previous part's add). Same order of adds. On an H200 at
-        # 70b-tp8 qkv M = 128 (16 parts): 2.6 -> 2.4 us -- the kernel's time is mostly its start after the
-        # GEMM's end (cuBLAS's split-K reduce kernel there: 2.0-2.1 us); results/2026-11-28-pdl-prefetch-h200.
-        for part in tl.static_range(PARTS):
-            total += tl.load(base + part * (BM * BN), cache_modifier=".cg")
-    else:
-        for part in range(0, sharing):
-            total += tl.load(base + part * (BM * BN), cache_modifier=".cg")
+    # Unrolled: the parts' loads are independent, so all go out before the first add waits (a runtime loop
+    # issued a part's load after the previous part's add). Same order of adds. On an H200 at 70b-tp8 qkv
+    # M = 128 (16 parts): 2.6 -> 2.4 us -- the kernel's time is mostly its start after the GEMM's end
+    # (cuBLAS's split-K reduce kernel there: 2.0-2.1 us); results/2026-11-28-pdl-prefetch-h200.
+    for part in tl.static_range(PARTS):
+        total += tl.load(base + part * (BM * BN), cache_modifier=".cg")
     store_tile(c_ptr, total, pid_m * BM + rows, pid_n * BN + cols, M, N, stride_c)
