@@ -208,27 +208,34 @@ def _split_sum_apart():
     a few rows of a tile per program, in part order -- the very bits the tile's last part sums in the
     kernel, for whole tiles beside shared ones (12 whole + 1 in 4 parts, flattened), swapped tiles with
     B and W^T (3 tiles in 4 parts, odd K), tiles past M and N, and C's tile in halves (4 whole + 2 in
-    2 parts), the parts' loads unrolled (PARTS, the plan's sharing); one sum launch per call, the counters
-    never touched."""
+    2 parts), the parts' loads unrolled (PARTS, the plan's sharing); stream-K too (3 tiles shared by 9
+    ranges of 12 programs, a tile meeting 3 or 4 of them: PARTS the plan's slots, the sum kernel working
+    out each tile's parts; 12 whole + 2 shared by 12 ranges); one sum launch per call, the counters never
+    touched."""
     from symmcoll import launcher
     device = torch.device(_device())
-    cases = [(416, 16, 512, GemmConfig(32, 16, 16, 2, 4, False, 4, 1, 1, True), False),
-             (5, 70, 1000, GemmConfig(16, 32, 32, 1, 4, True, 4, 1), False),
-             (5, 70, 1000, GemmConfig(16, 32, 32, 1, 4, True, 4, 1), True),
-             (70, 300, 256, GemmConfig(32, 256, 32, 2, 4, False, 4, 1, tma_store=True), False)]
+    cases = [(416, 16, 512, GemmConfig(32, 16, 16, 2, 4, False, 4, 1, 1, True), False, 4),
+             (5, 70, 1000, GemmConfig(16, 32, 32, 1, 4, True, 4, 1), False, 4),
+             (5, 70, 1000, GemmConfig(16, 32, 32, 1, 4, True, 4, 1), True, 4),
+             (70, 300, 256, GemmConfig(32, 256, 32, 2, 4, False, 4, 1, tma_store=True), False, 4),
+             (5, 70, 1000, GemmConfig(16, 32, 32, 1, 3, True, 4, 1, stream_k=True), True, 12),
+             (40, 112, 2000, GemmConfig(32, 16, 32, 2, 8, False, 4, 1, stream_k=True), False, 12)]
     counters = gemm.split_counters(device)
-    for m, n, k, config, b_t in cases:
+    for m, n, k, config, b_t, programs in cases:
         apart = replace(config, sum_apart=True)
-        plan = gemm_configs.split_plan(apart, gemm_configs.tiles_of(apart, m, n), k, 4)
-        assert plan.shared and not plan.stream and plan.sharing >= 2, (apart.label, plan)
+        tiles = gemm_configs.tiles_of(apart, m, n)
+        plan = gemm_configs.split_plan(apart, tiles, k, programs)
+        assert plan.shared and plan.sharing >= 2 and plan.stream == config.stream_k, (apart.label, plan)
+        assert plan == gemm_configs.split_plan(config, tiles, k, programs), (apart.label, plan)
         a, b = _operands(m, n, k, torch.bfloat16, b_t, _device(), m + n)
         before = launcher.LAUNCH_COUNTS["split_sum_kernel"]
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
-        gemm.matmul(a, b, out=out, config=apart, programs=4)
+        gemm.matmul(a, b, out=out, config=apart, programs=programs)
         assert launcher.LAUNCH_COUNTS["split_sum_kernel"] == before + 1, apart.label
-        assert torch.equal(out, gemm.matmul(a, b, config=config, programs=4)), f"{apart.label}: sums differ"
+        assert torch.equal(out, gemm.matmul(a, b, config=config, programs=programs)), f"{apart.label}: sums differ"
         assert _rel_err(out, a, b) < 4e-3 and int(counters.abs().sum()) == 0
-        assert gemm._core_shape(m, n, k, apart, 2, 4, device)[5][1]["PARTS"] == plan.sharing
+        meta = gemm._core_shape(m, n, k, apart, 2, programs, device)[5][2]
+        assert meta["PARTS"] == (plan.slots if plan.stream else plan.sharing) and meta["STREAM"] == plan.stream
     # no shared tile (4 tiles on 4 programs): no second launch
     before = launcher.LAUNCH_COUNTS["split_sum_kernel"]
     gemm.matmul(*_operands(40, 64, 100, torch.bfloat16, False, _device(), 1), programs=4,
@@ -238,20 +245,28 @@ def _split_sum_apart():
 
 def test_sum_apart_configs_round_trip_and_are_offered_for_big_split_tiles():
     """A config that sums apart says so (label /r, the 15th list field; a list without it sums in the
-    kernel), refuses stream-K and two-part tiles, and is a tune candidate for big tiles in many parts
-    past decode (128 x 1280 x 8192: 128 x 128 in 13 parts), never at decode nor for stream-K."""
+    kernel), refuses two-part tiles, and is a tune candidate for big tiles past decode: the wave split in
+    many parts (128 x 1280 x 8192: 128 x 128 in 13 parts; 2048 x 2304 x 16384: the last 12 of 144 tiles of
+    128 x 256 in 11 parts) and, past M = 512, stream-K -- which, summed apart, may share a last wave of more
+    than a third of the programs (2048 x 2560: 28 of 160 tiles; 4096 x 2560 x 8192: 56 of 320) -- never at
+    decode."""
     config = GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)
     assert config.label.endswith("/r") and len(config.as_list()) == 15
     assert GemmConfig.from_list(config.as_list()) == config
     assert not GemmConfig.from_list(replace(config, sum_apart=False).as_list()).sum_apart
-    for bad in (dict(stream_k=True), dict(block_n2=32)):
-        with pytest.raises(ValueError, match="sum_apart"):
-            GemmConfig(128, 128, 64, split_k=16, sum_apart=True, **bad)
-    offered = [c for c in gemm_candidates.candidates(128, 1280, 8192) if c.sum_apart]
-    assert any((c.block_m, c.block_n, c.split_k) == (128, 128, 16) for c in offered)
-    for c in offered:
-        plan = gemm_configs.split_plan(c, gemm_configs.tiles_of(c, 128, 1280), 8192, 132 * c.occupancy)
-        assert not c.stream_k and plan.sharing >= gemm_candidates.SUM_APART_MIN_PARTS, c.label
+    with pytest.raises(ValueError, match="sum_apart"):
+        GemmConfig(128, 128, 64, split_k=16, sum_apart=True, block_n2=32)
+    streamed = GemmConfig(128, 256, 64, 8, 4, False, 8, 3, stream_k=True)
+    assert not gemm_configs.split_plan(streamed, 320, 8192, 132).shared  # 56 of 132 programs: past a third
+    assert gemm_configs.split_plan(replace(streamed, sum_apart=True), 320, 8192, 132).stream
+    for m, n, k, tile, parts in ((128, 1280, 8192, (128, 128), 13), (2048, 2304, 16384, (128, 256), 11)):
+        offered = [c for c in gemm_candidates.candidates(m, n, k) if c.sum_apart]
+        plans = {c: gemm_configs.split_plan(c, gemm_configs.tiles_of(c, m, n), k, 132 * c.occupancy) for c in offered}
+        assert any((c.block_m, c.block_n) == tile and p.sharing == parts and not p.stream for c, p in plans.items())
+        assert any(p.stream for p in plans.values()) == (m > 512)
+        for c, plan in plans.items():
+            assert plan.shared and (plan.stream or plan.sharing >= gemm_candidates.SUM_APART_MIN_PARTS), c.label
+    assert any(c.sum_apart and c.stream_k for c in gemm_candidates.candidates(4096, 2560, 8192))
     assert not any(c.sum_apart for c in gemm_candidates.candidates(64, 1280, 8192))
 
 
@@ -523,7 +538,8 @@ def test_narrow_n_candidates_above_m_512_hold_the_deep_pipelines_and_halved_c_st
         labels = {c.label for c in found}
         assert deep <= labels, (m, n, deep - labels)
         assert "N128x256x64/g8/s1/w8/p3/f/t" in labels, "the halved C store keeps three stages"
-        assert len(found) <= 80 and all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
+        # (~20 of them the split tiles summed apart, wave split and stream-K)
+        assert len(found) <= 90 and all(c.smem_bytes(2) <= gemm_configs.SMEM_BYTES for c in found)
     for m, n, k in ((2048, 28672, 8192), (1024, 2560, 2048), (8192, 1280, 8192)):
         assert not deep & {c.label for c in gemm_candidates.candidates(m, n, k)}, (m, n, k)
     halved = GemmConfig(128, 256, 64, 8, 1, False, 8, 3, flatten=True, tma_store=True)
@@ -740,13 +756,16 @@ def test_config_validation_names_the_field():
 
 def test_bench_summary_flags_targets():
     from symmcoll.bench.gemm import summarize
-    rows = [dict(shape="a", m=16, ratio=0.9, weight_tbs=3.8, weight_mb=64.0),
-            dict(shape="b", m=16, ratio=1.2, weight_tbs=2.9, weight_mb=40.0),
+    rows = [dict(shape="a", m=16, ratio=0.9, weight_tbs=3.8, weight_mb=64.0, read_tbs_same_bytes=3.7),
+            dict(shape="b", m=16, ratio=1.2, weight_tbs=2.9, weight_mb=40.0, read_tbs_same_bytes=3.0),
             dict(shape="c", m=16, error="wrong", rel_err=1.0, cublas_rel_err=1e-3),
-            dict(shape="d", m=16, ratio=0.5, weight_tbs=9.0, weight_mb=64.0, error="wrong after the timed replays")]
+            dict(shape="d", m=16, ratio=0.5, weight_tbs=9.0, weight_mb=64.0, error="wrong after the timed replays"),
+            dict(shape="e", m=128, ratio=1.0, weight_tbs=1.0, weight_mb=64.0)]
     s = summarize(rows)
-    assert s["timed"] == 2 and s["wrong"] == 2 and s["above_1_10"] == 1 and s["worst_cell"] == "b M=16"
-    assert abs(s["geomean_ratio"] - (0.9 * 1.2) ** 0.5) < 1e-12 and s["min_decode_weight_tbs"] == 2.9
+    assert s["timed"] == 3 and s["wrong"] == 2 and s["above_1_10"] == 1 and s["worst_cell"] == "b M=16"
+    assert abs(s["geomean_ratio"] - (0.9 * 1.2) ** (1 / 3)) < 1e-12 and s["min_decode_weight_tbs"] == 2.9
+    # the decode target (M <= 64, B >= 32 MB): 1 of 2 at 3.6 TB/s; 1 of the 2 read-timed at the read kernel's rate
+    assert (s["decode_at_3_6_tbs"], s["decode_cells"], s["decode_at_read_rate"], s["decode_read_timed"]) == (1, 2, 1, 2)
 
 
 def test_bench_summary_judges_by_the_paired_ratio():
@@ -787,6 +806,7 @@ GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 1
                GemmConfig(128, 64, 64, 8, 1, False, 8, 7, block_n2=32),  # cuBLAS's 128 x 96, one wave, deep
                GemmConfig(128, 64, 64, 8, 1, False, 8, 8),  # (a small product's one-wave tile, eight stages)
                GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True),  # split tiles summed by a second kernel
+               GemmConfig(128, 256, 64, 8, 16, False, 8, 3, stream_k=True, sum_apart=True),  # ... stream-K's too
                GemmConfig(64, 128, 64, 8, 1, False, 4, 9), GemmConfig(64, 64, 128, 8, 4, False, 4, 7)]  # 216 / 224 KB
 
 
@@ -806,7 +826,8 @@ def test_gpu_matmul_configs(config, shape, b_t):
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [GemmConfig(16, 64, 128, 1, 8, True, 4, 5),
                                     GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16),  # two-part, 4 parts
-                                    GemmConfig(64, 128, 64, 8, 16, False, 4, 4, sum_apart=True)],  # a second kernel
+                                    GemmConfig(64, 128, 64, 8, 16, False, 4, 4, sum_apart=True),  # a second kernel
+                                    GemmConfig(64, 128, 64, 8, 16, False, 4, 4, stream_k=True, sum_apart=True)],
                          ids=lambda c: c.label)
 def test_gpu_split_k_in_graph_replays_with_fresh_data(config):
     a = torch.empty((16, 8192), dtype=torch.bfloat16, device="cuda")

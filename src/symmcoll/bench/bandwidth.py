@@ -1,6 +1,7 @@
 """What the memory system gives in this run: the rate an SM copy kernel and an SM read kernel reach
 over 1 GiB (CUDA-graph replays), the references for memory-bound kernels ("% of copy") and for
-decode GEMMs (the weight-read rate beside the read rate). A graph-captured ``copy_`` reached only
+decode GEMMs (the weight-read rate beside the read rate; ``read_same_bytes_tbs``: the read kernel
+over a decode cell's own weights, one launch a read, as the GEMM reads them). A graph-captured ``copy_`` reached only
 2.7 TB/s on an H200 where SM kernels reach ~4.3: its figure is reported too, not used as reference.
 """
 
@@ -74,6 +75,19 @@ def measure(device: torch.device, nbytes: int = 1 << 30, replays: int = 20) -> B
     read_us = median(graph_us([lambda: read(src, sums, grid)], replays, min_graph_us=0))
     torch_us = median(graph_us([lambda: dst.copy_(src)], replays, min_graph_us=0))
     return Bandwidth(2 * nbytes / copy_us / 1e6, nbytes / read_us / 1e6, 2 * nbytes / torch_us / 1e6, nbytes)
+
+
+def read_same_bytes_tbs(sources: list[torch.Tensor], replays: int = 20) -> float:
+    """The SM read kernel over each of ``sources`` in turn (a decode cell's weight sets: B's bytes, rotating
+    as the GEMMs read them), captured into one graph: bytes of one source / median time per read, in TB/s --
+    what a kernel that does nothing but stream those bytes reaches in one launch each, its start and its
+    last wave's tail included (the 1 GiB figures above leave both out)."""
+    device = sources[0].device
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sums = torch.empty(sms * 4, device=device, dtype=torch.float32)
+    flat = [source.reshape(-1) for source in sources]  # (contiguous weights: views)
+    samples = graph_us([lambda src=src: read(src, sums, (sms * 4,)) for src in flat], replays)
+    return flat[0].numel() * flat[0].element_size() / sorted(samples)[len(samples) // 2] / 1e6
 
 
 def compile_cases(make_workspace):

@@ -15,7 +15,9 @@ and 8, Llama-3-405B at TP 8, DeepSeek-V3's experts), C = A @ B with B [K, N] the
   rotate over enough sets that the weights come from HBM, not L2 (as in serving, where each layer's
   weights are read once per step);
 * rates: TFLOP/s, and the weight-read rate (bytes of B / time) beside the SM read kernel's rate
-  measured in the same run (bench/bandwidth.py);
+  measured in the same run (bench/bandwidth.py): over 1 GiB, and at the decode cells (M <= 64, B of
+  DECODE_MB or more) over the cell's own weight sets, one launch a read (``read_tbs_same_bytes``: what
+  streaming those bytes alone reaches, each launch's start and tail included);
 * the GPU's state (``gpu_state``: SM clock, temperature, power, throttle reasons) before the cell's first
   round and after its last, where NVML is there (bench/gpu_state.py): whether a cell that drifted ran
   at its power cap or hot;
@@ -72,6 +74,10 @@ CHECK_ROWS = 256
 # Timed replays of each side of a cell: the command line's --iters (``replays``, default 10) times this,
 # the 3 rounds of ``replays`` the grid timed until 2026-11-28; bench/gemm_timing.py plans them in rounds.
 REPLAYS_PER_ITER = 3
+# Decode cells whose weight-read rate issue 22 judges (M <= 64, B of at least this many MiB): the read
+# kernel is timed over their weights too (``read_tbs_same_bytes``, once per weight size and set count).
+DECODE_MB = 32
+_READ_RATES: dict = {}
 # A result further than this from fp32 (relative, Frobenius) is wrong, whatever cuBLAS's error.
 MAX_REL_ERR = 2e-2
 
@@ -262,6 +268,11 @@ def time_cell(name: str, m: int, n: int, k: int, dtype_name: str, device: torch.
                    planned_gpu_s=round(plan.gpu_seconds(list(pair.probe_us.values()), len(cell.sets)), 3))
         # and correct after the timed graph replays too (stream-K's counters back at zero)
         row["rel_err_after"] = check(cell, ours(cell, None))
+        if m <= 64 and cell.weight_bytes >= DECODE_MB << 20:
+            key = (device, cell.weight_bytes, len(cell.sets))
+            if key not in _READ_RATES:
+                _READ_RATES[key] = bandwidth.read_same_bytes_tbs([b for _, b, _ in cell.sets])
+            row["read_tbs_same_bytes"] = _READ_RATES[key]
         if pair.measured.errors:  # (a side that raised in a round: no figure for the cell)
             row["error"] = "; ".join(f"{side}: {e}" for side, e in pair.measured.errors.items())
         else:
@@ -302,7 +313,8 @@ def summarize(rows: list[dict], planned: int | None = None) -> dict:
     ``planned``: the cells the run set out to time (a run cut short has fewer ``cells``)."""
     right = [r for r in rows if "ratio" in r and "error" not in r]  # (a cell wrong after timing has a ratio)
     ratios, pooled = [decided_ratio(r) for r in right], [r["ratio"] for r in right]
-    decode = [r["weight_tbs"] for r in right if r["m"] <= 64 and r["weight_mb"] >= 32]
+    decode = [r["weight_tbs"] for r in right if r["m"] <= 64 and r["weight_mb"] >= DECODE_MB]
+    streamed = [r for r in right if "read_tbs_same_bytes" in r]
     worst = max(right, key=decided_ratio, default=None)
     return dict(planned=planned or len(rows), cells=len(rows), timed=len(ratios), wrong=sum("error" in r for r in rows),
                 ratio="paired rounds" if any("ratio_paired" in r for r in right) else "median over median",
@@ -310,6 +322,10 @@ def summarize(rows: list[dict], planned: int | None = None) -> dict:
                 worst_cell=worst and f"{worst['shape']} M={worst['m']}", above_1_10=sum(r > 1.10 for r in ratios),
                 geomean_ratio_pooled=_geomean(pooled), above_1_10_pooled=sum(r > 1.10 for r in pooled),
                 min_decode_weight_tbs=min(decode) if decode else None,
+                decode_at_3_6_tbs=sum(rate >= 3.6 for rate in decode), decode_cells=len(decode),
+                # decode cells whose B streams at least as fast as the read kernel over the same weights
+                decode_at_read_rate=sum(r["weight_tbs"] >= r["read_tbs_same_bytes"] for r in streamed),
+                decode_read_timed=len(streamed),
                 gpu_state=gpu_state.count_ended_held(rows), energy=gemm_energy.summarize(right, decided_ratio))
 
 
@@ -321,7 +337,8 @@ def _line(row: dict) -> str:
                 f"(cuBLAS {row['cublas_rel_err']:.2e})")
     return (f"{head} {row['us']:9.1f} us  cuBLAS {row['cublas_us']:9.1f}  x{row['ratio']:.3f} "
             f"(paired rounds x{decided_ratio(row):.3f})  "
-            f"{row['tflops']:6.1f} TF/s  B {row['weight_tbs']:.2f} TB/s (cuBLAS {row['cublas_weight_tbs']:.2f})  "
+            f"{row['tflops']:6.1f} TF/s  B {row['weight_tbs']:.2f} TB/s (cuBLAS {row['cublas_weight_tbs']:.2f}"
+            f"{', read kernel %.2f' % row['read_tbs_same_bytes'] if 'read_tbs_same_bytes' in row else ''})  "
             f"err {row['rel_err']:.1e}/{row['cublas_rel_err']:.1e}"
             f"{'  vs cuBLAS ' + cublas_names.describe(row) if _shows_cublas(row) else ''}"
             f"{'  ' + gpu_state.tag(row.get('gpu_state')) if _shows_gpu_state(row) else ''}"

@@ -154,7 +154,8 @@ class CoreLaunch:
     partials: torch.Tensor
     counters: torch.Tensor
     meta: dict
-    sum_grid: tuple | None = None  # GemmConfig.sum_apart with shared tiles: split_sum_kernel's grid and meta
+    sum_grid: tuple | None = None  # GemmConfig.sum_apart with shared tiles: split_sum_kernel's grid, its
+    sum_ranges: tuple = (0, 0, 0)  # stream-K ranges (least, longer, steps) and its meta
     sum_meta: dict | None = None
 
     @property
@@ -174,7 +175,7 @@ def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
     the launch shares no tile or its config sums in the kernel)."""
     if core.sum_grid is not None:
         launch(split_sum_kernel, core.sum_grid, (core.partials, out, core.M, core.N, out.stride(0), core.whole_tiles,
-                                                 core.slots), core.sum_meta)
+                                                 core.slots, *core.sum_ranges), core.sum_meta)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -189,16 +190,20 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     plan = split_plan(config, tiles, K, nprog)
     units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
     grid = min(nprog, max(units, plan.whole_tiles)) if plan.shared else min(tiles, nprog)
-    sum_apart = config.sum_apart and plan.shared and not plan.stream
+    sum_apart = config.sum_apart and plan.shared
     meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.tile_n, config.num_warps) if plan.shared else 1,
                 C_HALVES=config.c_halves, BN2=config.block_n2, SUM_APART=sum_apart, **config.meta())
     summing = None  # (split_sum_kernel's grid, its constexprs) where the config sums its shared tiles apart
     if sum_apart:
         rows = min(config.block_m, max(1, SUM_ELEMENTS // config.block_n))
-        summing = ((tiles - plan.whole_tiles, config.block_m // rows),
-                   dict(BM=config.block_m, BN=config.block_n, GROUP_M=config.group_m, ROWS=rows, PARTS=plan.sharing,
-                        num_warps=4))
+        steps = triton.cdiv(K, config.block_k)
+        shared_steps = (tiles - plan.whole_tiles) * steps
+        # (stream-K: the kernel's ranges, from which each tile's parts follow; unused by the wave split)
+        ranges = (shared_steps // plan.sharing, shared_steps % plan.sharing, steps) if plan.stream else (0, 0, 0)
+        summing = ((tiles - plan.whole_tiles, config.block_m // rows), ranges,
+                   dict(BM=config.block_m, BN=config.block_n, GROUP_M=config.group_m, ROWS=rows,
+                        PARTS=plan.slots if plan.stream else plan.sharing, STREAM=plan.stream, num_warps=4))
     return config, tiles, plan, max(1, grid), meta, summing
 
 
@@ -233,7 +238,7 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                           **shape_meta, **pdl), *((summing[0], {**summing[1], **pdl}) if summing else ()))
+                           **shape_meta, **pdl), *((summing[0], summing[1], {**summing[2], **pdl}) if summing else ()))
 
 
 def compile_cases(make_workspace):
@@ -241,7 +246,7 @@ def compile_cases(make_workspace):
     and with stream-K, B given transposed, mid-M stream-K (the last wave shared, and the last full wave
     with it; two programs per SM) and the wave split, C stored in halves through TMA (whole and split
     tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T; whole and wave-split), split tiles
-    summed apart, the small
+    summed apart (the wave split and stream-K), the small
     products' one-wave and two-per-SM tiles, odd K and N by pointer loads, fp16 and fp32."""
     def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
@@ -279,6 +284,9 @@ def compile_cases(make_workspace):
             case(128, 1280, 8192, torch.bfloat16, GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), b_t=True),
             # the wave split summed apart (GemmConfig.sum_apart): 10 tiles of 128 x 128 in 13 parts, then the sum kernel
             case(128, 1280, 8192, torch.bfloat16, GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)),
+            # ... and stream-K summed apart: 28 tiles of 128 x 256 shared by 132 ranges (2048 x 2560)
+            case(2048, 2560, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 16, False, 8, 3, stream_k=True,
+                                                              sum_apart=True)),
             # small products (gemm_candidates.small_candidates): one wave of 128 x 64 tiles, two warpgroups,
             # eight stages at 1024^3; two flattened programs per SM at 2048 x 1024 x 1024
             case(1024, 1024, 1024, torch.bfloat16, GemmConfig(128, 64, 64, 8, 1, False, 8, 8)),

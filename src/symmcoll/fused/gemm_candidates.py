@@ -146,22 +146,37 @@ def small_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]
     return found
 
 
-# The wave split's parts summed by a second kernel (GemmConfig.sum_apart) where a big tile is cut into many
-# parts: at M = 65-512 (the narrow-N QKV cells: 128 x 1280 x 8192 ran 12.6 us against cuBLAS's 10.9 on one
-# H200, 2026-11-28, as 40 tiles of 64 x 64 in 3 parts; 10 tiles of 128 x 128 in 13 parts load half the
-# bytes per SM but ran 21 us, their last parts reading 13 partials of 64 KB each alone), tiles of at least
-# SUM_APART_MIN_TILE outputs in at least SUM_APART_MIN_PARTS parts.
+# Split tiles' parts summed by a second kernel (GemmConfig.sum_apart) where a big tile is cut into many parts:
+# the wave split in at least SUM_APART_MIN_PARTS parts -- at M = 65-512 the narrow-N QKV cells (128 x 1280 x
+# 8192 ran 12.6 us against cuBLAS's 10.9 on one H200, 2026-11-28, as 40 tiles of 64 x 64 in 3 parts; 10 tiles
+# of 128 x 128 in 13 parts load half the bytes per SM but ran 21 us, their last parts reading 13 partials of
+# 64 KB each alone), past 512 the big tiles of a short last wave (2048 x 2304 x 16384: 144 tiles of 128 x 256,
+# the last 12 in 11 parts, each tile's last part reading 11 partials of 128 KB alone: ~11 us at the ~64 bytes
+# a cycle one SM loads from L2; 1.08-1.10x cuBLAS, 2026-11-28) -- and past M = 512 stream-K too (its ranges
+# end anywhere, so a last wave of 28 tiles is shared evenly by 132 programs where the wave split gives 112
+# parts of a quarter tile; with the sum apart any last wave may be shared, gemm_configs.stream_split; at
+# M <= 512 every tile is in the one partial wave, which the wave split already cuts into a part a program),
+# tiles of at least SUM_APART_MIN_TILE outputs (past M = 512 SUM_APART_BIG_TILE: a 64 x 128 partial, 32 KB,
+# costs its last part ~0.25 us a slot; one program an SM: the tune's ~80 candidates a narrow-N cell stay ~90).
 SUM_APART_MIN_TILE = 64 * 128
+SUM_APART_BIG_TILE = 128 * 128
 SUM_APART_MIN_PARTS = 6
 
 
-def sum_apart_candidates(plans: dict, m: int, base: GemmConfig) -> list[GemmConfig]:
-    """The wave-split configs of ``plans`` (split plan -> config) that sum apart: where M is past decode and
-    at most 512, the tile big and its parts many (see SUM_APART_MIN_TILE)."""
-    if not 64 < m <= 512 or base.block_m * base.block_n < SUM_APART_MIN_TILE or base.block_n2:
+def sum_apart_candidates(base: GemmConfig, m: int, tiles: int, k: int, programs: int) -> list[GemmConfig]:
+    """``base`` split to sum apart where M is past decode and the tile big (see SUM_APART_MIN_TILE): the wave
+    splits of at least SUM_APART_MIN_PARTS parts and, past M = 512, the stream-K plans (up to 16 programs a
+    tile), one config a plan."""
+    smallest = SUM_APART_MIN_TILE if m <= 512 else SUM_APART_BIG_TILE
+    if m <= 64 or base.block_m * base.block_n < smallest or base.block_n2 or (m > 512 and base.occupancy > 1):
         return []
-    return [replace(config, sum_apart=True) for plan, config in plans.items()
-            if plan.shared and not plan.stream and plan.sharing >= SUM_APART_MIN_PARTS]
+    found: dict = {}
+    for cap, stream in ((4, False), (16, False)) + (((4, True), (16, True)) if m > 512 else ()):
+        config = replace(base, split_k=cap, stream_k=stream, sum_apart=True)
+        plan = split_plan(config, tiles, k, programs)
+        if plan.shared and (plan.stream or plan.sharing >= SUM_APART_MIN_PARTS):
+            found.setdefault(plan, config)
+    return list(found.values())
 
 
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
@@ -243,7 +258,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
             config = replace(base, split_k=cap, stream_k=stream)
             plans.setdefault(split_plan(config, tiles, k, programs), config)
         found.extend(plans.values())
-        found.extend(sum_apart_candidates(plans, m, base))
+        found.extend(sum_apart_candidates(base, m, tiles, k, programs))
     found.extend(two_part_candidates(m, n, k, sms))  # (whole, or wave-split where under one wave)
     found.extend(small_candidates(m, n, k, sms))  # (whole tiles only)
     unique = list(dict.fromkeys(found))

@@ -72,11 +72,11 @@ class GemmConfig:
     e.g. 128 + 32 = 160: N = 2560 in 16 column blocks, so 512 x 2560 makes 128 tiles of 64 rows -- one
     wave on 132 SMs), computed as two accumulators from one A block per k-step. Two-part tiles are
     whole or wave-split (``split_k``; no stream-K), straight (no swap) and stored by masked stores (no
-    tma_store). ``sum_apart``: a wave-split tile's parts store their fp32 partials and a second kernel
+    tma_store). ``sum_apart``: a split tile's parts store their fp32 partials and a second kernel
     sums them, every SM a few rows of a tile (gemm_kernel.split_sum_kernel), instead of the tile's last
     part reading all of them back alone -- one SM's load rate over ``parts`` partials, ~1.4 us per
-    64 KB partial (128 x 128 tiles on one H100), which caps the parts a big tile can be cut into.
-    One part a tile, the wave split only (no stream-K, no two-part tile)."""
+    64 KB partial (128 x 128 tiles on one H100; an SM loads ~64 bytes a cycle from L2), which caps the
+    parts a big tile can be cut into. One-part tiles, the wave split or stream-K (no two-part tile)."""
 
     block_m: int
     block_n: int
@@ -115,8 +115,8 @@ class GemmConfig:
             if unsupported:
                 raise ValueError(f"a two-part tile (block_n2={self.block_n2}) is whole or wave-split, straight and "
                                  f"stored by masked stores: {', '.join(unsupported)} not supported")
-        if self.sum_apart and (self.stream_k or self.block_n2):
-            raise ValueError("sum_apart sums the wave split's parts of one-part tiles: not with stream_k or block_n2")
+        if self.sum_apart and self.block_n2:
+            raise ValueError("sum_apart sums the parts of one-part tiles: not with block_n2")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
@@ -264,12 +264,15 @@ STREAM_K_MAX_TAIL = 1 / 3
 
 
 def stream_split(config: GemmConfig, tiles: int, k: int, programs: int,
-                 max_tail: float = STREAM_K_MAX_TAIL) -> SplitPlan:
+                 max_tail: float | None = None) -> SplitPlan:
     """The full waves whole; the last, partial wave's tiles (with the last full wave too if
     ``config.split_wave``) shared along K by at most ``programs`` programs, about ``config.split_k``
     per tile, each >= MIN_PART_STEPS k-steps -- where the partial wave is at most ``max_tail`` of the
-    programs and sharing finishes sooner than computing them whole: a share of shared/SMs tiles plus
-    ``share_cost`` against one more round of whole tiles per SM."""
+    programs (default STREAM_K_MAX_TAIL; any tail where the config sums apart: that limit was measured
+    with a tile's last range summing its parts alone) and sharing finishes sooner than computing them
+    whole: a share of shared/SMs tiles plus ``share_cost`` against one more round of whole tiles per SM."""
+    if max_tail is None:
+        max_tail = 1.0 if config.sum_apart else STREAM_K_MAX_TAIL
     waves, tail = divmod(tiles, programs)
     if config.split_k == 1 or tail == 0 or tail > max_tail * programs:
         return SplitPlan(tiles)

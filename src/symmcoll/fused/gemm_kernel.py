@@ -11,7 +11,7 @@ tile stores, and the plain ``matmul``'s persistent kernel (its host side, which 
                     together, so a column block of B is reused from L2 (Triton tutorials 03/09).
     split path      the tiles of the last, partial wave shared along K -- stream-K or the wave
                     split -- and summed by their last part without a second kernel (gemm_split.py), or
-                    (GemmConfig.sum_apart) by ``split_sum_kernel`` after it, every SM a few rows.
+                    (GemmConfig.sum_apart, either split) by ``split_sum_kernel`` after it, every SM a few rows.
     matmul_kernel   persistent: whole tiles round-robin over the programs, then each program's
                     stream-K range or wave-split parts (its body is ``persistent_matmul``, which
                     all_gather_matmul's kernel runs too); fused ops run their own kernels on ``k_loop``
@@ -241,7 +241,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
     # (GemmConfig refuses these; the kernel says so too)
     tl.static_assert(BN2 == 0 or not (STREAM or SWAP_AB or TMA_STORE),
                      "two-part tiles: whole or wave-split (no stream-K), straight, masked stores")
-    tl.static_assert(not SUM_APART or not (STREAM or BN2 > 0), "sum_apart: the wave split of one-part tiles")
+    tl.static_assert(not SUM_APART or BN2 == 0, "sum_apart: one-part tiles (wave split or stream-K)")
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN + BN2)
     tiles = num_m * num_n
@@ -330,21 +330,29 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
             store_result(c_ptr, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES, acc2, BN2)
 
 
-@triton.jit(do_not_specialize=["whole_tiles", "slots"])
+@triton.jit(do_not_specialize=["whole_tiles", "slots", "least", "longer", "steps"])
 def split_sum_kernel(
     # GemmConfig.sum_apart: C's shared tiles [whole_tiles, tiles) of matmul_kernel's launch before this one,
-    # each the sum in part order of its PARTS fp32 partials (slots [shared tile, slots, BM, BN], row-major:
+    # each the sum in part order of its fp32 partials (slots [shared tile, slots, BM, BN], row-major:
     # gemm_split.store_partial) -- the bits the tile's last part would have summed (gemm_split.sum_slots).
     partials_ptr, c_ptr, M, N, stride_c, whole_tiles, slots,
+    # STREAM only: the stream-K plan's ranges (gemm_split.stream_range: ``least`` k-steps each, one more for
+    # the first ``longer``) and a tile's k-steps, from which a tile's parts follow (gemm_split.stream_owner)
+    least, longer, steps,
     BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
     ROWS: tl.constexpr,  # rows of a tile per program: program (shared tile, row chunk)
-    PARTS: tl.constexpr,  # the wave split's parts a tile (the plan's sharing, <= MAX_SPLIT)
+    PARTS: tl.constexpr,  # the wave split: its parts a tile (the plan's sharing, <= MAX_SPLIT); stream-K: the slots
+    STREAM: tl.constexpr = False,  # stream-K: a tile has 2..PARTS parts, as many as ranges meet it
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for matmul_kernel first
 ):
     t = tl.program_id(0)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BN)
     pid_m, pid_n = grouped_tile(whole_tiles + t, tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    if STREAM:
+        parts = stream_owner(t * steps + steps - 1, least, longer) - stream_owner(t * steps, least, longer) + 1
+    else:
+        parts = PARTS
     wait_prior_grid(PDL)
     release_dependents(PDL)  # (the next kernel still waits for all of this one before touching memory)
     base = partials_ptr + tl.cast(t, tl.int64) * slots * (BM * BN) + rows[:, None] * BN + cols[None, :]
@@ -352,7 +360,12 @@ def split_sum_kernel(
     # Unrolled: the parts' loads are independent, so all go out before the first add waits (a runtime loop
     # issued a part's load after the previous part's add). Same order of adds. On an H200 at 70b-tp8 qkv
     # M = 128 (16 parts): 2.6 -> 2.4 us -- the kernel's time is mostly its start after the GEMM's end
-    # (cuBLAS's split-K reduce kernel there: 2.0-2.1 us); results/2026-11-28-pdl-prefetch-h200.
+    # (cuBLAS's split-K reduce kernel there: 2.0-2.1 us); results/2026-11-28-pdl-prefetch-h200. A slot past
+    # a stream-K tile's parts reads as zeros (adding 0.0 changes no sum: ``total`` starts at +0.0).
     for part in tl.static_range(PARTS):
-        total += tl.load(base + part * (BM * BN), cache_modifier=".cg")
-    store_tile(c_ptr, total, pid_m * BM + rows, pid_n * BN + cols, M, N, stride_c)
+        if STREAM:
+            total += tl.load(base + part * (BM * BN), mask=part < parts, other=0.0, cache_modifier=".cg")
+        else:
+            total += tl.load(base + part * (BM * BN), cache_modifier=".cg")
+    if parts > 1:  # (a stream-K tile one range covers whole was stored by its program: every plan has none)
+        store_tile(c_ptr, total, pid_m * BM + rows, pid_n * BN + cols, M, N, stride_c)
