@@ -794,6 +794,10 @@ def test_tune_cells_from_a_bench_result_worst_first(tmp_path):
     assert cells_above(result, 1.05) == [("d", 8, 64, 64), ("b", 256, 5120, 8192), ("c", 512, 2560, 8192)]
     assert cells_above(result, 1.3) == [("d", 8, 64, 64), ("b", 256, 5120, 8192)]
     assert cells_above(result, 1.05, {256, 512}) == [("b", 256, 5120, 8192), ("c", 512, 2560, 8192)]
+    import gzip  # a result kept gzipped (benchmarks/results/README.md) reads the same
+    packed = tmp_path / "gemm.json.gz"
+    packed.write_bytes(gzip.compress(result.read_bytes()))
+    assert cells_above(packed, 1.3) == [("d", 8, 64, 64), ("b", 256, 5120, 8192)]
 
 
 # ---- on the GPU machine --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ uses): the grid measures the configs the tables give, this writes the tables.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import time
@@ -38,8 +39,10 @@ def is_fused_shape(name: str) -> bool:
 
 def cells_above(result: Path, above: float, ms: set[int] | None = None) -> list[tuple[str, int, int, int]]:
     """(shape, m, n, k) of a bench result's cells slower than ``above`` x cuBLAS (``decided_ratio``; or
-    wrong), worst first; only those of M in ``ms`` if given."""
-    rows = json.loads(result.read_text())["rows"]
+    wrong), worst first; only those of M in ``ms`` if given. A gzipped result (``.json.gz``, as older ones
+    are kept: benchmarks/results/README.md) reads the same."""
+    raw = gzip.decompress(result.read_bytes()) if result.suffix == ".gz" else result.read_bytes()
+    rows = json.loads(raw)["rows"]
     ratio = {id(r): decided_ratio(r) if "ratio" in r else math.inf for r in rows}
     slow = [r for r in rows if ratio[id(r)] > above and (ms is None or r["m"] in ms)]
     return [(r["shape"], r["m"], r["n"], r["k"]) for r in sorted(slow, key=lambda r: -ratio[id(r)])]
