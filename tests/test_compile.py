@@ -136,9 +136,7 @@ def test_gemm_tiles_of_the_narrow_n_cells_compile_without_spills(m, n, k, fields
 # 144 / 138 registers at 64x(128+32)x64 p4, no spills; the widest, 128x(256+64)x64 p3, 242 / 188.
 TWO_PART_TILES = [(64, 128, 64, 8, 1, False, 4, 4, 1, False, False, False, False, 32),
                   (128, 64, 64, 8, 1, False, 8, 7, 1, False, False, False, False, 32),
-                  (128, 256, 64, 8, 1, False, 8, 3, 1, False, False, False, False, 64),
-                  # k-steps of 128 (gemm_candidates.ONE_WAVE_DEEP_K): 64x(128+64)x128 p3, 192 KB
-                  (64, 128, 128, 8, 1, False, 4, 3, 1, False, False, False, False, 64)]
+                  (128, 256, 64, 8, 1, False, 8, 3, 1, False, False, False, False, 64)]
 
 
 @pytest.mark.parametrize("b_t", [False, True], ids=["B", "W^T"])

@@ -43,11 +43,6 @@ TWO_PART_MAX_WASTE = 0.05
 # tiles has no second part to give.
 ONE_WAVE_MIN_FILL = 0.8
 ONE_WAVE_STAGES = (4, 6, 8)
-# ... and the same bytes in flight in k-steps of 128 (three stages of 64 x (128+64) x 128: 192 KB, as six of 64):
-# the one-wave QKV cell 512 x 2560 x 8192 runs 64 x 192 tiles at ~117 GB/s of operand loads an SM, near the
-# ~126 GB/s (64 bytes a cycle) an SM loads from L2 (1.085-1.110x cuBLAS in five H200 grids, 2026-11-28): half
-# the k-steps halve the barrier round trips and loop iterations around the same loads.
-ONE_WAVE_DEEP_K = 128
 
 
 def wave_fill(tiles: int, programs: int) -> float:
@@ -82,9 +77,6 @@ def two_part_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConf
             depths = ONE_WAVE_STAGES if one_wave else TWO_PART_STAGES if split == 1 else TWO_PART_SPLIT_STAGES
             for stages in depths:
                 found.append(GemmConfig(bm, bn, 64, group_m=8, split_k=split, num_warps=warps, num_stages=stages,
-                                        block_n2=bn2).fitted(2, SMEM_BUDGET))
-            if one_wave:
-                found.append(GemmConfig(bm, bn, ONE_WAVE_DEEP_K, group_m=8, num_warps=warps, num_stages=max(depths),
                                         block_n2=bn2).fitted(2, SMEM_BUDGET))
     return list(dict.fromkeys(found))
 
