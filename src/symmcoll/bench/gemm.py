@@ -16,8 +16,8 @@ and 8, Llama-3-405B at TP 8, DeepSeek-V3's experts), C = A @ B with B [K, N] the
   weights are read once per step);
 * rates: TFLOP/s, and the weight-read rate (bytes of B / time) beside the SM read kernel's rate
   measured in the same run (bench/bandwidth.py): over 1 GiB, and at the decode cells (M <= 64, B of
-  DECODE_MB or more) over the cell's own weight sets, one launch a read (``read_tbs_same_bytes``: what
-  streaming those bytes alone reaches, each launch's start and tail included);
+  DECODE_MB or more) over the cell's own weight sets, one launch a read (``read_tbs_same_bytes``, the best
+  of bandwidth.READ_VARIANTS: what streaming those bytes alone reaches, each launch's start and tail included);
 * the GPU's state (``gpu_state``: SM clock, temperature, power, throttle reasons) before the cell's first
   round and after its last, where NVML is there (bench/gpu_state.py): whether a cell that drifted ran
   at its power cap or hot;
@@ -272,7 +272,7 @@ def time_cell(name: str, m: int, n: int, k: int, dtype_name: str, device: torch.
             key = (device, cell.weight_bytes, len(cell.sets))
             if key not in _READ_RATES:
                 _READ_RATES[key] = bandwidth.read_same_bytes_tbs([b for _, b, _ in cell.sets])
-            row["read_tbs_same_bytes"] = _READ_RATES[key]
+            row["read_tbs_same_bytes"], row["read_variants_tbs"] = _READ_RATES[key]
         if pair.measured.errors:  # (a side that raised in a round: no figure for the cell)
             row["error"] = "; ".join(f"{side}: {e}" for side, e in pair.measured.errors.items())
         else:
