@@ -168,9 +168,11 @@ for stage in $stages; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     fused)
-      # Fused ops by shape at the world size of the GPUs here (FUSED_OPS, FUSED_SHAPES narrow it).
+      # Fused ops by shape at the world size of the GPUs here (FUSED_OPS, FUSED_SHAPES, FUSED_ALGORITHMS narrow it;
+      # FUSED_ALGORITHMS="unfused unfused@2 auto" times unfused twice, two captures of one code: bench/fused.py repeats).
       timeout ${FUSED_TIMEOUT:-500} python3 -m symmcoll bench --op ${FUSED_OPS:-all_gather_matmul} --world-size "$ngpu" \
-        ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} --out "$OUT" 2>&1 | tee "$OUT/fused_bench.log"
+        ${FUSED_SHAPES:+--shapes $FUSED_SHAPES} ${FUSED_ALGORITHMS:+--algorithms $FUSED_ALGORITHMS} --out "$OUT" 2>&1 \
+        | tee "$OUT/fused_bench.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;
     fused-floor)

@@ -372,3 +372,15 @@ def test_tp_block_bench_plans_rounds_from_the_modes_pace(pools):
     assert nccl["rounds"] == ours["rounds"] == DRIFT_ROUNDS and ours["replays_per_round"] == 2
     assert ours["samples"] == DRIFT_ROUNDS * 3   # (the recorder gives three samples a turn, whatever it is asked)
     assert len(ours["round_ms"]) == DRIFT_ROUNDS
+
+
+def test_fused_bench_repeats_a_variant_under_a_label_of_its_own():
+    """``--algorithms unfused unfused@2``: unfused once more as its own row (inputs, graph and memory of its own)
+    -- how far two captures of one code differ in one run; an unknown algorithm or an empty label is refused
+    naming the entry and the op's algorithms."""
+    from symmcoll.bench import fused
+    assert fused.repeats("matmul_reduce_scatter", ("unfused", "unfused@2", "auto@b")) == ["unfused@2", "auto@b"]
+    assert fused.repeats("matmul_reduce_scatter", None) == [] and fused.repeats("all_gather_matmul", ("fused",)) == []
+    for bad in ("nonesuch@2", "unfused@"):
+        with pytest.raises(ValueError, match=f"--algorithms '{bad}'.*unfused"):
+            fused.repeats("matmul_reduce_scatter", (bad,))

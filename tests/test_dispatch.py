@@ -203,8 +203,9 @@ def test_fused_rules_from_bench_rows_keyed_by_mnk():
     rows = [row("fused", (1024, 64, 64), 10.0), row("gather_then_cublas", (1024, 64, 64), 9.0),
             row("fused", (4096, 64, 64), 30.0), row("gather_then_cublas", (4096, 64, 64), 31.0),
             row("naive_remote", (4096, 64, 64), 1.0, error="wrong"), row("auto", (4096, 64, 64), 0.5),
-            row("fused", (8192, 64, 64), 50.0)]
+            row("fused", (8192, 64, 64), 50.0), row("fused@2", (8192, 64, 64), 49.0)]
     rules = dispatch.rules_from_fused_rows(rows)
+    # (a repeat's row, "fused@2", counts as its algorithm)
     assert [(r.max_bytes, r.algorithm) for r in rules] == [(1024 * 64 * 64, "gather_then_cublas"),
                                                            (8192 * 64 * 64, "fused")]
 

@@ -130,7 +130,7 @@ def rules_from_fused_rows(rows: list[dict]) -> list[Rule]:
         for v in r["shape"]:
             size *= v
         case = best.setdefault((r["op"], r["world_size"], r["dtype"]), {})
-        name = r["implementation"].split(":", 1)[1]
+        name = r["implementation"].split(":", 1)[1].partition("@")[0]  # (a repeat, "unfused@2": its algorithm)
         if size not in case or r["median_us"] < case[size][0]:
             case[size] = (r["median_us"], name)
     return [rule for (op, world, dtype), winners in best.items() for rule in _merged_rules(op, world, dtype, winners)]

@@ -287,6 +287,7 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
     names += [(name, "baseline", make) for name, make in spec.baselines.items()]
     impls = [Implementation(name, family, what) for name, family, what in names
              if not algorithms or any(p == name or name.endswith(":" + p) for p in algorithms)]
+    impls += [Implementation(f"symmcoll:{p}", "symmcoll", p.partition("@")[0]) for p in repeats(op, algorithms)]
     for impl in impls:
         check_and_capture(impl)
         if impl.error is None:
@@ -314,6 +315,22 @@ def run_shape(op: str, shape: tuple, dtype_name: str, algorithms: tuple | None, 
 
 
 
+def repeats(op: str, algorithms) -> list[str]:
+    """The "<algorithm>@<label>" entries of ``algorithms`` (e.g. ``unfused@2``): that algorithm of ``op`` once
+    more, with inputs, graph and memory of its own, a row "symmcoll:unfused@2" -- how far two captures of one
+    code differ in one run (at ws 1 auto runs unfused's code and read -3..+2.3% against it, 2026-11-28)."""
+    known = {*plan.algorithms(op, kernels_only=False), "auto"}
+    found = []
+    for entry in algorithms or ():
+        base, at, label = entry.partition("@")
+        if at:
+            if base not in known or not label:
+                raise ValueError(f"--algorithms {entry!r}: a repeat is <algorithm>@<label> with an algorithm of {op} "
+                                 f"({', '.join(sorted(known))})")
+            found.append(entry)
+    return found
+
+
 def _row(op, name, family, shape, dtype, world, us, local_us, flops, err, mode, error, nbytes=None,
          copy_gbps=None, method: dict | None = None) -> dict:
     gbps = nbytes / us / 1e3 if us and nbytes else None
@@ -332,6 +349,7 @@ def run(op: str, shapes: list[tuple], world_sizes: tuple, dtype: str, algorithms
     status = 0
     written = []
     spec = SPECS[op]
+    repeats(op, algorithms)  # (an unknown "<algorithm>@<label>" fails here, before any rank starts)
     for world in world_sizes:
         rows, info, copy = [], None, None
         with RankPool(world, device="cuda") as pool:
