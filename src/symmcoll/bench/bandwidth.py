@@ -41,8 +41,8 @@ def copy(src: torch.Tensor, dst: torch.Tensor, grid: tuple) -> None:
     launch(copy_kernel, grid, (src, dst, src.numel()), dict(BLOCK=BLOCK, num_warps=8))
 
 
-def read(src: torch.Tensor, sums: torch.Tensor, grid: tuple) -> None:
-    launch(read_kernel, grid, (src, sums, src.numel()), dict(BLOCK=BLOCK, num_warps=8))
+def read(src: torch.Tensor, sums: torch.Tensor, grid: tuple, block: int = BLOCK) -> None:
+    launch(read_kernel, grid, (src, sums, src.numel()), dict(BLOCK=block, num_warps=8))
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,7 @@ def read_same_bytes_tbs(sources: list[torch.Tensor], replays: int = 20) -> tuple
     for per_sm, block in READ_VARIANTS:
         sums = torch.empty(sms * per_sm, device=device, dtype=torch.float32)
         grid = (sms * per_sm,)
-        samples = graph_us([lambda src=src: launch(read_kernel, grid, (src, sums, src.numel()),
-                                                   dict(BLOCK=block, num_warps=8)) for src in flat], replays)
+        samples = graph_us([lambda src=src: read(src, sums, grid, block) for src in flat], replays)
         rates[f"{per_sm}x{block}"] = nbytes / sorted(samples)[len(samples) // 2] / 1e6
     return max(rates.values()), rates
 
@@ -110,4 +109,4 @@ def compile_cases(make_workspace):
     return [("bandwidth copy", lambda: copy(src(), src(), (528,))),
             ("bandwidth read", lambda: read(src(), sums(), (528,))),
             ("bandwidth read, the decode cells' widest step",
-             lambda: launch(read_kernel, (528,), (src(), sums(), 1 << 20), dict(BLOCK=2 * BLOCK, num_warps=8)))]
+             lambda: read(src(), sums(), (528,), 2 * BLOCK))]

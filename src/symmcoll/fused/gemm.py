@@ -154,8 +154,7 @@ class CoreLaunch:
     partials: torch.Tensor
     counters: torch.Tensor
     meta: dict
-    sum_grid: tuple | None = None  # GemmConfig.sum_apart with shared tiles: split_sum_kernel's grid, its
-    sum_ranges: tuple = (0, 0, 0)  # stream-K ranges (least, longer, steps) and its meta
+    sum_grid: tuple | None = None  # GemmConfig.sum_apart with shared tiles: split_sum_kernel's grid and meta
     sum_meta: dict | None = None
 
     @property
@@ -174,8 +173,8 @@ def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
     """GemmConfig.sum_apart: after ``core``'s launch, its shared tiles summed into ``out`` (nothing where
     the launch shares no tile or its config sums in the kernel)."""
     if core.sum_grid is not None:
-        launch(split_sum_kernel, core.sum_grid, (core.partials, out, core.M, core.N, out.stride(0), core.whole_tiles,
-                                                 core.slots, *core.sum_ranges), core.sum_meta)
+        launch(split_sum_kernel, core.sum_grid, (core.partials, out, core.M, core.N, core.K, out.stride(0),
+                                                 core.whole_tiles, core.sharing, core.slots), core.sum_meta)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -197,12 +196,8 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     summing = None  # (split_sum_kernel's grid, its constexprs) where the config sums its shared tiles apart
     if sum_apart:
         rows = min(config.block_m, max(1, SUM_ELEMENTS // config.block_n))
-        steps = triton.cdiv(K, config.block_k)
-        shared_steps = (tiles - plan.whole_tiles) * steps
-        # (stream-K: the kernel's ranges, from which each tile's parts follow; unused by the wave split)
-        ranges = (shared_steps // plan.sharing, shared_steps % plan.sharing, steps) if plan.stream else (0, 0, 0)
-        summing = ((tiles - plan.whole_tiles, config.block_m // rows), ranges,
-                   dict(BM=config.block_m, BN=config.block_n, GROUP_M=config.group_m, ROWS=rows,
+        summing = ((tiles - plan.whole_tiles, config.block_m // rows),
+                   dict(BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m, ROWS=rows,
                         PARTS=plan.slots if plan.stream else plan.sharing, STREAM=plan.stream, num_warps=4))
     return config, tiles, plan, max(1, grid), meta, summing
 
@@ -238,7 +233,7 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                           **shape_meta, **pdl), *((summing[0], summing[1], {**summing[2], **pdl}) if summing else ()))
+                           **shape_meta, **pdl), *((summing[0], {**summing[1], **pdl}) if summing else ()))
 
 
 def compile_cases(make_workspace):

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
-from .gemm_split import split_reduce, store_partial, stream_owner, stream_range, wave_part
+from .gemm_split import split_reduce, store_partial, stream_cut, stream_owner, stream_range, wave_part
 
 
 @triton.jit
@@ -257,9 +257,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
         steps = tl.cdiv(K, BK)
         whole = tl.cdiv(tl.maximum(whole_tiles - program, 0), tl.num_programs(0))
         if STREAM:  # my one range of the shared k-steps, and the shared tiles it meets
-            shared_steps = (tiles - whole_tiles) * steps
-            least = shared_steps // sharing
-            longer = shared_steps % sharing
+            least, longer = stream_cut((tiles - whole_tiles) * steps, sharing)
             first, end = stream_range(program, least, longer)
             if program < sharing:
                 ranged = tl.cdiv(end, steps) - first // steps
@@ -330,16 +328,15 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
             store_result(c_ptr, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES, acc2, BN2)
 
 
-@triton.jit(do_not_specialize=["whole_tiles", "slots", "least", "longer", "steps"])
+@triton.jit(do_not_specialize=SPLIT_COUNTS)
 def split_sum_kernel(
-    # GemmConfig.sum_apart: C's shared tiles [whole_tiles, tiles) of matmul_kernel's launch before this one,
-    # each the sum in part order of its fp32 partials (slots [shared tile, slots, BM, BN], row-major:
-    # gemm_split.store_partial) -- the bits the tile's last part would have summed (gemm_split.sum_slots).
-    partials_ptr, c_ptr, M, N, stride_c, whole_tiles, slots,
-    # STREAM only: the stream-K plan's ranges (gemm_split.stream_range: ``least`` k-steps each, one more for
-    # the first ``longer``) and a tile's k-steps, from which a tile's parts follow (gemm_split.stream_owner)
-    least, longer, steps,
-    BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+    # GemmConfig.sum_apart: C's shared tiles [whole_tiles, tiles) of matmul_kernel's launch before this one
+    # (one program row a tile: the grid's first dimension is their count), each the sum in part order of its
+    # fp32 partials (slots [shared tile, slots, BM, BN], row-major: gemm_split.store_partial) -- the bits the
+    # tile's last part would have summed (gemm_split.sum_slots). The plan's counts as matmul_kernel got them;
+    # under stream-K a tile's parts follow from its cut of the shared k-steps (K / BK a tile).
+    partials_ptr, c_ptr, M, N, K, stride_c, whole_tiles, sharing, slots,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     ROWS: tl.constexpr,  # rows of a tile per program: program (shared tile, row chunk)
     PARTS: tl.constexpr,  # the wave split: its parts a tile (the plan's sharing, <= MAX_SPLIT); stream-K: the slots
     STREAM: tl.constexpr = False,  # stream-K: a tile has 2..PARTS parts, as many as ranges meet it
@@ -350,6 +347,8 @@ def split_sum_kernel(
     cols = tl.arange(0, BN)
     pid_m, pid_n = grouped_tile(whole_tiles + t, tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     if STREAM:
+        steps = tl.cdiv(K, BK)
+        least, longer = stream_cut(tl.num_programs(0) * steps, sharing)
         parts = stream_owner(t * steps + steps - 1, least, longer) - stream_owner(t * steps, least, longer) + 1
     else:
         parts = PARTS

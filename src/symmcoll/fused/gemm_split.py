@@ -1,6 +1,7 @@
 """How the GEMM core shares a tile along K (gemm_kernel.matmul_kernel's split path; the plan comes
 from gemm_configs.split_plan) and how the parts of a shared tile are summed.
 
+    stream_cut      stream-K: how many k-steps each program's range holds (the kernel's cut, in one place).
     stream_range    stream-K: the k-steps of the tiles of the last, partial wave laid end to end and
                     cut into one contiguous range per program (as even as whole k-steps allow); a
                     range may end inside one tile and go on in the next (gemm_configs.stream_split).
@@ -29,6 +30,14 @@ import triton.language as tl
 from ..memory import capturing
 from ..memory.persistent_state import persistent
 from .gemm_configs import MAX_SPLIT_TILES
+
+
+@triton.jit
+def stream_cut(shared_steps, sharing):
+    """(least, longer) of ``shared_steps`` k-steps cut into ``sharing`` ranges as even as whole k-steps allow:
+    ``least`` each, one more for the first ``longer`` (the GEMM kernel cuts them so; the sum kernel of a plan
+    summed apart finds each tile's parts by the same cut)."""
+    return shared_steps // sharing, shared_steps % sharing
 
 
 @triton.jit
