@@ -235,11 +235,28 @@ for stage in $stages; do
             [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
           done
         done
-        for pdl in 0 1; do
-          tag=$([ "$pdl" = 1 ] && echo on || echo off)
-          SYMMCOLL_PDL=$pdl timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench --op gemm --dtype bf16 \
-            --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} --no-cublas-kernels --out "$OUT/pdl/gemm_$tag" 2>&1 \
-            | tee "$OUT/pdl/gemm_$tag.log"
+        # PDL_VARIANTS (default "off on"): off, on, or on with B preloaded (experimental, gemm.PDL_PRELOAD):
+        # p<N> B's first N k-steps loaded before the wait, e the next kernel released right after the
+        # wait, s<N> N pipeline stages for preloaded launches -- e.g. "off on p1 p1e p1es3".
+        for variant in ${PDL_VARIANTS:-off on}; do
+          pdl=1; preload=0; early=0; stages=0
+          case $variant in
+            off) pdl=0 ;;
+            on) ;;
+            *) rest=$variant
+               while [ -n "$rest" ]; do
+                 case $rest in
+                   p[0-9]*) rest=${rest#p}; preload=${rest%%[!0-9]*}; rest=${rest#$preload} ;;
+                   s[0-9]*) rest=${rest#s}; stages=${rest%%[!0-9]*}; rest=${rest#$stages} ;;
+                   e*) early=1; rest=${rest#e} ;;
+                   *) echo "pdl: bad variant $variant"; status=1; rest= ;;
+                 esac
+               done ;;
+          esac
+          SYMMCOLL_PDL=$pdl SYMMCOLL_PDL_PRELOAD=$preload SYMMCOLL_PDL_EARLY_RELEASE=$early \
+            SYMMCOLL_PDL_PRELOAD_STAGES=$stages timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench --op gemm \
+            --dtype bf16 --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} --no-cublas-kernels \
+            --out "$OUT/pdl/gemm_$variant" 2>&1 | tee "$OUT/pdl/gemm_$variant.log"
           [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         done
         python3 benchmarks/pdl_compare.py "$OUT/pdl" 2>&1 | tee "$OUT/pdl/compare.log"

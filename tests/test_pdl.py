@@ -169,3 +169,58 @@ def test_pdl_kernels_keep_the_option_compiled_and_in_graph_replays(pools):
     compiled, equal = pools(1).run(_compiled_and_graphed)[0]
     assert set(compiled) == PDL_KERNELS and all(all(v) for v in compiled.values()), compiled
     assert all(equal), f"graph replays with PDL differ from the eager chain without it: {equal}"
+
+
+def _preload_cases():
+    """(M, N, K, config, B as nn.Linear's W.t()) of the decode tiles PDL_PRELOAD applies to: whole tiles and
+    a part a program of the wave split (summed by the last part, and apart), swapped and straight, B
+    row-major and transposed, K not a multiple of the k-step; tiny for the interpreter."""
+    if torch.cuda.is_available():
+        return [(16, 8192, 2048, GemmConfig(16, 64, 128, 1, 1, True, 4, 5), True),
+                (64, 4096, 1000, GemmConfig(64, 64, 128, 1, 1, False, 4, 4), False),
+                (16, 2560, 8192, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), True),
+                (1, 2560, 8000, GemmConfig(16, 64, 128, 1, 4, False, 4, 5), False)]
+    return [(3, 64, 80, GemmConfig(16, 32, 32, 1, 1, True, 4, 2), True),
+            (5, 64, 72, GemmConfig(16, 32, 16, 1, 1, False, 4, 2), False),
+            (3, 64, 200, GemmConfig(16, 32, 32, 1, 2, True, 4, 2), True),
+            (5, 64, 200, GemmConfig(16, 32, 32, 1, 2, False, 4, 2, sum_apart=True), False)]
+
+
+def _preloaded_matmuls(preload: int, early: bool):
+    """Each case's product with PDL on, B's first ``preload`` k-steps loaded before the wait (and the next
+    kernel released right after it if ``early``), with every launch's constexprs."""
+    saved = gemm.PDL_PRELOAD, gemm.PDL_EARLY_RELEASE
+    gemm.PDL_PRELOAD, gemm.PDL_EARLY_RELEASE = preload, early
+    try:
+        outs, metas = [], []
+        for i, (m, n, k, config, b_t) in enumerate(_preload_cases()):
+            g = torch.Generator().manual_seed(7 + i)
+            a = torch.randn(m, k, generator=g).bfloat16().to(_device())
+            b = torch.randn(n, k, generator=g).bfloat16().to(_device()).t() if b_t else \
+                torch.randn(k, n, generator=g).bfloat16().to(_device())
+            with launcher.recording() as launches:
+                gemm.matmul(a, b, config=config)
+            metas.append(launches[0].meta)
+            outs.append(gemm.matmul(a, b, config=config))
+        return outs, metas
+    finally:
+        gemm.PDL_PRELOAD, gemm.PDL_EARLY_RELEASE = saved
+
+
+def _preload_on_and_off(preload: int, early: bool):
+    plain = _with_pdl(False, _preloaded_matmuls, 0, False)[0]
+    outs, metas = _with_pdl(True, _preloaded_matmuls, preload, early)
+    return plain, outs, [{k: v for k, v in meta.items() if k in ("PDL", "PRELOAD", "EARLY_RELEASE", "SPLIT")} for meta in metas]
+
+
+@pytest.mark.parametrize("preload,early", [(1, False), (2, True)], ids=["p1", "p2-early"])
+def test_pdl_preloaded_b_changes_no_bit(pools, preload, early):
+    """SYMMCOLL_PDL_PRELOAD (experimental; B's first k-steps loaded before PDL's wait): the launches carry
+    PRELOAD / EARLY_RELEASE and give the bits of the GEMM without PDL (CPU: the interpreter runs the
+    preloaded blocks through the same K-loop; GPU: the compiled kernels, descriptor loads)."""
+    plain, outs, metas = pools(1).run(_preload_on_and_off, preload, early)[0]
+    assert [m["SPLIT"] for m in metas] == [False, False, True, True], metas
+    for meta in metas:
+        assert meta.get("PRELOAD") == preload and meta.get("EARLY_RELEASE") == early and meta.get("PDL"), meta
+    for i, (p, o) in enumerate(zip(plain, outs)):
+        assert torch.equal(p, o), f"case {i}: B preloaded differs (max {float((p.float() - o.float()).abs().max())})"

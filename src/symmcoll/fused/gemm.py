@@ -19,6 +19,7 @@ per GPU model by ``symmcoll tune --op gemm``, or the untuned rule.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -129,9 +130,42 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     a = a if a.stride(1) == 1 else a.contiguous()
     src, b_t = b_layout(b, K)
     core = core_launch(a, src, b_t, out, config or gemm_config(M, N, K, a.dtype, a.device), programs)
-    launch(matmul_kernel, (core.grid,), core.args, core.meta)
+    launch(matmul_kernel, (core.grid,), core.args, pdl_gemm_meta(core))
     launch_split_sum(core, out)
     return out
+
+
+# Experimental (issue 22's decode weight rate; default off): with PDL (SYMMCOLL_PDL=1), plain ``matmul``
+# programs load B's first SYMMCOLL_PDL_PRELOAD (1 or 2) k-steps before waiting for the kernel before --
+# correct only where no kernel just before writes B (a model's weights; the bench's GEMMs), so never a
+# default -- and with SYMMCOLL_PDL_EARLY_RELEASE=1 release the next kernel right after the wait.
+# SYMMCOLL_PDL_PRELOAD_STAGES=n runs preloaded launches with n pipeline stages (the preloaded blocks take
+# shared memory too: two programs of ~100 KB fit an SM, so the next kernel's programs can preload beside ours).
+PDL_PRELOAD = int(os.environ.get("SYMMCOLL_PDL_PRELOAD", "0"))
+PDL_EARLY_RELEASE = os.environ.get("SYMMCOLL_PDL_EARLY_RELEASE", "0") == "1"
+PDL_PRELOAD_STAGES = int(os.environ.get("SYMMCOLL_PDL_PRELOAD_STAGES", "0"))
+
+
+def pdl_gemm_meta(core: "CoreLaunch") -> dict:
+    """``core``'s meta, with PDL_PRELOAD / PDL_EARLY_RELEASE where the launch is PDL and can take them
+    (preload: whole one-part tiles, one a program, more k-steps than it preloads)."""
+    meta = core.meta
+    if not meta.get("PDL") or not (PDL_PRELOAD or PDL_EARLY_RELEASE):
+        return meta
+    extra = {"EARLY_RELEASE": PDL_EARLY_RELEASE}
+    tiles = triton.cdiv(core.M, meta["BM"]) * triton.cdiv(core.N, meta["BN"])
+    steps = triton.cdiv(core.K, meta["BK"])
+    if meta["SPLIT"]:  # the wave split of every tile, a part a program, each part longer than the preload
+        chunk = triton.cdiv(steps, core.sharing)
+        fits = (not meta["STREAM"] and core.whole_tiles == 0 and tiles * core.sharing <= core.grid
+                and steps - (core.sharing - 1) * chunk > PDL_PRELOAD)
+    else:
+        fits = tiles <= core.grid and steps > PDL_PRELOAD
+    if PDL_PRELOAD and not meta["BN2"] and fits:
+        extra["PRELOAD"] = min(PDL_PRELOAD, 2)
+        if PDL_PRELOAD_STAGES:
+            extra["num_stages"] = PDL_PRELOAD_STAGES
+    return {**meta, **extra}
 
 
 @dataclass(frozen=True)
