@@ -139,8 +139,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
 # programs load B's first SYMMCOLL_PDL_PRELOAD (1 or 2) k-steps before waiting for the kernel before --
 # correct only where no kernel just before writes B (a model's weights; the bench's GEMMs), so never a
 # default -- and with SYMMCOLL_PDL_EARLY_RELEASE=1 release the next kernel right after the wait.
-# SYMMCOLL_PDL_PRELOAD_STAGES=n runs preloaded launches with n pipeline stages (the preloaded blocks take
-# shared memory too: two programs of ~100 KB fit an SM, so the next kernel's programs can preload beside ours).
+# Preloaded launches run a pipeline stage less (the preloaded blocks take about one's shared memory), or
+# SYMMCOLL_PDL_PRELOAD_STAGES stages (two programs of ~100 KB fit an SM: the next kernel's beside ours).
 PDL_PRELOAD = int(os.environ.get("SYMMCOLL_PDL_PRELOAD", "0"))
 PDL_EARLY_RELEASE = os.environ.get("SYMMCOLL_PDL_EARLY_RELEASE", "0") == "1"
 PDL_PRELOAD_STAGES = int(os.environ.get("SYMMCOLL_PDL_PRELOAD_STAGES", "0"))
@@ -163,8 +163,9 @@ def pdl_gemm_meta(core: "CoreLaunch") -> dict:
         fits = tiles <= core.grid and steps > PDL_PRELOAD
     if PDL_PRELOAD and not meta["BN2"] and fits:
         extra["PRELOAD"] = min(PDL_PRELOAD, 2)
-        if PDL_PRELOAD_STAGES:
-            extra["num_stages"] = PDL_PRELOAD_STAGES
+        # the preloaded blocks take about a stage's shared memory (sm_90 builds: T16x64x128 p5 100 -> 120 KB
+        # with one or two): a stage less keeps the launch's footprint
+        extra["num_stages"] = PDL_PRELOAD_STAGES or max(2, meta["num_stages"] - 1)
     return {**meta, **extra}
 
 
