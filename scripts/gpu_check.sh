@@ -217,8 +217,9 @@ for stage in $stages; do
       # it fails. 2: tp_block at world size 1, PDL_TP_CASES (default "decode:1 decode:8 decode:64"), modes
       # nccl and symmcoll (each checked against nccl's output), PDL_REPEATS (default 2) rounds of off then
       # on, into $OUT/pdl/tp_{off,on}_<round>/.
-      # 3: the GEMM grid at PDL_GEMM_M (default "1 16 64") x PDL_GEMM_SHAPES (default "70b-tp8 70b-tp2"),
-      # every cell checked against fp32 first, off then on, into $OUT/pdl/gemm_{off,on}/.
+      # PDL_TP_CASES="" skips them. 3: the GEMM grid at PDL_GEMM_M (default "1 16 64") x PDL_GEMM_SHAPES
+      # (default "70b-tp8 70b-tp2"), every cell checked against fp32 first, per PDL_VARIANTS (below), into
+      # $OUT/pdl/gemm_<variant>/.
       # Then benchmarks/pdl_compare.py prints both side by side ($OUT/pdl/pdl_compare.json).
       mkdir -p "$OUT/pdl"
       timeout ${PDL_TESTS_TIMEOUT:-120} python3 -m pytest -v -rA -p no:cacheprovider tests/test_pdl.py 2>&1 \
@@ -236,28 +237,19 @@ for stage in $stages; do
             [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
           done
         done
-        # PDL_VARIANTS (default "off on"): off, on, or on with B preloaded (experimental, gemm.PDL_PRELOAD):
-        # p<N> B's first N k-steps loaded before the wait, e the next kernel released right after the
-        # wait, s<N> N pipeline stages for preloaded launches -- e.g. "off on p1 p1e p1es3".
-        for variant in ${PDL_VARIANTS:-off on}; do
-          pdl=1; preload=0; early=0; stages=0
+        # PDL_VARIANTS (default "off decode on"): off -- no PDL at all (SYMMCOLL_PDL=0 SYMMCOLL_PDL_DECODE=0);
+        # decode -- the default: the whole-tile decode GEMMs with PDL and early release, the switch off;
+        # on -- SYMMCOLL_PDL=1 (every PDL-aware kernel), the decode GEMMs as in decode.
+        for variant in ${PDL_VARIANTS:-off decode on}; do
           case $variant in
-            off) pdl=0 ;;
-            on) ;;
-            *) rest=$variant
-               while [ -n "$rest" ]; do
-                 case $rest in
-                   p[0-9]*) rest=${rest#p}; preload=${rest%%[!0-9]*}; rest=${rest#$preload} ;;
-                   s[0-9]*) rest=${rest#s}; stages=${rest%%[!0-9]*}; rest=${rest#$stages} ;;
-                   e*) early=1; rest=${rest#e} ;;
-                   *) echo "pdl: bad variant $variant"; status=1; rest= ;;
-                 esac
-               done ;;
+            off) pdl=0; decode=0 ;;
+            decode) pdl=0; decode=1 ;;
+            on) pdl=1; decode=1 ;;
+            *) echo "pdl: unknown variant $variant (off, decode, on)"; status=1; continue ;;
           esac
-          SYMMCOLL_PDL=$pdl SYMMCOLL_PDL_PRELOAD=$preload SYMMCOLL_PDL_EARLY_RELEASE=$early \
-            SYMMCOLL_PDL_PRELOAD_STAGES=$stages timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench --op gemm \
-            --dtype bf16 --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} --no-cublas-kernels \
-            --out "$OUT/pdl/gemm_$variant" 2>&1 | tee "$OUT/pdl/gemm_$variant.log"
+          SYMMCOLL_PDL=$pdl SYMMCOLL_PDL_DECODE=$decode timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench \
+            --op gemm --dtype bf16 --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} \
+            --no-cublas-kernels --out "$OUT/pdl/gemm_$variant" 2>&1 | tee "$OUT/pdl/gemm_$variant.log"
           [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         done
         python3 benchmarks/pdl_compare.py "$OUT/pdl" 2>&1 | tee "$OUT/pdl/compare.log"

@@ -2,7 +2,9 @@
 kernels: a chain in which each kernel reads what the one before wrote -- all_reduce_rms_norm's one-shot
 kernel, the GEMM core (whole tiles, then stream-K, then whole tiles of B the kernel before wrote),
 matmul_all_reduce's one-shot kernel, the norm again -- gives the same bits with the switch on as off, and with it on every launch carries
-the kernel's PDL constexpr and Triton's launch_pdl option (off: neither). CPU: the interpreter at world
+the kernel's PDL constexpr and Triton's launch_pdl option (off: neither; the default in between: the GEMM
+core's whole-tile decode launches carry both, and release the next kernel right after their wait --
+gemm.launch_meta). CPU: the interpreter at world
 sizes 1 and 2 (the wait and release are no-ops there; the launches and constexpr paths are what is
 checked). GPU: also the compiled kernels' metadata (the fast path launches with it) and CUDA-graph
 replays of the chain with changing data, against the switch off: a wait placed after a dependent
@@ -68,23 +70,27 @@ def _chain(x, residual, w_up, w_down, w_mix, norm, w_tok):
     return symmcoll.all_reduce_rms_norm(mixed, h, norm, 1e-5, algorithm="one_shot")
 
 
-def _with_pdl(on: bool, fn, *args):
-    saved = launcher.PDL
-    launcher.PDL = on
+def _with_pdl(on: bool, fn, *args, decode: bool | None = None):
+    """``fn(*args)`` with the SYMMCOLL_PDL switch ``on`` and the whole-tile decode GEMMs' own PDL
+    (gemm.PDL_DECODE) ``decode`` (default: as ``on``)."""
+    saved = launcher.PDL, gemm.PDL_DECODE
+    launcher.PDL, gemm.PDL_DECODE = on, on if decode is None else decode
     plan.clear_cache()  # plans keep their launches' constexprs
     try:
         return fn(*args)
     finally:
-        launcher.PDL = saved
+        launcher.PDL, gemm.PDL_DECODE = saved
         plan.clear_cache()
 
 
-def _recorded_pdl(weights) -> list[tuple[str, bool, bool]]:
-    """(kernel, PDL constexpr, launch_pdl option) of every launch of the chain, nothing run."""
+def _recorded_pdl(weights) -> list[tuple[str, bool, bool, bool]]:
+    """(kernel, PDL constexpr, launch_pdl option, EARLY_RELEASE constexpr) of every launch of the chain,
+    nothing run."""
     x, residual = _inputs(0)
     with launcher.recording() as launches:
         _chain(x, residual, *weights)
-    return [(r.kernel.__name__, r.meta.get("PDL", False), r.meta.get("launch_pdl", False)) for r in launches]
+    return [(r.kernel.__name__, r.meta.get("PDL", False), r.meta.get("launch_pdl", False),
+             r.meta.get("EARLY_RELEASE", False)) for r in launches]
 
 
 def _eager(weights, calls: int) -> list[torch.Tensor]:
@@ -104,19 +110,31 @@ def _pdl_on_and_off(calls: int):
                                    programs or gemm.programs_for(config, _device())).stream, \
         "the chain's down projection must take the stream-K path"
     found = {}
-    for on in (False, True):
-        _with_pdl(on, _eager, weights, 1)  # workspaces, plans, compiled kernels
-        found[on] = (_with_pdl(on, _recorded_pdl, weights), _with_pdl(on, _eager, weights, calls))
+    # off: no PDL at all; decode: the switch off, the whole-tile decode GEMMs' own PDL (the default); on
+    for state, on, decode in (("off", False, False), ("decode", False, True), ("on", True, True)):
+        _with_pdl(on, _eager, weights, 1, decode=decode)  # workspaces, plans, compiled kernels
+        found[state] = (_with_pdl(on, _recorded_pdl, weights, decode=decode),
+                        _with_pdl(on, _eager, weights, calls, decode=decode))
     return found
 
 
 def _check_pdl_on_and_off(found):
-    (off_launches, off_outs), (on_launches, on_outs) = found[False], found[True]
-    assert {name for name, _, _ in on_launches} == PDL_KERNELS, on_launches
-    assert all(not pdl and not option for _, pdl, option in off_launches), off_launches
-    assert all(pdl and option for _, pdl, option in on_launches), on_launches
-    for i, (off, on) in enumerate(zip(off_outs, on_outs)):
-        assert torch.equal(off, on), f"output {i}: PDL on differs from off (max {float((off.float() - on.float()).abs().max())})"
+    (off_launches, off_outs) = found["off"]
+    (decode_launches, decode_outs), (on_launches, on_outs) = found["decode"], found["on"]
+    assert {name for name, *_ in on_launches} == PDL_KERNELS, on_launches
+    assert all(not pdl and not option and not early for _, pdl, option, early in off_launches), off_launches
+    assert all(pdl and option for _, pdl, option, _ in on_launches), on_launches
+    # the decode GEMMs of whole tiles (up, mixing) with PDL and early release, the stream-K one (down) and
+    # the other kernels as the switch says (off)
+    gemms = [(pdl, option, early) for name, pdl, option, early in decode_launches if name == "matmul_kernel"]
+    assert len(gemms) == 3 and gemms[1] == (False, False, False) and (True, True, True) in gemms and all(
+        g in ((True, True, True), (False, False, False)) for g in gemms), decode_launches
+    assert all(not pdl for name, pdl, *_ in decode_launches if name != "matmul_kernel"), decode_launches
+    assert [early for name, _, _, early in on_launches if name == "matmul_kernel"] == [g[2] for g in gemms], on_launches
+    for i, (off, decode, on) in enumerate(zip(off_outs, decode_outs, on_outs)):
+        for state, out in (("decode", decode), ("on", on)):
+            assert torch.equal(off, out), \
+                f"output {i}: PDL {state} differs from off (max {float((off.float() - out.float()).abs().max())})"
         assert torch.isfinite(on.float()).all()
 
 
@@ -134,7 +152,7 @@ def _compiled_and_graphed():
     bits the switch-off chain gives eagerly."""
     weights = _weights(1)
     x, residual = (t.clone() for t in _inputs(0))
-    references = _with_pdl(False, _eager, weights, 6)
+    references = _with_pdl(False, _eager, weights, 6)  # (no PDL at all: decode follows the switch here)
 
     def capture_and_replay():
         _eager(weights, 2)  # compiled, and the fast path taken once
@@ -169,58 +187,3 @@ def test_pdl_kernels_keep_the_option_compiled_and_in_graph_replays(pools):
     compiled, equal = pools(1).run(_compiled_and_graphed)[0]
     assert set(compiled) == PDL_KERNELS and all(all(v) for v in compiled.values()), compiled
     assert all(equal), f"graph replays with PDL differ from the eager chain without it: {equal}"
-
-
-def _preload_cases():
-    """(M, N, K, config, B as nn.Linear's W.t()) of the decode tiles PDL_PRELOAD applies to: whole tiles and
-    a part a program of the wave split (summed by the last part, and apart), swapped and straight, B
-    row-major and transposed, K not a multiple of the k-step; tiny for the interpreter."""
-    if torch.cuda.is_available():
-        return [(16, 8192, 2048, GemmConfig(16, 64, 128, 1, 1, True, 4, 5), True),
-                (64, 4096, 1000, GemmConfig(64, 64, 128, 1, 1, False, 4, 4), False),
-                (16, 2560, 8192, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), True),
-                (1, 2560, 8000, GemmConfig(16, 64, 128, 1, 4, False, 4, 5), False)]
-    return [(3, 64, 80, GemmConfig(16, 32, 32, 1, 1, True, 4, 2), True),
-            (5, 64, 72, GemmConfig(16, 32, 16, 1, 1, False, 4, 2), False),
-            (3, 64, 200, GemmConfig(16, 32, 32, 1, 2, True, 4, 2), True),
-            (5, 64, 200, GemmConfig(16, 32, 32, 1, 2, False, 4, 2, sum_apart=True), False)]
-
-
-def _preloaded_matmuls(preload: int, early: bool):
-    """Each case's product with PDL on, B's first ``preload`` k-steps loaded before the wait (and the next
-    kernel released right after it if ``early``), with every launch's constexprs."""
-    saved = gemm.PDL_PRELOAD, gemm.PDL_EARLY_RELEASE
-    gemm.PDL_PRELOAD, gemm.PDL_EARLY_RELEASE = preload, early
-    try:
-        outs, metas = [], []
-        for i, (m, n, k, config, b_t) in enumerate(_preload_cases()):
-            g = torch.Generator().manual_seed(7 + i)
-            a = torch.randn(m, k, generator=g).bfloat16().to(_device())
-            b = torch.randn(n, k, generator=g).bfloat16().to(_device()).t() if b_t else \
-                torch.randn(k, n, generator=g).bfloat16().to(_device())
-            with launcher.recording() as launches:
-                gemm.matmul(a, b, config=config)
-            metas.append(launches[0].meta)
-            outs.append(gemm.matmul(a, b, config=config))
-        return outs, metas
-    finally:
-        gemm.PDL_PRELOAD, gemm.PDL_EARLY_RELEASE = saved
-
-
-def _preload_on_and_off(preload: int, early: bool):
-    plain = _with_pdl(False, _preloaded_matmuls, 0, False)[0]
-    outs, metas = _with_pdl(True, _preloaded_matmuls, preload, early)
-    return plain, outs, [{k: v for k, v in meta.items() if k in ("PDL", "PRELOAD", "EARLY_RELEASE", "SPLIT")} for meta in metas]
-
-
-@pytest.mark.parametrize("preload,early", [(1, False), (2, True)], ids=["p1", "p2-early"])
-def test_pdl_preloaded_b_changes_no_bit(pools, preload, early):
-    """SYMMCOLL_PDL_PRELOAD (experimental; B's first k-steps loaded before PDL's wait): the launches carry
-    PRELOAD / EARLY_RELEASE and give the bits of the GEMM without PDL (CPU: the interpreter runs the
-    preloaded blocks through the same K-loop; GPU: the compiled kernels, descriptor loads)."""
-    plain, outs, metas = pools(1).run(_preload_on_and_off, preload, early)[0]
-    assert [m["SPLIT"] for m in metas] == [False, False, True, True], metas
-    for meta in metas:
-        assert meta.get("PRELOAD") == preload and meta.get("EARLY_RELEASE") == early and meta.get("PDL"), meta
-    for i, (p, o) in enumerate(zip(plain, outs)):
-        assert torch.equal(p, o), f"case {i}: B preloaded differs (max {float((p.float() - o.float()).abs().max())})"

@@ -19,7 +19,9 @@
   main loop) and Triton's ``launch_pdl`` option, which the compiled kernel keeps in its metadata, so
   the fast path's ``compiled.run`` and CUDA-graph capture (the launch attribute becomes a
   programmatic edge of the graph) launch it with PDL too. GPUs below sm_90 never get it; the
-  interpreter runs the kernels with ``PDL`` set (a no-op there) and ignores ``launch_pdl``.
+  interpreter runs the kernels with ``PDL`` set (a no-op there) and ignores ``launch_pdl``. The plain
+  GEMM's whole-tile decode launches take it whatever the switch (fused/gemm.py ``launch_meta``,
+  ``SYMMCOLL_PDL_DECODE``).
 """
 
 from __future__ import annotations
@@ -62,12 +64,13 @@ _NO_PDL_META: dict = {}
 _PDL_CAPABLE: dict = {}
 
 
-def pdl_meta(device: torch.device) -> dict:
+def pdl_meta(device: torch.device, on: bool | None = None) -> dict:
     """The meta entries that launch a PDL-aware kernel with programmatic dependent launch: ``PDL`` (the
-    kernel's constexpr) and ``launch_pdl`` (Triton's launch option), where ``PDL`` is on and the device
-    has it (sm_90+; meta tensors stand for the sm_90 compile checks; CPU runs the no-op twin). Empty
-    otherwise: the kernels' defaults (off). Do not mutate the returned dict."""
-    if not PDL:
+    kernel's constexpr) and ``launch_pdl`` (Triton's launch option), where ``PDL`` is on (``on``, default
+    the SYMMCOLL_PDL switch) and the device has it (sm_90+; meta tensors stand for the sm_90 compile
+    checks; CPU runs the no-op twin). Empty otherwise: the kernels' defaults (off). Do not mutate the
+    returned dict."""
+    if not (PDL if on is None else on):
         return _NO_PDL_META
     if device.type != "cuda" or not torch.cuda.is_available():  # (no GPU: recording for the sm_90 checks)
         return _PDL_META

@@ -376,12 +376,20 @@ def _warm_class(x: int) -> int:
     return 1 if x == 1 else (64 if x % 16 == 0 else 24)
 
 
+def _warm_rows(m: int) -> int:
+    """``_warm_class(m)`` on the same side of gemm.PDL_DECODE_MAX_M as ``m`` (a whole-tile decode launch
+    compiles with PDL and early release: gemm.launch_meta)."""
+    if m <= gemm.PDL_DECODE_MAX_M:
+        return _warm_class(m)
+    return 1 if m == 1 else (gemm.PDL_DECODE_MAX_M + 16 if m % 16 == 0 else gemm.PDL_DECODE_MAX_M + 8)
+
+
 def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms: int) -> tuple:
     """What ``precompile`` needs to compile the kernel ``config`` runs at (m, n, k): the config, the
     size classes Triton specialises on, and whether the launch shares tiles (another kernel)."""
     programs = sms * config.occupancy
     shared = split_plan(config, tiles_of(config, m, n), k, programs).shared
-    return tuple(config.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name, shared
+    return tuple(config.as_list()), _warm_rows(m), _warm_class(n), _warm_class(k), dtype_name, shared
 
 
 def warm_launch(job) -> tuple[GemmConfig, int, int, int, int | None]:

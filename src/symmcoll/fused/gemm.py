@@ -129,44 +129,33 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
         return out.zero_()
     a = a if a.stride(1) == 1 else a.contiguous()
     src, b_t = b_layout(b, K)
-    core = core_launch(a, src, b_t, out, config or gemm_config(M, N, K, a.dtype, a.device), programs)
-    launch(matmul_kernel, (core.grid,), core.args, pdl_gemm_meta(core))
+    config = config or gemm_config(M, N, K, a.dtype, a.device)
+    core = core_launch(a, src, b_t, out, config, programs)
+    launch(matmul_kernel, (core.grid,), core.args, launch_meta(core, config, a.device))
     launch_split_sum(core, out)
     return out
 
 
-# Experimental (issue 22's decode weight rate; default off): with PDL (SYMMCOLL_PDL=1), plain ``matmul``
-# programs load B's first SYMMCOLL_PDL_PRELOAD (1 or 2) k-steps before waiting for the kernel before --
-# correct only where no kernel just before writes B (a model's weights; the bench's GEMMs), so never a
-# default -- and with SYMMCOLL_PDL_EARLY_RELEASE=1 release the next kernel right after the wait.
-# Preloaded launches run a pipeline stage less (the preloaded blocks take about one's shared memory), or
-# SYMMCOLL_PDL_PRELOAD_STAGES stages (two programs of ~100 KB fit an SM: the next kernel's beside ours).
-PDL_PRELOAD = int(os.environ.get("SYMMCOLL_PDL_PRELOAD", "0"))
-PDL_EARLY_RELEASE = os.environ.get("SYMMCOLL_PDL_EARLY_RELEASE", "0") == "1"
-PDL_PRELOAD_STAGES = int(os.environ.get("SYMMCOLL_PDL_PRELOAD_STAGES", "0"))
+# The plain GEMM's decode launches of whole tiles (M <= PDL_DECODE_MAX_M, no split, one program an SM) run
+# with programmatic dependent launch and release the next kernel right after their wait, whatever
+# SYMMCOLL_PDL says (SYMMCOLL_PDL_DECODE=0: they follow it). In a chain of such GEMMs (one H200, 18
+# decode cells, results/2026-11-28-pdl-early-h200/call2) that took 70b-tp4 o from 10.9 to 10.1-10.2 us,
+# 70b-tp8 down from 16.5 to 15.7, 405b-tp8 o M = 1 from 17.9 to 17.4: the next kernel's programs are
+# dispatched while ours finish, so its launch leaves no gap (cuBLAS's decode kernels launch so too). The
+# split launches (405b-tp8 qkv: 22 -> 23.5-30 us) and two programs an SM (405b-tp8 o M = 16: 18.1 -> 22.5)
+# ran slower so: they keep the switch's setting. Loading B's first k-steps before the wait as well (B a
+# weight) was slower still (the same run's p1e / p2e columns): not kept.
+PDL_DECODE = os.environ.get("SYMMCOLL_PDL_DECODE", "1") == "1"
+PDL_DECODE_MAX_M = 64
 
 
-def pdl_gemm_meta(core: "CoreLaunch") -> dict:
-    """``core``'s meta, with PDL_PRELOAD / PDL_EARLY_RELEASE where the launch is PDL and can take them
-    (preload: whole one-part tiles, one a program, more k-steps than it preloads)."""
-    meta = core.meta
-    if not meta.get("PDL") or not (PDL_PRELOAD or PDL_EARLY_RELEASE):
-        return meta
-    extra = {"EARLY_RELEASE": PDL_EARLY_RELEASE}
-    tiles = triton.cdiv(core.M, meta["BM"]) * triton.cdiv(core.N, meta["BN"])
-    steps = triton.cdiv(core.K, meta["BK"])
-    if meta["SPLIT"]:  # the wave split of every tile, a part a program, each part longer than the preload
-        chunk = triton.cdiv(steps, core.sharing)
-        fits = (not meta["STREAM"] and core.whole_tiles == 0 and tiles * core.sharing <= core.grid
-                and steps - (core.sharing - 1) * chunk > PDL_PRELOAD)
-    else:
-        fits = tiles <= core.grid and steps > PDL_PRELOAD
-    if PDL_PRELOAD and not meta["BN2"] and fits:
-        extra["PRELOAD"] = min(PDL_PRELOAD, 2)
-        # the preloaded blocks take about a stage's shared memory (sm_90 builds: T16x64x128 p5 100 -> 120 KB
-        # with one or two): a stage less keeps the launch's footprint
-        extra["num_stages"] = PDL_PRELOAD_STAGES or max(2, meta["num_stages"] - 1)
-    return {**meta, **extra}
+def launch_meta(core: "CoreLaunch", config: GemmConfig, device: torch.device) -> dict:
+    """``matmul_kernel``'s meta for ``core``: PDL with early release for a whole-tile decode launch (see
+    PDL_DECODE), else the core's own (the SYMMCOLL_PDL switch's)."""
+    if not (PDL_DECODE and core.M <= PDL_DECODE_MAX_M and not core.meta["SPLIT"] and config.occupancy == 1):
+        return core.meta
+    decode = pdl_meta(device, True)
+    return {**core.meta, **decode, "EARLY_RELEASE": True} if decode else core.meta
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ tile stores, and the plain ``matmul``'s persistent kernel (its host side, which 
 
 With SYMMCOLL_PDL=1 (launcher.pdl_meta) ``matmul_kernel`` is launched with programmatic dependent
 launch: it waits for the previous kernel (language/pdl.py) before building descriptors or touching
-memory, and lets the next one launch once its first tile's K-loop is done. Under the interpreter
+memory, and lets the next one launch once its first tile's K-loop is done. The plain GEMM's whole-tile
+decode launches run with PDL whatever the switch, and release the next kernel right after their wait
+(gemm.launch_meta). Under the interpreter
 ``mma`` upcasts to fp32 first (triton 3.6's interpreter adds bf16 bit patterns); the GPU path never does.
 """
 
@@ -101,54 +103,9 @@ def operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM: tl.constexpr,
 
 
 @triton.jit
-def b_block(b_src, col0, k, k_hi, N, stride_b, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
-            B_T: tl.constexpr):
-    """B's block of the k-step at ``k`` for the columns col0 .. col0+BN: W [BN, BK] if B_T, else B [BK, BN]
-    (TMA: a descriptor load, zeros past the edges; else masked pointer loads, zeros from ``k_hi`` on)."""
-    if TMA:
-        if B_T:
-            return b_src.load([col0, k])
-        else:
-            return b_src.load([k, col0])
-    else:
-        cols = col0 + tl.arange(0, BN)
-        ks = k + tl.arange(0, BK)
-        if B_T:
-            return load_tile(b_src, cols, ks, N, k_hi, stride_b)
-        else:
-            return load_tile(b_src, ks, cols, k_hi, N, stride_b)
-
-
-@triton.jit
-def a_block(a_src, rows, row0, k, k_hi, row_limit, stride_a, BK: tl.constexpr, TMA: tl.constexpr):
-    """A's [BM, BK] block of the k-step at ``k`` (rows below ``row_limit`` only, by pointer)."""
-    if TMA:
-        return a_src.load([row0, k])
-    else:
-        return load_tile(a_src, rows, k + tl.arange(0, BK), row_limit, k_hi, stride_a)
-
-
-@triton.jit
-def mma_step(a, b, acc, SWAP_AB: tl.constexpr, B_T: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + one k-step's product of A's block ``a`` and B's block ``b`` (``b_block``'s layout); swapped:
-    acc is the transposed tile."""
-    if SWAP_AB:
-        if B_T:
-            return mma(b, tl.trans(a), acc, PRECISION)
-        else:
-            return mma(tl.trans(b), tl.trans(a), acc, PRECISION)
-    else:
-        if B_T:
-            return mma(a, tl.trans(b), acc, PRECISION)
-        else:
-            return mma(a, b, acc, PRECISION)
-
-
-@triton.jit
 def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stride_b,
            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
-           B_T: tl.constexpr, PRECISION: tl.constexpr, BN2: tl.constexpr = 0, b2_src=None,
-           PRELOADED: tl.constexpr = 0, b_pre0=None, b_pre1=None):
+           B_T: tl.constexpr, PRECISION: tl.constexpr, BN2: tl.constexpr = 0, b2_src=None):
     """fp32 [BM, BN] = A[row0:row0+BM, k_lo:k_hi] @ B[k_lo:k_hi, col0:col0+BN] (k_lo a multiple of BK;
     k_hi a multiple of BK or K). Pointer loads read A rows below ``row_limit`` only (zeros beyond);
     TMA loads read whole blocks of A (rows past ``row_limit`` but inside A come in too: callers mask
@@ -157,11 +114,7 @@ def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stri
     BN2 > 0 (GemmConfig.block_n2; not swapped): the tile is BN + BN2 columns wide -- a width no
     power-of-two ``tl.arange`` can hold -- computed as two accumulators from the same A block per
     k-step: returns ([BM, BN], [BM, BN2] of columns col0+BN ..), B's second part loaded through
-    ``b2_src`` (a descriptor with blocks BN2 wide, or the same pointer as ``b_src``).
-
-    PRELOADED (1 or 2; one-part tiles): B's blocks of the first k-steps were loaded by the caller
-    (``b_pre0``, ``b_pre1``: ``b_block`` of k_lo, k_lo + BK) -- before PDL's wait, where B is a weight
-    the kernel before does not write (persistent_matmul's PRELOAD); the loop starts after them."""
+    ``b2_src`` (a descriptor with blocks BN2 wide, or the same pointer as ``b_src``)."""
     rows = row0 + tl.arange(0, BM)
     cols = col0 + tl.arange(0, BN)
     if SWAP_AB:
@@ -172,20 +125,7 @@ def k_loop(a_src, b_src, row0, col0, k_lo, k_hi, row_limit, N, K, stride_a, stri
     if BN2 > 0:
         cols2 = col0 + BN + tl.arange(0, BN2)
         acc2 = tl.zeros([BM, BN2], tl.float32)
-    if PRELOADED > 0:
-        tl.static_assert(BN2 == 0, "B preloaded for one-part tiles")
-        a = a_block(a_src, rows, row0, k_lo, k_hi, row_limit, stride_a, BK, TMA)
-        if SWAP_AB:
-            acc_t = mma_step(a, b_pre0, acc_t, SWAP_AB, B_T, PRECISION)
-        else:
-            acc = mma_step(a, b_pre0, acc, SWAP_AB, B_T, PRECISION)
-        if PRELOADED > 1:
-            a = a_block(a_src, rows, row0, k_lo + BK, k_hi, row_limit, stride_a, BK, TMA)
-            if SWAP_AB:
-                acc_t = mma_step(a, b_pre1, acc_t, SWAP_AB, B_T, PRECISION)
-            else:
-                acc = mma_step(a, b_pre1, acc, SWAP_AB, B_T, PRECISION)
-    for k in tl.range(k_lo + PRELOADED * BK, k_hi, BK):
+    for k in tl.range(k_lo, k_hi, BK):
         if TMA:
             a = a_src.load([row0, k])
             if B_T:
@@ -284,13 +224,11 @@ def matmul_kernel(
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (language/pdl.py, launcher.pdl_meta)
     BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide (no stream-K)
     SUM_APART: tl.constexpr = False,  # split tiles' partials summed by split_sum_kernel (GemmConfig.sum_apart)
-    PRELOAD: tl.constexpr = 0,  # PDL: k-steps of B (a weight) each program loads before the wait (gemm.pdl_gemm_meta)
-    EARLY_RELEASE: tl.constexpr = False,  # PDL: the next kernel may launch right after the wait
+    EARLY_RELEASE: tl.constexpr = False,  # PDL: the next kernel may launch right after our wait (gemm.launch_meta)
 ):
     persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
                       partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE,
-                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART, PRELOAD,
-                      EARLY_RELEASE)
+                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART, EARLY_RELEASE)
 
 
 @triton.jit
@@ -300,17 +238,14 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                       HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
                       FLATTEN: tl.constexpr, STREAM: tl.constexpr, REDUCE_LOADS: tl.constexpr, C_HALVES: tl.constexpr,
                       PDL: tl.constexpr, BN2: tl.constexpr, SUM_APART: tl.constexpr = False,
-                      PRELOAD: tl.constexpr = 0, EARLY_RELEASE: tl.constexpr = False):
+                      EARLY_RELEASE: tl.constexpr = False):
     """``matmul_kernel``'s whole body (its parameters, in its order): every program of the grid runs its
     whole tiles, then its parts of the split ones. A kernel that calls it compiles the GEMM core's
     tile loop itself -- all_gather_matmul's kernel does alone, where it has nothing to wait for.
 
-    PRELOAD (1 or 2, with PDL; whole one-part tiles, at most one a program, B by host descriptor or
-    pointer): each program loads B's blocks of its tile's first PRELOAD k-steps *before* waiting for
-    the kernel before -- so part of the weights streams in while that kernel finishes. Only where B is
-    not written by the kernel before (a layer's weight): the caller promises it (gemm.pdl_gemm_meta).
-    EARLY_RELEASE: the next PDL kernel may launch right after the wait (its programs preload beside ours
-    where an SM has room), not after the first tile's K-loop."""
+    EARLY_RELEASE (with PDL): the next PDL kernel may launch right after our wait, not after our first
+    tile's K-loop -- its programs are then resident (where an SM has room) or dispatched the moment an SM
+    frees, and start the instant we complete (gemm.launch_meta: the whole-tile decode launches)."""
     # (GemmConfig refuses these; the kernel says so too)
     tl.static_assert(BN2 == 0 or not (STREAM or SWAP_AB or TMA_STORE),
                      "two-part tiles: whole or wave-split (no stream-K), straight, masked stores")
@@ -319,44 +254,14 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
     num_n = tl.cdiv(N, BN + BN2)
     tiles = num_m * num_n
     program = tl.program_id(0)
-    if PRELOAD > 0:
-        tl.static_assert(PDL and not STREAM and BN2 == 0 and (HOST_DESC or not TMA) and PRELOAD <= 2,
-                         "B preloaded: PDL launches of one-part tiles, whole or wave-split, B by descriptor or pointer")
-        # my one work item (the host sends no more items than programs; a split one: no whole tiles) --
-        # B only: it is a weight, A may be the output of the kernel we are about to wait for
-        if SPLIT:
-            t_pre, _, lo_pre, _ = wave_part(program, tiles - whole_tiles, sharing, tl.cdiv(K, BK))
-            _, pid_n0 = grouped_tile(whole_tiles + t_pre, num_m, num_n, GROUP_M)
-            k_pre = lo_pre * BK
-        else:
-            _, pid_n0 = grouped_tile(program, num_m, num_n, GROUP_M)
-            k_pre = 0
-        b_pre0 = b_block(b_ptr, pid_n0 * BN, k_pre, K, N, stride_b, BN, BK, TMA, B_T)
-        if PRELOAD > 1:
-            b_pre1 = b_block(b_ptr, pid_n0 * BN, k_pre + BK, K, N, stride_b, BN, BK, TMA, B_T)
-        else:
-            b_pre1 = None
-    # PDL: nothing global before this (a device-side descriptor is written to global scratch), but B's
-    # preloaded blocks
+    # PDL: nothing global before this (a device-side descriptor is written to global scratch)
     wait_prior_grid(PDL)
     if EARLY_RELEASE:
         release_dependents(PDL)
     a_src, b_src = operand_sources(a_ptr, b_ptr, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, B_T, HOST_DESC)
     if BN2 > 0:  # B's second column part, blocks BN2 wide
         b2_src = b_source(b2_ptr, N, K, stride_b, BN2, BK, TMA, B_T, HOST_DESC)
-    if SPLIT and PRELOAD > 0:  # my one part of a wave-split tile, its first k-steps' B already here
-        t, part, lo, hi = wave_part(program, tiles - whole_tiles, sharing, tl.cdiv(K, BK))
-        pid_m, pid_n = grouped_tile(whole_tiles + t, num_m, num_n, GROUP_M)
-        acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, lo * BK, tl.minimum(K, hi * BK), M, N, K, stride_a,
-                     stride_b, BM, BN, BK, TMA, SWAP_AB, B_T, PRECISION, 0, None, PRELOAD, b_pre0, b_pre1)
-        release_dependents(PDL)
-        if SUM_APART:
-            store_partial(acc, partials_ptr, t, part, slots, BM, BN)
-        else:
-            is_last, acc = split_reduce(acc, partials_ptr, counters_ptr, t, part, sharing, slots, BM, BN, REDUCE_LOADS)
-            if is_last:
-                store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES)
-    elif SPLIT:
+    if SPLIT:
         # one loop over my work: whole tiles program, program + P, ... below whole_tiles, then my parts
         # of the shared tiles (one k_loop call site: two would hold two sets of registers)
         steps = tl.cdiv(K, BK)
@@ -417,12 +322,6 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                 is_last = True
             if is_last:
                 store_result(c_ptr, acc, row0, col0, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES, acc2, BN2)
-    elif PRELOAD > 0:  # my one tile, its first k-steps' B already here
-        pid_m, pid_n = grouped_tile(program, num_m, num_n, GROUP_M)
-        acc = k_loop(a_src, b_src, pid_m * BM, pid_n * BN, 0, K, M, N, K, stride_a, stride_b, BM, BN, BK, TMA, SWAP_AB,
-                     B_T, PRECISION, 0, None, PRELOAD, b_pre0, b_pre1)
-        release_dependents(PDL)
-        store_result(c_ptr, acc, pid_m * BM, pid_n * BN, M, N, stride_c, BM, BN, TMA_STORE, C_HALVES)
     else:
         for tile in tl.range(program, tiles, tl.num_programs(0), flatten=FLATTEN):
             pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
