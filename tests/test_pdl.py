@@ -187,3 +187,26 @@ def test_pdl_kernels_keep_the_option_compiled_and_in_graph_replays(pools):
     compiled, equal = pools(1).run(_compiled_and_graphed)[0]
     assert set(compiled) == PDL_KERNELS and all(all(v) for v in compiled.values()), compiled
     assert all(equal), f"graph replays with PDL differ from the eager chain without it: {equal}"
+
+
+@pytest.mark.parametrize("m, n, k, config, expected", [
+    (16, 8192, 2048, GemmConfig(16, 64, 128, 1, 1, True, 4, 5), True),  # 70b-tp4 o: 128 whole tiles, 32 MB
+    (64, 8192, 4096, GemmConfig(64, 64, 256, 1, 1, True, 4, 3), True),  # 64 MB: the limit, inclusive
+    (16, 5120, 8192, GemmConfig(16, 64, 128, 1, 1, True, 4, 6), False),  # 70b-tp2 qkv: 80 MB
+    (16, 8192, 2048, GemmConfig(16, 64, 128, 1, 1, True, 4, 3, occupancy=2), False),  # two programs an SM
+    (16, 2560, 8192, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), False),  # the wave split (3 parts)
+    (65, 8192, 2048, GemmConfig(128, 64, 128, 1, 1, True, 4, 4), False),  # past decode
+], ids=["o-32MB", "64MB", "qkv-80MB", "occupancy2", "split", "M65"])
+def test_decode_gemms_launch_with_pdl_and_early_release_by_rule(m, n, k, config, expected):
+    """gemm.launch_meta: with the SYMMCOLL_PDL switch off, exactly the whole-tile decode launches of one
+    program an SM and at most 64 MB of weights carry PDL, launch_pdl and EARLY_RELEASE (measured faster
+    on one H200; the others were slower so); SYMMCOLL_PDL_DECODE=0 takes it away."""
+    def record():
+        a = torch.empty((m, k), dtype=torch.bfloat16, device="meta")
+        b = torch.empty((n, k), dtype=torch.bfloat16, device="meta").t()
+        with launcher.recording() as launches:
+            gemm.matmul(a, b, config=config, programs=132 * config.occupancy)
+        return launches[0].meta
+    meta = _with_pdl(False, record, decode=True)
+    assert bool(meta.get("PDL")) == bool(meta.get("launch_pdl")) == bool(meta.get("EARLY_RELEASE")) == expected, meta
+    assert not _with_pdl(False, record, decode=False).get("PDL")

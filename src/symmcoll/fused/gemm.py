@@ -131,28 +131,33 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     src, b_t = b_layout(b, K)
     config = config or gemm_config(M, N, K, a.dtype, a.device)
     core = core_launch(a, src, b_t, out, config, programs)
-    launch(matmul_kernel, (core.grid,), core.args, launch_meta(core, config, a.device))
+    launch(matmul_kernel, (core.grid,), core.args, launch_meta(core, config, a.device, a.element_size()))
     launch_split_sum(core, out)
     return out
 
 
-# The plain GEMM's decode launches of whole tiles (M <= PDL_DECODE_MAX_M, no split, one program an SM) run
-# with programmatic dependent launch and release the next kernel right after their wait, whatever
-# SYMMCOLL_PDL says (SYMMCOLL_PDL_DECODE=0: they follow it). In a chain of such GEMMs (one H200, 18
-# decode cells, results/2026-11-28-pdl-early-h200/call2) that took 70b-tp4 o from 10.9 to 10.1-10.2 us,
-# 70b-tp8 down from 16.5 to 15.7, 405b-tp8 o M = 1 from 17.9 to 17.4: the next kernel's programs are
-# dispatched while ours finish, so its launch leaves no gap (cuBLAS's decode kernels launch so too). The
-# split launches (405b-tp8 qkv: 22 -> 23.5-30 us) and two programs an SM (405b-tp8 o M = 16: 18.1 -> 22.5)
-# ran slower so: they keep the switch's setting. Loading B's first k-steps before the wait as well (B a
-# weight) was slower still (the same run's p1e / p2e columns): not kept.
+# The plain GEMM's decode launches of whole tiles (M <= PDL_DECODE_MAX_M, no split, one program an SM) of
+# weights up to PDL_DECODE_MAX_B_BYTES run with programmatic dependent launch and release the next kernel
+# right after their wait, whatever SYMMCOLL_PDL says (SYMMCOLL_PDL_DECODE=0: they follow it). In a chain
+# of the same GEMM on one H200 (results/2026-11-28-pdl-early-h200/call3, the 90 decode cells against no
+# PDL at all): 70b-tp8 o 0.90-0.92x the time, 70b-tp4 o 0.94-0.95x, 70b-tp4 qkv M = 8/16 0.93-0.94x,
+# 70b-tp8 down 0.95-0.97x, dsv3-expert 0.94-0.99x -- the next kernel's programs are dispatched while
+# ours finish, so its launch leaves no gap (cuBLAS's decode kernels launch so too). Not applied where
+# it was slower: split launches (405b-tp8 qkv 22 -> 23.5-30 us, call2), two programs an SM (405b-tp8 o
+# M = 16: 18.1 -> 22.5, call2), and longer reads -- every whole-tile cell of more than 64 MB of weights
+# ran at 0.99-1.31x (70b-tp2 qkv, 80 MB in 80 tiles: 1.24-1.31x; the gate_up cells of 112-448 MB
+# 1.04-1.12x where the tiles are 104-224; why is not measured). Loading B's first k-steps before the wait
+# as well (a weight) was slower again (call2's p1e / p2e columns): not kept.
 PDL_DECODE = os.environ.get("SYMMCOLL_PDL_DECODE", "1") == "1"
 PDL_DECODE_MAX_M = 64
+PDL_DECODE_MAX_B_BYTES = 64 << 20
 
 
-def launch_meta(core: "CoreLaunch", config: GemmConfig, device: torch.device) -> dict:
+def launch_meta(core: "CoreLaunch", config: GemmConfig, device: torch.device, itemsize: int) -> dict:
     """``matmul_kernel``'s meta for ``core``: PDL with early release for a whole-tile decode launch (see
     PDL_DECODE), else the core's own (the SYMMCOLL_PDL switch's)."""
-    if not (PDL_DECODE and core.M <= PDL_DECODE_MAX_M and not core.meta["SPLIT"] and config.occupancy == 1):
+    if not (PDL_DECODE and core.M <= PDL_DECODE_MAX_M and not core.meta["SPLIT"] and config.occupancy == 1
+            and core.N * core.K * itemsize <= PDL_DECODE_MAX_B_BYTES):
         return core.meta
     decode = pdl_meta(device, True)
     return {**core.meta, **decode, "EARLY_RELEASE": True} if decode else core.meta
