@@ -493,3 +493,16 @@ def test_quantized_programs_fit_on_their_sms(monkeypatch, fmt, prefetch, registe
     compiled = kernel_specs.compile_specialised(launches[0])
     used, spilled = kernel_specs.ptxas_usage(compiled.asm["ptx"])
     assert used <= at_most and spilled <= (spill if fmt == "int8" else 0), (used, spilled)
+
+
+def test_pdl_placement_probe_builds_for_sm90():
+    """benchmarks/pdl_placement_probe.py (the next GPU session's probe of where a chain of decode GEMMs' programs
+    run under PDL): its kernel -- the GEMM core's K-loop with %smid and %globaltimer records -- builds for sm_90 with
+    PDL, so the probe cannot fail on the device for want of compiling."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pdl_placement_probe.py"
+    spec = importlib.util.spec_from_file_location("pdl_placement_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    probe.compile_only()
