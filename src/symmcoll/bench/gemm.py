@@ -381,7 +381,7 @@ def _warm_rows(m: int) -> int:
     compiles with PDL and early release: gemm.launch_meta)."""
     if m <= gemm.PDL_DECODE_MAX_M:
         return _warm_class(m)
-    return 1 if m == 1 else (gemm.PDL_DECODE_MAX_M + 16 if m % 16 == 0 else gemm.PDL_DECODE_MAX_M + 8)
+    return gemm.PDL_DECODE_MAX_M + (16 if m % 16 == 0 else 8)
 
 
 def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms: int) -> tuple:
