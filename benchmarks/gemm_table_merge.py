@@ -31,7 +31,7 @@ from pathlib import Path
 
 from symmcoll.bench.gemm import GRID_M, SHAPES, summarize
 from symmcoll.fused.gemm_configs import GemmConfig, untuned_config
-from symmcoll.fused.gemm_tables import lookup, table_of, write_table
+from symmcoll.fused.gemm_tables import lookup, table_of, table_settings, write_table
 
 
 def cells_of(path: Path) -> dict:
@@ -98,11 +98,12 @@ def main() -> None:
     args = parser.parse_args()
     tuned = json.loads(args.tuned.read_text())
     old_grid, new_grid = cells_of(args.old_grid), cells_of(args.new_grid)
-    entries = merged_entries(json.loads(args.shipped.read_text()), tuned, old_grid, new_grid, args)
+    shipped = json.loads(args.shipped.read_text())
+    entries = merged_entries(shipped, tuned, old_grid, new_grid, args)
     provenance = dict(tuned["provenance"], merged=f"{args.shipped_source} + {args.tuned_source} where faster "
                                                   f"by > {args.margin} x cuBLAS (benchmarks/gemm_table_merge.py)")
     path = write_table("h100", provenance, sorted(entries.values(), key=lambda e: (e["n"], e["k"], e["m"])),
-                       args.out)
+                       args.out, table_settings(shipped))
     print(f"written: {path} ({len(entries)} entries)")
     if args.expected_grid:
         expected_grid(table_of(list(entries.values())), old_grid, new_grid, args)

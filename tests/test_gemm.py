@@ -865,24 +865,36 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data(config):
     (GemmConfig(128, 128, 64, 8, 4, False, 8, 5, block_n2=32), 256, 2560, 8192),       # two-part, wave-split
     (GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16), 128, 1280, 8192),
     (GemmConfig(64, 64, 128, 8, 1, False, 4, 3, occupancy=2, flatten=True), 2048, 1024, 1024),  # a small product
+    # decode whole tiles: PDL with early release at 32 MB of B (gemm.decode_pdl), none at 80 MB -- decided by the
+    # real shape, not the tiny launch's
+    (GemmConfig(16, 64, 128, 1, 1, True, 4, 5), 16, 8192, 2048),
+    (GemmConfig(16, 64, 128, 1, 1, True, 4, 6), 16, 5120, 8192),
 ])
 def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     """The tiny launch a precompile worker makes compiles what the real cell launches: the same
-    constexprs (SPLIT included) and the same argument specialisation."""
+    constexprs (SPLIT, PDL and EARLY_RELEASE included) and the same argument specialisation."""
     from symmcoll import launcher
     from symmcoll.bench.gemm import compile_job, warm_launch
 
-    def recorded(cfg, mm, nn, kk, programs):
+    def recorded(cfg, mm, nn, kk, programs, early=None):
         with launcher.recording() as launches:
             a = torch.empty((mm, kk), dtype=torch.bfloat16, device="meta")
-            gemm.matmul(a, torch.empty((kk, nn), dtype=torch.bfloat16, device="meta"), config=cfg, programs=programs)
+            b = torch.empty((kk, nn), dtype=torch.bfloat16, device="meta")
+            if early is None:
+                gemm.matmul(a, b, config=cfg, programs=programs)
+            else:
+                with gemm.decode_pdl_switched(early):  # (as compile_in_worker launches it)
+                    gemm.matmul(a, b, config=cfg, programs=programs)
         (rec,) = launches
         specialised = tuple((v == 1, v % 16 == 0) for v, param in zip(rec.args, rec.kernel.params)
                             if isinstance(v, int) and not param.do_not_specialize)
         return rec.meta, specialised
 
     job = compile_job(config, m, n, k, "bf16", 132)
-    assert recorded(*warm_launch(job)) == recorded(config, m, n, k, 132 * config.occupancy)
+    real = recorded(config, m, n, k, 132 * config.occupancy)
+    assert recorded(*warm_launch(job), early=job[-1]) == real
+    assert bool(real[0].get("EARLY_RELEASE")) == job[-1] == (m <= 64 and n * k * 2 <= 64 << 20 and
+                                                               not real[0]["SPLIT"] and config.occupancy == 1)
 
 
 WARM_SCRIPT = """

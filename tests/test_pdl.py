@@ -210,3 +210,21 @@ def test_decode_gemms_launch_with_pdl_and_early_release_by_rule(m, n, k, config,
     meta = _with_pdl(False, record, decode=True)
     assert bool(meta.get("PDL")) == bool(meta.get("launch_pdl")) == bool(meta.get("EARLY_RELEASE")) == expected, meta
     assert not _with_pdl(False, record, decode=False).get("PDL")
+
+
+def test_decode_pdl_limits_come_from_the_gpu_models_table(tmp_path):
+    """The decode rule's limits are a measured setting of the GPU model's table ("pdl_decode"): the H200's
+    ships them (M <= 64, B <= 64 MB), the H100's not (never measured there: no decode launch takes PDL),
+    and gemm_tables.write_table keeps them through a re-tune's rewrite (the tune passes table_settings)."""
+    from symmcoll.fused import gemm_tables
+    assert gemm_tables.pdl_decode_limits("h200") == (64, 64 << 20)
+    assert gemm_tables.pdl_decode_limits("h100") is None
+    assert not gemm.decode_pdl(16, 8192, 2048, 2, False, 1, "h100")
+    assert gemm.decode_pdl(16, 8192, 2048, 2, False, 1, "h200")
+    h200 = gemm_tables.read_table("h200")
+    rows = h200["entries"][:2]
+    path = gemm_tables.write_table("h200", h200["provenance"], rows, tmp_path / "gemm_h200.json",
+                                   gemm_tables.table_settings(h200))
+    import json
+    written = json.loads(path.read_text())
+    assert written["pdl_decode"] == h200["pdl_decode"] and len(written["entries"]) == 2

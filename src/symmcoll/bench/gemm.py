@@ -182,7 +182,8 @@ def run_bench(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | No
     planned = len(shapes) * len(ms)
     profiling = cublas_names.start([(m, n, k) for _, n, k in shapes for m in ms], dtype_name,
                                    device.index) if cublas_kernels else None
-    jobs = [compile_job(gemm.gemm_config(m, n, k, dtype, device), m, n, k, dtype_name, facts["sms"])
+    jobs = [compile_job(gemm.gemm_config(m, n, k, dtype, device), m, n, k, dtype_name, facts["sms"],
+                        gpu_key(facts["gpu"]))
             for _, n, k in shapes for m in ms]
     failures = precompile(jobs, workers)
     compile_s = time.time() - started
@@ -376,27 +377,22 @@ def _warm_class(x: int) -> int:
     return 1 if x == 1 else (64 if x % 16 == 0 else 24)
 
 
-def _warm_rows(m: int) -> int:
-    """``_warm_class(m)`` on the same side of gemm.PDL_DECODE_MAX_M as ``m`` (a whole-tile decode launch
-    compiles with PDL and early release: gemm.launch_meta)."""
-    if m <= gemm.PDL_DECODE_MAX_M:
-        return _warm_class(m)
-    return gemm.PDL_DECODE_MAX_M + (16 if m % 16 == 0 else 8)
-
-
-def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms: int) -> tuple:
-    """What ``precompile`` needs to compile the kernel ``config`` runs at (m, n, k): the config, the
-    size classes Triton specialises on, and whether the launch shares tiles (another kernel)."""
+def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms: int,
+                key: str | None = "h200") -> tuple:
+    """What ``precompile`` needs to compile the kernel ``config`` runs at (m, n, k) on GPU model ``key``: the
+    config, the size classes Triton specialises on, whether the launch shares tiles (another kernel) and
+    whether it runs with PDL and early release (gemm.decode_pdl: by the real shape, not the tiny one's)."""
     programs = sms * config.occupancy
     shared = split_plan(config, tiles_of(config, m, n), k, programs).shared
-    return tuple(config.as_list()), _warm_rows(m), _warm_class(n), _warm_class(k), dtype_name, shared
+    early = gemm.decode_pdl(m, n, k, DTYPES[dtype_name].itemsize, shared, config.occupancy, key)
+    return tuple(config.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name, shared, early
 
 
 def warm_launch(job) -> tuple[GemmConfig, int, int, int, int | None]:
     """(config, m, n, k, programs) of a tiny launch that compiles ``job``'s kernel: its size classes;
     a sharing launch is made to share the same way (its tiles on four times as many programs, 64
     k-steps each: a wave split and stream-K both split there), a whole-tile one not to."""
-    config_list, m, n, k, _, shared = job
+    config_list, m, n, k, _, shared, _ = job
     config = GemmConfig.from_list(config_list)
     if shared:
         return config, m, n, 64 * config.block_k + k % 16, 4 * tiles_of(config, m, n)
@@ -412,7 +408,7 @@ def compile_in_worker(job) -> str:
     a = torch.empty((m, k), device="meta", dtype=dtype)
     b = torch.empty((k, n), device="meta", dtype=dtype)
     try:
-        with launcher.warming():
+        with launcher.warming(), gemm.decode_pdl_switched(job[6]):
             gemm.matmul(a, b, config=config, programs=programs)
         return ""
     except Exception as exc:  # noqa: BLE001 - reported by the parent, which skips the config

@@ -22,7 +22,7 @@ import torch
 
 from ..fused.gemm_candidates import candidates
 from ..fused.gemm_configs import GemmConfig
-from ..fused.gemm_tables import gpu_key, lookup, table_of, write_table
+from ..fused.gemm_tables import gpu_key, lookup, table_of, table_settings, write_table
 from .gemm import (DTYPES, MAX_REL_ERR, check, compile_in_worker, compile_job, compile_pool, cublas, current_gpu,
                    decided_ratio, gpu_facts, grid_shapes, make_cell, named, ours, timed_us)
 
@@ -64,18 +64,19 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
     if cells is None:
         shapes = grid_shapes(shape_filter) + [s for s in FUSED_SHAPES if named(s[0], shape_filter)]
         cells = [(name, m, n, k) for name, n, k in shapes for m in ms]
-    kept = json.loads(base.read_text())["entries"] if base and base.exists() else []
+    base_table = json.loads(base.read_text()) if base and base.exists() else {}
+    kept, settings = base_table.get("entries", []), table_settings(base_table)
     configs = {cell: cell_candidates(*cell[1:], sms, table_of(kept)) for cell in cells}
+    key = gpu_key(facts["gpu"]) or "gpu"
     # Compiles run ahead in worker processes, cell by cell in tuning order, while the cells before
     # are measured (a cell waits only for its own kernels; those of cells the budget cuts are dropped).
     pool = compile_pool(workers)
     compiling: dict[tuple, object] = {}
     for (_, m, n, k), cell_configs in configs.items():
         for config in cell_configs:
-            job = compile_job(config, m, n, k, dtype_name, sms)
+            job = compile_job(config, m, n, k, dtype_name, sms, key)
             if job not in compiling:
                 compiling[job] = pool.submit(compile_in_worker, job)
-    key = gpu_key(facts["gpu"]) or "gpu"
     entries, measured, failures = [], [], []
     path = out
     try:
@@ -86,7 +87,7 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
                 break
             for config in configs[(name, m, n, k)]:
                 try:
-                    error = compiling[compile_job(config, m, n, k, dtype_name, sms)].result()
+                    error = compiling[compile_job(config, m, n, k, dtype_name, sms, key)].result()
                 except Exception as exc:  # noqa: BLE001 - a dead worker: the measurement compiles what it needs
                     error = f"{config.label}: {type(exc).__name__} in a compile worker"
                 if error and error not in failures:
@@ -99,7 +100,8 @@ def tune(dtype_name: str, ms: tuple[int, ...], shape_filter: list[str] | None, r
                           f"{entry['cublas_us']:9.1f}  x{entry['ratio']:.3f}  ({entry['candidates']} configs, "
                           f"{time.time() - started:.0f} s)", highlight=False)
             done = {(e["m"], e["n"], e["k"]) for e in entries}
-            path = write_table(key, facts, [e for e in kept if (e["m"], e["n"], e["k"]) not in done] + entries, out)
+            path = write_table(key, facts, [e for e in kept if (e["m"], e["n"], e["k"]) not in done] + entries, out,
+                               settings)
             (path.parent / (path.stem + "-measurements.json")).write_text(json.dumps(dict(provenance=facts,
                                                                                            rows=measured)))
     finally:

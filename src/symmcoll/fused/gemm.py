@@ -18,6 +18,7 @@ per GPU model by ``symmcoll tune --op gemm``, or the untuned rule.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..launcher import launch, pdl_meta
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, split_plan
 from .gemm_kernel import matmul_kernel, split_sum_kernel
-from .gemm_tables import gemm_config
+from .gemm_tables import device_facts, gemm_config, pdl_decode_limits
 from .gemm_split import reduce_loads, split_counters
 
 # tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
@@ -136,31 +137,51 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     return out
 
 
-# The plain GEMM's decode launches of whole tiles (M <= PDL_DECODE_MAX_M, no split, one program an SM) of
-# weights up to PDL_DECODE_MAX_B_BYTES run with programmatic dependent launch and release the next kernel
-# right after their wait, whatever SYMMCOLL_PDL says (SYMMCOLL_PDL_DECODE=0: they follow it). In a chain
-# of the same GEMM on one H200 (results/2026-11-28-pdl-early-h200/call3, the 90 decode cells against no
-# PDL at all): 70b-tp8 o 0.90-0.92x the time, 70b-tp4 o 0.94-0.95x, 70b-tp4 qkv M = 8/16 0.93-0.94x,
-# 70b-tp8 down 0.95-0.97x, dsv3-expert 0.94-0.99x -- the next kernel's programs are dispatched while
-# ours finish, so its launch leaves no gap (cuBLAS's decode kernels launch so too). Not applied where
-# it was slower: split launches (405b-tp8 qkv 22 -> 23.5-30 us, call2), two programs an SM (405b-tp8 o
-# M = 16: 18.1 -> 22.5, call2), and longer reads -- every whole-tile cell of more than 64 MB of weights
-# ran at 0.99-1.31x (70b-tp2 qkv, 80 MB in 80 tiles: 1.24-1.31x; the gate_up cells of 112-448 MB
-# 1.04-1.12x where the tiles are 104-224; why is not measured). Loading B's first k-steps before the wait
-# as well (a weight) was slower again (call2's p1e / p2e columns): not kept.
+# The plain GEMM's decode launches of whole tiles (no split, one program an SM) up to the M and the bytes of B
+# that the GPU model's table measured ("pdl_decode": gemm_tables.pdl_decode_limits) run with programmatic
+# dependent launch and release the next kernel right after their wait, whatever SYMMCOLL_PDL says
+# (SYMMCOLL_PDL_DECODE=0: they follow it). On one H200 (results/2026-11-28-pdl-early-h200/call3, the 90 decode
+# cells in a chain of the same GEMM, against no PDL at all): 70b-tp8 o 0.90-0.92x the time, 70b-tp4 o
+# 0.94-0.95x, 70b-tp4 qkv M = 8/16 0.93-0.94x, 70b-tp8 down 0.95-0.97x, dsv3-expert 0.94-0.99x -- the next
+# kernel's programs are dispatched while ours finish, so its launch leaves no gap (cuBLAS's decode kernels
+# launch so too). Not applied where it was slower: split launches (405b-tp8 qkv 22 -> 23.5-30 us, call2), two
+# programs an SM (405b-tp8 o M = 16: 18.1 -> 22.5, call2), and longer reads -- every whole-tile cell of more
+# than 64 MB of weights ran at 0.99-1.31x (70b-tp2 qkv, 80 MB in 80 tiles: 1.24-1.31x; the gate_up cells of
+# 112-448 MB 1.04-1.12x where the tiles are 104-224; why is not measured): the H200 table's limits are M <= 64,
+# B <= 64 MB. The H100's table has none (not measured there). Loading B's first k-steps before the wait as
+# well (a weight) was slower again (call2's p1e / p2e columns): not kept.
 PDL_DECODE = os.environ.get("SYMMCOLL_PDL_DECODE", "1") == "1"
-PDL_DECODE_MAX_M = 64
-PDL_DECODE_MAX_B_BYTES = 64 << 20
+
+
+def decode_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int, key: str | None) -> bool:
+    """Whether a plain-GEMM launch of (M, N, K) runs with PDL and early release on GPU model ``key`` (see
+    PDL_DECODE): whole tiles, one program an SM, within the model's measured limits."""
+    if not PDL_DECODE or split or occupancy != 1:
+        return False
+    limits = pdl_decode_limits(key)
+    return limits is not None and M <= limits[0] and N * K * itemsize <= limits[1]
 
 
 def launch_meta(core: "CoreLaunch", config: GemmConfig, device: torch.device, itemsize: int) -> dict:
-    """``matmul_kernel``'s meta for ``core``: PDL with early release for a whole-tile decode launch (see
-    PDL_DECODE), else the core's own (the SYMMCOLL_PDL switch's)."""
-    if not (PDL_DECODE and core.M <= PDL_DECODE_MAX_M and not core.meta["SPLIT"] and config.occupancy == 1
-            and core.N * core.K * itemsize <= PDL_DECODE_MAX_B_BYTES):
+    """``matmul_kernel``'s meta for ``core``: PDL with early release for a whole-tile decode launch within
+    its GPU model's measured limits (``decode_pdl``), else the core's own (the SYMMCOLL_PDL switch's)."""
+    if not decode_pdl(core.M, core.N, core.K, itemsize, core.meta["SPLIT"], config.occupancy,
+                      device_facts(device)[0]):
         return core.meta
     decode = pdl_meta(device, True)
     return {**core.meta, **decode, "EARLY_RELEASE": True} if decode else core.meta
+
+
+@contextlib.contextmanager
+def decode_pdl_switched(on: bool):
+    """PDL_DECODE set to ``on`` inside the block (the precompile workers: a tiny launch on meta tensors
+    compiles what the real cell on the GPU being timed launches, ``bench.gemm.compile_job``)."""
+    global PDL_DECODE
+    saved, PDL_DECODE = PDL_DECODE, on
+    try:
+        yield
+    finally:
+        PDL_DECODE = saved
 
 
 @dataclass(frozen=True)

@@ -146,13 +146,36 @@ def explicit_entry(row: dict) -> dict:
     return {**row, "config": config.as_list(), "no_split": no_split.as_list(), "label": config.label}
 
 
-def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None = None) -> Path:
-    """Write a tuned table: rows of {m, n, k, config, no_split, us, ...} (symmcoll tune --op gemm)."""
+def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None = None,
+                settings: dict | None = None) -> Path:
+    """Write a tuned table: rows of {m, n, k, config, no_split, us, ...} (symmcoll tune --op gemm), and the
+    table's measured ``settings`` (e.g. TABLE_SETTINGS' "pdl_decode"), which a re-tune carries over."""
     path = path or table_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [explicit_entry(row) for row in rows]
-    path.write_text(json.dumps({"gpu": provenance.get("gpu"), "provenance": provenance, "entries": rows}, indent=1)
-                    + "\n")
+    path.write_text(json.dumps({"gpu": provenance.get("gpu"), "provenance": provenance, **(settings or {}),
+                                "entries": rows}, indent=1) + "\n")
     load_table.cache_clear()
     measured_cells.cache_clear()
+    pdl_decode_limits.cache_clear()
     return path
+
+
+# A table's fields besides its rows that a re-tune keeps: "pdl_decode" -- {"max_m", "max_b_bytes", "measured"}:
+# the plain GEMM's whole-tile decode launches up to that M and that many bytes of B run with programmatic
+# dependent launch and early release on this GPU model (fused/gemm.py launch_meta); absent: they do not (not
+# measured there).
+TABLE_SETTINGS = ("pdl_decode",)
+
+
+def table_settings(data: dict) -> dict:
+    """The TABLE_SETTINGS fields of a table file's JSON."""
+    return {name: data[name] for name in TABLE_SETTINGS if name in data}
+
+
+@functools.lru_cache(maxsize=None)
+def pdl_decode_limits(key: str | None) -> tuple[int, int] | None:
+    """(largest M, most bytes of B) of the decode launches that run with PDL and early release on GPU model
+    ``key``, from its table's "pdl_decode" (None: no such launches there)."""
+    found = read_table(key).get("pdl_decode")
+    return (int(found["max_m"]), int(found["max_b_bytes"])) if found else None
