@@ -239,7 +239,8 @@ for stage in $stages; do
         done
         # PDL_VARIANTS (default "off decode on"): off -- no PDL at all (SYMMCOLL_PDL=0 SYMMCOLL_PDL_DECODE=0);
         # decode -- the default: the whole-tile decode GEMMs with PDL and early release, the switch off;
-        # on -- SYMMCOLL_PDL=1 (every PDL-aware kernel), the decode GEMMs as in decode.
+        # on -- SYMMCOLL_PDL=1 (every PDL-aware kernel), the decode GEMMs as in decode. PDL_DECODE_LIMITS ("<max M>,<max
+        # bytes of B>", SYMMCOLL_PDL_DECODE_LIMITS) stands for the table's "pdl_decode" (a GPU whose table has none).
         for variant in ${PDL_VARIANTS:-off decode on}; do
           case $variant in
             off) pdl=0; decode=0 ;;
@@ -247,7 +248,8 @@ for stage in $stages; do
             on) pdl=1; decode=1 ;;
             *) echo "pdl: unknown variant $variant (off, decode, on)"; status=1; continue ;;
           esac
-          SYMMCOLL_PDL=$pdl SYMMCOLL_PDL_DECODE=$decode timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench \
+          SYMMCOLL_PDL=$pdl SYMMCOLL_PDL_DECODE=$decode SYMMCOLL_PDL_DECODE_LIMITS=${PDL_DECODE_LIMITS:-} \
+            timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench \
             --op gemm --dtype bf16 --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} \
             --no-cublas-kernels --out "$OUT/pdl/gemm_$variant" 2>&1 | tee "$OUT/pdl/gemm_$variant.log"
           [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -228,3 +228,22 @@ def test_decode_pdl_limits_come_from_the_gpu_models_table(tmp_path):
     import json
     written = json.loads(path.read_text())
     assert written["pdl_decode"] == h200["pdl_decode"] and len(written["entries"]) == 2
+
+
+def test_decode_pdl_limits_override_stands_for_every_table(monkeypatch):
+    """SYMMCOLL_PDL_DECODE_LIMITS (for measuring the rule where a table has none): '<max M>,<max bytes>' is the
+    limit on every GPU model; a malformed value names the variable."""
+    from symmcoll.fused import gemm_tables
+    monkeypatch.setattr(gemm_tables, "_LIMITS_OVERRIDE", "32,1048576")
+    gemm_tables.pdl_decode_limits.cache_clear()
+    try:
+        assert gemm_tables.pdl_decode_limits("h100") == gemm_tables.pdl_decode_limits("h200") == (32, 1 << 20)
+        assert gemm.decode_pdl(16, 512, 1024, 2, False, 1, "h100") and not gemm.decode_pdl(64, 512, 1024, 2, False, 1,
+                                                                                         "h100")
+        monkeypatch.setattr(gemm_tables, "_LIMITS_OVERRIDE", "64")
+        gemm_tables.pdl_decode_limits.cache_clear()
+        with pytest.raises(ValueError, match="SYMMCOLL_PDL_DECODE_LIMITS"):
+            gemm_tables.pdl_decode_limits("h100")
+    finally:
+        monkeypatch.undo()
+        gemm_tables.pdl_decode_limits.cache_clear()

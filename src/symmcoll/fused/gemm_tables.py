@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -173,9 +174,21 @@ def table_settings(data: dict) -> dict:
     return {name: data[name] for name in TABLE_SETTINGS if name in data}
 
 
+# SYMMCOLL_PDL_DECODE_LIMITS="<max M>,<max bytes of B>" stands for every table's "pdl_decode" (measuring the rule
+# on a GPU model whose table has none, e.g. the H100: scripts/gpu_check.sh's pdl stage passes PDL_DECODE_LIMITS).
+_LIMITS_OVERRIDE = os.environ.get("SYMMCOLL_PDL_DECODE_LIMITS", "")
+
+
 @functools.lru_cache(maxsize=None)
 def pdl_decode_limits(key: str | None) -> tuple[int, int] | None:
     """(largest M, most bytes of B) of the decode launches that run with PDL and early release on GPU model
-    ``key``, from its table's "pdl_decode" (None: no such launches there)."""
+    ``key``, from its table's "pdl_decode" or SYMMCOLL_PDL_DECODE_LIMITS (None: no such launches there)."""
+    if _LIMITS_OVERRIDE:
+        try:
+            max_m, max_bytes = (int(part) for part in _LIMITS_OVERRIDE.split(","))
+        except ValueError:
+            raise ValueError(f"SYMMCOLL_PDL_DECODE_LIMITS must be '<max M>,<max bytes of B>', got "
+                             f"{_LIMITS_OVERRIDE!r}") from None
+        return max_m, max_bytes
     found = read_table(key).get("pdl_decode")
     return (int(found["max_m"]), int(found["max_b_bytes"])) if found else None
