@@ -234,7 +234,7 @@ def _split_sum_apart():
         assert launcher.LAUNCH_COUNTS["split_sum_kernel"] == before + 1, apart.label
         assert torch.equal(out, gemm.matmul(a, b, config=config, programs=programs)), f"{apart.label}: sums differ"
         assert _rel_err(out, a, b) < 4e-3 and int(counters.abs().sum()) == 0
-        meta = gemm._core_shape(m, n, k, apart, 2, programs, device)[5][1]
+        meta = gemm._core_shape(m, n, k, apart, 2, programs, device, gemm.PDL_DECODE)[5][1]
         assert meta["PARTS"] == (plan.slots if plan.stream else plan.sharing) and meta["STREAM"] == plan.stream
     # no shared tile (4 tiles on 4 programs): no second launch
     before = launcher.LAUNCH_COUNTS["split_sum_kernel"]

@@ -130,9 +130,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
         return out.zero_()
     a = a if a.stride(1) == 1 else a.contiguous()
     src, b_t = b_layout(b, K)
-    config = config or gemm_config(M, N, K, a.dtype, a.device)
-    core = core_launch(a, src, b_t, out, config, programs)
-    launch(matmul_kernel, (core.grid,), core.args, launch_meta(core, config, a.device, a.element_size()))
+    core = core_launch(a, src, b_t, out, config or gemm_config(M, N, K, a.dtype, a.device), programs)
+    launch(matmul_kernel, (core.grid,), core.args, launch_meta(core, a.device))
     launch_split_sum(core, out)
     return out
 
@@ -162,11 +161,10 @@ def decode_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: in
     return limits is not None and M <= limits[0] and N * K * itemsize <= limits[1]
 
 
-def launch_meta(core: "CoreLaunch", config: GemmConfig, device: torch.device, itemsize: int) -> dict:
+def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:
     """``matmul_kernel``'s meta for ``core``: PDL with early release for a whole-tile decode launch within
-    its GPU model's measured limits (``decode_pdl``), else the core's own (the SYMMCOLL_PDL switch's)."""
-    if not decode_pdl(core.M, core.N, core.K, itemsize, core.meta["SPLIT"], config.occupancy,
-                      device_facts(device)[0]):
+    its GPU model's measured limits (``core.decode_pdl``), else the core's own (the SYMMCOLL_PDL switch's)."""
+    if not core.decode_pdl:
         return core.meta
     decode = pdl_meta(device, True)
     return {**core.meta, **decode, "EARLY_RELEASE": True} if decode else core.meta
@@ -206,6 +204,7 @@ class CoreLaunch:
     meta: dict
     sum_grid: tuple | None = None  # GemmConfig.sum_apart with shared tiles: split_sum_kernel's grid and meta
     sum_meta: dict | None = None
+    decode_pdl: bool = False  # a plain matmul launch runs with PDL and early release (``decode_pdl``, launch_meta)
 
     @property
     def args(self) -> tuple:
@@ -229,10 +228,11 @@ def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, programs: int | None,
-                device: torch.device) -> tuple:
+                device: torch.device, pdl_decode_switch: bool) -> tuple:
     """What core_launch derives from the shape alone (the fitted config, its split plan, the grid's tile
-    units, the plan's constexprs), once per shape: an eager call repeats none of it (issue 25's host
-    work per call)."""
+    units, the plan's constexprs, whether a plain matmul launch takes the decode PDL: ``decode_pdl`` under
+    ``pdl_decode_switch``, PDL_DECODE's value, a key of the cache), once per shape: an eager call repeats none of
+    it (issue 25's host work per call)."""
     config = config.fitted(itemsize)
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
     nprog = programs or programs_for(config, device)
@@ -249,7 +249,8 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
         summing = ((tiles - plan.whole_tiles, config.block_m // rows),
                    dict(BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m, ROWS=rows,
                         PARTS=plan.slots if plan.stream else plan.sharing, STREAM=plan.stream, num_warps=4))
-    return config, tiles, plan, max(1, grid), meta, summing
+    early = decode_pdl(M, N, K, itemsize, plan.shared, config.occupancy, device_facts(device)[0])
+    return config, tiles, plan, max(1, grid), meta, summing, early
 
 
 def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor, config: GemmConfig,
@@ -259,8 +260,8 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     programs (default ``programs_for``), descriptors where TMA may load (``use_tma``)."""
     (M, K), N = a.shape, out.shape[1]
     device_type = "meta" if a.device.type == "meta" else a.device.type
-    config, tiles, plan, grid, shape_meta, summing = _core_shape(M, N, K, config, a.element_size(), programs,
-                                                                 a.device)
+    config, tiles, plan, grid, shape_meta, summing, early = _core_shape(M, N, K, config, a.element_size(), programs,
+                                                                        a.device, PDL_DECODE)
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.tile_n,),
                                dtype=torch.float32, device=a.device)
@@ -283,7 +284,8 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
-                           **shape_meta, **pdl), *((summing[0], {**summing[1], **pdl}) if summing else ()))
+                           **shape_meta, **pdl), *((summing[0], {**summing[1], **pdl}) if summing else (None, None)),
+                      early)
 
 
 def compile_cases(make_workspace):
