@@ -30,23 +30,21 @@ from symmcoll.fused.gemm_tables import gemm_config
 REPLAYS = 20
 # (shape, m, n, k, configs beside the table's)
 CELLS = [
-    ("70b-tp8 qkv", 128, 1280, 8192, [GemmConfig(128, 128, 64, 8, 16, False, 8, 4, sum_apart=True),
-                                      GemmConfig(64, 128, 64, 8, 16, False, 4, 6),
-                                      GemmConfig(64, 64, 128, 8, 4, False, 4, 6)]),
-    ("70b-tp8 qkv", 512, 1280, 8192, [GemmConfig(64, 128, 64, 8, 4, False, 4, 8),
-                                      GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True)]),
-    ("70b-tp2 qkv", 128, 5120, 8192, [GemmConfig(64, 128, 64, 8, 1, False, 4, 8),
-                                      GemmConfig(128, 128, 64, 8, 2, False, 8, 6)]),
-    # decode cells whose weight B (32-72 MB) is read below 3.6 TB/s (grid3/): is the time inside the
-    # kernel (ramp, tail) or between kernels (the graph's launch gap)?
+    # (seventeenth stop) dsv3-expert gate_up M = 256: the one grid cell at 1.09-1.11x (64 x 128 p9, 128 tiles, 27.0-27.8
+    # us against cuBLAS 25.0-25.6). cuBLAS's kernel name (its tile and cluster), and whether fewer bytes a program
+    # from L2 -- 128 x 128 tiles in 2 parts (1.84 MB a program against 2.75), 128 x 256 in 4 -- pays once the
+    # parts are summed apart (the in-kernel sum of two 64 KB partials costs ~1.3 us on one SM).
+    ("dsv3-expert gate_up", 256, 4096, 7168, [GemmConfig(128, 128, 64, 8, 2, False, 8, 6, sum_apart=True),
+                                              GemmConfig(128, 128, 64, 8, 2, False, 8, 7),
+                                              GemmConfig(128, 256, 64, 8, 4, False, 8, 4, sum_apart=True),
+                                              GemmConfig(64, 128, 64, 4, 1, False, 4, 9)]),
+    # decode cells under the decode PDL rule (whole tiles, early release): how much of a call is the kernel now
     ("70b-tp4 o", 1, 8192, 2048, []),
-    ("70b-tp4 qkv", 64, 2560, 8192, []),
-    ("405b-tp8 qkv", 64, 2304, 16384, []),
-    # the fused ops' 1024^3 (all_gather_matmul at world size 1 and the core alone: 5.63-5.80 us against cuBLAS's
-    # 5.46-5.61, fifteenth stop): L2-warm as the fused bench calls it (``WARM``), the table's 64x128x128 p4 beside
-    # the tune's next two there (6.0 / 6.03 us in its measurements)
+    ("70b-tp4 qkv", 16, 2560, 8192, []),
+    # the fused ops' 1024^3 (all_gather_matmul at world size 1 and the core alone: 5.5 us in the kernel against
+    # cuBLAS's 5.3, sixteenth stop): L2-warm as the fused bench calls it (``WARM``), cuBLAS's kernel name
     ("fused 1024x1024", 1024, 1024, 1024, [GemmConfig(64, 128, 64, 8, 1, False, 4, 4),
-                                           GemmConfig(64, 128, 64, 8, 1, False, 4, 4, occupancy=2)]),
+                                           GemmConfig(128, 128, 64, 8, 2, False, 8, 4, sum_apart=True)]),
 ]
 # Cells measured as the fused bench calls them (gemm_tune.FUSED_SHAPES): one input set, L2-warm, three calls a replay.
 WARM = ("fused ",)
