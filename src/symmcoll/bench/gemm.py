@@ -383,11 +383,8 @@ def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms
     config, the size classes Triton specialises on, whether the launch shares tiles (another kernel) and
     whether it runs with PDL and early release (gemm.decode_pdl: by the real shape, not the tiny one's)."""
     programs = sms * config.occupancy
-    tiles = tiles_of(config, m, n)
-    plan = split_plan(config, tiles, k, programs)
-    shared = plan.shared
-    early = gemm.decode_pdl(m, n, k, DTYPES[dtype_name].itemsize, shared, config.occupancy, key,
-                            gemm.launch_grid(plan, tiles, programs), programs)
+    shared = split_plan(config, tiles_of(config, m, n), k, programs).shared
+    early = gemm.decode_pdl(m, n, k, DTYPES[dtype_name].itemsize, shared, config.occupancy, key)
     return tuple(config.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name, shared, early
 
 

@@ -150,40 +150,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
 # B <= 64 MB. The H100's table has none (not measured there). Loading B's first k-steps before the wait as
 # well (a weight) was slower again (call2's p1e / p2e columns): not kept.
 PDL_DECODE = os.environ.get("SYMMCOLL_PDL_DECODE", "1") == "1"
-# SYMMCOLL_PDL_DECODE_SPLITS=1 (an experiment, seventeenth stop): split decode launches (M within the limits, any
-# bytes of B) take the rule too where their grid fills the SMs (``fills_the_gpu``). Why: on one H200 (results/
-# 2026-11-28-pdl-placement-h200, the pdl-placement probe) a launch of 80 programs under early release spent 28 us
-# a call against 20 without PDL, its programs' work spread 13.6-28.9 us: the next kernel's programs take the SMs
-# ours leave idle, so they crowd some parts of the GPU (the SM clusters share their path to memory) while
-# 128 programs on 132 SMs ran 0.94x. A grid of every SM leaves no room to crowd.
-PDL_DECODE_SPLITS = os.environ.get("SYMMCOLL_PDL_DECODE_SPLITS", "0") == "1"
 
 
-def fills_the_gpu(grid: int, programs: int) -> bool:
-    """Whether a launch of ``grid`` programs of one per SM leaves at most 1/32 of the ``programs`` SMs idle."""
-    return grid * 32 >= programs * 31
-
-
-def decode_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int, key: str | None,
-               grid: int = 0, programs: int = 0) -> bool:
-    """Whether a plain-GEMM launch of (M, N, K) in ``grid`` programs (``programs``: the SMs) runs with PDL and
-    early release on GPU model ``key`` (see PDL_DECODE): one program an SM, M within the model's measured
-    limit, and whole tiles within its bytes of B -- or (PDL_DECODE_SPLITS) split tiles over a grid that
-    fills the SMs."""
-    if not PDL_DECODE or occupancy != 1:
+def decode_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int, key: str | None) -> bool:
+    """Whether a plain-GEMM launch of (M, N, K) runs with PDL and early release on GPU model ``key`` (see
+    PDL_DECODE): whole tiles, one program an SM, within the model's measured limits."""
+    if not PDL_DECODE or split or occupancy != 1:
         return False
     limits = pdl_decode_limits(key)
-    if limits is None or M > limits[0]:
-        return False
-    if split:
-        return PDL_DECODE_SPLITS and fills_the_gpu(grid, programs)
-    return N * K * itemsize <= limits[1]
-
-
-def launch_grid(plan, tiles: int, programs: int) -> int:
-    """Programs of a GEMM-core launch of ``tiles`` tiles split by ``plan`` over at most ``programs``."""
-    units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
-    return max(1, min(programs, max(units, plan.whole_tiles)) if plan.shared else min(tiles, programs))
+    return limits is not None and M <= limits[0] and N * K * itemsize <= limits[1]
 
 
 def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:
@@ -262,7 +237,8 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
     nprog = programs or programs_for(config, device)
     plan = split_plan(config, tiles, K, nprog)
-    grid = launch_grid(plan, tiles, nprog)
+    units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
+    grid = min(nprog, max(units, plan.whole_tiles)) if plan.shared else min(tiles, nprog)
     sum_apart = config.sum_apart and plan.shared
     meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.tile_n, config.num_warps) if plan.shared else 1,
@@ -273,8 +249,8 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
         summing = ((tiles - plan.whole_tiles, config.block_m // rows),
                    dict(BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m, ROWS=rows,
                         PARTS=plan.slots if plan.stream else plan.sharing, STREAM=plan.stream, num_warps=4))
-    early = decode_pdl(M, N, K, itemsize, plan.shared, config.occupancy, device_facts(device)[0], grid, nprog)
-    return config, tiles, plan, grid, meta, summing, early
+    early = decode_pdl(M, N, K, itemsize, plan.shared, config.occupancy, device_facts(device)[0])
+    return config, tiles, plan, max(1, grid), meta, summing, early
 
 
 def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor, config: GemmConfig,
