@@ -43,8 +43,9 @@ CELLS = [
     ("70b-tp4 qkv", 16, 2560, 8192, []),
     # the fused ops' 1024^3 (all_gather_matmul at world size 1 and the core alone: 5.5 us in the kernel against
     # cuBLAS's 5.3, sixteenth stop): L2-warm as the fused bench calls it (``WARM``), cuBLAS's kernel name
-    ("fused 1024x1024", 1024, 1024, 1024, [GemmConfig(64, 128, 64, 8, 1, False, 4, 4),
-                                           GemmConfig(128, 128, 64, 8, 2, False, 8, 4, sum_apart=True)]),
+    ("fused 1024x1024", 1024, 1024, 1024, [GemmConfig(128, 64, 64, 8, 1, False, 4, 4),
+                                           GemmConfig(128, 64, 128, 8, 1, False, 4, 4),
+                                           GemmConfig(128, 64, 64, 8, 1, False, 8, 5)]),
 ]
 # Cells measured as the fused bench calls them (gemm_tune.FUSED_SHAPES): one input set, L2-warm, three calls a replay.
 WARM = ("fused ",)
@@ -99,10 +100,13 @@ def traced(calls) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cells", nargs="*", default=None, help="only the cells whose name holds one of these")
     args = parser.parse_args()
     device = current_gpu()
     rows = []
     for name, m, n, k, extra in CELLS:
+        if args.cells and not any(part in name for part in args.cells):
+            continue
         warm = name.startswith(WARM)
         cell = make_cell(name, m, n, k, DTYPES["bf16"], device, rotate=not warm)
         repeat = WARM_CALLS if warm else 1

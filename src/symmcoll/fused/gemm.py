@@ -215,7 +215,7 @@ class CoreLaunch:
 
 # Elements of a tile split_sum_kernel's program sums (ROWS = this / block_n rows): 128 x 128 tiles in 8-row
 # chunks, 16 a tile, so 10 shared tiles (128 x 1280) give 160 programs, each loading 4 KB per part.
-SUM_ELEMENTS = 1024
+SUM_ELEMENTS = int(os.environ.get("SYMMCOLL_SUM_ELEMENTS", "1024"))  # (the override: an experiment's knob)
 
 
 def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
