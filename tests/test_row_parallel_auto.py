@@ -22,7 +22,7 @@ def request(op, m, n, k, dtype=BF16, device=CUDA):
 
 @pytest.fixture
 def no_table(monkeypatch):
-    """No tuned rules (the shipped table has none for these ops; a user's table must not leak in)."""
+    """No tuned rules (the built-in defaults; neither the shipped table nor a user's may leak in)."""
     monkeypatch.setattr(dispatch, "active_table", lambda device=None: dispatch.Table((), "test: none"))
 
 
@@ -80,6 +80,24 @@ def test_auto_never_two_shot(no_table, device):
 def test_matmul_reduce_scatter_auto_is_unfused(no_table):
     for m in (16, 128, 512, 2048, 8192, 16384):
         assert choose(m, world=4, op="matmul_reduce_scatter") == "unfused", m
+
+
+@pytest.mark.parametrize("world, unfused_to", [(4, 1024), (2, 512)])
+def test_shipped_h200_table_runs_chunked_matmul_reduce_scatter_past_its_crossover(monkeypatch, world, unfused_to):
+    # dispatch_h200.json from the fused bench on 4x H200 (benchmarks/results/2026-11-28-fused-ws4-h200x4):
+    # chunked 17-22% faster than unfused at 4 ranks from M = 2048 (N = 8192, K = 28672), 4-7% at 2 ranks from
+    # 1024; unfused at 512 and below (chunked 162 against 105 us at 4 ranks).
+    monkeypatch.delenv("SYMMCOLL_DISPATCH_FILE", raising=False)
+    monkeypatch.setattr(dispatch, "USER_TABLE", dispatch.PACKAGED_TABLE.with_name("no-such-table.json"))
+    dispatch.active_table.cache_clear()
+    try:
+        k = 28672 // world
+        for m in (16, 128, 512, unfused_to):
+            assert choose(m, k=k, world=world, op="matmul_reduce_scatter") == "unfused", m
+        for m in (2 * unfused_to, 8192, 16384):
+            assert choose(m, k=k, world=world, op="matmul_reduce_scatter") == "chunked", m
+    finally:
+        dispatch.active_table.cache_clear()
 
 
 def _bench_row(op, name, shape, us, world):
