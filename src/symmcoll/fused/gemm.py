@@ -146,9 +146,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
 # launch so too). Not applied where it was slower: split launches (405b-tp8 qkv 22 -> 23.5-30 us, call2), two
 # programs an SM (405b-tp8 o M = 16: 18.1 -> 22.5, call2), and longer reads -- every whole-tile cell of more
 # than 64 MB of weights ran at 0.99-1.31x (70b-tp2 qkv, 80 MB in 80 tiles: 1.24-1.31x; the gate_up cells of
-# 112-448 MB 1.04-1.12x where the tiles are 104-224; why is not measured): the H200 table's limits are M <= 64,
-# B <= 64 MB. The H100's table has none (not measured there). Loading B's first k-steps before the wait as
-# well (a weight) was slower again (call2's p1e / p2e columns): not kept.
+# 112-448 MB 1.04-1.12x where the tiles are 104-224): the H200 table's limits are M <= 64, B <= 64 MB. Why they
+# lose (results/2026-11-28-pdl-placement-h200/call1, a probe of each program's SM and timer): at 80 tiles the
+# next launch's programs take the SMs ours leave idle, so each launch runs crowded on whichever SMs were free
+# (its programs' reads of 1 MB took 13.6-28.9 us against 19.0-21.5 without PDL), where 128 programs on 132 SMs
+# leave no room to crowd. Split launches over every SM under the rule lost too (the same folder, call2). The
+# H100's table has none (not measured there). Loading B's first k-steps before the wait as well (a weight) was
+# slower again (call2's p1e / p2e columns): not kept.
 PDL_DECODE = os.environ.get("SYMMCOLL_PDL_DECODE", "1") == "1"
 
 
@@ -215,7 +219,7 @@ class CoreLaunch:
 
 # Elements of a tile split_sum_kernel's program sums (ROWS = this / block_n rows): 128 x 128 tiles in 8-row
 # chunks, 16 a tile, so 10 shared tiles (128 x 1280) give 160 programs, each loading 4 KB per part.
-SUM_ELEMENTS = int(os.environ.get("SYMMCOLL_SUM_ELEMENTS", "1024"))  # (the override: an experiment's knob)
+SUM_ELEMENTS = 1024
 
 
 def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
