@@ -252,7 +252,9 @@ def check_operands(request: plan.Request) -> tuple[int, int, int]:
 # read B once per shard: W reads of the weights), 1.2x at 512, 1.03x at 2048-16384. With one pass over B
 # where shards are shorter than a tile (``tiling``; benchmarks/results/2026-11-27-rowpar-branches-h100x4/mrs)
 # it still lost by 5-13%: 52.2 / 57.6 / 113.6 / 1778.5 us against 46.1 / 53.2 / 105.9 / 1696.0 at M = 16 /
-# 128 / 512 / 8192.
+# 128 / 512 / 8192. (The H200's dispatch table has rules of this op since 2026-11-28: chunked past M * N * K =
+# 1024 x 8192 x 28672 at 4 ranks and 512 x 8192 x 28672 at 2, 17-22% / 4-7% ahead of unfused there,
+# benchmarks/results/2026-11-28-fused-ws4-h200x4; this default is what a table without them falls back to.)
 AUTO_DEFAULT = "unfused"
 
 
