@@ -241,19 +241,14 @@ for stage in $stages; do
         # decode -- the default: the whole-tile decode GEMMs with PDL and early release, the switch off;
         # on -- SYMMCOLL_PDL=1 (every PDL-aware kernel), the decode GEMMs as in decode. PDL_DECODE_LIMITS ("<max M>,<max
         # bytes of B>", SYMMCOLL_PDL_DECODE_LIMITS) stands for the table's "pdl_decode" (a GPU whose table has none).
-        # decode_pfL: decode with SYMMCOLL_PDL_DECODE_PREFETCH_LINES=L (an experiment: L lines of each W row
-        # prefetched into L2 before the wait).
         for variant in ${PDL_VARIANTS:-off decode on}; do
-          lines=0
           case $variant in
             off) pdl=0; decode=0 ;;
             decode) pdl=0; decode=1 ;;
-            decode_pf*) pdl=0; decode=1; lines=${variant#decode_pf} ;;
             on) pdl=1; decode=1 ;;
-            *) echo "pdl: unknown variant $variant (off, decode, decode_pf<L>, on)"; status=1; continue ;;
+            *) echo "pdl: unknown variant $variant (off, decode, on)"; status=1; continue ;;
           esac
           SYMMCOLL_PDL=$pdl SYMMCOLL_PDL_DECODE=$decode SYMMCOLL_PDL_DECODE_LIMITS=${PDL_DECODE_LIMITS:-} \
-            SYMMCOLL_PDL_DECODE_PREFETCH_LINES=$lines \
             timeout ${PDL_GEMM_TIMEOUT:-60} python3 -m symmcoll bench \
             --op gemm --dtype bf16 --shapes ${PDL_GEMM_SHAPES:-70b-tp8 70b-tp2} --m ${PDL_GEMM_M:-1 16 64} \
             --no-cublas-kernels --out "$OUT/pdl/gemm_$variant" 2>&1 | tee "$OUT/pdl/gemm_$variant.log"

@@ -154,12 +154,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
 # H100's table has none (not measured there). Loading B's first k-steps before the wait as well (a weight) was
 # slower again (call2's p1e / p2e columns): not kept.
 PDL_DECODE = os.environ.get("SYMMCOLL_PDL_DECODE", "1") == "1"
-# An experiment (seventeenth stop), off by default: SYMMCOLL_PDL_DECODE_PREFETCH_LINES=L (a power of two) makes every
-# program of a decode-rule launch of W = B^T ask L2 for the first L 128-byte lines of each row of its tile's W before
-# its wait (language/pdl.prefetch_lines_l2: the load/store unit's prefetch, where the TMA unit's bulk one lost).
-DECODE_PREFETCH_LINES = int(os.environ.get("SYMMCOLL_PDL_DECODE_PREFETCH_LINES", "0"))
-if DECODE_PREFETCH_LINES & (DECODE_PREFETCH_LINES - 1) or DECODE_PREFETCH_LINES < 0:
-    raise ValueError(f"SYMMCOLL_PDL_DECODE_PREFETCH_LINES must be 0 or a power of two, got {DECODE_PREFETCH_LINES}")
 
 
 def decode_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int, key: str | None) -> bool:
@@ -177,9 +171,7 @@ def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:
     if not core.decode_pdl:
         return core.meta
     decode = pdl_meta(device, True)
-    if not decode:
-        return core.meta
-    return {**core.meta, **decode, "EARLY_RELEASE": True, "PREFETCH_LINES": core.prefetch_lines}
+    return {**core.meta, **decode, "EARLY_RELEASE": True} if decode else core.meta
 
 
 @contextlib.contextmanager
@@ -217,14 +209,12 @@ class CoreLaunch:
     sum_grid: tuple | None = None  # GemmConfig.sum_apart with shared tiles: split_sum_kernel's grid and meta
     sum_meta: dict | None = None
     decode_pdl: bool = False  # a plain matmul launch runs with PDL and early release (``decode_pdl``, launch_meta)
-    b_raw: torch.Tensor | None = None  # W itself where a decode launch prefetches it (DECODE_PREFETCH_LINES)
-    prefetch_lines: int = 0
 
     @property
     def args(self) -> tuple:
         """``matmul_kernel``'s runtime arguments, in order."""
         return (self.a, self.b, self.b2, self.c, self.M, self.N, self.K, *self.strides, self.whole_tiles,
-                self.sharing, self.slots, self.partials, self.counters, self.b_raw)
+                self.sharing, self.slots, self.partials, self.counters)
 
 
 # Elements of a tile split_sum_kernel's program sums (ROWS = this / block_n rows): 128 x 128 tiles in 8-row
@@ -295,12 +285,11 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     tma_store = tma and config.tma_store
     c_arg = c_descriptor(out, M, config) if tma_store else out
     pdl = pdl_meta(a.device)
-    prefetch = DECODE_PREFETCH_LINES if early and b_t and tma else 0
     return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),
                            **shape_meta, **pdl), *((summing[0], {**summing[1], **pdl}) if summing else (None, None)),
-                      early, src if prefetch else None, prefetch)
+                      early)
 
 
 def compile_cases(make_workspace):

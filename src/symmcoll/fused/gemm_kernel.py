@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..language import INTERPRETED, narrow, prefetch_lines_l2, release_dependents, wait_prior_grid
+from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
 from .gemm_split import split_reduce, store_partial, stream_cut, stream_owner, stream_range, wave_part
 
 
@@ -216,8 +216,6 @@ def matmul_kernel(
     # programs [0, sharing) (STREAM: stream-K) or cut into `sharing` parts a tile (the wave split);
     # fp32 partials [shared tiles, slots, BM, BN + BN2] and per-shared-tile counters (all zero)
     whole_tiles, sharing, slots, partials_ptr, counters_ptr,
-    # W itself where PREFETCH_LINES > 0 (b_ptr is then its descriptor), else None
-    b_raw,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
     B_T: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr,
     PRECISION: tl.constexpr, SPLIT: tl.constexpr, FLATTEN: tl.constexpr, STREAM: tl.constexpr,
@@ -227,12 +225,10 @@ def matmul_kernel(
     BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide (no stream-K)
     SUM_APART: tl.constexpr = False,  # split tiles' partials summed by split_sum_kernel (GemmConfig.sum_apart)
     EARLY_RELEASE: tl.constexpr = False,  # PDL: the next kernel may launch right after our wait (gemm.launch_meta)
-    PREFETCH_LINES: tl.constexpr = 0,  # PDL: 128-byte lines of each row of its first tile's W asked of L2 before the wait
 ):
     persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
                       partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE,
-                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART, EARLY_RELEASE,
-                      b_raw, PREFETCH_LINES)
+                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART, EARLY_RELEASE)
 
 
 @triton.jit
@@ -242,7 +238,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                       HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
                       FLATTEN: tl.constexpr, STREAM: tl.constexpr, REDUCE_LOADS: tl.constexpr, C_HALVES: tl.constexpr,
                       PDL: tl.constexpr, BN2: tl.constexpr, SUM_APART: tl.constexpr = False,
-                      EARLY_RELEASE: tl.constexpr = False, b_raw=None, PREFETCH_LINES: tl.constexpr = 0):
+                      EARLY_RELEASE: tl.constexpr = False):
     """``matmul_kernel``'s whole body (its parameters, in its order): every program of the grid runs its
     whole tiles, then its parts of the split ones. A kernel that calls it compiles the GEMM core's
     tile loop itself -- all_gather_matmul's kernel does alone, where it has nothing to wait for.
@@ -258,18 +254,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
     num_n = tl.cdiv(N, BN + BN2)
     tiles = num_m * num_n
     program = tl.program_id(0)
-    if PREFETCH_LINES > 0:
-        # (gemm.DECODE_PREFETCH_LINES, an experiment: whole tiles of W = B^T) the first PREFETCH_LINES lines of each
-        # row of my first tile's W, asked of L2 while the previous kernel finishes -- a hint (prefetch_lines_l2)
-        tl.static_assert(B_T and not SPLIT, "W's lines are prefetched for whole tiles of W = B^T")
-        if program < tiles:
-            _, pid_n0 = grouped_tile(program, num_m, num_n, GROUP_M)
-            rows = pid_n0 * BN + tl.arange(0, BN)
-            per_line: tl.constexpr = 128 // (b_raw.dtype.element_ty.primitive_bitwidth // 8)
-            ks = tl.arange(0, PREFETCH_LINES) * per_line
-            prefetch_lines_l2(b_raw + rows.to(tl.int64)[:, None] * stride_b + ks[None, :],
-                              (rows < N)[:, None] & (ks < K)[None, :])
-    # PDL: nothing global before this but hints (a device-side descriptor is written to global scratch)
+    # PDL: nothing global before this (a device-side descriptor is written to global scratch)
     wait_prior_grid(PDL)
     if EARLY_RELEASE:
         release_dependents(PDL)

@@ -22,7 +22,7 @@ from .words import EMPTY, WORD_FORMAT, pack, padded_words, sanitize, sanitize_va
 from .flags import acquire_flag, release_flag
 from .tiles import send_tile_flag, tile_values, tile_words, values_of, wait_tile_flag, words_of
 from .barrier import barrier_kernel, open_call
-from .pdl import prefetch_lines_l2, release_dependents, wait_prior_grid
+from .pdl import release_dependents, wait_prior_grid
 from .codecs import (FORMAT_BITS, FORMATS, dequantize_groups, pack_words, quantize_groups, shard_geometry,
                      unpack_words)
 
@@ -38,5 +38,5 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
            "FORMATS", "dequantize_groups", "pack_words", "quantize_groups", "unpack_words", "send_tile_flag",
            "tile_values", "tile_words", "values_of", "wait_tile_flag", "words_of"]
 __all__ += ["announce_at", "post_header_at", "program0_peer_bases", "checks_headers", "post_call", "nan_max", "nan_maximum", "nan_min", "nan_minimum", "acquire_flag", "release_flag"]
-__all__ += ["prefetch_lines_l2", "release_dependents", "wait_prior_grid"]
+__all__ += ["release_dependents", "wait_prior_grid"]
 __all__ += ["shard_geometry"]

@@ -58,18 +58,3 @@ def release_dependents(PDL: tl.constexpr):
             pass
         else:
             gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_lines_l2(ptrs, mask):
-    """Ask L2 for the 128-byte line at each pointer where ``mask`` holds (``prefetch.global.L2``: the load/store
-    unit's hint, no register written, no completion; not the TMA unit's bulk prefetch, which slowed the GEMM
-    core's own loads behind it, results/2026-11-28-pdl-prefetch-h200). A hint only, so it may come before
-    ``wait_prior_grid``: L2 is the GPU's point of coherence, a line the previous kernel writes after it was
-    prefetched is the written line when loaded. A no-op under the interpreter."""
-    if INTERPRETED:
-        pass
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
