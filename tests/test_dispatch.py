@@ -54,7 +54,7 @@ def test_packaged_table_covers_every_op_at_4_and_2_ranks():
         for world in (2, 4):
             assert any(r.op == op and r.world_size == world for r in table.rules), (op, world)
     for rule in table.rules:
-        assert rule.algorithm == dispatch.FALLBACK or rule.algorithm in symmcoll.ALGORITHMS[rule.op]
+        assert rule.algorithm in (dispatch.FALLBACK, dispatch.DEFAULT) or rule.algorithm in symmcoll.ALGORITHMS[rule.op]
 
 
 def test_table_from_results_picks_the_fastest_correct_and_merges():
@@ -131,7 +131,7 @@ def test_each_gpu_model_reads_its_own_packaged_table(tmp_path, monkeypatch):
         for world in (2, 4):
             assert any(r.op == op and r.world_size == world for r in table.rules), (op, world)
     for rule in table.rules:
-        assert rule.algorithm == dispatch.FALLBACK or rule.algorithm in symmcoll.ALGORITHMS[rule.op]
+        assert rule.algorithm in (dispatch.FALLBACK, dispatch.DEFAULT) or rule.algorithm in symmcoll.ALGORITHMS[rule.op]
     # a call's device picks the table: CPU (no GPU model) and no device both read the H200 table
     monkeypatch.delenv("SYMMCOLL_DISPATCH_FILE", raising=False)
     monkeypatch.setattr(dispatch, "USER_TABLE", tmp_path / "no-user-table.json")

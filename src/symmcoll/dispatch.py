@@ -13,8 +13,11 @@ Which table is used, first found: ``$SYMMCOLL_DISPATCH_FILE``; the file ``symmco
 (``data/dispatch_<model>.json``: h200, h100), else the H200 one (also on CPU). A case the table does
 not know (another world size) uses the nearest world size of the same op, except a group of one: rules
 measured on several ranks weigh communication it does not have (a fused op's one-rank call runs its
-default). What the table names is only a proposal: ``symmcoll.plan`` decides what runs (an unsupported
-case goes to the process group's own collective, "nccl"; gloo on CPU).
+default). A rule may name ``DEFAULT`` ("default"): the op's built-in default at those sizes (``plan.default_algorithm``,
+which may depend on the shape, as matmul_all_reduce's one-shot decode rule does) -- how a table keeps the default
+below a measured crossover, or at a world size it has not measured (which would otherwise take the nearest one's
+rules). What the table names is only a proposal: ``symmcoll.plan`` decides what runs (an unsupported case goes to
+the process group's own collective, "nccl"; gloo on CPU).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .fused.gemm_tables import device_facts, table_path
 log = logging.getLogger("symmcoll")
 
 FALLBACK = "nccl"
+DEFAULT = "default"  # a rule's algorithm: the op's built-in default (plan.default_algorithm)
 USER_TABLE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "symmcoll" / "dispatch.json"
 # The GPU models' tables live beside the GEMM and roofline tables (gemm_tables.table_path); the H200 one
 # serves every GPU without a table of its own, and CPU.

@@ -321,7 +321,7 @@ def choose(request: Request, world: int, algorithm: str = "auto", topo: topology
         name = dispatch.choose(request.op, world, request.dtype, _dispatch_bytes(request, world), request.device)
         # The backend would read device-side splits back to the host (a synchronisation the caller
         # asked to avoid): "auto" keeps them on the device.
-        if name not in table or (name == BACKEND and request.splits == DEVICE_SPLITS):
+        if name == dispatch.DEFAULT or name not in table or (name == BACKEND and request.splits == DEVICE_SPLITS):
             name = default_algorithm(request.op, request, world)
     seen = []
     while name != BACKEND:
