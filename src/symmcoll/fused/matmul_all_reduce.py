@@ -217,7 +217,7 @@ def one_shot_pays(m: int, n: int, itemsize: int, world: int, config: GemmConfig,
 
 def choose_default(request: plan.Request, world: int) -> str:
     """What "auto" runs where the dispatch table has no rule of this op at this world size (or its rule says
-    "default": the H200 table's, everywhere but two_shot at 4 ranks from M * N * K = 4096 x 8192 x 28672): never
+    "default": the H200 table's, everywhere but two_shot at 4 ranks past M * N * K = 2048 x 8192 x 28672): never
     two_shot (on 4x H100 it lost to unfused at every M: at M <= 128 its row shards read B once per
     shard, at M >= 512 its all-gather costs more than the overlap saves -- benchmarks/NOTES.md), the
     one-shot kernel where ``one_shot_pays``, else unfused. The tiles are those the one-shot kernel
