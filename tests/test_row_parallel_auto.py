@@ -27,6 +27,16 @@ def no_table(monkeypatch):
 
 
 @pytest.fixture
+def shipped_table(monkeypatch):
+    """The table that ships for the H200 (neither $SYMMCOLL_DISPATCH_FILE nor a user's table)."""
+    monkeypatch.delenv("SYMMCOLL_DISPATCH_FILE", raising=False)
+    monkeypatch.setattr(dispatch, "USER_TABLE", dispatch.PACKAGED_TABLE.with_name("no-such-table.json"))
+    dispatch.active_table.cache_clear()
+    yield
+    dispatch.active_table.cache_clear()
+
+
+@pytest.fixture
 def decode_tile(monkeypatch):
     """The one-shot kernel's tiles fixed to DECODE_TILE, whatever the shipped tables say."""
     monkeypatch.setattr(mmar, "gemm_config", lambda *args, **kwargs: DECODE_TILE)
@@ -83,41 +93,29 @@ def test_matmul_reduce_scatter_auto_is_unfused(no_table):
 
 
 @pytest.mark.parametrize("world, unfused_to", [(4, 1024), (2, 512)])
-def test_shipped_h200_table_runs_chunked_matmul_reduce_scatter_past_its_crossover(monkeypatch, world, unfused_to):
+def test_shipped_h200_table_runs_chunked_matmul_reduce_scatter_past_its_crossover(shipped_table, world, unfused_to):
     # dispatch_h200.json from the fused bench on 4x H200 (benchmarks/results/2026-11-28-fused-ws4-h200x4):
     # chunked 17-22% faster than unfused at 4 ranks from M = 2048 (N = 8192, K = 28672), 4-7% at 2 ranks from
     # 1024; unfused at 512 and below (chunked 162 against 105 us at 4 ranks).
-    monkeypatch.delenv("SYMMCOLL_DISPATCH_FILE", raising=False)
-    monkeypatch.setattr(dispatch, "USER_TABLE", dispatch.PACKAGED_TABLE.with_name("no-such-table.json"))
-    dispatch.active_table.cache_clear()
-    try:
-        k = 28672 // world
-        for m in (16, 128, 512, unfused_to):
-            assert choose(m, k=k, world=world, op="matmul_reduce_scatter") == "unfused", m
-        for m in (2 * unfused_to, 8192, 16384):
-            assert choose(m, k=k, world=world, op="matmul_reduce_scatter") == "chunked", m
-    finally:
-        dispatch.active_table.cache_clear()
+    k = 28672 // world
+    for m in (16, 128, 512, unfused_to):
+        assert choose(m, k=k, world=world, op="matmul_reduce_scatter") == "unfused", m
+    for m in (2 * unfused_to, 8192, 16384):
+        assert choose(m, k=k, world=world, op="matmul_reduce_scatter") == "chunked", m
 
 
-def test_shipped_h200_table_runs_two_shot_matmul_all_reduce_only_at_large_m_on_4_ranks(monkeypatch, decode_tile):
+def test_shipped_h200_table_runs_two_shot_matmul_all_reduce_only_at_large_m_on_4_ranks(shipped_table, decode_tile):
     # dispatch_h200.json (benchmarks/results/2026-11-28-fused-ws4-h200x4, call1, call5, call6): two_shot 4-9% ahead of
     # unfused from M = 4096 at 4 ranks (N = 8192, K = 28672), behind at 2048; below its rule "default" keeps the
     # shape-dependent decode rule (one_shot), and 2 / 8 ranks keep the default at every size.
-    monkeypatch.delenv("SYMMCOLL_DISPATCH_FILE", raising=False)
-    monkeypatch.setattr(dispatch, "USER_TABLE", dispatch.PACKAGED_TABLE.with_name("no-such-table.json"))
-    dispatch.active_table.cache_clear()
-    try:
-        assert choose(16, k=7168, world=4) == "one_shot"
-        for m in (128, 2048):
-            assert choose(m, k=7168, world=4) == "unfused", m
-        for m in (4096, 8192, 16384, 32768):
-            assert choose(m, k=7168, world=4) == "two_shot", m
-        for world in (2, 8):
-            for m in (16384, 32768):
-                assert choose(m, k=28672 // world, world=world) == "unfused", (world, m)
-    finally:
-        dispatch.active_table.cache_clear()
+    assert choose(16, k=7168, world=4) == "one_shot"
+    for m in (128, 2048):
+        assert choose(m, k=7168, world=4) == "unfused", m
+    for m in (4096, 8192, 16384, 32768):
+        assert choose(m, k=7168, world=4) == "two_shot", m
+    for world in (2, 8):
+        for m in (16384, 32768):
+            assert choose(m, k=28672 // world, world=world) == "unfused", (world, m)
 
 
 def _bench_row(op, name, shape, us, world):
