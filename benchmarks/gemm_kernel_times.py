@@ -24,7 +24,8 @@ import torch
 
 from symmcoll.bench.gemm import DTYPES, MAX_REL_ERR, check, cublas, current_gpu, gpu_facts, make_cell, ours
 from symmcoll.bench.kernel_share import KERNEL_CATEGORIES, trace_events
-from symmcoll.fused.gemm_configs import GemmConfig
+from symmcoll.fused import gemm
+from symmcoll.fused.gemm_configs import GemmConfig, split_plan, tiles_of
 from symmcoll.fused.gemm_tables import gemm_config
 
 REPLAYS = 20
@@ -34,6 +35,8 @@ CELLS = [
     # us against cuBLAS 25.0-25.6). cuBLAS's kernel name (its tile and cluster), and whether fewer bytes a program
     # from L2 -- 128 x 128 tiles in 2 parts (1.84 MB a program against 2.75), 128 x 256 in 4 -- pays once the
     # parts are summed apart (the in-kernel sum of two 64 KB partials costs ~1.3 us on one SM).
+    # (eighteenth stop) split configs in two parts run twice: their parts summed in pairs (gemm_split.pair_reduce:
+    # one 64 KB partial stored and loaded a tile) and by split_reduce (two stored, two loaded by the last part).
     ("dsv3-expert gate_up", 256, 4096, 7168, [GemmConfig(128, 128, 64, 8, 2, False, 8, 6, sum_apart=True),
                                               GemmConfig(128, 128, 64, 8, 2, False, 8, 7),
                                               GemmConfig(128, 256, 64, 8, 4, False, 8, 4, sum_apart=True),
@@ -45,11 +48,22 @@ CELLS = [
     # cuBLAS's 5.3, sixteenth stop): L2-warm as the fused bench calls it (``WARM``), cuBLAS's kernel name
     ("fused 1024x1024", 1024, 1024, 1024, [GemmConfig(128, 64, 64, 8, 1, False, 4, 4),
                                            GemmConfig(128, 64, 128, 8, 1, False, 4, 4),
-                                           GemmConfig(128, 64, 64, 8, 1, False, 8, 5)]),
+                                           GemmConfig(128, 64, 64, 8, 1, False, 8, 5),
+                                           GemmConfig(128, 128, 64, 8, 2, False, 8, 4),
+                                           GemmConfig(128, 128, 64, 8, 2, False, 8, 4, flatten=True),
+                                           GemmConfig(64, 128, 64, 8, 2, False, 4, 6)]),
 ]
 # Cells measured as the fused bench calls them (gemm_tune.FUSED_SHAPES): one input set, L2-warm, three calls a replay.
 WARM = ("fused ",)
 WARM_CALLS = 3
+
+
+def pairs_on_gpu(config: GemmConfig, m: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether ``config``'s launch of (m, n, k) on ``device`` sums its shared tiles in pairs (switch on)."""
+    fitted = config.fitted(2)
+    programs = gemm.programs_for(fitted, device)
+    plan = split_plan(fitted, tiles_of(fitted, m, n), k, programs)
+    return gemm.pairs(fitted, plan, fitted.sum_apart and plan.shared, True)
 
 
 def replay_times(events: list[dict]) -> dict:
@@ -110,14 +124,18 @@ def main() -> None:
         warm = name.startswith(WARM)
         cell = make_cell(name, m, n, k, DTYPES["bf16"], device, rotate=not warm)
         repeat = WARM_CALLS if warm else 1
-        sides = [("cublas", None, cublas(cell) * repeat)]
+        sides = [("cublas", None, cublas(cell) * repeat, True)]
         for config in [gemm_config(m, n, k, torch.bfloat16, device)] + extra:
-            sides.append((config.label, config, ours(cell, config) * repeat))
-        for label, config, calls in sides:
-            err = check(cell, calls)
-            row = dict(shape=name, m=m, n=n, k=k, side=label, rel_err=err)
-            if err <= MAX_REL_ERR:
-                row.update(traced(calls))
+            paired = pairs_on_gpu(config, m, n, k, device)
+            for pair in ((True, False) if paired else (True,)):
+                label = config.label + ("" if not paired else "+pair" if pair else "-pair")
+                sides.append((label, config, ours(cell, config) * repeat, pair))
+        for label, config, calls, pair in sides:
+            with gemm.pair_reduce_switched(pair):
+                err = check(cell, calls)
+                row = dict(shape=name, m=m, n=n, k=k, side=label, rel_err=err)
+                if err <= MAX_REL_ERR:
+                    row.update(traced(calls))
             rows.append(row)
             kernels = ", ".join(f"{kname[:40]} {us:.1f}" for kname, us in row.get("kernels", {}).items())
             print(f"{name:<12} M={m:<4} {label:<30} per call {row.get('call_us', float('nan')):6.1f} us  "

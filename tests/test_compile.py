@@ -232,6 +232,34 @@ def test_gemm_split_partials_go_from_the_accumulators_registers(fields):
     assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
 
 
+@pytest.mark.parametrize("m, n, k, b_t", [(256, 4096, 7168, False), (1024, 1024, 1024, True)], ids=["dsv3-256", "1024"])
+def test_gemm_pair_reduce_adds_the_partial_in_registers(m, n, k, b_t):
+    """Two parts a tile summed in pairs (gemm_split.pair_reduce: 64 tiles of 128 x 128 on 132 SMs), compiled as
+    the GPU specialises it: the first part's partial stored and the second's load in the accumulator's own
+    order (16-byte accesses, no fp32 tile through shared memory), the ticket and the release bump (two atomic
+    adds; the wait's ``atomic_add(0)`` compiles to an acquire load), nothing spilled."""
+    from symmcoll.fused import gemm
+    from symmcoll.fused.gemm_configs import GemmConfig
+
+    config = GemmConfig(128, 128, 64, 8, 2, False, 8, 6 if m == 256 else 4)
+    with launcher.recording() as recorded:
+        a = torch.empty((m, k), dtype=torch.bfloat16, device="meta")
+        b = (torch.empty((n, k), dtype=torch.bfloat16, device="meta").t() if b_t
+             else torch.empty((k, n), dtype=torch.bfloat16, device="meta"))
+        gemm.matmul(a, b, config=config, programs=132)
+    constexprs = dict(kernel_specs.spec_of(recorded[0]).constexprs)
+    assert constexprs["SPLIT"] and constexprs["PAIR"]
+    ptx = kernel_specs.compile_specialised(recorded[0]).asm["ptx"]
+    assert len(re.findall(r"\bst\.global\.v4\.b32", ptx)) >= 64 // 4  # the partial: 64 values a thread, 16 bytes a store
+    assert len(re.findall(r"\bld\.global\.cg\.v4\.b32", ptx)) >= 64 // 4
+    assert len(re.findall(r"\bld\.shared\.v4", ptx)) == 0, "an fp32 tile converted through shared memory"
+    assert len(re.findall(r"\batom\.[\w.]*\.add\.", ptx)) == 2, "the ticket and the release bump"
+    assert re.search(r"\bld\.global\.gpu\.acquire\.b32", ptx), "the wait reads the counter with acquire"
+    assert kernel_specs.spin_loop_problems(ptx) == []
+    registers, spilled = kernel_specs.ptxas_usage(ptx)
+    assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
+
+
 @pytest.mark.parametrize("quant", [None, "fp8_per_token"])
 @pytest.mark.parametrize("tokens, hidden, block, warps, ahead", [
     (32, 16384, 16384, 32, False), (32, 4096, 4096, 8, True), (8192, 6144, 8192, 32, False),

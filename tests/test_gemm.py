@@ -199,6 +199,47 @@ def _split_sum_bits():
     assert gemm.reduce_loads(128, 256, 8) == 1
 
 
+def test_two_part_tiles_summed_in_pairs_get_the_bits_of_the_part_order_sum(pools):
+    pools(1).run(_pair_reduce_bits)
+
+
+def _pair_reduce_bits():
+    """The wave split in exactly two parts sums a tile by gemm_split.pair_reduce (the first part to finish
+    stores its partial, the second adds it to its own): the bits split_reduce's part-order sum gives (IEEE
+    addition commutes), counters zero after every call, fresh data giving fresh results; and only where the
+    plan is the wave split in two parts whose two slots fit the registers (not stream-K, three parts, a
+    two-part tile, sums apart, or 128 x 256 tiles of 8 warps)."""
+    device = torch.device(_device())
+    # 4 tiles of 16 x 32 in 2 parts on 8 programs (one round, odd K: the last part short); swapped and
+    # straight; W [N, K]; 6 tiles on 4 programs: a round of whole tiles, then 2 tiles in 2 parts
+    cases = [(GemmConfig(16, 32, 32, 1, 2, True, 4, 1), 9, 128, 32 * 7 + 5, False, 8),
+             (GemmConfig(16, 32, 32, 1, 2, False, 4, 1), 30, 64, 32 * 6, True, 8),
+             (GemmConfig(16, 32, 16, 2, 2, False, 4, 1), 45, 64, 16 * 9, False, 4)]
+    for config, m, n, k, b_t, programs in cases:
+        fitted = config.fitted(2)
+        plan = gemm_configs.split_plan(fitted, gemm_configs.tiles_of(fitted, m, n), k, programs)
+        assert plan.shared and not plan.stream and plan.sharing == 2, (config.label, plan)
+        assert gemm.pairs(fitted, plan, False, True) and not gemm.pairs(fitted, plan, False, False)
+        counters = gemm.split_counters(device)
+        for seed in (5, 6):
+            a, b = _operands(m, n, k, torch.bfloat16, b_t, _device(), seed)
+            results = []
+            for on in (True, False, True):
+                with gemm.pair_reduce_switched(on):
+                    results.append(gemm.matmul(a, b, config=config, programs=programs))
+                assert int(counters.abs().sum()) == 0, f"{config.label}: a counter left set"
+            assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2]), config.label
+            assert _rel_err(results[0], a, b) < 4e-3
+    two = gemm_configs.SplitPlan(0, 2, 2)
+    assert not gemm.pairs(GemmConfig(16, 32, 32, 1, 2, True, 4, 1), gemm_configs.SplitPlan(0, 3, 3), False, True)
+    assert not gemm.pairs(GemmConfig(16, 32, 32, 1, 2, True, 4, 1), gemm_configs.SplitPlan(0, 2, 3, stream=True),
+                          False, True)
+    assert not gemm.pairs(GemmConfig(16, 32, 32, 1, 2, True, 4, 1), two, True, True)  # summed apart
+    assert not gemm.pairs(GemmConfig(16, 32, 32, 1, 2, False, 4, 1, block_n2=16), two, False, True)
+    assert not gemm.pairs(GemmConfig(128, 256, 64, 8, 2, False, 8, 3), two, False, True)  # 128 fp32 a thread
+    assert gemm.pairs(GemmConfig(128, 128, 64, 8, 2, False, 8, 5), two, False, True)
+
+
 def test_split_tiles_summed_apart_get_the_bits_their_last_part_sums(pools):
     pools(1).run(_split_sum_apart)
 

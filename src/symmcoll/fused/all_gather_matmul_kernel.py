@@ -129,7 +129,7 @@ def ag_matmul_kernel(
     # rest of the core's constexprs (gemm.core_launch's meta); see the kernel's first branch
     ALONE_CORE: tl.constexpr = False, SPLIT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     STREAM: tl.constexpr = False, REDUCE_LOADS: tl.constexpr = 1, PDL: tl.constexpr = False, BN2: tl.constexpr = 0,
-    SUM_APART: tl.constexpr = False,
+    SUM_APART: tl.constexpr = False, PAIR: tl.constexpr = False,
 ):
     if ALONE_CORE:
         # A group of one whose caller wants no gathered A has nothing to wait for and nothing to copy: its
@@ -145,7 +145,7 @@ def ag_matmul_kernel(
         gemm_kernel.persistent_matmul(a_desc, b_desc, b2_desc, c_ptr, rows, N, K, stride_a, stride_b, stride_c,
                                       whole_tiles, sharing, slots, partials_ptr, counters_ptr, BM, BN, BK, GROUP_M,
                                       SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE, PRECISION, SPLIT, FLATTEN, STREAM,
-                                      REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART)
+                                      REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART, PAIR=PAIR)
     else:
         pid = tl.program_id(0)
         if SOURCE == PRODUCERS:

@@ -174,6 +174,31 @@ def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:
     return {**core.meta, **decode, "EARLY_RELEASE": True} if decode else core.meta
 
 
+# The wave split's tiles of exactly two parts summed by gemm_split.pair_reduce (one partial stored and loaded a
+# tile) instead of split_reduce (every part's stored, all loaded by the last), where the two slots fit the
+# registers (reduce_loads >= 2). SYMMCOLL_GEMM_PAIR_REDUCE=0 turns it off (the same bits either way), to time
+# both in one process (``pair_reduce_switched``).
+PAIR_REDUCE = os.environ.get("SYMMCOLL_GEMM_PAIR_REDUCE", "1") == "1"
+
+
+def pairs(config: GemmConfig, plan, sum_apart: bool, switch: bool) -> bool:
+    """Whether ``plan``'s shared tiles (if any) are summed by gemm_split.pair_reduce: the wave split in two
+    parts, summed in the kernel, one-part tiles whose two slots fit the registers, under ``switch``."""
+    return (switch and plan.shared and not plan.stream and plan.sharing == 2 and not sum_apart
+            and not config.block_n2 and reduce_loads(config.block_m, config.tile_n, config.num_warps) >= 2)
+
+
+@contextlib.contextmanager
+def pair_reduce_switched(on: bool):
+    """PAIR_REDUCE set to ``on`` inside the block (launches made or captured there)."""
+    global PAIR_REDUCE
+    saved, PAIR_REDUCE = PAIR_REDUCE, on
+    try:
+        yield
+    finally:
+        PAIR_REDUCE = saved
+
+
 @contextlib.contextmanager
 def decode_pdl_switched(on: bool):
     """PDL_DECODE set to ``on`` inside the block (the precompile workers: a tiny launch on meta tensors
@@ -232,10 +257,10 @@ def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, programs: int | None,
-                device: torch.device, pdl_decode_switch: bool) -> tuple:
+                device: torch.device, pdl_decode_switch: bool, pair_switch: bool = True) -> tuple:
     """What core_launch derives from the shape alone (the fitted config, its split plan, the grid's tile
     units, the plan's constexprs, whether a plain matmul launch takes the decode PDL: ``decode_pdl`` under
-    ``pdl_decode_switch``, PDL_DECODE's value, a key of the cache), once per shape: an eager call repeats none of
+    ``pdl_decode_switch``, PDL_DECODE's value, a key of the cache; ``pair_switch``: PAIR_REDUCE's), once per shape: an eager call repeats none of
     it (issue 25's host work per call)."""
     config = config.fitted(itemsize)
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
@@ -246,7 +271,8 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     sum_apart = config.sum_apart and plan.shared
     meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.tile_n, config.num_warps) if plan.shared else 1,
-                C_HALVES=config.c_halves, BN2=config.block_n2, SUM_APART=sum_apart, **config.meta())
+                C_HALVES=config.c_halves, BN2=config.block_n2, SUM_APART=sum_apart,
+                PAIR=pairs(config, plan, sum_apart, pair_switch), **config.meta())
     summing = None  # (split_sum_kernel's grid, its constexprs) where the config sums its shared tiles apart
     if sum_apart:
         rows = min(config.block_m, max(1, SUM_ELEMENTS // config.block_n))
@@ -265,7 +291,7 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     (M, K), N = a.shape, out.shape[1]
     device_type = "meta" if a.device.type == "meta" else a.device.type
     config, tiles, plan, grid, shape_meta, summing, early = _core_shape(M, N, K, config, a.element_size(), programs,
-                                                                        a.device, PDL_DECODE)
+                                                                        a.device, PDL_DECODE, PAIR_REDUCE)
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.tile_n,),
                                dtype=torch.float32, device=a.device)
@@ -297,7 +323,7 @@ def compile_cases(make_workspace):
     and with stream-K, B given transposed, mid-M stream-K (the last wave shared, and the last full wave
     with it; two programs per SM) and the wave split, C stored in halves through TMA (whole and split
     tiles), the deep pipelines of the narrow-N cells, two-part tiles (B and W^T; whole and wave-split), split tiles
-    summed apart (the wave split and stream-K), the small
+    summed apart (the wave split and stream-K) and in pairs (two parts), the small
     products' one-wave and two-per-SM tiles, odd K and N by pointer loads, fp16 and fp32."""
     def case(m, n, k, dtype, config=None, b_t=False):
         def thunk():
@@ -338,6 +364,10 @@ def compile_cases(make_workspace):
             # ... and stream-K summed apart: 28 tiles of 128 x 256 shared by 132 ranges (2048 x 2560)
             case(2048, 2560, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 16, False, 8, 3, stream_k=True,
                                                               sum_apart=True)),
+            # two parts a tile summed in pairs (gemm_split.pair_reduce): 64 tiles of 128 x 128 in 2 parts on 132
+            # SMs (dsv3-expert gate_up M = 256, and 1024^3 with W^T)
+            case(256, 4096, 7168, torch.bfloat16, GemmConfig(128, 128, 64, 8, 2, False, 8, 6)),
+            case(1024, 1024, 1024, torch.bfloat16, GemmConfig(128, 128, 64, 8, 2, False, 8, 4), b_t=True),
             # small products (gemm_candidates.small_candidates): one wave of 128 x 64 tiles, two warpgroups,
             # eight stages at 1024^3; two flattened programs per SM at 2048 x 1024 x 1024
             case(1024, 1024, 1024, torch.bfloat16, GemmConfig(128, 64, 64, 8, 1, False, 8, 8)),

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
-from .gemm_split import split_reduce, store_partial, stream_cut, stream_owner, stream_range, wave_part
+from .gemm_split import pair_reduce, split_reduce, store_partial, stream_cut, stream_owner, stream_range, wave_part
 
 
 @triton.jit
@@ -225,10 +225,12 @@ def matmul_kernel(
     BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide (no stream-K)
     SUM_APART: tl.constexpr = False,  # split tiles' partials summed by split_sum_kernel (GemmConfig.sum_apart)
     EARLY_RELEASE: tl.constexpr = False,  # PDL: the next kernel may launch right after our wait (gemm.launch_meta)
+    PAIR: tl.constexpr = False,  # the wave split's tiles in exactly two parts summed by gemm_split.pair_reduce
 ):
     persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
                       partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE,
-                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART, EARLY_RELEASE)
+                      PRECISION, SPLIT, FLATTEN, STREAM, REDUCE_LOADS, C_HALVES, PDL, BN2, SUM_APART, EARLY_RELEASE,
+                      PAIR)
 
 
 @triton.jit
@@ -238,7 +240,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                       HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
                       FLATTEN: tl.constexpr, STREAM: tl.constexpr, REDUCE_LOADS: tl.constexpr, C_HALVES: tl.constexpr,
                       PDL: tl.constexpr, BN2: tl.constexpr, SUM_APART: tl.constexpr = False,
-                      EARLY_RELEASE: tl.constexpr = False):
+                      EARLY_RELEASE: tl.constexpr = False, PAIR: tl.constexpr = False):
     """``matmul_kernel``'s whole body (its parameters, in its order): every program of the grid runs its
     whole tiles, then its parts of the split ones. A kernel that calls it compiles the GEMM core's
     tile loop itself -- all_gather_matmul's kernel does alone, where it has nothing to wait for.
@@ -250,6 +252,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
     tl.static_assert(BN2 == 0 or not (STREAM or SWAP_AB or TMA_STORE),
                      "two-part tiles: whole or wave-split (no stream-K), straight, masked stores")
     tl.static_assert(not SUM_APART or BN2 == 0, "sum_apart: one-part tiles (wave split or stream-K)")
+    tl.static_assert(not PAIR or not (STREAM or SUM_APART or BN2 > 0), "pair_reduce: the wave split, one-part tiles")
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN + BN2)
     tiles = num_m * num_n
@@ -312,7 +315,9 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                     store_partial(acc, partials_ptr, t, part, slots, BM, BN)
                 is_last = parts == 1
             elif parts > 1:
-                if BN2 > 0:  # both parts' partials, one counter bump; the last part sums each
+                if PAIR:  # (the plan's sharing is 2: gemm._core_shape)
+                    is_last, acc = pair_reduce(acc, partials_ptr, counters_ptr, t, slots, BM, BN)
+                elif BN2 > 0:  # both parts' partials, one counter bump; the last part sums each
                     is_last, acc, acc2 = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN,
                                                       REDUCE_LOADS, acc2, BN2)
                 else:

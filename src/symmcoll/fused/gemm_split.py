@@ -14,6 +14,11 @@ from gemm_configs.split_plan) and how the parts of a shared tile are summed.
                     result does not depend on who came last), a few slots per round trip
                     (``reduce_loads``), resets the counter (graph replays need no host work) and
                     owns the epilogue. Nobody waits.
+    pair_reduce     a tile of exactly two parts (the wave split's sharing = 2, tiles whose two slots
+                    fit the registers): the part that finishes first stores its partial and says so;
+                    the second waits for that (bounded; the first is running, it took its ticket after
+                    its K-loop), adds it to its own accumulator in registers and owns the epilogue --
+                    one 64 KB partial stored and loaded a tile instead of two stored and two loaded.
     store_partial   GemmConfig.sum_apart instead of split_reduce: the part's partial stored row-major,
                     summed by a second kernel (gemm_kernel.split_sum_kernel), every SM a few rows.
     split_counters  the zeroed per-tile counters: one table per (device, stream) for launches made
@@ -161,6 +166,47 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: 
         return is_last, from_slot_order(total, BM, BN), from_slot_order(total2, BM, BN2)
     else:
         return is_last, from_slot_order(total, BM, BN)
+
+
+# Spins (atomic reads of the tile's counter, ~1 us each under load) the second part of a pair waits for
+# the first's partial at most: the first is past its K-loop when the second arrives, storing 64 KB, so a
+# wait of more than ~10^6 round trips means it never will -- the tile is then NaN (a visible failure,
+# never a hang).
+PAIR_SPINS: tl.constexpr = tl.constexpr(1 << 20)
+
+
+@triton.jit
+def pair_reduce(acc, partials_ptr, counters_ptr, tile, slots, BM: tl.constexpr, BN: tl.constexpr):
+    """The two parts of shared ``tile`` (the wave split's sharing = 2): returns (is_last, the tile's sum
+    -- meaningful only where is_last). Each part takes a ticket after its K-loop (the tile's counter: 0
+    first, 1 or 3 second). The first stores its fp32 partial into the tile's slot 0 and adds 2 to the
+    counter (release); the second waits until the counter reads 4 (acquire; bounded by PAIR_SPINS, the
+    tile NaN past it), sums (0 + its own) + the first's -- IEEE addition commutes, so these are the bits
+    split_reduce's part-order sum (0 + part 0) + part 1 gives, whoever came first -- resets the counter
+    and owns the epilogue. Against split_reduce: one partial stored and loaded a tile instead of two and
+    two (the 4 MB of 64 tiles' partials crossed L2 three times more there: ~2.3 us at 1024^3 on an H200),
+    and the second part holds its own accumulator, the loaded partial and the sum at once (so only where
+    two slots fit the registers: gemm_split.reduce_loads >= 2). Under the interpreter programs run one
+    after another: the first has always finished when the second takes its ticket (3), nobody spins."""
+    in_slot = tl.arange(0, BM * BN // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    slot = partials_ptr + tl.cast(tile, tl.int64) * slots * (BM * BN)  # (tile: an int under the interpreter)
+    ticket = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    total = tl.zeros([BM * BN // 4, 4], tl.float32)
+    if ticket == 0:
+        tl.store(slot + in_slot, to_slot_order(acc, BM, BN))
+        tl.debug_barrier()  # every thread's partial is stored before the counter says so
+        tl.atomic_add(counters_ptr + tile, 2, sem="release", scope="gpu")
+    else:
+        seen = ticket + 1
+        spins = 0
+        while (seen < 4) & (spins < PAIR_SPINS):
+            seen = tl.atomic_add(counters_ptr + tile, 0, sem="acquire", scope="gpu")
+            spins += 1
+        total += to_slot_order(acc, BM, BN)
+        total += tl.load(slot + in_slot, cache_modifier=".cg")
+        total = tl.where(seen >= 4, total, float("nan"))
+        tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    return ticket != 0, from_slot_order(total, BM, BN)
 
 
 @triton.jit
