@@ -25,7 +25,7 @@ import torch
 from symmcoll.bench.gemm import DTYPES, MAX_REL_ERR, check, cublas, current_gpu, gpu_facts, make_cell, ours
 from symmcoll.bench.kernel_share import KERNEL_CATEGORIES, trace_events
 from symmcoll.fused import gemm
-from symmcoll.fused.gemm_configs import GemmConfig, split_plan, tiles_of
+from symmcoll.fused.gemm_configs import GemmConfig
 from symmcoll.fused.gemm_tables import gemm_config
 
 REPLAYS = 20
@@ -35,8 +35,9 @@ CELLS = [
     # us against cuBLAS 25.0-25.6). cuBLAS's kernel name (its tile and cluster), and whether fewer bytes a program
     # from L2 -- 128 x 128 tiles in 2 parts (1.84 MB a program against 2.75), 128 x 256 in 4 -- pays once the
     # parts are summed apart (the in-kernel sum of two 64 KB partials costs ~1.3 us on one SM).
-    # (eighteenth stop) split configs in two parts run twice: their parts summed in pairs (gemm_split.pair_reduce:
-    # one 64 KB partial stored and loaded a tile) and by split_reduce (two stored, two loaded by the last part).
+    # (eighteenth stop) split configs in two parts run every way the launch allows: halves exchanged
+    # (gemm_split.exchange_halves: both parts store and load 32 KB at once), pairs (pair_reduce: one 64 KB partial
+    # stored, then loaded) and split_reduce (two stored, both loaded by the last part).
     ("dsv3-expert gate_up", 256, 4096, 7168, [GemmConfig(128, 128, 64, 8, 2, False, 8, 6, sum_apart=True),
                                               GemmConfig(128, 128, 64, 8, 2, False, 8, 7),
                                               GemmConfig(128, 256, 64, 8, 4, False, 8, 4, sum_apart=True),
@@ -58,12 +59,8 @@ WARM = ("fused ",)
 WARM_CALLS = 3
 
 
-def pairs_on_gpu(config: GemmConfig, m: int, n: int, k: int, device: torch.device) -> bool:
-    """Whether ``config``'s launch of (m, n, k) on ``device`` sums its shared tiles in pairs (switch on)."""
-    fitted = config.fitted(2)
-    programs = gemm.programs_for(fitted, device)
-    plan = split_plan(fitted, tiles_of(fitted, m, n), k, programs)
-    return gemm.pairs(fitted, plan, fitted.sum_apart and plan.shared, True)
+# How a two-part split config's tiles are summed (gemm.PAIR_REDUCE's modes): each mode the launch allows is timed.
+MODE_LABELS = {2: "+halves", 1: "+pair", 0: "-pair"}
 
 
 def replay_times(events: list[dict]) -> dict:
@@ -124,12 +121,12 @@ def main() -> None:
         warm = name.startswith(WARM)
         cell = make_cell(name, m, n, k, DTYPES["bf16"], device, rotate=not warm)
         repeat = WARM_CALLS if warm else 1
-        sides = [("cublas", None, cublas(cell) * repeat, True)]
+        sides = [("cublas", None, cublas(cell) * repeat, gemm.PAIR_REDUCE)]
         for config in [gemm_config(m, n, k, torch.bfloat16, device)] + extra:
-            paired = pairs_on_gpu(config, m, n, k, device)
-            for pair in ((True, False) if paired else (True,)):
-                label = config.label + ("" if not paired else "+pair" if pair else "-pair")
-                sides.append((label, config, ours(cell, config) * repeat, pair))
+            best = gemm.launch_pair_mode(config, m, n, k, 2, gemm.programs_for(config, device), "cuda", 2)
+            for mode in range(best, -1, -1) if best else (gemm.PAIR_REDUCE,):
+                label = config.label + ("" if not best else MODE_LABELS[mode])
+                sides.append((label, config, ours(cell, config) * repeat, mode))
         for label, config, calls, pair in sides:
             with gemm.pair_reduce_switched(pair):
                 err = check(cell, calls)

@@ -232,28 +232,31 @@ def test_gemm_split_partials_go_from_the_accumulators_registers(fields):
     assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
 
 
+@pytest.mark.parametrize("mode", [1, 2], ids=["pair_reduce", "exchange_halves"])
 @pytest.mark.parametrize("m, n, k, b_t", [(256, 4096, 7168, False), (1024, 1024, 1024, True)], ids=["dsv3-256", "1024"])
-def test_gemm_pair_reduce_adds_the_partial_in_registers(m, n, k, b_t):
-    """Two parts a tile summed in pairs (gemm_split.pair_reduce: 64 tiles of 128 x 128 on 132 SMs), compiled as
-    the GPU specialises it: the first part's partial stored and the second's load in the accumulator's own
-    order (16-byte accesses, no fp32 tile through shared memory), the ticket and the release bump (two atomic
-    adds; the wait's ``atomic_add(0)`` compiles to an acquire load), nothing spilled."""
+def test_gemm_pairs_add_the_partner_partial_in_registers(m, n, k, b_t, mode):
+    """Two parts a tile summed in pairs (64 tiles of 128 x 128 on 132 SMs), compiled as the GPU specialises them:
+    gemm_split.pair_reduce (the first part's 64 KB partial stored, the second's load) or exchange_halves (each
+    part stores 32 KB and loads 32 KB), in the accumulator's own order (16-byte accesses, no fp32 tile through
+    shared memory), two atomic adds a tile (pair_reduce: the ticket and the release; exchange_halves: arrival and
+    departure; the wait's ``atomic_add(0)`` compiles to an acquire load), nothing spilled."""
     from symmcoll.fused import gemm
     from symmcoll.fused.gemm_configs import GemmConfig
 
     config = GemmConfig(128, 128, 64, 8, 2, False, 8, 6 if m == 256 else 4)
-    with launcher.recording() as recorded:
+    with launcher.recording() as recorded, gemm.pair_reduce_switched(mode):
         a = torch.empty((m, k), dtype=torch.bfloat16, device="meta")
         b = (torch.empty((n, k), dtype=torch.bfloat16, device="meta").t() if b_t
              else torch.empty((k, n), dtype=torch.bfloat16, device="meta"))
         gemm.matmul(a, b, config=config, programs=132)
     constexprs = dict(kernel_specs.spec_of(recorded[0]).constexprs)
-    assert constexprs["SPLIT"] and constexprs["PAIR"]
+    assert constexprs["SPLIT"] and constexprs["PAIR"] == mode
     ptx = kernel_specs.compile_specialised(recorded[0]).asm["ptx"]
-    assert len(re.findall(r"\bst\.global\.v4\.b32", ptx)) >= 64 // 4  # the partial: 64 values a thread, 16 bytes a store
-    assert len(re.findall(r"\bld\.global\.cg\.v4\.b32", ptx)) >= 64 // 4
+    values = 64 if mode == 1 else 32  # fp32 values of a thread's partial stored, and of the partner's loaded
+    assert len(re.findall(r"\bst\.global\.v4\.b32", ptx)) >= values // 4
+    assert len(re.findall(r"\bld\.global\.cg\.v4\.b32", ptx)) >= values // 4
     assert len(re.findall(r"\bld\.shared\.v4", ptx)) == 0, "an fp32 tile converted through shared memory"
-    assert len(re.findall(r"\batom\.[\w.]*\.add\.", ptx)) == 2, "the ticket and the release bump"
+    assert len(re.findall(r"\batom\.[\w.]*\.add\.", ptx)) == 2, "two counter bumps a tile"
     assert re.search(r"\bld\.global\.gpu\.acquire\.b32", ptx), "the wait reads the counter with acquire"
     assert kernel_specs.spin_loop_problems(ptx) == []
     registers, spilled = kernel_specs.ptxas_usage(ptx)

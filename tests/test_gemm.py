@@ -892,11 +892,73 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data(config):
     assert int(gemm_split._ARENAS[(a.device.type, a.device.index)][0].abs().sum()) == 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("config,m,n,k", [
+    (GemmConfig(128, 128, 64, 8, 2, False, 8, 6), 256, 4096, 7168),   # 64 tiles in 2 parts on 128 programs
+    (GemmConfig(128, 128, 64, 8, 2, False, 8, 4), 1024, 1024, 1024),
+    (GemmConfig(64, 128, 64, 8, 2, False, 4, 6), 512, 2560, 4096),    # a wave whole first, then 28 tiles' pairs
+], ids=lambda v: v.label if isinstance(v, GemmConfig) else str(v))
+def test_gpu_two_part_tiles_give_the_same_bits_every_way(config, m, n, k):
+    """Tiles in two parts summed by split_reduce (0), pair_reduce (1) and exchange_halves (2, where both parts run
+    at once: these launches): the same bits eagerly, the counters zero after each, and a CUDA graph of the
+    halves exchange replayed on fresh data gives what split_reduce gives eagerly on that data."""
+    programs = gemm.programs_for(config, torch.device("cuda"))
+    assert gemm.launch_pair_mode(config, m, n, k, 2, programs, "cuda", 2) == 2
+    a, b = _operands(m, n, k, torch.bfloat16, False, "cuda", seed=m + n)
+    results = []
+    for mode in (0, 1, 2, 2):
+        with gemm.pair_reduce_switched(mode):
+            results.append(gemm.matmul(a, b, config=config))
+        torch.cuda.synchronize()
+        assert int(gemm.split_counters(a.device).abs().sum()) == 0, f"mode {mode} left a counter set"
+    assert all(torch.equal(results[0], r) for r in results[1:]), "the ways of summing two parts differ"
+    assert _rel_err(results[0], a, b) < 5e-3
+    with gemm.pair_reduce_switched(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = gemm.matmul(a, b, config=config)
+    for _ in range(3):
+        a.normal_()
+        graph.replay()
+        with gemm.pair_reduce_switched(0):
+            want = gemm.matmul(a, b, config=config)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+    from symmcoll.fused import gemm_split  # the captured launch's counters: a slice of the arena, zero again
+    assert int(gemm_split._ARENAS[(a.device.type, a.device.index)][0].abs().sum()) == 0
+
+
+def test_pair_mode_exchanges_halves_only_where_both_parts_run_at_once():
+    """exchange_halves (2) needs both parts of a tile resident and running: a GPU (or a compile on meta), one
+    round of parts, C stored by pointer or in half tiles; else pair_reduce (1) where two parts fit the registers;
+    the switch caps it."""
+    two = GemmConfig(128, 128, 64, 8, 2, False, 8, 6)
+    assert gemm.launch_pair_mode(two, 256, 4096, 7168, 2, 132, "cuda", 2) == 2
+    assert gemm.launch_pair_mode(two, 256, 4096, 7168, 2, 132, "meta", 2) == 2
+    assert gemm.launch_pair_mode(two, 256, 4096, 7168, 2, 132, "cpu", 2) == 1   # the interpreter: one at a time
+    assert gemm.launch_pair_mode(two, 256, 4096, 7168, 2, 132, "cuda", 1) == 1
+    assert gemm.launch_pair_mode(two, 256, 4096, 7168, 2, 132, "cuda", 0) == 0
+    assert gemm.launch_pair_mode(replace(two, tma_store=True), 256, 4096, 7168, 2, 132, "cuda", 2) == 1
+    assert gemm.launch_pair_mode(GemmConfig(128, 256, 64, 8, 2, False, 8, 4, tma_store=True), 256, 2048, 7168, 2,
+                                 132, "cuda", 2) == 0  # 128 fp32 a thread: split_reduce
+    assert gemm.launch_pair_mode(replace(two, split_k=4), 256, 4096, 7168, 2, 132, "cuda", 2) == 2  # still 2 parts
+    assert gemm.launch_pair_mode(replace(two, split_k=4), 256, 2304, 16384, 2, 132, "cuda", 2) == 0  # 3 parts
+    assert gemm.launch_pair_mode(replace(two, stream_k=True), 256, 2560, 8192, 2, 132, "cuda", 2) == 0
+    # two rounds of parts (more parts than programs: never the wave split's own choice) -> pairs
+    plan = gemm_configs.SplitPlan(0, 2, 2)
+    assert gemm.pair_mode(two, plan, 80, False, 2, 132, "cuda") == 1
+    assert gemm.pair_mode(two, plan, 66, False, 2, 132, "cuda") == 2
+
+
 @pytest.mark.parametrize("config,m,n,k", [
     (SK(128, 128, 64, 8, 16, False, 8, 4), 256, 2560, 8192),                         # stream-K
     (SK(128, 128, 64, 8, 16, False, 8, 4, split_wave=True), 512, 5120, 8192),
     (SK(64, 128, 64, 8, 4, False, 4, 4, occupancy=2), 256, 2560, 8192),
     (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 5120, 8192),                 # the wave split
+    (GemmConfig(128, 128, 64, 8, 2, False, 8, 6), 256, 4096, 7168),                   # two parts: halves exchanged
+    (GemmConfig(128, 128, 64, 8, 8, False, 8, 6), 256, 4096, 7168),                   # ... from split_k 8
+    (GemmConfig(64, 128, 64, 8, 2, False, 4, 6), 512, 2560, 4096),                    # a wave whole, 28 tiles' halves
+    (GemmConfig(128, 128, 64, 8, 2, False, 8, 4, tma_store=True), 256, 4096, 7168),   # whole C tiles by TMA: pairs
     (GemmConfig(16, 64, 256, 1, 4, True, 4, 5), 1, 1280, 8192),                       # M = 1 specialised
     (SK(16, 64, 256, 1, 4, True, 4, 5), 1, 1280, 8192),
     (GemmConfig(128, 128, 64, 8, 16, False, 8, 4), 256, 8192, 1024),                 # 128 tiles: whole
@@ -917,14 +979,14 @@ def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     from symmcoll import launcher
     from symmcoll.bench.gemm import compile_job, warm_launch
 
-    def recorded(cfg, mm, nn, kk, programs, early=None):
+    def recorded(cfg, mm, nn, kk, programs, early=None, pair=None):
         with launcher.recording() as launches:
             a = torch.empty((mm, kk), dtype=torch.bfloat16, device="meta")
             b = torch.empty((kk, nn), dtype=torch.bfloat16, device="meta")
             if early is None:
                 gemm.matmul(a, b, config=cfg, programs=programs)
-            else:
-                with gemm.decode_pdl_switched(early):  # (as compile_in_worker launches it)
+            else:  # (as compile_in_worker launches it)
+                with gemm.decode_pdl_switched(early), gemm.pair_reduce_switched(pair):
                     gemm.matmul(a, b, config=cfg, programs=programs)
         (rec,) = launches
         specialised = tuple((v == 1, v % 16 == 0) for v, param in zip(rec.args, rec.kernel.params)
@@ -933,8 +995,9 @@ def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
 
     job = compile_job(config, m, n, k, "bf16", 132)
     real = recorded(config, m, n, k, 132 * config.occupancy)
-    assert recorded(*warm_launch(job), early=job[-1]) == real
-    assert bool(real[0].get("EARLY_RELEASE")) == job[-1] == (m <= 64 and n * k * 2 <= 64 << 20 and
+    assert recorded(*warm_launch(job), early=job[6], pair=job[7]) == real
+    assert real[0]["PAIR"] == job[7]
+    assert bool(real[0].get("EARLY_RELEASE")) == job[6] == (m <= 64 and n * k * 2 <= 64 << 20 and
                                                                not real[0]["SPLIT"] and config.occupancy == 1)
 
 

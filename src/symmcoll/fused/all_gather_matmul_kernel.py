@@ -129,7 +129,7 @@ def ag_matmul_kernel(
     # rest of the core's constexprs (gemm.core_launch's meta); see the kernel's first branch
     ALONE_CORE: tl.constexpr = False, SPLIT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     STREAM: tl.constexpr = False, REDUCE_LOADS: tl.constexpr = 1, PDL: tl.constexpr = False, BN2: tl.constexpr = 0,
-    SUM_APART: tl.constexpr = False, PAIR: tl.constexpr = False,
+    SUM_APART: tl.constexpr = False, PAIR: tl.constexpr = 0,
 ):
     if ALONE_CORE:
         # A group of one whose caller wants no gathered A has nothing to wait for and nothing to copy: its

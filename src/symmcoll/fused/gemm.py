@@ -174,25 +174,40 @@ def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:
     return {**core.meta, **decode, "EARLY_RELEASE": True} if decode else core.meta
 
 
-# The wave split's tiles of exactly two parts summed by gemm_split.pair_reduce (one partial stored and loaded a
-# tile) instead of split_reduce (every part's stored, all loaded by the last), where the two slots fit the
-# registers (reduce_loads >= 2). SYMMCOLL_GEMM_PAIR_REDUCE=0 turns it off (the same bits either way), to time
-# both in one process (``pair_reduce_switched``).
-PAIR_REDUCE = os.environ.get("SYMMCOLL_GEMM_PAIR_REDUCE", "1") == "1"
+# The wave split's tiles of exactly two parts, where the two slots fit the registers (reduce_loads >= 2), summed
+# by gemm_split.pair_reduce (1: one partial stored and loaded a tile) instead of split_reduce (every part's
+# stored, all loaded by the last); on a GPU, where every part is resident at once (one round of parts), by
+# gemm_split.exchange_halves (2: each part stores the half its partner finishes and finishes its own).
+# SYMMCOLL_GEMM_PAIR_REDUCE=0 / 1 / 2 caps it (the same bits every way), ``pair_reduce_switched`` in a process.
+PAIR_REDUCE = int(os.environ.get("SYMMCOLL_GEMM_PAIR_REDUCE", "2"))
 
 
-def pairs(config: GemmConfig, plan, sum_apart: bool, switch: bool) -> bool:
-    """Whether ``plan``'s shared tiles (if any) are summed by gemm_split.pair_reduce: the wave split in two
-    parts, summed in the kernel, one-part tiles whose two slots fit the registers, under ``switch``."""
-    return (switch and plan.shared and not plan.stream and plan.sharing == 2 and not sum_apart
+def pairs(config: GemmConfig, plan, sum_apart: bool, switch: int) -> bool:
+    """Whether ``plan``'s shared tiles (if any) are summed in pairs: the wave split in two parts, summed in the
+    kernel, one-part tiles whose two slots fit the registers, ``switch`` (PAIR_REDUCE) >= 1."""
+    return (switch >= 1 and plan.shared and not plan.stream and plan.sharing == 2 and not sum_apart
             and not config.block_n2 and reduce_loads(config.block_m, config.tile_n, config.num_warps) >= 2)
 
 
+def pair_mode(config: GemmConfig, plan, shared_tiles: int, sum_apart: bool, switch: int, grid: int,
+              device_type: str) -> int:
+    """matmul_kernel's PAIR: 0 no pairs, 1 gemm_split.pair_reduce, 2 exchange_halves -- where ``switch`` allows
+    it, every part is resident at once (one round: the ``shared_tiles`` tiles' 2 parts on at most ``grid``
+    programs, each part its program's last item, so no part waits on one queued behind it) and runs at once
+    (not the interpreter's one program at a time: ``device_type`` "cpu"), and C is stored by pointer or through
+    a descriptor of half tiles (GemmConfig.c_halves)."""
+    if not pairs(config, plan, sum_apart, switch):
+        return 0
+    halves = (switch >= 2 and 2 * shared_tiles <= grid and device_type != "cpu"
+              and not (config.tma_store and config.c_halves == 1))
+    return 2 if halves else 1
+
+
 @contextlib.contextmanager
-def pair_reduce_switched(on: bool):
-    """PAIR_REDUCE set to ``on`` inside the block (launches made or captured there)."""
+def pair_reduce_switched(mode: int):
+    """PAIR_REDUCE set to ``mode`` (0, 1, 2) inside the block (launches made or captured there)."""
     global PAIR_REDUCE
-    saved, PAIR_REDUCE = PAIR_REDUCE, on
+    saved, PAIR_REDUCE = PAIR_REDUCE, int(mode)
     try:
         yield
     finally:
@@ -257,7 +272,7 @@ def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, programs: int | None,
-                device: torch.device, pdl_decode_switch: bool, pair_switch: bool = True) -> tuple:
+                device: torch.device, pdl_decode_switch: bool, pair_switch: int = 2) -> tuple:
     """What core_launch derives from the shape alone (the fitted config, its split plan, the grid's tile
     units, the plan's constexprs, whether a plain matmul launch takes the decode PDL: ``decode_pdl`` under
     ``pdl_decode_switch``, PDL_DECODE's value, a key of the cache; ``pair_switch``: PAIR_REDUCE's), once per shape: an eager call repeats none of
@@ -265,14 +280,13 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     config = config.fitted(itemsize)
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
     nprog = programs or programs_for(config, device)
-    plan = split_plan(config, tiles, K, nprog)
-    units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
-    grid = min(nprog, max(units, plan.whole_tiles)) if plan.shared else min(tiles, nprog)
+    plan, grid = planned_grid(config, tiles, K, nprog)
     sum_apart = config.sum_apart and plan.shared
     meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.tile_n, config.num_warps) if plan.shared else 1,
                 C_HALVES=config.c_halves, BN2=config.block_n2, SUM_APART=sum_apart,
-                PAIR=pairs(config, plan, sum_apart, pair_switch), **config.meta())
+                PAIR=pair_mode(config, plan, tiles - plan.whole_tiles, sum_apart, pair_switch, grid, device.type),
+                **config.meta())
     summing = None  # (split_sum_kernel's grid, its constexprs) where the config sums its shared tiles apart
     if sum_apart:
         rows = min(config.block_m, max(1, SUM_ELEMENTS // config.block_n))
@@ -280,7 +294,27 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
                    dict(BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m, ROWS=rows,
                         PARTS=plan.slots if plan.stream else plan.sharing, STREAM=plan.stream, num_warps=4))
     early = decode_pdl(M, N, K, itemsize, plan.shared, config.occupancy, device_facts(device)[0])
-    return config, tiles, plan, max(1, grid), meta, summing, early
+    return config, tiles, plan, grid, meta, summing, early
+
+
+def planned_grid(config: GemmConfig, tiles: int, K: int, programs: int) -> tuple:
+    """(split plan, grid) of ``tiles`` tiles of ``config`` (fitted) on at most ``programs`` programs: every
+    program's whole tiles and parts, no program without work."""
+    plan = split_plan(config, tiles, K, programs)
+    units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
+    grid = min(programs, max(units, plan.whole_tiles)) if plan.shared else min(tiles, programs)
+    return plan, max(1, grid)
+
+
+def launch_pair_mode(config: GemmConfig, M: int, N: int, K: int, itemsize: int, programs: int,
+                     device_type: str = "cuda", switch: int | None = None) -> int:
+    """The PAIR constexpr of the launch of (M, N, K) with ``config`` on ``programs`` programs (what
+    ``_core_shape`` gives it; the precompile workers ask, bench.gemm.compile_job)."""
+    config = config.fitted(itemsize)
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
+    plan, grid = planned_grid(config, tiles, K, programs)
+    return pair_mode(config, plan, tiles - plan.whole_tiles, config.sum_apart and plan.shared,
+                     PAIR_REDUCE if switch is None else switch, grid, device_type)
 
 
 def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor, config: GemmConfig,

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
-from .gemm_split import pair_reduce, split_reduce, store_partial, stream_cut, stream_owner, stream_range, wave_part
+from .gemm_split import exchange_halves, pair_reduce, split_reduce, store_partial, stream_cut, stream_owner, stream_range, wave_part
 
 
 @triton.jit
@@ -225,7 +225,7 @@ def matmul_kernel(
     BN2: tl.constexpr = 0,  # a tile's second column part (GemmConfig.block_n2): tiles BN + BN2 wide (no stream-K)
     SUM_APART: tl.constexpr = False,  # split tiles' partials summed by split_sum_kernel (GemmConfig.sum_apart)
     EARLY_RELEASE: tl.constexpr = False,  # PDL: the next kernel may launch right after our wait (gemm.launch_meta)
-    PAIR: tl.constexpr = False,  # the wave split's tiles in exactly two parts summed by gemm_split.pair_reduce
+    PAIR: tl.constexpr = 0,  # the wave split's tiles in exactly two parts: 1 gemm_split.pair_reduce, 2 exchange_halves
 ):
     persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, stride_c, whole_tiles, sharing, slots,
                       partials_ptr, counters_ptr, BM, BN, BK, GROUP_M, SWAP_AB, B_T, TMA, HOST_DESC, TMA_STORE,
@@ -240,7 +240,7 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                       HOST_DESC: tl.constexpr, TMA_STORE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
                       FLATTEN: tl.constexpr, STREAM: tl.constexpr, REDUCE_LOADS: tl.constexpr, C_HALVES: tl.constexpr,
                       PDL: tl.constexpr, BN2: tl.constexpr, SUM_APART: tl.constexpr = False,
-                      EARLY_RELEASE: tl.constexpr = False, PAIR: tl.constexpr = False):
+                      EARLY_RELEASE: tl.constexpr = False, PAIR: tl.constexpr = 0):
     """``matmul_kernel``'s whole body (its parameters, in its order): every program of the grid runs its
     whole tiles, then its parts of the split ones. A kernel that calls it compiles the GEMM core's
     tile loop itself -- all_gather_matmul's kernel does alone, where it has nothing to wait for.
@@ -315,7 +315,11 @@ def persistent_matmul(a_ptr, b_ptr, b2_ptr, c_ptr, M, N, K, stride_a, stride_b, 
                     store_partial(acc, partials_ptr, t, part, slots, BM, BN)
                 is_last = parts == 1
             elif parts > 1:
-                if PAIR:  # (the plan's sharing is 2: gemm._core_shape)
+                if PAIR == 2:  # (the plan's sharing is 2, one round of parts: gemm._core_shape) my half of C here
+                    half = exchange_halves(acc, partials_ptr, counters_ptr, t, part, slots, BM, BN)
+                    store_piece(c_ptr, half, row0, col0 + part * (BN // 2), M, N, stride_c, BM, BN // 2, TMA_STORE)
+                    is_last = False
+                elif PAIR == 1:  # (the plan's sharing is 2: gemm._core_shape)
                     is_last, acc = pair_reduce(acc, partials_ptr, counters_ptr, t, slots, BM, BN)
                 elif BN2 > 0:  # both parts' partials, one counter bump; the last part sums each
                     is_last, acc, acc2 = split_reduce(acc, partials_ptr, counters_ptr, t, part, parts, slots, BM, BN,

@@ -19,6 +19,10 @@ from gemm_configs.split_plan) and how the parts of a shared tile are summed.
                     the second waits for that (bounded; the first is running, it took its ticket after
                     its K-loop), adds it to its own accumulator in registers and owns the epilogue --
                     one 64 KB partial stored and loaded a tile instead of two stored and two loaded.
+    exchange_halves the same tiles where every part is resident at once (one round of parts on a GPU): each
+                    part stores the column half its partner finishes (32 KB), waits (bounded) for the
+                    partner's, sums its own half and stores it -- both SMs busy at once, half the bytes
+                    each; never under the interpreter, which runs one program at a time (pair_reduce there).
     store_partial   GemmConfig.sum_apart instead of split_reduce: the part's partial stored row-major,
                     summed by a second kernel (gemm_kernel.split_sum_kernel), every SM a few rows.
     split_counters  the zeroed per-tile counters: one table per (device, stream) for launches made
@@ -207,6 +211,38 @@ def pair_reduce(acc, partials_ptr, counters_ptr, tile, slots, BM: tl.constexpr, 
         total = tl.where(seen >= 4, total, float("nan"))
         tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
     return ticket != 0, from_slot_order(total, BM, BN)
+
+
+@triton.jit
+def exchange_halves(acc, partials_ptr, counters_ptr, tile, part, slots, BM: tl.constexpr, BN: tl.constexpr):
+    """The two parts of shared ``tile`` (part ``part``, 0 or 1), both resident (one round of parts: gemm._core_shape
+    says so): part p owns column half p of the tile. Each stores the half its partner owns into the tile's slot
+    (region h of the slot: a partner's contribution to half h, in ``to_slot_order``), adds 1 to the counter
+    (release), waits until it reads 2 (acquire; bounded by PAIR_SPINS, the half NaN past it), and returns its
+    half: (0 + its own) + the partner's, the bits of the part-order sum (IEEE addition commutes). A second add
+    says when both have read: the one that makes it 4 resets the counter for the next launch. Against
+    pair_reduce: both SMs store 32 KB and load 32 KB at once instead of one storing 64 KB and the other then
+    loading it, and each stores half of C."""
+    HALF: tl.constexpr = BN // 2
+    left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, HALF)), (0, 2, 1)))
+    mine = tl.where(part == 0, left, right)
+    theirs = tl.where(part == 0, right, left)
+    in_half = tl.arange(0, BM * HALF // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    slot = partials_ptr + tl.cast(tile, tl.int64) * slots * (BM * BN)
+    tl.store(slot + (1 - part) * (BM * HALF) + in_half, to_slot_order(theirs, BM, HALF))
+    tl.debug_barrier()  # every thread's half is stored before the counter says so
+    seen = tl.atomic_add(counters_ptr + tile, 1, sem="release", scope="gpu") + 1
+    spins = 0
+    while (seen < 2) & (spins < PAIR_SPINS):
+        seen = tl.atomic_add(counters_ptr + tile, 0, sem="acquire", scope="gpu")
+        spins += 1
+    total = tl.zeros([BM * HALF // 4, 4], tl.float32)
+    total += to_slot_order(mine, BM, HALF)
+    total += tl.load(slot + part * (BM * HALF) + in_half, cache_modifier=".cg")
+    total = tl.where(seen >= 2, total, float("nan"))
+    if tl.atomic_add(counters_ptr + tile, 1, sem="relaxed", scope="gpu") == 3:
+        tl.atomic_xchg(counters_ptr + tile, 0, sem="relaxed", scope="gpu")  # both have read: ready for the next launch
+    return from_slot_order(total, BM, HALF)
 
 
 @triton.jit
