@@ -868,6 +868,14 @@ def test_gpu_matmul_configs(config, shape, b_t):
     assert _rel_err(got, a, b) <= max(1.25 * _rel_err(want, a, b), 5e-3)
 
 
+def _captured_matmul(a, b, config):
+    """(a CUDA graph of gemm.matmul(a, b, config), its output): replays read a's and b's current data."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemm.matmul(a, b, config=config)
+    return graph, out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [GemmConfig(16, 64, 128, 1, 8, True, 4, 5),
                                     GemmConfig(64, 64, 64, 8, 4, False, 4, 6, block_n2=16),  # two-part, 4 parts
@@ -879,9 +887,7 @@ def test_gpu_split_k_in_graph_replays_with_fresh_data(config):
     b = torch.randn((8192, 1280), dtype=torch.bfloat16, device="cuda")
     a.normal_()
     gemm.matmul(a, b, config=config)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = gemm.matmul(a, b, config=config)
+    graph, out = _captured_matmul(a, b, config)
     for _ in range(5):
         a.normal_()
         graph.replay()
@@ -914,9 +920,7 @@ def test_gpu_two_part_tiles_give_the_same_bits_every_way(config, m, n, k):
     assert all(torch.equal(results[0], r) for r in results[1:]), "the ways of summing two parts differ"
     assert _rel_err(results[0], a, b) < 5e-3
     with gemm.pair_reduce_switched(2):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = gemm.matmul(a, b, config=config)
+        graph, out = _captured_matmul(a, b, config)
     for _ in range(3):
         a.normal_()
         graph.replay()
