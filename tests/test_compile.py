@@ -232,8 +232,9 @@ def test_gemm_split_partials_go_from_the_accumulators_registers(fields):
     assert spilled == 0, f"{config.label}: {spilled} bytes spilled at {registers} registers"
 
 
-@pytest.mark.parametrize("mode", [1, 2], ids=["pair_reduce", "exchange_halves"])
-@pytest.mark.parametrize("m, n, k, b_t", [(256, 4096, 7168, False), (1024, 1024, 1024, True)], ids=["dsv3-256", "1024"])
+@pytest.mark.parametrize("m, n, k, b_t, mode", [(256, 4096, 7168, False, 1), (256, 4096, 7168, False, 2),
+                                                (1024, 1024, 1024, True, 2)],
+                         ids=["dsv3-256-pair_reduce", "dsv3-256-exchange_halves", "1024-W^T-exchange_halves"])
 def test_gemm_pairs_add_the_partner_partial_in_registers(m, n, k, b_t, mode):
     """Two parts a tile summed in pairs (64 tiles of 128 x 128 on 132 SMs), compiled as the GPU specialises them:
     gemm_split.pair_reduce (the first part's 64 KB partial stored, the second's load) or exchange_halves (each

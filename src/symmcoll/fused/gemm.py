@@ -398,10 +398,9 @@ def compile_cases(make_workspace):
             # ... and stream-K summed apart: 28 tiles of 128 x 256 shared by 132 ranges (2048 x 2560)
             case(2048, 2560, 8192, torch.bfloat16, GemmConfig(128, 256, 64, 8, 16, False, 8, 3, stream_k=True,
                                                               sum_apart=True)),
-            # two parts a tile summed in pairs (gemm_split.pair_reduce): 64 tiles of 128 x 128 in 2 parts on 132
-            # SMs (dsv3-expert gate_up M = 256, and 1024^3 with W^T)
+            # two parts a tile exchanging halves (gemm_split.exchange_halves): 64 tiles of 128 x 128 in 2 parts on
+            # 132 SMs (dsv3-expert gate_up M = 256; tests/test_compile.py compiles pair_reduce's too)
             case(256, 4096, 7168, torch.bfloat16, GemmConfig(128, 128, 64, 8, 2, False, 8, 6)),
-            case(1024, 1024, 1024, torch.bfloat16, GemmConfig(128, 128, 64, 8, 2, False, 8, 4), b_t=True),
             # small products (gemm_candidates.small_candidates): one wave of 128 x 64 tiles, two warpgroups,
             # eight stages at 1024^3; two flattened programs per SM at 2048 x 1024 x 1024
             case(1024, 1024, 1024, torch.bfloat16, GemmConfig(128, 64, 64, 8, 1, False, 8, 8)),
