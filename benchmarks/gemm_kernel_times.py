@@ -51,8 +51,16 @@ CELLS = [
                                            GemmConfig(128, 64, 128, 8, 1, False, 4, 4),
                                            GemmConfig(128, 64, 64, 8, 1, False, 8, 5),
                                            GemmConfig(128, 128, 64, 8, 2, False, 8, 4),
-                                           GemmConfig(128, 128, 64, 8, 2, False, 8, 4, flatten=True),
-                                           GemmConfig(64, 128, 64, 8, 2, False, 4, 6)]),
+                                           GemmConfig(64, 128, 64, 8, 2, False, 4, 6),
+                                           # (eighteenth stop, call5) why 128 x 128 in two parts runs 8.8 us here
+                                           # against 5.7 for whole 64 x 128 tiles: the split K-loop alone (summed
+                                           # apart: the main kernel's time), whole 128 x 128 tiles (64 SMs), deeper
+                                           # k-steps, four warps
+                                           GemmConfig(128, 128, 64, 8, 2, False, 8, 4, sum_apart=True),
+                                           GemmConfig(128, 128, 64, 8, 1, False, 8, 4),
+                                           GemmConfig(128, 128, 128, 8, 2, False, 8, 3),
+                                           GemmConfig(128, 128, 64, 8, 2, False, 4, 4),
+                                           GemmConfig(128, 128, 64, 8, 2, False, 8, 2)]),
 ]
 # Cells measured as the fused bench calls them (gemm_tune.FUSED_SHAPES): one input set, L2-warm, three calls a replay.
 WARM = ("fused ",)
