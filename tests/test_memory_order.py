@@ -236,35 +236,3 @@ def test_block_max_goes_through_every_warp():
         assert any("st.shared" in line for line in lines[:first_bar])
         assert any(line.startswith("ld.shared") and "@" not in line for line in lines[first_bar:]), \
             "the result is not read back by every thread"
-
-
-@triton.jit
-def _poll_once(ptr):
-    tl.atomic_add(ptr, 1, sem="acq_rel")
-    seen = tl.load(ptr + 1, volatile=True)
-    tl.store(ptr + 2, seen + 1)
-
-
-def test_interpreted_polls_give_the_cpu_away(pools):
-    pools(1).run(_polls_yield)
-
-
-def _polls_yield():
-    """Under the interpreter every atomic and volatile load first yields the CPU (language/blocks.py,
-    ``_yield_in_polls``: a rank spinning for a peer must not hold a core the peer needs, CI having fewer cores
-    than ranks); the kernel computes the same. On a GPU nothing is patched."""
-    import os
-    from unittest import mock
-
-    import torch
-
-    from symmcoll.language.blocks import INTERPRETED
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    words = torch.tensor([0, 41, 0], dtype=torch.int32, device=device)
-    yields = []
-    real = os.sched_yield
-    with mock.patch.object(os, "sched_yield", lambda: yields.append(1) or real()):
-        _poll_once[(1,)](words)
-    assert words.tolist() == [1, 41, 42]
-    assert len(yields) == (2 if INTERPRETED else 0), yields

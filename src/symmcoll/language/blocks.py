@@ -90,38 +90,9 @@ def _patch_the_language_once_per_launch() -> None:
     interpreter.InterpretedFunction.__call__ = call
 
 
-def _yield_in_polls() -> None:
-    """Every atomic and volatile load of an interpreted kernel first gives the CPU away (``os.sched_yield``):
-    they are what a spin loop polls, and on a machine with fewer cores than ranks (CI: 2 cores, 3-4 ranks) a
-    rank spinning for a peer's data otherwise holds a core the peer needs to produce it. Nothing a kernel
-    computes changes."""
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    cas, rmw, load = builder.create_atomic_cas, builder.create_atomic_rmw, builder.create_masked_load
-
-    def yielding_cas(self, *args, **kwargs):
-        os.sched_yield()
-        return cas(self, *args, **kwargs)
-
-    def yielding_rmw(self, *args, **kwargs):
-        os.sched_yield()
-        return rmw(self, *args, **kwargs)
-
-    def yielding_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
-        if is_volatile:
-            os.sched_yield()
-        return load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
-
-    builder.create_atomic_cas, builder.create_atomic_rmw = yielding_cas, yielding_rmw
-    builder.create_masked_load = yielding_load
-
-
 if INTERPRETED:
     _interpret_like_the_gpu()
     _patch_the_language_once_per_launch()
-    if os.environ.get("SYMMCOLL_INTERPRET_YIELD", "1") == "1":
-        _yield_in_polls()
 
 
 @triton.jit
