@@ -275,12 +275,9 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
                 device: torch.device, pdl_decode_switch: bool, pair_switch: int = 2) -> tuple:
     """What core_launch derives from the shape alone (the fitted config, its split plan, the grid's tile
     units, the plan's constexprs, whether a plain matmul launch takes the decode PDL: ``decode_pdl`` under
-    ``pdl_decode_switch``, PDL_DECODE's value, a key of the cache; ``pair_switch``: PAIR_REDUCE's), once per shape: an eager call repeats none of
-    it (issue 25's host work per call)."""
-    config = config.fitted(itemsize)
-    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
-    nprog = programs or programs_for(config, device)
-    plan, grid = planned_grid(config, tiles, K, nprog)
+    ``pdl_decode_switch``, PDL_DECODE's value, a key of the cache; ``pair_switch``: PAIR_REDUCE's), once per
+    shape: an eager call repeats none of it (issue 25's host work per call)."""
+    config, tiles, plan, grid = planned(config, M, N, K, itemsize, programs or programs_for(config, device))
     sum_apart = config.sum_apart and plan.shared
     meta = dict(SPLIT=plan.shared, FLATTEN=config.flatten, STREAM=plan.stream,
                 REDUCE_LOADS=reduce_loads(config.block_m, config.tile_n, config.num_warps) if plan.shared else 1,
@@ -297,22 +294,22 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
     return config, tiles, plan, grid, meta, summing, early
 
 
-def planned_grid(config: GemmConfig, tiles: int, K: int, programs: int) -> tuple:
-    """(split plan, grid) of ``tiles`` tiles of ``config`` (fitted) on at most ``programs`` programs: every
-    program's whole tiles and parts, no program without work."""
+def planned(config: GemmConfig, M: int, N: int, K: int, itemsize: int, programs: int) -> tuple:
+    """(the config fitted to shared memory, its tiles, its split plan, the grid) of (M, N, K) on at most
+    ``programs`` programs: every program's whole tiles and parts, no program without work."""
+    config = config.fitted(itemsize)
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
     plan = split_plan(config, tiles, K, programs)
     units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0
     grid = min(programs, max(units, plan.whole_tiles)) if plan.shared else min(tiles, programs)
-    return plan, max(1, grid)
+    return config, tiles, plan, max(1, grid)
 
 
 def launch_pair_mode(config: GemmConfig, M: int, N: int, K: int, itemsize: int, programs: int,
                      device_type: str = "cuda", switch: int | None = None) -> int:
     """The PAIR constexpr of the launch of (M, N, K) with ``config`` on ``programs`` programs (what
     ``_core_shape`` gives it; the precompile workers ask, bench.gemm.compile_job)."""
-    config = config.fitted(itemsize)
-    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
-    plan, grid = planned_grid(config, tiles, K, programs)
+    config, tiles, plan, grid = planned(config, M, N, K, itemsize, programs)
     return pair_mode(config, plan, tiles - plan.whole_tiles, config.sum_apart and plan.shared,
                      PAIR_REDUCE if switch is None else switch, grid, device_type)
 

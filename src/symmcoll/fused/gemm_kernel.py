@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from ..language import INTERPRETED, narrow, release_dependents, wait_prior_grid
-from .gemm_split import exchange_halves, pair_reduce, split_reduce, store_partial, stream_cut, stream_owner, stream_range, wave_part
+from .gemm_split import (exchange_halves, pair_reduce, split_reduce, store_partial, stream_cut, stream_owner,
+                         stream_range, wave_part)
 
 
 @triton.jit

@@ -114,6 +114,12 @@ def from_slot_order(x, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
+def slot_index(BM: tl.constexpr, BN: tl.constexpr):
+    """Offsets of a [BM, BN] tile's floats in its partial slot, shaped as ``to_slot_order`` gives them."""
+    return tl.arange(0, BM * BN // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+
+
+@triton.jit
 def sum_slots(total, base, in_slot, parts, stride, REDUCE_LOADS: tl.constexpr):
     """``total`` (zeros) plus, elementwise and in part order, ``parts`` fp32 pieces shaped as ``in_slot``
     ``stride`` floats apart from ``base`` (one piece a partial slot), REDUCE_LOADS (1, 2 or 4) loaded
@@ -147,12 +153,12 @@ def split_reduce(acc, partials_ptr, counters_ptr, tile, part, parts, slots, BM: 
     BN2 > 0 (a two-part tile, gemm_kernel.k_loop's BN2): a slot is BM x (BN + BN2) floats, the first
     part's [BM, BN] then the second's [BM, BN2] ``acc2``; both are stored before the one counter bump,
     the last part sums each in part order and returns (is_last, sum, sum of the second part)."""
-    in_slot = tl.arange(0, BM * BN // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    in_slot = slot_index(BM, BN)
     slot_size = BM * (BN + BN2)
     base = partials_ptr + tl.cast(tile, tl.int64) * slots * slot_size  # (tile: an int under the interpreter)
     tl.store(base + part * slot_size + in_slot, to_slot_order(acc, BM, BN))
     if BN2 > 0:
-        in_slot2 = tl.arange(0, BM * BN2 // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        in_slot2 = slot_index(BM, BN2)
         tl.store(base + part * slot_size + BM * BN + in_slot2, to_slot_order(acc2, BM, BN2))
     tl.debug_barrier()  # every thread's partial is stored before the counter says so
     arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
@@ -180,6 +186,17 @@ PAIR_SPINS: tl.constexpr = tl.constexpr(1 << 20)
 
 
 @triton.jit
+def wait_counter(counter_ptr, seen, target):
+    """Poll a tile's counter (acquire) from ``seen`` until it reads at least ``target``, at most PAIR_SPINS
+    times; returns the last value read (below ``target``: the wait gave up)."""
+    spins = 0
+    while (seen < target) & (spins < PAIR_SPINS):
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        spins += 1
+    return seen
+
+
+@triton.jit
 def pair_reduce(acc, partials_ptr, counters_ptr, tile, slots, BM: tl.constexpr, BN: tl.constexpr):
     """The two parts of shared ``tile`` (the wave split's sharing = 2): returns (is_last, the tile's sum
     -- meaningful only where is_last). Each part takes a ticket after its K-loop (the tile's counter: 0
@@ -192,7 +209,7 @@ def pair_reduce(acc, partials_ptr, counters_ptr, tile, slots, BM: tl.constexpr, 
     and the second part holds its own accumulator, the loaded partial and the sum at once (so only where
     two slots fit the registers: gemm_split.reduce_loads >= 2). Under the interpreter programs run one
     after another: the first has always finished when the second takes its ticket (3), nobody spins."""
-    in_slot = tl.arange(0, BM * BN // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    in_slot = slot_index(BM, BN)
     slot = partials_ptr + tl.cast(tile, tl.int64) * slots * (BM * BN)  # (tile: an int under the interpreter)
     ticket = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
     total = tl.zeros([BM * BN // 4, 4], tl.float32)
@@ -201,11 +218,7 @@ def pair_reduce(acc, partials_ptr, counters_ptr, tile, slots, BM: tl.constexpr, 
         tl.debug_barrier()  # every thread's partial is stored before the counter says so
         tl.atomic_add(counters_ptr + tile, 2, sem="release", scope="gpu")
     else:
-        seen = ticket + 1
-        spins = 0
-        while (seen < 4) & (spins < PAIR_SPINS):
-            seen = tl.atomic_add(counters_ptr + tile, 0, sem="acquire", scope="gpu")
-            spins += 1
+        seen = wait_counter(counters_ptr + tile, ticket + 1, 4)
         total += to_slot_order(acc, BM, BN)
         total += tl.load(slot + in_slot, cache_modifier=".cg")
         total = tl.where(seen >= 4, total, float("nan"))
@@ -227,15 +240,11 @@ def exchange_halves(acc, partials_ptr, counters_ptr, tile, part, slots, BM: tl.c
     left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, HALF)), (0, 2, 1)))
     mine = tl.where(part == 0, left, right)
     theirs = tl.where(part == 0, right, left)
-    in_half = tl.arange(0, BM * HALF // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    in_half = slot_index(BM, HALF)
     slot = partials_ptr + tl.cast(tile, tl.int64) * slots * (BM * BN)
     tl.store(slot + (1 - part) * (BM * HALF) + in_half, to_slot_order(theirs, BM, HALF))
     tl.debug_barrier()  # every thread's half is stored before the counter says so
-    seen = tl.atomic_add(counters_ptr + tile, 1, sem="release", scope="gpu") + 1
-    spins = 0
-    while (seen < 2) & (spins < PAIR_SPINS):
-        seen = tl.atomic_add(counters_ptr + tile, 0, sem="acquire", scope="gpu")
-        spins += 1
+    seen = wait_counter(counters_ptr + tile, tl.atomic_add(counters_ptr + tile, 1, sem="release", scope="gpu") + 1, 2)
     total = tl.zeros([BM * HALF // 4, 4], tl.float32)
     total += to_slot_order(mine, BM, HALF)
     total += tl.load(slot + part * (BM * HALF) + in_half, cache_modifier=".cg")

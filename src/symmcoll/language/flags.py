@@ -40,10 +40,9 @@ SPIN_LOOPS = {
     "symmcoll.language.polls.wait_filled_rows": "data",
     "symmcoll.language.tagged.wait_counts": "data",           # (epoch << 32) | count in one store
     "symmcoll.language.tagged.wait_escaped": "data",          # sentinel words and their escape masks
-    # a GEMM tile in two parts (one kernel, one GPU): the tile's counter, bumped with release after the partner's
-    # partial (or half) is stored, polled with acquire (atomic_add(0)) before it is loaded
-    "symmcoll.fused.gemm_split.pair_reduce": "acquire",
-    "symmcoll.fused.gemm_split.exchange_halves": "acquire",
+    # a GEMM tile in two parts (one kernel, one GPU; pair_reduce, exchange_halves): the tile's counter, bumped with
+    # release after the partner's partial (or half) is stored, polled with acquire (atomic_add(0)) before it is loaded
+    "symmcoll.fused.gemm_split.wait_counter": "acquire",
 }
 
 
