@@ -189,7 +189,8 @@ for stage in $stages; do
       # The fused bench again with FUSED_ENV set (VAR=value ...: an environment switch to compare; several
       # settings separated by ';' run one after another into $OUT/fused_env/<i>/, each with its env.txt),
       # FUSED_ENV_OPS (default all_gather_matmul) and FUSED_ENV_ALGORITHMS narrowing it, FUSED_ENV_TIMEOUT
-      # per setting, into $OUT/fused_env/: side by side with the fused stage's run.
+      # per setting, into $OUT/fused_env/: side by side with the fused stage's run (and, for several settings,
+      # with each other: $OUT/fused_env/compare.log).
       IFS=';' read -ra settings <<< "${FUSED_ENV:?fused-env needs FUSED_ENV=VAR=value}"
       i=0
       for setting in "${settings[@]}"; do
@@ -201,6 +202,8 @@ for stage in $stages; do
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         i=$((i + 1))
       done
+      # several settings: side by side (benchmarks/fused_env_compare.py: each setting's us and x cuBLAS, over the first's)
+      [ "${#settings[@]}" -gt 1 ] && python3 benchmarks/fused_env_compare.py "$OUT/fused_env" 2>&1 | tee "$OUT/fused_env/compare.log"
       ;;
     tp_block)
       # The decoder block of symmcoll.models in every mode at one world size (TP_BLOCK_WORLD, default

@@ -976,6 +976,8 @@ def test_pair_mode_exchanges_halves_only_where_both_parts_run_at_once():
     # real shape, not the tiny launch's
     (GemmConfig(16, 64, 128, 1, 1, True, 4, 5), 16, 8192, 2048),
     (GemmConfig(16, 64, 128, 1, 1, True, 4, 6), 16, 5120, 8192),
+    # a small product: PDL by the small-product rule (gemm.small_pdl), released after the main loop
+    (GemmConfig(64, 128, 128, 8, 1, False, 4, 4), 1024, 1024, 1024),
 ])
 def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     """The tiny launch a precompile worker makes compiles what the real cell launches: the same
@@ -983,14 +985,14 @@ def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
     from symmcoll import launcher
     from symmcoll.bench.gemm import compile_job, warm_launch
 
-    def recorded(cfg, mm, nn, kk, programs, early=None, pair=None):
+    def recorded(cfg, mm, nn, kk, programs, early=None, pair=None, small=None):
         with launcher.recording() as launches:
             a = torch.empty((mm, kk), dtype=torch.bfloat16, device="meta")
             b = torch.empty((kk, nn), dtype=torch.bfloat16, device="meta")
             if early is None:
                 gemm.matmul(a, b, config=cfg, programs=programs)
             else:  # (as compile_in_worker launches it)
-                with gemm.decode_pdl_switched(early), gemm.pair_reduce_switched(pair):
+                with gemm.decode_pdl_switched(early, small), gemm.pair_reduce_switched(pair):
                     gemm.matmul(a, b, config=cfg, programs=programs)
         (rec,) = launches
         specialised = tuple((v == 1, v % 16 == 0) for v, param in zip(rec.args, rec.kernel.params)
@@ -999,10 +1001,12 @@ def test_precompile_warms_the_kernel_the_cell_runs(config, m, n, k):
 
     job = compile_job(config, m, n, k, "bf16", 132)
     real = recorded(config, m, n, k, 132 * config.occupancy)
-    assert recorded(*warm_launch(job), early=job[6], pair=job[7]) == real
+    assert recorded(*warm_launch(job), early=job[6], pair=job[7], small=job[8]) == real
     assert real[0]["PAIR"] == job[7]
-    assert bool(real[0].get("EARLY_RELEASE")) == job[6] == (m <= 64 and n * k * 2 <= 64 << 20 and
-                                                               not real[0]["SPLIT"] and config.occupancy == 1)
+    whole = not real[0]["SPLIT"] and config.occupancy == 1
+    assert bool(real[0].get("EARLY_RELEASE")) == job[6] == (m <= 64 and n * k * 2 <= 64 << 20 and whole)
+    assert job[8] == (not job[6] and m * n * k <= 1 << 30 and n * k * 2 <= 2 << 20 and whole)
+    assert bool(real[0].get("PDL")) == (job[6] or job[8])
 
 
 WARM_SCRIPT = """

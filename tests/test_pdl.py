@@ -70,16 +70,17 @@ def _chain(x, residual, w_up, w_down, w_mix, norm, w_tok):
     return symmcoll.all_reduce_rms_norm(mixed, h, norm, 1e-5, algorithm="one_shot")
 
 
-def _with_pdl(on: bool, fn, *args, decode: bool | None = None):
-    """``fn(*args)`` with the SYMMCOLL_PDL switch ``on`` and the whole-tile decode GEMMs' own PDL
-    (gemm.PDL_DECODE) ``decode`` (default: as ``on``)."""
-    saved = launcher.PDL, gemm.PDL_DECODE
-    launcher.PDL, gemm.PDL_DECODE = on, on if decode is None else decode
+def _with_pdl(on: bool, fn, *args, decode: bool | None = None, small: bool | None = None):
+    """``fn(*args)`` with the SYMMCOLL_PDL switch ``on``, the whole-tile decode GEMMs' own PDL
+    (gemm.PDL_DECODE) ``decode`` and the small products' (gemm.PDL_SMALL) ``small`` (each default: as ``on``)."""
+    saved = launcher.PDL, gemm.PDL_DECODE, gemm.PDL_SMALL
+    launcher.PDL, gemm.PDL_DECODE, gemm.PDL_SMALL = (on, on if decode is None else decode,
+                                                     on if small is None else small)
     plan.clear_cache()  # plans keep their launches' constexprs
     try:
         return fn(*args)
     finally:
-        launcher.PDL, gemm.PDL_DECODE = saved
+        launcher.PDL, gemm.PDL_DECODE, gemm.PDL_SMALL = saved
         plan.clear_cache()
 
 
@@ -210,6 +211,126 @@ def test_decode_gemms_launch_with_pdl_and_early_release_by_rule(m, n, k, config,
     meta = _with_pdl(False, record, decode=True)
     assert bool(meta.get("PDL")) == bool(meta.get("launch_pdl")) == bool(meta.get("EARLY_RELEASE")) == expected, meta
     assert not _with_pdl(False, record, decode=False).get("PDL")
+
+
+@pytest.mark.parametrize("m, n, k, config, expected", [
+    (1024, 1024, 1024, GemmConfig(64, 128, 128, 8, 1, False, 4, 4), True),  # the fused ops' 1024^3: 128 whole tiles
+    (512, 1024, 1024, GemmConfig(64, 128, 128, 8, 1, False, 4, 4), True),   # smaller still
+    (2048, 1024, 1024, GemmConfig(64, 128, 128, 8, 1, False, 4, 4), False),  # 2^31 multiply-adds
+    (128, 8192, 1024, GemmConfig(64, 128, 128, 8, 1, False, 4, 4), False),  # 70b-tp8 o: 2^30, but 16 MB of B
+    (1024, 1024, 1024, GemmConfig(64, 64, 128, 8, 1, False, 4, 3, occupancy=2), False),  # two programs an SM
+    (1024, 1024, 1024, GemmConfig(128, 128, 64, 8, 2, False, 8, 4), False),  # split along K
+], ids=["1024^3", "512x1024^2", "2048x1024^2", "70b-tp8-o", "occupancy2", "split"])
+def test_small_products_launch_with_pdl_by_rule(m, n, k, config, expected):
+    """gemm.small_pdl: with the SYMMCOLL_PDL switch off, exactly the core's whole-tile launches of one program an
+    SM within the H200 table's "pdl_small" (<= 2^30 multiply-adds, <= 2 MB of B) carry PDL and launch_pdl --
+    the plain matmul's and all_gather_matmul's lone-rank core alike -- and release the next kernel after their
+    main loop (no EARLY_RELEASE); SYMMCOLL_PDL_SMALL=0 takes it away."""
+    def record():
+        a = torch.empty((m, k), dtype=torch.bfloat16, device="meta")
+        b = torch.empty((k, n), dtype=torch.bfloat16, device="meta")
+        with launcher.recording() as launches:
+            gemm.matmul(a, b, config=config, programs=132 * config.occupancy)
+        return launches[0].meta
+    meta = _with_pdl(False, record, small=True)
+    assert bool(meta.get("PDL")) == bool(meta.get("launch_pdl")) == expected, meta
+    assert not meta.get("EARLY_RELEASE")
+    assert not _with_pdl(False, record, small=False).get("PDL")
+    if expected:  # the fused op's lone-rank core carries the core's meta
+        a = torch.empty((m, k), dtype=torch.bfloat16, device="meta")
+        b = torch.empty((k, n), dtype=torch.bfloat16, device="meta")
+        out = torch.empty((m, n), dtype=torch.bfloat16, device="meta")
+        core = _with_pdl(False, gemm.core_launch, a, b, False, out, config, 132, small=True)
+        assert core.meta.get("PDL") and core.meta.get("launch_pdl"), core.meta
+
+
+def _small_chain_bits(calls: int):
+    """1024^3 products (the small-product rule's launches), each reading the one before -- the third takes it as
+    B -- and the last through all_gather_matmul's lone-rank core (algorithm "fused"), eagerly without PDL and
+    with the rule (eager, then a CUDA graph replayed on fresh inputs): whether each pair is bitwise equal, and
+    which launches carried PDL."""
+    dev = _device()
+    g = torch.Generator().manual_seed(7)
+    w = [(torch.randn(1024, 1024, generator=g) / 32).bfloat16().to(dev) for _ in range(3)]
+    xs = [torch.randn(1024, 1024, generator=g).bfloat16().to(dev) for _ in range(calls)]
+
+    def chain(x):
+        h = gemm.matmul(x, w[0])
+        h = gemm.matmul(h, w[1])
+        h = gemm.matmul(w[2], h)
+        return symmcoll.all_gather_matmul(h, w[0], algorithm="fused")
+
+    references = [_with_pdl(False, chain, x, small=False).clone() for x in xs]
+
+    def with_rule():
+        eager = [chain(x).clone() for x in xs]  # (first: workspaces, plans and kernels made before the recording)
+        with launcher.recording() as launches:
+            chain(xs[0])
+        flags = [(r.kernel.__name__, bool(r.meta.get("PDL")), bool(r.meta.get("launch_pdl"))) for r in launches
+                 if r.kernel.__name__ in ("matmul_kernel", "ag_matmul_kernel")]
+        x = xs[0].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            chain(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(x)
+        replayed = []
+        for fresh in xs:
+            x.copy_(fresh)
+            graph.replay()
+            replayed.append(out.clone())
+        torch.cuda.synchronize()
+        return flags, eager, replayed
+
+    flags, eager, replayed = _with_pdl(False, with_rule, small=True)
+    return flags, [torch.equal(a, b) for a, b in zip(references, eager)], \
+        [torch.equal(a, b) for a, b in zip(references, replayed)]
+
+
+@pytest.mark.gpu
+def test_gpu_small_products_with_pdl_give_the_bits_of_no_pdl(pools):
+    """On the GPU: a chain of 1024^3 products under the small-product rule (each launch waits for the one before
+    it, which released it after its main loop) gives the bits of the chain without PDL, eagerly and in graph
+    replays on fresh inputs; every GEMM launch of it carried PDL."""
+    flags, eager, replayed = pools(1).run(_small_chain_bits, 4)[0]
+    assert [name for name, *_ in flags] == ["matmul_kernel"] * 3 + ["ag_matmul_kernel"], flags
+    assert all(pdl and option for _, pdl, option in flags), flags
+    assert all(eager), f"eager chain with the small-product PDL differs from no PDL: {eager}"
+    assert all(replayed), f"graph replays with the small-product PDL differ from no PDL: {replayed}"
+
+
+def test_small_pdl_limits_come_from_the_gpu_models_table(monkeypatch):
+    """The small products' limits are a measured setting of the GPU model's table ("pdl_small", kept through a
+    re-tune's rewrite like "pdl_decode"): the H200's ships them, the H100's not; SYMMCOLL_PDL_SMALL_LIMITS stands
+    for every table, and a malformed value names the variable. A decode launch within the decode rule takes
+    early release instead (gemm._core_shape: never both)."""
+    from symmcoll.fused import gemm_tables
+    assert "pdl_small" in gemm_tables.TABLE_SETTINGS
+    assert gemm_tables.pdl_small_limits("h200") == (1 << 30, 2 << 20)
+    assert gemm_tables.pdl_small_limits("h100") is None
+    assert gemm.small_pdl(1024, 1024, 1024, 2, False, 1, "h200") and not gemm.small_pdl(1024, 1024, 1024, 2, False,
+                                                                                         1, "h100")
+    monkeypatch.setattr(gemm_tables, "_SMALL_OVERRIDE", "4096,8192")
+    gemm_tables.pdl_small_limits.cache_clear()
+    try:
+        assert gemm_tables.pdl_small_limits("h100") == gemm_tables.pdl_small_limits("h200") == (4096, 8192)
+        assert gemm.small_pdl(16, 16, 16, 2, False, 1, "h100") and not gemm.small_pdl(16, 16, 32, 2, False, 1, "h100")
+        monkeypatch.setattr(gemm_tables, "_SMALL_OVERRIDE", "4096")
+        gemm_tables.pdl_small_limits.cache_clear()
+        with pytest.raises(ValueError, match="SYMMCOLL_PDL_SMALL_LIMITS"):
+            gemm_tables.pdl_small_limits("h100")
+    finally:
+        monkeypatch.undo()
+        gemm_tables.pdl_small_limits.cache_clear()
+    # a decode-sized small product: early release by the decode rule, not both
+    a = torch.empty((16, 256), dtype=torch.bfloat16, device="meta")
+    b = torch.empty((256, 256), dtype=torch.bfloat16, device="meta")
+    with launcher.recording() as launches:
+        _with_pdl(False, gemm.matmul, a, b, decode=True, small=True)
+    assert launches[0].meta.get("EARLY_RELEASE") and launches[0].meta.get("PDL")
 
 
 def test_decode_pdl_limits_come_from_the_gpu_models_table(tmp_path):

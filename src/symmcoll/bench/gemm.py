@@ -381,14 +381,17 @@ def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms
                 key: str | None = "h200") -> tuple:
     """What ``precompile`` needs to compile the kernel ``config`` runs at (m, n, k) on GPU model ``key``: the
     config, the size classes Triton specialises on, whether the launch shares tiles (another kernel) and
-    whether it runs with PDL and early release (gemm.decode_pdl: by the real shape, not the tiny one's) and how
-    it sums tiles in two parts (gemm.launch_pair_mode: 0, 1 or 2, by the real shape)."""
+    whether it runs with PDL and early release (gemm.decode_pdl: by the real shape, not the tiny one's), how
+    it sums tiles in two parts (gemm.launch_pair_mode: 0, 1 or 2, by the real shape) and whether it runs with
+    the small products' PDL (gemm.small_pdl, by the real shape; never beside early release)."""
     programs = sms * config.occupancy
     shared = split_plan(config, tiles_of(config, m, n), k, programs).shared
     itemsize = DTYPES[dtype_name].itemsize
     early = gemm.decode_pdl(m, n, k, itemsize, shared, config.occupancy, key)
     pair = gemm.launch_pair_mode(config, m, n, k, itemsize, programs)
-    return tuple(config.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name, shared, early, pair
+    small = not early and gemm.small_pdl(m, n, k, itemsize, shared, config.occupancy, key)
+    return (tuple(config.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name, shared, early, pair,
+            small)
 
 
 def warm_launch(job) -> tuple[GemmConfig, int, int, int, int | None]:
@@ -397,7 +400,7 @@ def warm_launch(job) -> tuple[GemmConfig, int, int, int, int | None]:
     k-steps each: a wave split and stream-K both split there; in two parts where the real launch sums
     pairs -- one round of them, which compile_in_worker's PAIR_REDUCE then caps at the real mode), a
     whole-tile one not to."""
-    config_list, m, n, k, _, shared, _, pair = job
+    config_list, m, n, k, _, shared, _, pair, _ = job
     config = GemmConfig.from_list(config_list)
     if shared:
         if pair:
@@ -415,7 +418,7 @@ def compile_in_worker(job) -> str:
     a = torch.empty((m, k), device="meta", dtype=dtype)
     b = torch.empty((k, n), device="meta", dtype=dtype)
     try:
-        with launcher.warming(), gemm.decode_pdl_switched(job[6]), gemm.pair_reduce_switched(job[7]):
+        with launcher.warming(), gemm.decode_pdl_switched(job[6], job[8]), gemm.pair_reduce_switched(job[7]):
             gemm.matmul(a, b, config=config, programs=programs)
         return ""
     except Exception as exc:  # noqa: BLE001 - reported by the parent, which skips the config

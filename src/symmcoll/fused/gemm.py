@@ -30,7 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..launcher import launch, pdl_meta
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, split_plan
 from .gemm_kernel import matmul_kernel, split_sum_kernel
-from .gemm_tables import device_facts, gemm_config, pdl_decode_limits
+from .gemm_tables import device_facts, gemm_config, pdl_decode_limits, pdl_small_limits
 from .gemm_split import reduce_loads, split_counters
 
 # tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
@@ -165,6 +165,29 @@ def decode_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: in
     return limits is not None and M <= limits[0] and N * K * itemsize <= limits[1]
 
 
+# The GEMM core's launches of small products (whole tiles, one program an SM, at most the multiply-adds and bytes
+# of B the GPU model's table measured: "pdl_small", gemm_tables.pdl_small_limits) run with programmatic dependent
+# launch -- the next kernel released after our main loop, as SYMMCOLL_PDL=1 does -- whatever SYMMCOLL_PDL says
+# (SYMMCOLL_PDL_SMALL=0: they follow it), the plain matmul's and the fused ops' alike (the rule sits in the core's
+# meta). Such a kernel's main loop is short (1024^3: 8 k-steps of L2-warm operands, 5.5 us in the kernel on one
+# H200 against cuBLAS's 5.3, 0.2 us between kernels on both sides), so the next launch's start and prologue under
+# its epilogue are a few percent of a call: all_gather_matmul at world size 1, 1024^3, fused 1.042 -> 0.961x cuBLAS,
+# copy_engine_producer 1.037 -> 0.963 (results/2026-11-28-pdl-small-h200/call1: SYMMCOLL_PDL=0 against 1, the
+# other shapes of the three fused ops' grids 0.97-1.03x the time of no PDL, within the run-to-run spread). A decode
+# launch takes the decode rule first (early release); where it does not apply (past its limits) neither does this
+# one unless B is as small. The H100's table has none (not measured there).
+PDL_SMALL = os.environ.get("SYMMCOLL_PDL_SMALL", "1") == "1"
+
+
+def small_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int, key: str | None) -> bool:
+    """Whether the core's launch of (M, N, K) runs with PDL by the small-product rule on GPU model ``key`` (see
+    PDL_SMALL): whole tiles, one program an SM, within the model's measured limits."""
+    if not PDL_SMALL or split or occupancy != 1:
+        return False
+    limits = pdl_small_limits(key)
+    return limits is not None and M * N * K <= limits[0] and N * K * itemsize <= limits[1]
+
+
 def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:
     """``matmul_kernel``'s meta for ``core``: PDL with early release for a whole-tile decode launch within
     its GPU model's measured limits (``core.decode_pdl``), else the core's own (the SYMMCOLL_PDL switch's)."""
@@ -215,15 +238,17 @@ def pair_reduce_switched(mode: int):
 
 
 @contextlib.contextmanager
-def decode_pdl_switched(on: bool):
-    """PDL_DECODE set to ``on`` inside the block (the precompile workers: a tiny launch on meta tensors
-    compiles what the real cell on the GPU being timed launches, ``bench.gemm.compile_job``)."""
-    global PDL_DECODE
-    saved, PDL_DECODE = PDL_DECODE, on
+def decode_pdl_switched(on: bool, small: bool | None = None):
+    """PDL_DECODE set to ``on`` (and PDL_SMALL to ``small``, if given) inside the block (the precompile workers:
+    a tiny launch on meta tensors compiles what the real cell on the GPU being timed launches,
+    ``bench.gemm.compile_job``)."""
+    global PDL_DECODE, PDL_SMALL
+    saved = PDL_DECODE, PDL_SMALL
+    PDL_DECODE, PDL_SMALL = on, PDL_SMALL if small is None else small
     try:
         yield
     finally:
-        PDL_DECODE = saved
+        PDL_DECODE, PDL_SMALL = saved
 
 
 @dataclass(frozen=True)
@@ -272,10 +297,12 @@ def launch_split_sum(core: CoreLaunch, out: torch.Tensor) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, programs: int | None,
-                device: torch.device, pdl_decode_switch: bool, pair_switch: int = 2) -> tuple:
+                device: torch.device, pdl_decode_switch: bool, pair_switch: int = 2,
+                pdl_small_switch: bool = True) -> tuple:
     """What core_launch derives from the shape alone (the fitted config, its split plan, the grid's tile
     units, the plan's constexprs, whether a plain matmul launch takes the decode PDL: ``decode_pdl`` under
-    ``pdl_decode_switch``, PDL_DECODE's value, a key of the cache; ``pair_switch``: PAIR_REDUCE's), once per
+    ``pdl_decode_switch``, PDL_DECODE's value, a key of the cache -- and whether the launch takes the small
+    products' PDL, ``small_pdl`` under ``pdl_small_switch``; ``pair_switch``: PAIR_REDUCE's), once per
     shape: an eager call repeats none of it (issue 25's host work per call)."""
     config, tiles, plan, grid = planned(config, M, N, K, itemsize, programs or programs_for(config, device))
     sum_apart = config.sum_apart and plan.shared
@@ -290,8 +317,10 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
         summing = ((tiles - plan.whole_tiles, config.block_m // rows),
                    dict(BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m, ROWS=rows,
                         PARTS=plan.slots if plan.stream else plan.sharing, STREAM=plan.stream, num_warps=4))
-    early = decode_pdl(M, N, K, itemsize, plan.shared, config.occupancy, device_facts(device)[0])
-    return config, tiles, plan, grid, meta, summing, early
+    key = device_facts(device)[0]
+    early = decode_pdl(M, N, K, itemsize, plan.shared, config.occupancy, key)
+    small = not early and small_pdl(M, N, K, itemsize, plan.shared, config.occupancy, key)
+    return config, tiles, plan, grid, meta, summing, early, small
 
 
 def planned(config: GemmConfig, M: int, N: int, K: int, itemsize: int, programs: int) -> tuple:
@@ -321,8 +350,8 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     programs (default ``programs_for``), descriptors where TMA may load (``use_tma``)."""
     (M, K), N = a.shape, out.shape[1]
     device_type = "meta" if a.device.type == "meta" else a.device.type
-    config, tiles, plan, grid, shape_meta, summing, early = _core_shape(M, N, K, config, a.element_size(), programs,
-                                                                        a.device, PDL_DECODE, PAIR_REDUCE)
+    config, tiles, plan, grid, shape_meta, summing, early, small = _core_shape(
+        M, N, K, config, a.element_size(), programs, a.device, PDL_DECODE, PAIR_REDUCE, PDL_SMALL)
     if plan.shared:
         partials = torch.empty(((tiles - plan.whole_tiles) * plan.slots * config.block_m * config.tile_n,),
                                dtype=torch.float32, device=a.device)
@@ -341,7 +370,7 @@ def core_launch(a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor
     b2_arg = None if not config.block_n2 else b_descriptor(src, b_t, config.block_n2, config.block_k) if tma else src
     tma_store = tma and config.tma_store
     c_arg = c_descriptor(out, M, config) if tma_store else out
-    pdl = pdl_meta(a.device)
+    pdl = pdl_meta(a.device, True if small else None)
     return CoreLaunch(grid, a_arg, b_arg, b2_arg, c_arg, M, N, K, (a.stride(0), src.stride(0), out.stride(0)),
                       plan.whole_tiles, plan.sharing, plan.slots, partials, counters,
                       dict(B_T=b_t, TMA=tma, HOST_DESC=tma, TMA_STORE=tma_store, PRECISION=precision(a.dtype),

@@ -159,14 +159,17 @@ def write_table(key: str, provenance: dict, rows: list[dict], path: Path | None 
     load_table.cache_clear()
     measured_cells.cache_clear()
     pdl_decode_limits.cache_clear()
+    pdl_small_limits.cache_clear()
     return path
 
 
 # A table's fields besides its rows that a re-tune keeps: "pdl_decode" -- {"max_m", "max_b_bytes", "measured"}:
 # the plain GEMM's whole-tile decode launches up to that M and that many bytes of B run with programmatic
-# dependent launch and early release on this GPU model (fused/gemm.py launch_meta); absent: they do not (not
-# measured there).
-TABLE_SETTINGS = ("pdl_decode",)
+# dependent launch and early release on this GPU model (fused/gemm.py launch_meta); "pdl_small" -- {"max_macs",
+# "max_b_bytes", "measured"}: the GEMM core's whole-tile launches of at most that many multiply-adds and bytes
+# of B (small products, L2-warm: 1024^3) run with programmatic dependent launch on this GPU model, the plain
+# matmul's and the fused ops' alike (fused/gemm.py small_pdl); absent: they do not (not measured there).
+TABLE_SETTINGS = ("pdl_decode", "pdl_small")
 
 
 def table_settings(data: dict) -> dict:
@@ -192,3 +195,23 @@ def pdl_decode_limits(key: str | None) -> tuple[int, int] | None:
         return max_m, max_bytes
     found = read_table(key).get("pdl_decode")
     return (int(found["max_m"]), int(found["max_b_bytes"])) if found else None
+
+
+# SYMMCOLL_PDL_SMALL_LIMITS="<max multiply-adds>,<max bytes of B>" stands for every table's "pdl_small" (as
+# SYMMCOLL_PDL_DECODE_LIMITS for "pdl_decode").
+_SMALL_OVERRIDE = os.environ.get("SYMMCOLL_PDL_SMALL_LIMITS", "")
+
+
+@functools.lru_cache(maxsize=None)
+def pdl_small_limits(key: str | None) -> tuple[int, int] | None:
+    """(most multiply-adds M * N * K, most bytes of B) of the small products whose whole-tile launches run
+    with PDL on GPU model ``key``, from its table's "pdl_small" or SYMMCOLL_PDL_SMALL_LIMITS (None: none do)."""
+    if _SMALL_OVERRIDE:
+        try:
+            max_macs, max_bytes = (int(part) for part in _SMALL_OVERRIDE.split(","))
+        except ValueError:
+            raise ValueError(f"SYMMCOLL_PDL_SMALL_LIMITS must be '<max multiply-adds>,<max bytes of B>', got "
+                             f"{_SMALL_OVERRIDE!r}") from None
+        return max_macs, max_bytes
+    found = read_table(key).get("pdl_small")
+    return (int(found["max_macs"]), int(found["max_b_bytes"])) if found else None
