@@ -234,13 +234,14 @@ def test_auto_overlaps_large_gathers_by_the_copy_engines(pools):
 def test_auto_on_one_rank_runs_the_core_where_its_table_beats_cublas(monkeypatch):
     """One rank: the GEMM core where the GPU's table measured it < CORE_FASTER_BELOW x cuBLAS at the exact
     (M, N, K) of every B (one H100: 16384x8192x8192 at 0.983) on a cell cuBLAS took >= CORE_FROM_CUBLAS_US
-    for, else cuBLAS -- a B not in the table, one at 1.008, a 6 us cell at 0.965, a table without
-    cuBLAS's time, or a CPU tensor (no table)."""
+    for or whose core launch takes the small products' PDL, else cuBLAS -- a B not in the table, one at 1.008, a
+    6 us cell at 0.965, a table without cuBLAS's time, or a CPU tensor (no table)."""
     from symmcoll.fused import gemm_tables
     monkeypatch.setattr(gemm_tables, "measured_cells",
                         lambda key: {(16384, 8192, 8192): (0.983, 3300.0), (16384, 3584, 8192): (1.008, 1400.0),
                                      (16384, 1024, 8192): (0.95, 400.0), (1024, 1024, 8192): (0.965, 6.9),
-                                     (16384, 2048, 8192): (0.95, None)})
+                                     (16384, 2048, 8192): (0.95, None), (1024, 1024, 1024): (0.96, 5.5),
+                                     (1024, 2048, 1024): (0.96, 9.0)})
 
     def request(rows, *ns, dev="meta"):
         return symmcoll.plan.Request("all_gather_matmul", (rows, 8192), torch.bfloat16, torch.device(dev),
@@ -254,6 +255,12 @@ def test_auto_on_one_rank_runs_the_core_where_its_table_beats_cublas(monkeypatch
     assert agmm_rules.choose_default(request(16384, 2048), 1) == "gather_then_cublas"
     assert agmm_rules.choose_default(request(16384, 8192, dev="cpu"), 1) == "gather_then_cublas"
     assert agmm_rules.choose_default(request(4096, 8192), 4) == "copy_engine_producer"   # (several ranks: as before)
+    # a 5.5 us cell whose core launch takes the small products' PDL (gemm.takes_small_pdl: 1024^3, 2 MB of B on
+    # the H200) runs the core; one of 4 MB of B (past the rule) does not
+    small = lambda n: symmcoll.plan.Request("all_gather_matmul", (1024, 1024), torch.bfloat16, torch.device("meta"),
+                                            others=(((1024, n), torch.bfloat16, None),))
+    assert agmm_rules.choose_default(small(1024), 1) == "gather_then_gemm"
+    assert agmm_rules.choose_default(small(2048), 1) == "gather_then_cublas"
     # the shipped H100 table holds that cell as measured, with cuBLAS's time
     entry = {(e["m"], e["n"], e["k"]): e for e in gemm_tables.read_table("h100")["entries"]}[(16384, 8192, 8192)]
     assert entry["ratio"] < 0.99 and entry["cublas_us"] >= agmm_rules.CORE_FROM_CUBLAS_US

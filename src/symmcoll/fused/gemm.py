@@ -188,6 +188,14 @@ def small_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int
     return limits is not None and M * N * K <= limits[0] and N * K * itemsize <= limits[1]
 
 
+def takes_small_pdl(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the core's launch of (M, N, K) with the table's config for it runs with the small products' PDL
+    (``small_pdl`` on the launch's own plan; all_gather_matmul's one-rank "auto" asks)."""
+    config = gemm_config(M, N, K, dtype, device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return _core_shape(M, N, K, config, itemsize, None, device, PDL_DECODE, PAIR_REDUCE, PDL_SMALL)[7]
+
+
 def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:
     """``matmul_kernel``'s meta for ``core``: PDL with early release for a whole-tile decode launch within
     its GPU model's measured limits (``core.decode_pdl``), else the core's own (the SYMMCOLL_PDL switch's)."""
