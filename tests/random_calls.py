@@ -50,7 +50,12 @@ BARRIER = {("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_reduce"
                                                 "copy_engine_producer", "fused"))}
 DIFFER_RATE = 0.2
 # Differences found only when a wait times out: call 250 of every 1000 at world size 2, a barrier
-# all-reduce against a barrier-free one, waits SLOW_TIMEOUT_S.
+# all-reduce against a barrier-free one, waits SLOW_TIMEOUT_S. Every call that differs between ranks runs
+# with that timeout too: where the generator cannot tell that the ranks' calls take different protocols (the
+# resolver sends a sentinel call whose rows are not whole 4-byte words to pull; the interpreter runs a tree's
+# programs one after another, so the program that would see a neighbour's descriptor runs after the one that
+# waits) the difference is found when a wait gives up -- 2.7-5.2 s a call at the default timeout of 5 s, 38 of
+# the 81 s of the 1200 calls at world size 2 (CPU, 2026-11-28), the same error either way.
 SLOW_EVERY, SLOW_AT, SLOW_TIMEOUT_S = 1000, 250, 2.0
 
 
@@ -538,7 +543,7 @@ def batch(seed: int, first: int, count: int, timeout_s: float = 5.0, workspace_b
     try:
         for call in draw_calls(seed, first, count, world, process_group, indices):
             t0 = time.monotonic()
-            os.environ["SYMMCOLL_TIMEOUT_S"] = str(SLOW_TIMEOUT_S if _forced_slow(call.index, world) else timeout_s)
+            os.environ["SYMMCOLL_TIMEOUT_S"] = str(SLOW_TIMEOUT_S if call.differ is not None else timeout_s)
             outcome = _outcome(call, seed, rank, world)
             outcome["seconds"] = round(time.monotonic() - t0, 3)
             outcomes.append(outcome)

@@ -7,6 +7,8 @@ children) for at most one half.
 
 Per tree and per program, with point-to-point signals only (no all-peer barrier):
 
+    0. send my descriptor to my parent and children, wait for theirs (a neighbour's other call is found
+       at once)
     1. wait "partial ready" from my children            (their signal, acquire)
     2. partial = x + partial(child 0) + partial(child 1) read from the children's buffers; partials
        are fp32 end to end -> my partial region (root: the result, rounded once, into my result
@@ -18,12 +20,13 @@ Per tree and per program, with point-to-point signals only (no all-peer barrier)
 
 Failure: a program whose wait gave up sends no further signal, so its tree neighbours time out too
 and every rank raises; a rank may then name the neighbour it waited for (itself waiting on the missing
-rank) rather than the missing rank.
+rank) rather than the missing rank. A neighbour that made another call is named by step 0 on both ranks.
 
 Step 4's "done" keeps a parent from overwriting its result region (next call) while a child still
 reads it; a child can overwrite its partial region in the next call only after step 3, i.e. after the
-parent read it. Child -> parent "partial ready" and "done" reuse one self-resetting slot: the second
-send waits until the first was consumed, which step 3 already guarantees.
+parent read it. Child -> parent step 0, "partial ready" and "done" reuse one self-resetting slot (parent ->
+child: step 0 and "result ready"): a send waits until the one before was consumed, and each is consumed in
+order by the receiver's waits.
 
 Programs [0, P) work on half 0 / tree 0, programs [P, 2P) on half 1 / tree 1; program q only waits
 on program q of its tree neighbours. Buffer: fp32 partials at [0, n), results (input dtype) at
@@ -97,9 +100,18 @@ def tree_kernel(
     n_blocks = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK)
     lane = tl.arange(0, BLOCK)
     announce(signal_pad_ptrs_dev, desc, rank, WORLD)
-
-    failed = tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, desc, status_ptr, max_spins,
+    # 0. my tree neighbours and I exchange descriptors: a neighbour that made another call is found here, by
+    # every program of both ranks, not when a wait gives up (a child otherwise meets its parent's descriptor
+    # only in the result it waits for, which a parent that saw the difference never sends; under the
+    # interpreter the program that would meet it in its own tree runs after the one waiting)
+    neighbours = child_lanes | parent_lane
+    failed = tl.max(send_signals(signal_pad_ptrs_dev, neighbours, rank, desc, status_ptr, max_spins,
                                  WORLD).to(tl.int32), axis=0)
+    failed |= tl.max(wait_signals(signal_pad_ptrs_dev, neighbours, rank, desc, status_ptr, max_spins,
+                                  WORLD).to(tl.int32), axis=0)
+
+    failed |= tl.max(wait_signals(signal_pad_ptrs_dev, child_lanes, rank, desc, status_ptr, max_spins,
+                                  WORLD).to(tl.int32), axis=0)
     tl.debug_barrier()
     for b in range(p, n_blocks, per_tree):
         offs = lo + b * BLOCK + lane
