@@ -269,18 +269,43 @@ def _empty(call: Call) -> bool:
     return 0 in p["shape"]
 
 
+def _runs(call: Call, world: int) -> str:
+    """The algorithm the resolver runs for ``call``'s explicit algorithm: a sentinel call whose words are not
+    whole runs pull in its place (comm/sentinel.py ``_whole_words``: reduce_scatter's segments of
+    nbytes / world; comm/all_to_all_sentinel.py ``_accepts``: all_to_all's rows) -- so one rank's shape or
+    dtype can send it to another protocol than its peers'."""
+    if call.algorithm == "sentinel" and call.op in ("reduce_scatter", "all_to_all"):
+        itemsize = call.torch_dtype.itemsize
+        if call.op == "reduce_scatter":
+            nbytes = itemsize
+            for size in call.params["shape"]:
+                nbytes *= size
+            whole = (nbytes // world) % 4 == 0
+        else:
+            whole = (call.params["cols"] * itemsize) % 4 == 0
+        if not whole:
+            return "pull"
+    return call.algorithm
+
+
+def _same_run(call: Call, world: int) -> bool:
+    """A difference of algorithm that the resolver undoes (a sentinel call it runs as pull against pull): the
+    ranks make the same call."""
+    return call.differ == "algorithm" and _runs(call, world) == _runs(call.on(call.odd[0]), world)
+
+
 def _protocol(call: Call, world: int):
     """Where a call meets its peers: "barrier" (signals), a barrier-free kernel's own region, or None
     where the host decides (auto, unfused variants) or only some peers meet (a tree on more than two
     ranks: a rank learns of a difference two hops away when its neighbour's wait gives up)."""
-    if _empty(call) or (call.op, call.algorithm) in BARRIER:
+    if _empty(call) or (call.op, _runs(call, world)) in BARRIER:
         return "barrier"
     if call.op == "quantized":
         nbytes = call.torch_dtype.itemsize * call.params["shape"][0]
         return "quantized" if nbytes >= call.params["min_bytes"] else ("exact", call.params["shape"], call.dtype)
     if call.algorithm in ("auto", "unfused") or (call.algorithm == "tree" and world > 2):
         return None
-    return call.op, call.algorithm, call.params.get("kind")
+    return call.op, _runs(call, world), call.params.get("kind")
 
 
 def _slow(call: Call, world: int) -> bool:
@@ -324,7 +349,7 @@ def draw_calls(seed: int, first: int, count: int, world: int, process_group: boo
             call = _explicit(rng, call)
             for _ in range(6):
                 differing = _differ(rng, call, world)
-                if differing is not None and not _slow(differing, world):
+                if differing is not None and not _slow(differing, world) and not _same_run(differing, world):
                     call = differing
                     break
         calls.append(call)
