@@ -304,27 +304,14 @@ def test_gpu_small_products_with_pdl_give_the_bits_of_no_pdl(pools):
 
 def test_small_pdl_limits_come_from_the_gpu_models_table(monkeypatch):
     """The small products' limits are a measured setting of the GPU model's table ("pdl_small", kept through a
-    re-tune's rewrite like "pdl_decode"): the H200's ships them, the H100's not; SYMMCOLL_PDL_SMALL_LIMITS stands
-    for every table, and a malformed value names the variable. A decode launch within the decode rule takes
-    early release instead (gemm._core_shape: never both)."""
+    re-tune's rewrite like "pdl_decode"): the H200's ships them, the H100's not. A decode launch within the
+    decode rule takes early release instead (gemm._core_shape: never both)."""
     from symmcoll.fused import gemm_tables
     assert "pdl_small" in gemm_tables.TABLE_SETTINGS
     assert gemm_tables.pdl_small_limits("h200") == (1 << 30, 2 << 20)
     assert gemm_tables.pdl_small_limits("h100") is None
     assert gemm.small_pdl(1024, 1024, 1024, 2, False, 1, "h200") and not gemm.small_pdl(1024, 1024, 1024, 2, False,
                                                                                          1, "h100")
-    monkeypatch.setattr(gemm_tables, "_SMALL_OVERRIDE", "4096,8192")
-    gemm_tables.pdl_small_limits.cache_clear()
-    try:
-        assert gemm_tables.pdl_small_limits("h100") == gemm_tables.pdl_small_limits("h200") == (4096, 8192)
-        assert gemm.small_pdl(16, 16, 16, 2, False, 1, "h100") and not gemm.small_pdl(16, 16, 32, 2, False, 1, "h100")
-        monkeypatch.setattr(gemm_tables, "_SMALL_OVERRIDE", "4096")
-        gemm_tables.pdl_small_limits.cache_clear()
-        with pytest.raises(ValueError, match="SYMMCOLL_PDL_SMALL_LIMITS"):
-            gemm_tables.pdl_small_limits("h100")
-    finally:
-        monkeypatch.undo()
-        gemm_tables.pdl_small_limits.cache_clear()
     # a decode-sized small product: early release by the decode rule, not both
     a = torch.empty((16, 256), dtype=torch.bfloat16, device="meta")
     b = torch.empty((256, 256), dtype=torch.bfloat16, device="meta")
@@ -351,20 +338,28 @@ def test_decode_pdl_limits_come_from_the_gpu_models_table(tmp_path):
     assert written["pdl_decode"] == h200["pdl_decode"] and len(written["entries"]) == 2
 
 
-def test_decode_pdl_limits_override_stands_for_every_table(monkeypatch):
-    """SYMMCOLL_PDL_DECODE_LIMITS (for measuring the rule where a table has none): '<max M>,<max bytes>' is the
-    limit on every GPU model; a malformed value names the variable."""
+@pytest.mark.parametrize("override, limits, rule, value, inside, outside, variable", [
+    ("_LIMITS_OVERRIDE", "pdl_decode_limits", "decode_pdl", "32,1048576", (16, 512, 1024), (64, 512, 1024),
+     "SYMMCOLL_PDL_DECODE_LIMITS"),
+    ("_SMALL_OVERRIDE", "pdl_small_limits", "small_pdl", "4096,8192", (16, 16, 16), (16, 16, 32),
+     "SYMMCOLL_PDL_SMALL_LIMITS"),
+], ids=["decode", "small"])
+def test_pdl_limits_override_stands_for_every_table(monkeypatch, override, limits, rule, value, inside, outside,
+                                                    variable):
+    """SYMMCOLL_PDL_DECODE_LIMITS / SYMMCOLL_PDL_SMALL_LIMITS (for measuring a rule where a table has none): its two
+    limits stand for every GPU model's; a malformed value names the variable."""
     from symmcoll.fused import gemm_tables
-    monkeypatch.setattr(gemm_tables, "_LIMITS_OVERRIDE", "32,1048576")
-    gemm_tables.pdl_decode_limits.cache_clear()
+    limits_of, takes = getattr(gemm_tables, limits), getattr(gemm, rule)
+    monkeypatch.setattr(gemm_tables, override, value)
+    limits_of.cache_clear()
     try:
-        assert gemm_tables.pdl_decode_limits("h100") == gemm_tables.pdl_decode_limits("h200") == (32, 1 << 20)
-        assert gemm.decode_pdl(16, 512, 1024, 2, False, 1, "h100") and not gemm.decode_pdl(64, 512, 1024, 2, False, 1,
-                                                                                         "h100")
-        monkeypatch.setattr(gemm_tables, "_LIMITS_OVERRIDE", "64")
-        gemm_tables.pdl_decode_limits.cache_clear()
-        with pytest.raises(ValueError, match="SYMMCOLL_PDL_DECODE_LIMITS"):
-            gemm_tables.pdl_decode_limits("h100")
+        expected = tuple(int(v) for v in value.split(","))
+        assert limits_of("h100") == limits_of("h200") == expected
+        assert takes(*inside, 2, False, 1, "h100") and not takes(*outside, 2, False, 1, "h100")
+        monkeypatch.setattr(gemm_tables, override, value.split(",")[0])
+        limits_of.cache_clear()
+        with pytest.raises(ValueError, match=variable):
+            limits_of("h100")
     finally:
         monkeypatch.undo()
-        gemm_tables.pdl_decode_limits.cache_clear()
+        limits_of.cache_clear()

@@ -159,10 +159,7 @@ PDL_DECODE = os.environ.get("SYMMCOLL_PDL_DECODE", "1") == "1"
 def decode_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int, key: str | None) -> bool:
     """Whether a plain-GEMM launch of (M, N, K) runs with PDL and early release on GPU model ``key`` (see
     PDL_DECODE): whole tiles, one program an SM, within the model's measured limits."""
-    if not PDL_DECODE or split or occupancy != 1:
-        return False
-    limits = pdl_decode_limits(key)
-    return limits is not None and M <= limits[0] and N * K * itemsize <= limits[1]
+    return _within(PDL_DECODE, split, occupancy, pdl_decode_limits(key), M, N * K * itemsize)
 
 
 # The GEMM core's launches of small products (whole tiles, one program an SM, at most the multiply-adds and bytes
@@ -182,10 +179,15 @@ PDL_SMALL = os.environ.get("SYMMCOLL_PDL_SMALL", "1") == "1"
 def small_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int, key: str | None) -> bool:
     """Whether the core's launch of (M, N, K) runs with PDL by the small-product rule on GPU model ``key`` (see
     PDL_SMALL): whole tiles, one program an SM, within the model's measured limits."""
-    if not PDL_SMALL or split or occupancy != 1:
-        return False
-    limits = pdl_small_limits(key)
-    return limits is not None and M * N * K <= limits[0] and N * K * itemsize <= limits[1]
+    return _within(PDL_SMALL, split, occupancy, pdl_small_limits(key), M * N * K, N * K * itemsize)
+
+
+def _within(switch: bool, split: bool, occupancy: int, limits: tuple[int, int] | None, size: int,
+            b_bytes: int) -> bool:
+    """A PDL rule's test: the switch on, whole tiles, one program an SM, ``size`` and ``b_bytes`` within the
+    GPU model's measured ``limits`` (None: the model has none)."""
+    return (switch and not split and occupancy == 1 and limits is not None and size <= limits[0]
+            and b_bytes <= limits[1])
 
 
 def takes_small_pdl(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device) -> bool:

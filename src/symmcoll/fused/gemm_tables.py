@@ -182,19 +182,26 @@ def table_settings(data: dict) -> dict:
 _LIMITS_OVERRIDE = os.environ.get("SYMMCOLL_PDL_DECODE_LIMITS", "")
 
 
+def _setting_limits(key: str | None, setting: str, fields: tuple[str, str], override: str, variable: str,
+                    form: str) -> tuple[int, int] | None:
+    """The two limits of table setting ``setting`` (its ``fields``) of GPU model ``key``, or of ``override`` (the
+    environment variable ``variable``'s value, written ``form``) where it is set; None where neither is."""
+    if override:
+        try:
+            first, second = (int(part) for part in override.split(","))
+        except ValueError:
+            raise ValueError(f"{variable} must be '{form}', got {override!r}") from None
+        return first, second
+    found = read_table(key).get(setting)
+    return (int(found[fields[0]]), int(found[fields[1]])) if found else None
+
+
 @functools.lru_cache(maxsize=None)
 def pdl_decode_limits(key: str | None) -> tuple[int, int] | None:
     """(largest M, most bytes of B) of the decode launches that run with PDL and early release on GPU model
     ``key``, from its table's "pdl_decode" or SYMMCOLL_PDL_DECODE_LIMITS (None: no such launches there)."""
-    if _LIMITS_OVERRIDE:
-        try:
-            max_m, max_bytes = (int(part) for part in _LIMITS_OVERRIDE.split(","))
-        except ValueError:
-            raise ValueError(f"SYMMCOLL_PDL_DECODE_LIMITS must be '<max M>,<max bytes of B>', got "
-                             f"{_LIMITS_OVERRIDE!r}") from None
-        return max_m, max_bytes
-    found = read_table(key).get("pdl_decode")
-    return (int(found["max_m"]), int(found["max_b_bytes"])) if found else None
+    return _setting_limits(key, "pdl_decode", ("max_m", "max_b_bytes"), _LIMITS_OVERRIDE, "SYMMCOLL_PDL_DECODE_LIMITS",
+                           "<max M>,<max bytes of B>")
 
 
 # SYMMCOLL_PDL_SMALL_LIMITS="<max multiply-adds>,<max bytes of B>" stands for every table's "pdl_small" (as
@@ -206,12 +213,5 @@ _SMALL_OVERRIDE = os.environ.get("SYMMCOLL_PDL_SMALL_LIMITS", "")
 def pdl_small_limits(key: str | None) -> tuple[int, int] | None:
     """(most multiply-adds M * N * K, most bytes of B) of the small products whose whole-tile launches run
     with PDL on GPU model ``key``, from its table's "pdl_small" or SYMMCOLL_PDL_SMALL_LIMITS (None: none do)."""
-    if _SMALL_OVERRIDE:
-        try:
-            max_macs, max_bytes = (int(part) for part in _SMALL_OVERRIDE.split(","))
-        except ValueError:
-            raise ValueError(f"SYMMCOLL_PDL_SMALL_LIMITS must be '<max multiply-adds>,<max bytes of B>', got "
-                             f"{_SMALL_OVERRIDE!r}") from None
-        return max_macs, max_bytes
-    found = read_table(key).get("pdl_small")
-    return (int(found["max_macs"]), int(found["max_b_bytes"])) if found else None
+    return _setting_limits(key, "pdl_small", ("max_macs", "max_b_bytes"), _SMALL_OVERRIDE, "SYMMCOLL_PDL_SMALL_LIMITS",
+                           "<max multiply-adds>,<max bytes of B>")
