@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -277,10 +278,7 @@ def _runs(call: Call, world: int) -> str:
     if call.algorithm == "sentinel" and call.op in ("reduce_scatter", "all_to_all"):
         itemsize = call.torch_dtype.itemsize
         if call.op == "reduce_scatter":
-            nbytes = itemsize
-            for size in call.params["shape"]:
-                nbytes *= size
-            whole = (nbytes // world) % 4 == 0
+            whole = (math.prod(call.params["shape"]) * itemsize // world) % 4 == 0
         else:
             whole = (call.params["cols"] * itemsize) % 4 == 0
         if not whole:

@@ -381,15 +381,14 @@ def compile_job(config: GemmConfig, m: int, n: int, k: int, dtype_name: str, sms
                 key: str | None = "h200") -> tuple:
     """What ``precompile`` needs to compile the kernel ``config`` runs at (m, n, k) on GPU model ``key``: the
     config, the size classes Triton specialises on, whether the launch shares tiles (another kernel) and
-    whether it runs with PDL and early release (gemm.decode_pdl: by the real shape, not the tiny one's), how
+    whether it runs with PDL and early release (gemm.launch_pdl: by the real shape, not the tiny one's), how
     it sums tiles in two parts (gemm.launch_pair_mode: 0, 1 or 2, by the real shape) and whether it runs with
-    the small products' PDL (gemm.small_pdl, by the real shape; never beside early release)."""
+    the small products' PDL instead (gemm.launch_pdl too)."""
     programs = sms * config.occupancy
     shared = split_plan(config, tiles_of(config, m, n), k, programs).shared
     itemsize = DTYPES[dtype_name].itemsize
-    early = gemm.decode_pdl(m, n, k, itemsize, shared, config.occupancy, key)
+    early, small = gemm.launch_pdl(m, n, k, itemsize, shared, config.occupancy, key)
     pair = gemm.launch_pair_mode(config, m, n, k, itemsize, programs)
-    small = not early and gemm.small_pdl(m, n, k, itemsize, shared, config.occupancy, key)
     return (tuple(config.as_list()), _warm_class(m), _warm_class(n), _warm_class(k), dtype_name, shared, early, pair,
             small)
 

@@ -182,6 +182,13 @@ def small_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int
     return _within(PDL_SMALL, split, occupancy, pdl_small_limits(key), M * N * K, N * K * itemsize)
 
 
+def launch_pdl(M: int, N: int, K: int, itemsize: int, split: bool, occupancy: int, key: str | None) -> tuple:
+    """(decode rule, small-product rule) of the core's launch of (M, N, K) on GPU model ``key``: the decode
+    rule (early release) first; the small products' only where it does not apply -- never both."""
+    early = decode_pdl(M, N, K, itemsize, split, occupancy, key)
+    return early, not early and small_pdl(M, N, K, itemsize, split, occupancy, key)
+
+
 def _within(switch: bool, split: bool, occupancy: int, limits: tuple[int, int] | None, size: int,
             b_bytes: int) -> bool:
     """A PDL rule's test: the switch on, whole tiles, one program an SM, ``size`` and ``b_bytes`` within the
@@ -194,8 +201,7 @@ def takes_small_pdl(M: int, N: int, K: int, dtype: torch.dtype, device: torch.de
     """Whether the core's launch of (M, N, K) with the table's config for it runs with the small products' PDL
     (``small_pdl`` on the launch's own plan; all_gather_matmul's one-rank "auto" asks)."""
     config = gemm_config(M, N, K, dtype, device)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return _core_shape(M, N, K, config, itemsize, None, device, PDL_DECODE, PAIR_REDUCE, PDL_SMALL)[7]
+    return _core_shape(M, N, K, config, dtype.itemsize, None, device, PDL_DECODE, PAIR_REDUCE, PDL_SMALL)[7]
 
 
 def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:
@@ -327,9 +333,7 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
         summing = ((tiles - plan.whole_tiles, config.block_m // rows),
                    dict(BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=config.group_m, ROWS=rows,
                         PARTS=plan.slots if plan.stream else plan.sharing, STREAM=plan.stream, num_warps=4))
-    key = device_facts(device)[0]
-    early = decode_pdl(M, N, K, itemsize, plan.shared, config.occupancy, key)
-    small = not early and small_pdl(M, N, K, itemsize, plan.shared, config.occupancy, key)
+    early, small = launch_pdl(M, N, K, itemsize, plan.shared, config.occupancy, device_facts(device)[0])
     return config, tiles, plan, grid, meta, summing, early, small
 
 
