@@ -547,17 +547,6 @@ def test_candidates_fit_and_include_the_rule(m, n, k):
         assert plan.shared or config.split_k == 1 or config == gemm_configs.untuned_config(m, n, k, 132)
 
 
-def test_decode_candidates_hold_32_wide_tiles():
-    """M <= 64: swapped tiles 32 columns wide (twice the programs reading B where 64-wide whole tiles are
-    40-64: 70b-tp4 qkv, dsv3-expert gate_up), deep pipelines within shared memory; none past M = 64."""
-    for m in (1, 16, 64):
-        narrow = [c for c in gemm_candidates.candidates(m, 2560, 8192) if c.block_n == 32]
-        assert {(c.block_k, c.split_k) for c in narrow} >= {(256, 1), (128, 1)}, [c.label for c in narrow]
-        assert all(c.swap_ab and c.smem_bytes(2) <= gemm_configs.SMEM_BUDGET for c in narrow)
-        assert gemm_configs.tiles_of(narrow[0], m, 2560) == 80
-    assert not any(c.block_n == 32 for c in gemm_candidates.candidates(128, 2560, 8192))
-
-
 def test_mid_m_candidates_hold_the_big_tiles_deeper_and_two_part_splits():
     """M = 128-512 (the H100 grid's worst cells): 128x256 / 256x128 tiles at four stages, 128x128 at five
     and six, 64x128 at six and eight, 64x64x128 at six (B from DRAM: deeper pipelines), and a two-part
@@ -863,8 +852,7 @@ GPU_CONFIGS = [None, GemmConfig(16, 64, 128, 1, 4, True, 4, 5), GemmConfig(64, 1
                GemmConfig(128, 64, 64, 8, 1, False, 8, 8),  # (a small product's one-wave tile, eight stages)
                GemmConfig(128, 128, 64, 8, 16, False, 8, 5, sum_apart=True),  # split tiles summed by a second kernel
                GemmConfig(128, 256, 64, 8, 16, False, 8, 3, stream_k=True, sum_apart=True),  # ... stream-K's too
-               GemmConfig(64, 128, 64, 8, 1, False, 4, 9), GemmConfig(64, 64, 128, 8, 4, False, 4, 7),  # 216 / 224 KB
-               GemmConfig(16, 32, 256, 1, 1, True, 4, 8)]  # a decode tile 32 wide (mma.sync: no wgmma below 64)
+               GemmConfig(64, 128, 64, 8, 1, False, 4, 9), GemmConfig(64, 64, 128, 8, 4, False, 4, 7)]  # 216 / 224 KB
 
 
 @pytest.mark.gpu

@@ -192,13 +192,6 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
                                     num_stages=6))
         bases.append(GemmConfig(bm, 64, 128, group_m=1, swap_ab=True, num_warps=4, num_stages=3, occupancy=2))
         bases.append(GemmConfig(min(bm, 64), 64, 128, group_m=1, num_warps=4, num_stages=5))
-    if m <= 64:
-        # Tiles 32 columns wide: twice the programs stream B where 64-wide whole tiles leave most SMs idle
-        # (70b-tp4 qkv, N = 2560: 40 tiles, each SM reading 1 MB at ~75 GB/s, 2.8-3.1 TB/s on one H200;
-        # dsv3-expert gate_up, N = 4096: 64 tiles) -- without a split's partials. Deep pipelines: a
-        # 32-wide k-step of 256 is 16 KB of B.
-        for bk, stages in ((256, 8), (128, 12)):
-            bases.append(GemmConfig(bm, 32, bk, group_m=1, swap_ab=True, num_warps=4, num_stages=stages))
     if 64 < m <= 2048:  # few tiles a wave: every tile shape that stream-K can spread, two programs per SM
         for bm, bn, bk, warps, stages in ((64, 128, 64, 4, 4), (64, 256, 64, 4, 4), (128, 128, 64, 8, 4),
                                           (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 128, 8, 3)):
