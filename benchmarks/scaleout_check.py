@@ -117,12 +117,13 @@ def _say(t0: float, text: str) -> None:
 
 
 def run_config(index: int, label: str, nodes_n: int, per_node: int, device: str, t0: float, deadline: float,
-               end: float, limits: Limits, journal_dir: str, inject: tuple) -> tuple[list[dict], bool]:
+               end: float, limits: Limits, journal_dir: str, inject: tuple,
+               first_cases: int | None = None) -> tuple[list[dict], bool]:
     """One configuration in fresh rank processes: its rows (from the ranks' journals, whatever happened to
-    the ranks) and whether a SIGTERM stopped it."""
+    the ranks) and whether a SIGTERM stopped it. ``first_cases``: only that many of the configuration's cases."""
     world = nodes_n * per_node
     base = {"check": "nodes", "config": label, "nodes": nodes_n, "per_node": per_node, "device": device}
-    rpl = RankPlan(label, journal_dir, t0, deadline, cases_for(world, device != "cpu"), limits,
+    rpl = RankPlan(label, journal_dir, t0, deadline, cases_for(world, device != "cpu")[:first_cases], limits,
                    tuple((kind, rank, case) for config, kind, rank, case in inject if config == index))
     pool, outcome, stopped, ready_s = None, "finished", False, None
     started = time.time()
@@ -212,7 +213,11 @@ def main() -> None:
                         help="one limit for every phase of a rank (default: scaleout_cases.Limits)")
     parser.add_argument("--inject", action="append", default=[], metavar="KIND:CONFIG:RANK:CASE",
                         help="tests of the failure paths: 'fail' (rank fails case alone) or 'hang' (rank hangs in it)")
+    parser.add_argument("--cases", type=int, default=None, metavar="N",
+                        help="only the first N cases of each configuration (a quick check; default: all)")
     args = parser.parse_args()
+    if args.cases is not None and args.cases < 1:
+        parser.error(f"--cases must be >= 1, got {args.cases}")
     t0 = time.time()
     end = t0 + args.budget_s
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -253,7 +258,7 @@ def main() -> None:
                 continue
             deadline = time.time() + left / (len(configs) - i)  # an equal share of what is left
             found, stopped = run_config(i, labels[i], nodes_n, per_node, device, t0, deadline, end, limits,
-                                        journal_dir, inject)
+                                        journal_dir, inject, args.cases)
             rows += found
             write(args.out, info, rows)
             if stopped:

@@ -1,10 +1,13 @@
 """Fault suite: calls that differ between ranks, peers that are absent, killed or fed bad input.
 
-Every case starts fresh ranks (3 on CPU, 2 on GPU) with a short ``SYMMCOLL_TIMEOUT_S`` and checks, on
-every rank that survives, that the call raised the right error -- ``SymmcollMismatchError`` naming the
-field and a rank that made the other call, or ``SymmcollTimeoutError`` naming the rank that never came
--- instead of returning a value; then every rank calls ``symmcoll.reset()`` and a later call must be
-exact.
+Every case runs on ranks (3 on CPU, 2 on GPU) with a short ``SYMMCOLL_TIMEOUT_S`` and checks, on every
+rank that survives, that the call raised the right error -- ``SymmcollMismatchError`` naming the field
+and a rank that made the other call, or ``SymmcollTimeoutError`` naming the rank that never came --
+instead of returning a value; then every rank calls ``symmcoll.reset()`` and a later call must be exact.
+The cases share one set of ranks (starting 3 ranks costs ~4 s on CI's 2 cores), each case beginning with
+``reset()`` on every rank, so its fault meets the cold workspace fresh ranks would; so every case also
+checks that the ranks go on after the cases before it. "killed mid-call" alone gets fresh ranks (it
+kills one, with a workspace of its own size).
 
 The process group's own timeout is set far above the test's limit, so a host-side wait bounded only
 by the process group (not by SYMMCOLL_TIMEOUT_S) makes the test fail instead of passing slowly.
@@ -233,9 +236,12 @@ def _exact_after_reset(later, group) -> str:
 
 
 def _run_case(name: str):
-    """On every rank: warm up, the faulty call, then reset() and an exact later call."""
+    """On every rank: a cold workspace (reset() together: the ranks may have run other cases), warm up,
+    the faulty call, then reset() and an exact later call."""
     case = CASES[name]
     rank = dist.get_rank()
+    dist.barrier()
+    symmcoll.reset()
     if case.warm is not None:
         case.warm(rank)
         _synchronize()
@@ -250,19 +256,44 @@ def _run_case(name: str):
     return outcome, _exact_after_reset(case.later, group)
 
 
-def _start(name, monkeypatch):
-    """Fresh ranks for case ``name``; their environment: short symmcoll timeout, long process-group one."""
-    monkeypatch.setenv("SYMMCOLL_TIMEOUT_S", str(TIMEOUT_S))
-    monkeypatch.setenv("SYMMCOLL_PG_TIMEOUT_S", str(PG_TIMEOUT_S))
+def _fault_environment(env: pytest.MonkeyPatch, name: str | None = None) -> None:
+    """The ranks' environment: short symmcoll timeout, long process-group one (and for the kill a 4 KiB
+    workspace: two pieces, two launches)."""
+    env.setenv("SYMMCOLL_TIMEOUT_S", str(TIMEOUT_S))
+    env.setenv("SYMMCOLL_PG_TIMEOUT_S", str(PG_TIMEOUT_S))
     if name == "killed mid-call":
-        monkeypatch.setenv("SYMMCOLL_WORKSPACE_BYTES", "4096")
-    return launch.run(_run_case, WORLD, name, device=DEVICE, timeout=LAUNCH_TIMEOUT_S)
+        env.setenv("SYMMCOLL_WORKSPACE_BYTES", "4096")
+
+
+@pytest.fixture(scope="module")
+def fault_ranks():
+    """The ranks every case but the kill runs on (a new set where a case's failure closed them)."""
+    ranks: dict[str, launch.RankPool] = {}
+
+    def pool() -> launch.RankPool:
+        if "pool" not in ranks or ranks["pool"].closed:
+            with pytest.MonkeyPatch.context() as env:
+                _fault_environment(env)
+                ranks["pool"] = launch.RankPool(WORLD, device=DEVICE)
+        return ranks["pool"]
+
+    yield pool
+    if "pool" in ranks:
+        ranks["pool"].close()
+
+
+def _start(name, fault_ranks, monkeypatch):
+    """Case ``name`` on every rank; the kill on fresh ranks of its own."""
+    if name == "killed mid-call":
+        _fault_environment(monkeypatch, name)
+        return launch.run(_run_case, WORLD, name, device=DEVICE, timeout=LAUNCH_TIMEOUT_S)
+    return fault_ranks().run(_run_case, name, timeout=LAUNCH_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("name", list(MISMATCHES))
-def test_mismatched_call_raises_on_every_rank(name, monkeypatch):
+def test_mismatched_call_raises_on_every_rank(name, fault_ranks, monkeypatch):
     spec = MISMATCHES[name]
-    results = _start(name, monkeypatch)
+    results = _start(name, fault_ranks, monkeypatch)
     for rank, (outcome, later) in enumerate(results):
         what = f"rank {rank}: {outcome}"
         assert outcome["kind"] == "SymmcollMismatchError", what
@@ -282,16 +313,16 @@ def test_mismatched_call_raises_on_every_rank(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(ABSENCES))
-def test_absent_killed_or_failing_peer_is_named_by_every_other_rank(name, monkeypatch):
+def test_absent_killed_or_failing_peer_is_named_by_every_other_rank(name, fault_ranks, monkeypatch):
     spec = ABSENCES[name]
     if name == "killed mid-call":
         with pytest.raises(launch.RankError) as info:
-            _start(name, monkeypatch)
+            _start(name, fault_ranks, monkeypatch)
         assert list(info.value.failures) == [LAST], str(info.value)
         assert "exited with code 7" in info.value.failures[LAST]
         results = [info.value.results[r] for r in range(WORLD - 1)]
     else:
-        results = _start(name, monkeypatch)
+        results = _start(name, fault_ranks, monkeypatch)
     for rank, (outcome, later) in enumerate(results):
         if rank == LAST:
             if name.startswith("absent"):

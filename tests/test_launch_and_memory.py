@@ -148,3 +148,32 @@ def test_tree_absent_leaf_four_ranks_every_rank_raises(pools):
     # it would outwait its neighbours' timeouts.
     results = pools(4).run(_absent_peer, 3, "tree", 0, timeout=300)
     _check_absent_peer_errors(results, 3, "tree")
+
+
+def _interpreted_types() -> list[str]:
+    """What differs between the cached numpy dtypes of the interpreter and its own answer, and whether a
+    tuple type's name reads as triton formats it (language/interpreter_types.py); [] when all agree."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    cached = interpreter._get_np_dtype
+    wrong = [] if hasattr(cached, "original") else ["the interpreter's _get_np_dtype is not the cached one"]
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float16,
+               tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e4nv]
+    kinds = scalars + [tl.block_type(t, [4, 2]) for t in scalars] + [tl.pointer_type(tl.float32),
+                                                                       tl.block_type(tl.pointer_type(tl.bfloat16), [8])]
+    for _ in range(2):  # (the second round answers from the cache)
+        for kind in kinds:
+            got, want = cached(kind), getattr(cached, "original", cached)(kind)
+            if got != want or not isinstance(got, np.dtype):
+                wrong.append(f"{kind}: {got} != {want}")
+    block = tl.block_type(tl.float32, [4])
+    name = str(tl.tuple_type([tl.int32, block], ["a", "b"]))
+    if name != f"[a:int32,b:{block}]" or str(tl.tuple_type([tl.int8])) != "[:int8]":
+        wrong.append(f"tuple_type name {name!r}")
+    return wrong
+
+
+def test_interpreted_types_cached_as_the_interpreter_answers(pools):
+    assert pools(2).run(_interpreted_types) == [[], []]

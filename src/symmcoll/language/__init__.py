@@ -40,3 +40,8 @@ __all__ = ["INTERPRETED", "OP_AVG", "OP_MAX", "OP_MIN", "OP_SUM", "REDUCE_OPS", 
 __all__ += ["announce_at", "post_header_at", "program0_peer_bases", "checks_headers", "post_call", "nan_max", "nan_maximum", "nan_min", "nan_minimum", "acquire_flag", "release_flag"]
 __all__ += ["release_dependents", "wait_prior_grid"]
 __all__ += ["shard_geometry"]
+
+if INTERPRETED:  # (its own module: lines added above blocks.py's kernels would change their compile-cache keys)
+    from .interpreter_types import cheaper_interpreted_types
+
+    cheaper_interpreted_types()
