@@ -12,7 +12,7 @@ from symmcoll import reference
 from rank_checks import FP8_TOL, REL_TOL, assert_rel_close, assert_same_on_every_rank, assert_slots_empty
 
 pytestmark = pytest.mark.gpu
-WORLDS = [2, 4]
+WORLDS = [1, 2, 4]  # (1: the group-of-one paths, e.g. matmul_all_reduce one_shot without stage 2)
 
 
 def _needs(ws):

@@ -20,7 +20,8 @@ one_shot (one persistent kernel, barrier-free; for decode-sized M)
     Slot sets rotate by launch epoch (epoch % 3, as the sentinel all-reduce: a rank is at most one
     launch ahead, and it has emptied what it read before it sends the next launch's tiles). Products
     larger than a slot row go in pieces of whole tiles (one launch each). Traffic: (W-1) x the product
-    per rank, all stores issued while later tiles are still being computed.
+    per rank, all stores issued while later tiles are still being computed. A group of one runs stage 1
+    alone (its parked tiles are the result) in one launch.
 
     With SYMMCOLL_PDL=1 (launcher.pdl_meta) the kernel is launched with programmatic dependent launch:
     every program waits for the previous kernel's completion (language/pdl.py) before its first global
@@ -29,7 +30,7 @@ one_shot (one persistent kernel, barrier-free; for decode-sized M)
 two_shot (for large M)
     matmul_reduce_scatter's fused kernel over row shards of ceil(M / W) rows (the last may be short or
     empty; shards shorter than a tile are computed in one pass over B), then symmcoll.all_gather of the
-    shards: 2 (W-1)/W of the product per rank.
+    shards: 2 (W-1)/W of the product per rank. A group of one: the kernel's one shard written in place.
 
 nccl / unfused
     torch.matmul, then the process group's all-reduce (NCCL) / symmcoll.all_reduce ("auto").
@@ -117,10 +118,11 @@ def matmul_all_reduce_kernel(
     release_dependents(PDL)
     tl.debug_barrier()  # stage 2 reads back what other threads of this program parked in out
 
-    # Stage 2: each of my tiles summed over ranks in rank order.
+    # Stage 2: each of my tiles summed over ranks in rank order. A group of one has nothing to add: stage 1
+    # left the result in out (reading it back and storing it again moved 2x the product for nothing).
     budget = max_spins
     check = 1
-    for j in range(pid, piece_tiles, nprog):
+    for j in range(pid, piece_tiles if WORLD > 1 else 0, nprog):
         pid_m, pid_n = grouped_tile(first_tile + j, num_m, num_n, GROUP_M)
         rows = pid_m * BM + tl.arange(0, BM)
         cols = pid_n * BN + tl.arange(0, BN)
@@ -167,6 +169,8 @@ def _one_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor)
 
 
 def _two_shot(p: plan.Plan, a: torch.Tensor, out: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if p.world == 1:  # the one shard is the whole product: the kernel writes it in place, nothing to gather
+        return run_tiles(p, a, b, out, out.shape[0])
     rows = triton.cdiv(a.shape[0], p.world)
     shard = run_tiles(p, a, b, torch.empty((rows, b.shape[1]), dtype=out.dtype, device=out.device), rows)
     gather = plan.resolve("all_gather", shard, p.group, "auto")
