@@ -74,10 +74,21 @@ def test_auto_runs_unfused_past_decode(no_table, m):
     assert choose(m) == "unfused"
 
 
-@pytest.mark.parametrize("m", [1, 16, 128, 4096])
-def test_auto_on_one_rank_is_unfused(no_table, decode_tile, m):
-    # A group of one: the one-shot kernel is our GEMM against cuBLAS with nothing to hide.
-    assert choose(m, world=1) == "unfused"
+@pytest.mark.parametrize("op, core", [("matmul_all_reduce", "two_shot"), ("matmul_reduce_scatter", "fused")])
+def test_auto_on_one_rank_runs_the_core_where_its_table_beats_cublas(no_table, monkeypatch, op, core):
+    """A group of one has nothing to hide: matmul_all_reduce's two_shot and matmul_reduce_scatter's fused kernel
+    write the product in place there (the GEMM core), run where the GPU's GEMM table measured the core faster than
+    cuBLAS at the very (M, N, K) (gemm.core_measured_faster), else unfused (cuBLAS and a copy) -- a cell measured
+    slower, one without cuBLAS's time, one not measured, a CPU tensor (no table)."""
+    from symmcoll.fused import gemm_tables
+    monkeypatch.setattr(gemm_tables, "measured_cells",
+                        lambda key: {(16, 8192, 7168): (0.93, 35.0), (128, 8192, 7168): (0.86, 40.0),
+                                     (4096, 8192, 7168): (1.02, 400.0), (1, 8192, 7168): (0.95, None)})
+    assert choose(16, world=1, op=op) == core and choose(128, world=1, op=op) == core
+    for m in (4096, 1, 512):
+        assert choose(m, world=1, op=op) == "unfused", m
+    assert choose(16, world=1, op=op, device=torch.device("cpu")) == "unfused"
+    assert choose(128, world=2, op=op) == "unfused"  # (several ranks: as before)
 
 
 @pytest.mark.parametrize("device", [CUDA, torch.device("cpu")])

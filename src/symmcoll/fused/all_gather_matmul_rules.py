@@ -12,8 +12,7 @@ import torch
 
 from .. import debug_switches
 from .. import plan as planner
-from . import gemm
-from .gemm_tables import measured_cell
+from .gemm import CORE_FASTER_BELOW, CORE_FROM_CUBLAS_US, core_measured_faster  # noqa: F401 (the tests read them here)
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -51,37 +50,16 @@ def dispatch_size(request: planner.Request, world: int) -> int:
 COPY_ENGINE_FROM_ROWS = 4096
 
 
-# One rank: the gather is a copy and the op is its GEMM, so "auto" runs the GEMM core where the GPU's GEMM
-# table measured it this much faster than cuBLAS at the very (M, N, K) of every B, else cuBLAS. On one H100
-# (benchmarks/results/2026-11-27-grid-drift-h100/fused/, and call 1 of 2026-11-27-paired-qkv-h100) auto's
-# gather_then_cublas ran 2.2-2.5% behind gather_then_gemm at 16384x8192x8192 and 16384x6656x16384 in both
-# runs (the table: 0.983 / 0.987) and ahead of it at 16384x3584x8192 (1.008) and 4096x8192x8192 (not in it).
-CORE_FASTER_BELOW = 0.99
-# ...and only where cuBLAS took at least this long in the tune: a cell of a few us is a quick pass there, with
-# B read from HBM, while the op's operands of such a size stay in L2 between calls. At 1024^3 the H200's tune
-# read 0.965 and the fused bench gather_then_gemm 1.039 against gather_then_cublas 0.997 (5.8 against 5.6 us,
-# benchmarks/results/2026-11-28-gemm-retune-h200/fused2/); the H100 1.011 against 1.004 (tenth stop). A launch
-# that takes the small products' PDL (gemm.small_pdl: its start and prologue under the kernel before) is exempt:
-# measured L2-warm as the fused ops call it (the tune's fused shapes), its ratio is the fused bench's -- at 1024^3
-# on one H200 gather_then_gemm 0.963 against gather_then_cublas 1.009 (results/2026-11-28-pdl-small-h200/call2).
-CORE_FROM_CUBLAS_US = 20.0
-
-
 def choose_default(request: planner.Request, world: int) -> str:
     """What "auto" runs where the dispatch table has no rule for this op: the copy-engine producer for
     gathers of COPY_ENGINE_FROM_ROWS rows or more on several ranks, else the symmcoll all-gather then
-    cuBLAS -- on one rank (nothing to overlap) then the GEMM core where its table says it beats cuBLAS
-    there (``CORE_FASTER_BELOW``) on a cell cuBLAS takes ``CORE_FROM_CUBLAS_US`` or more for, or that the
-    core launches with the small products' PDL (``gemm.takes_small_pdl``)."""
+    cuBLAS -- on one rank (nothing to overlap) then the GEMM core where its table measured it faster than
+    cuBLAS at the very (M, N, K) of every B (``gemm.core_measured_faster``)."""
     rows = world * request.shape[0]
     if world > 1:
         return "copy_engine_producer" if rows >= COPY_ENGINE_FROM_ROWS else "gather_then_cublas"
     k = request.shape[1]
-    cells = [(measured_cell(rows, shape[1], k, request.device), shape[1]) for shape, _, _ in request.others]
-    core = all(c is not None and c[0] < CORE_FASTER_BELOW and ((c[1] or 0.0) >= CORE_FROM_CUBLAS_US or
-                                                               gemm.takes_small_pdl(rows, n, k, request.dtype,
-                                                                                    request.device))
-               for c, n in cells)
+    core = all(core_measured_faster(rows, shape[1], k, request.dtype, request.device) for shape, _, _ in request.others)
     return "gather_then_gemm" if core else "gather_then_cublas"
 
 

@@ -30,7 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..launcher import launch, pdl_meta
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, split_plan
 from .gemm_kernel import matmul_kernel, split_sum_kernel
-from .gemm_tables import device_facts, gemm_config, pdl_decode_limits, pdl_small_limits
+from .gemm_tables import device_facts, gemm_config, measured_cell, pdl_decode_limits, pdl_small_limits
 from .gemm_split import reduce_loads, split_counters
 
 # tl.dot's precision for fp32 operands, by torch.get_float32_matmul_precision().
@@ -202,6 +202,32 @@ def takes_small_pdl(M: int, N: int, K: int, dtype: torch.dtype, device: torch.de
     (``small_pdl`` on the launch's own plan; all_gather_matmul's one-rank "auto" asks)."""
     config = gemm_config(M, N, K, dtype, device)
     return _core_shape(M, N, K, config, dtype.itemsize, None, device, PDL_DECODE, PAIR_REDUCE, PDL_SMALL)[7]
+
+
+# One rank: a fused op is its GEMM (nothing to gather, reduce or hide), so its "auto" runs the GEMM core -- through
+# the variant whose kernel is the core's there -- where the GPU's GEMM table measured it this much faster than
+# cuBLAS at the very (M, N, K) of each B (``core_measured_faster``), else cuBLAS. all_gather_matmul on one H100
+# (benchmarks/results/2026-11-27-grid-drift-h100/fused/, and call 1 of 2026-11-27-paired-qkv-h100) auto's
+# gather_then_cublas ran 2.2-2.5% behind gather_then_gemm at 16384x8192x8192 and 16384x6656x16384 in both
+# runs (the table: 0.983 / 0.987) and ahead of it at 16384x3584x8192 (1.008) and 4096x8192x8192 (not in it).
+CORE_FASTER_BELOW = 0.99
+# ...and only where cuBLAS took at least this long in the tune: a cell of a few us is a quick pass there, with
+# B read from HBM, while the op's operands of such a size stay in L2 between calls. At 1024^3 the H200's tune
+# read 0.965 and the fused bench gather_then_gemm 1.039 against gather_then_cublas 0.997 (5.8 against 5.6 us,
+# benchmarks/results/2026-11-28-gemm-retune-h200/fused2/); the H100 1.011 against 1.004 (tenth stop). A launch
+# that takes the small products' PDL (gemm.small_pdl: its start and prologue under the kernel before) is exempt:
+# measured L2-warm as the fused ops call it (the tune's fused shapes), its ratio is the fused bench's -- at 1024^3
+# on one H200 gather_then_gemm 0.963 against gather_then_cublas 1.009 (results/2026-11-28-pdl-small-h200/call2).
+CORE_FROM_CUBLAS_US = 20.0
+
+
+def core_measured_faster(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the table of ``device``'s GPU measured the core faster than cuBLAS at exactly (M, N, K) -- below
+    CORE_FASTER_BELOW, on a cell cuBLAS took CORE_FROM_CUBLAS_US or more for or whose launch takes the small
+    products' PDL (False where the table has no such cell, or on CPU): what a one-rank fused op's "auto" reads."""
+    cell = measured_cell(M, N, K, device)
+    return (cell is not None and cell[0] < CORE_FASTER_BELOW
+            and ((cell[1] or 0.0) >= CORE_FROM_CUBLAS_US or takes_small_pdl(M, N, K, dtype, device)))
 
 
 def launch_meta(core: "CoreLaunch", device: torch.device) -> dict:

@@ -48,7 +48,7 @@ from ..language import (WORD_FORMAT, declare_slots, end_launch, open_slots, peer
                         take, tile_values, tile_words, values_of, wait_prior_grid)
 from ..launcher import launch, pdl_meta
 from ..plan import Algorithm
-from .gemm import b_layout, host_descriptors, precision, programs_for, use_tma
+from .gemm import b_layout, core_measured_faster, host_descriptors, precision, programs_for, use_tma
 from .gemm_configs import GemmConfig, tiles_of
 from .gemm_kernel import grouped_tile, k_loop, load_tile, operand_sources, store_tile
 from .gemm_tables import device_facts, gemm_config
@@ -225,8 +225,15 @@ def choose_default(request: plan.Request, world: int) -> str:
     two_shot (on 4x H100 it lost to unfused at every M: at M <= 128 its row shards read B once per
     shard, at M >= 512 its all-gather costs more than the overlap saves -- benchmarks/NOTES.md), the
     one-shot kernel where ``one_shot_pays``, else unfused. The tiles are those the one-shot kernel
-    would run on the GPU that ``request.device`` names (an H200's where none answers)."""
+    would run on the GPU that ``request.device`` names (an H200's where none answers).
+
+    One rank: two_shot -- its kernel writes the product in place there -- where the GPU's GEMM table measured
+    the core faster than cuBLAS at this (M, N, K) (``gemm.core_measured_faster``), else unfused (cuBLAS, then
+    the one-rank all-reduce's copy). On one H200 (results/2026-11-29-mar-alone-h200, N = 8192, K = 28672)
+    two_shot read 0.859-1.009x cuBLAS over M = 1-16384 against unfused's 0.989-1.023x."""
     m, n, k = check_operands(request)
+    if world == 1:
+        return "two_shot" if core_measured_faster(m, n, k, request.dtype, request.device) else "unfused"
     gpu = request.device if request.device.type == "cuda" else torch.device("meta")
     config = gemm_config(m, n, k, request.dtype, gpu, split=False)
     _, sms = device_facts(gpu)

@@ -79,7 +79,7 @@ from ..launcher import launch
 from ..memory.regions import RegionSpec, declare
 from ..plan import Algorithm
 from . import matmul_reduce_scatter_chunked as chunked
-from .gemm import b_layout, host_descriptors, precision, programs_for, use_tma
+from .gemm import b_layout, core_measured_faster, host_descriptors, precision, programs_for, use_tma
 from .gemm_configs import GemmConfig
 from .gemm_tables import gemm_config
 from .matmul_reduce_scatter_kernel import STAGE_PHASES, matmul_reduce_scatter_kernel
@@ -258,6 +258,17 @@ def check_operands(request: plan.Request) -> tuple[int, int, int]:
 AUTO_DEFAULT = "unfused"
 
 
+def choose_default(request: plan.Request, world: int) -> str:
+    """What "auto" runs where the dispatch table has no rule of this op at this world size: AUTO_DEFAULT; on one
+    rank the fused kernel (the product written in place: nothing to scatter) where the GPU's GEMM table measured
+    the core faster than cuBLAS at this (M, N, K) (``gemm.core_measured_faster``), else unfused (cuBLAS, then the
+    one-rank reduce-scatter's copy)."""
+    if world == 1:
+        m, n, k = check_operands(request)
+        return "fused" if core_measured_faster(m, n, k, request.dtype, request.device) else "unfused"
+    return AUTO_DEFAULT
+
+
 def layer_size(request: plan.Request, world: int) -> int:
     """What the tuned dispatch table keys the row-parallel ops by: M * N * K of the whole layer (K summed
     over the ranks' slices), as the fused bench reports a shape and ``dispatch.rules_from_fused_rows`` writes
@@ -290,7 +301,7 @@ def _fake(a, b, group_name, algorithm):
 
 SPEC = ops.declare(ops.OpSpec(
     OP, "(Tensor a, Tensor b, str group_name, str algorithm) -> Tensor", matmul_reduce_scatter_impl, _fake,
-    inputs=("a", "b"), transposed=("b",), shape_rule=_shape_rule, default=AUTO_DEFAULT, dispatch_size=layer_size,
+    inputs=("a", "b"), transposed=("b",), shape_rule=_shape_rule, default=choose_default, dispatch_size=layer_size,
     algorithms=(Algorithm(OP, plan.BACKEND, 70, "backend", _nccl, "torch.matmul + the process group's reduce-scatter"),
                 Algorithm(OP, "unfused", 71, "fused", _unfused, "torch.matmul + symmcoll.reduce_scatter"),
                 Algorithm(OP, "fused", 72, "fused", _fused,
