@@ -291,13 +291,15 @@ for stage in $stages; do
       # "kernel-times") picks them -- kernel-times (gemm_kernel_times.py: a call's time kernel by kernel),
       # deep-stages (gemm_deep_stages.py: pipelines past the 200 KB budget), streamk-all (streamk_all_tiles.py:
       # stream-K over every tile of one-wave cells), pdl-placement (pdl_placement_probe.py: each program's SM and
-      # timer in a chain of decode GEMMs, PDL off and with early release). Each writes $OUT/<probe>.json and its log.
+      # timer in a chain of decode GEMMs, PDL off and with early release), gluon-ws (gluon_ws_probe.py: a
+      # warp-specialised Gluon GEMM at the large-M cells, ~1-2 min). Each writes $OUT/<probe>.json and its log.
       for probe in ${GEMM_PROBES:-kernel-times}; do
         case $probe in
           kernel-times) script=gemm_kernel_times.py ;;
           deep-stages) script=gemm_deep_stages.py ;;
           streamk-all) script=streamk_all_tiles.py ;;
           pdl-placement) script=pdl_placement_probe.py ;;
+          gluon-ws) script=gluon_ws_probe.py ;;
           *) echo "gemm-probe: unknown probe $probe" >&2; status=1; continue ;;
         esac
         timeout ${GEMM_PROBE_TIMEOUT:-200} python3 "benchmarks/$script" --out "$OUT/$probe.json" 2>&1 | tee "$OUT/$probe.log"
