@@ -292,7 +292,8 @@ for stage in $stages; do
       # deep-stages (gemm_deep_stages.py: pipelines past the 200 KB budget), streamk-all (streamk_all_tiles.py:
       # stream-K over every tile of one-wave cells), pdl-placement (pdl_placement_probe.py: each program's SM and
       # timer in a chain of decode GEMMs, PDL off and with early release), gluon-ws (gluon_ws_probe.py: a
-      # warp-specialised Gluon GEMM at the large-M cells, ~1-2 min). Each writes $OUT/<probe>.json and its log.
+      # warp-specialised Gluon GEMM at the large-M cells, ~1 min), gluon-decode (gluon_decode_probe.py: decode
+      # GEMMs whose weights' first k-steps load before the PDL wait, ~2 min). Each writes $OUT/<probe>.json and its log.
       for probe in ${GEMM_PROBES:-kernel-times}; do
         case $probe in
           kernel-times) script=gemm_kernel_times.py ;;
@@ -300,6 +301,7 @@ for stage in $stages; do
           streamk-all) script=streamk_all_tiles.py ;;
           pdl-placement) script=pdl_placement_probe.py ;;
           gluon-ws) script=gluon_ws_probe.py ;;
+          gluon-decode) script=gluon_decode_probe.py ;;
           *) echo "gemm-probe: unknown probe $probe" >&2; status=1; continue ;;
         esac
         timeout ${GEMM_PROBE_TIMEOUT:-200} python3 "benchmarks/$script" --out "$OUT/$probe.json" 2>&1 | tee "$OUT/$probe.log"
