@@ -55,10 +55,12 @@ def issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, step, sta
 
 
 @gluon.jit
-def decode_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_c, STAGES: gl.constexpr, PREFETCH: gl.constexpr,
-                  num_warps: gl.constexpr):
-    # C [M, N] = A [M, K] @ B [K, N] (row-major, M <= the tokens tile): program p computes C[:, 64p : 64p + 64]
-    # as acc^T [64, tokens] = B^T tile @ A^T -- the tokens on wgmma's N side.
+def decode_kernel(a_desc, b_desc, c_ptr, partials_ptr, counters_ptr, M, N, K, stride_c, STAGES: gl.constexpr,
+                  PREFETCH: gl.constexpr, num_warps: gl.constexpr):
+    # C [M, N] = A [M, K] @ B [K, N] (row-major, M <= the tokens tile): program (t, p) computes part p of
+    # C[:, 64t : 64t + 64] as acc^T [64, tokens] = B^T tile @ A^T over its share of the k-steps -- the
+    # tokens on wgmma's N side. Parts > 1 (the grid's second dimension): each part stores its fp32 partial,
+    # the last to finish (a counter a tile) sums all of them in part order and stores the tile.
     BK: gl.constexpr = b_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[1]
     BT: gl.constexpr = a_desc.block_type.shape[0]
@@ -70,34 +72,54 @@ def decode_kernel(a_desc, b_desc, c_ptr, M, N, K, stride_c, STAGES: gl.constexpr
     for i in gl.static_range(STAGES):
         mbarrier.init(b_ready.index(i), count=1)
         mbarrier.init(a_ready.index(i), count=1)
-    col0 = gl.program_id(0) * BN
+    tile = gl.program_id(0)
+    part = gl.program_id(1)
+    parts = gl.num_programs(1)
+    col0 = tile * BN
     steps = gl.cdiv(K, BK)
+    first = part * steps // parts
+    last = (part + 1) * steps // parts
     if PREFETCH:  # B is a weight: no kernel before this one writes it
         for s in gl.static_range(STAGES):
-            issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, s, s, steps, True, False)
+            issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, first + s, s, last, True, False)
     # griddepcontrol.wait: the kernel before has completed and its stores are visible (A may be its output)
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                               pack=1)
     for s in gl.static_range(STAGES):
-        issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, s, s, steps, not PREFETCH, True)
+        issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, first + s, s, last, not PREFETCH, True)
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BT, 16])
     acc = gl.zeros([BN, BT], gl.float32, layout)
-    for ks in range(steps):
-        stage = ks % STAGES
-        phase = (ks // STAGES) & 1
+    for i in range(last - first):
+        stage = i % STAGES
+        phase = (i // STAGES) & 1
         mbarrier.wait(b_ready.index(stage), phase)
         mbarrier.wait(a_ready.index(stage), phase)
         acc = warpgroup_mma(b_bufs.index(stage).permute((1, 0)), a_bufs.index(stage).permute((1, 0)), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         gl.thread_barrier()  # every warp's wgmma has read the stage before the TMA refills it
-        issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, ks + STAGES, stage, steps, True, True)
-    cols = col0 + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
+        issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, first + i + STAGES, stage, last, True,
+                   True)
+    local = gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
     tokens = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
+    cols = col0 + local
     mask = (cols[:, None] < N) & (tokens[None, :] < M)
-    gl.store(c_ptr + tokens[None, :] * stride_c + cols[:, None], acc.to(dtype), mask=mask)
+    if parts == 1:
+        gl.store(c_ptr + tokens[None, :] * stride_c + cols[:, None], acc.to(dtype), mask=mask)
+    else:
+        offsets = local[:, None] * BT + tokens[None, :]
+        slots = partials_ptr + tile.to(gl.int64) * parts * (BN * BT)
+        gl.store(slots + part * (BN * BT) + offsets, acc)
+        gl.thread_barrier()  # every thread's partial is stored before the counter says so
+        arrived = gl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == parts - 1:  # the last part: every partial is visible
+            total = gl.zeros([BN, BT], gl.float32, layout)
+            for q in range(parts):
+                total += gl.load(slots + q * (BN * BT) + offsets, cache_modifier=".cg")
+            gl.store(c_ptr + tokens[None, :] * stride_c + cols[:, None], total.to(dtype), mask=mask)
+            gl.store(counters_ptr + tile, 0)  # for the next call (it waits for this kernel first)
 
 
 BN = 64
@@ -112,16 +134,26 @@ def tokens_tile(m: int) -> int:
     return max(16, triton.next_power_of_2(m))
 
 
+_SCRATCH: dict = {}
+
+
 def decode_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bk: int = 256, stages: int = 5,
-                  prefetch: bool = True) -> torch.Tensor:
-    """C = A @ B (A [M <= 64, K], B [K, N], row-major), launched with PDL."""
+                  prefetch: bool = True, parts: int = 1) -> torch.Tensor:
+    """C = A @ B (A [M <= 64, K], B [K, N], row-major), launched with PDL; ``parts`` programs a column block
+    share its k-steps (fp32 partials and zeroed counters: scratch made once per shape, before capture)."""
     (m, k), n = a.shape, b.shape[1]
     bt = tokens_tile(m)
+    tiles = triton.cdiv(n, BN)
     la, lb = _layouts(bt, bk, a.dtype)
     a_desc = TensorDescriptor.from_tensor(a, [bt, bk], la)
     b_desc = TensorDescriptor.from_tensor(b, [bk, BN], lb)
-    decode_kernel[(triton.cdiv(n, BN), )](a_desc, b_desc, c, m, n, k, c.stride(0), stages, prefetch, num_warps=4,
-                                          launch_pdl=True)
+    key = (tiles, parts, bt, a.device)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = (torch.empty(tiles * parts * BN * bt, device=a.device, dtype=torch.float32),
+                         torch.zeros(tiles, device=a.device, dtype=torch.int32))
+    partials, counters = _SCRATCH[key]
+    decode_kernel[(tiles, parts)](a_desc, b_desc, c, partials, counters, m, n, k, c.stride(0), stages, prefetch,
+                                  num_warps=4, launch_pdl=True)
     return c
 
 
@@ -131,30 +163,38 @@ def compile_sm90(bt: int = 16, bk: int = 256, stages: int = 5, prefetch: bool = 
     from triton.experimental.gluon._runtime import GluonASTSource
     la, lb = _layouts(bt, bk, torch.bfloat16)
     signature = {"a_desc": f"tensordesc<bf16[{bt}, {bk}],{la!r}>", "b_desc": f"tensordesc<bf16[{bk}, {BN}],{lb!r}>",
-                 "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_c": "i32", "STAGES": "constexpr",
-                 "PREFETCH": "constexpr", "num_warps": "constexpr"}
-    constexprs = {(7, ): stages, (8, ): prefetch, (9, ): 4}
-    attrs = {(i, ): [["tt.divisibility", 16]] for i in (2, 4, 5, 6)}
+                 "c_ptr": "*bf16", "partials_ptr": "*fp32", "counters_ptr": "*i32", "M": "i32", "N": "i32",
+                 "K": "i32", "stride_c": "i32", "STAGES": "constexpr", "PREFETCH": "constexpr",
+                 "num_warps": "constexpr"}
+    constexprs = {(9, ): stages, (10, ): prefetch, (11, ): 4}
+    attrs = {(i, ): [["tt.divisibility", 16]] for i in (2, 3, 4, 6, 7, 8)}
     src = GluonASTSource(decode_kernel, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True})
 
 
-# (label, k-step, stages, prefetch): ~200 KB of shared memory at 16 tokens
-VARIANTS = (("g256p5", 256, 5, False), ("g256p5 pf", 256, 5, True), ("g128p10", 128, 10, False),
-            ("g128p10 pf", 128, 10, True))
+# (label, k-step, stages, prefetch, split): ~200 KB of shared memory at 16 tokens; "split": the column blocks'
+# k-steps shared by 132 // blocks programs each (>= 2; else not run)
+VARIANTS = (("g256p5", 256, 5, False, False), ("g256p5 pf", 256, 5, True, False), ("g256p5 split", 256, 5, False, True),
+            ("g256p5 pf split", 256, 5, True, True), ("g128p10 pf", 128, 10, True, False))
 CELLS = (("70b-tp4 qkv", 2560, 8192), ("70b-tp4 o", 8192, 2048), ("405b-tp8 qkv", 2304, 16384),
-         ("dsv3-expert gate_up", 4096, 7168), ("70b-tp2 gate_up", 28672, 8192))
-MS = (1, 16, 64)
+         ("dsv3-expert gate_up", 4096, 7168), ("70b-tp2 qkv", 5120, 8192), ("70b-tp2 gate_up", 28672, 8192))
+MS = (1, 16, 32, 64)
+SMS = 132
 
 
-def variants_for(m: int):
-    """VARIANTS whose ring fits shared memory at ``m`` tokens (A's stage grows with the tokens tile)."""
-    for label, bk, stages, prefetch in VARIANTS:
-        per_stage = (bk * BN + tokens_tile(m) * bk) * 2
-        while per_stage * stages > 220 * 1024:
-            stages -= 1
-        yield f"{label}" if stages == dict((v[0], v[2]) for v in VARIANTS)[label] else f"{label}@{stages}", bk, \
-            stages, prefetch
+def variants_for(m: int, n: int):
+    """(label, k-step, stages, prefetch, parts) of VARIANTS at ``m`` tokens and ``n`` columns: the ring cut to
+    what fits shared memory (A's stage grows with the tokens tile; "@stages" in the label then)."""
+    blocks = triton.cdiv(n, BN)
+    for label, bk, stages, prefetch, split in VARIANTS:
+        parts = SMS // blocks if split else 1
+        if split and parts < 2:
+            continue
+        fitted = stages
+        while (bk * BN + tokens_tile(m) * bk) * 2 * fitted > 220 * 1024:
+            fitted -= 1
+        yield (label.replace("split", f"s{parts}") + (f"@{fitted}" if fitted != stages else "")), bk, fitted, \
+            prefetch, parts
 
 
 def run(out_path: str | None, rounds: int, replays: int, cells, ms) -> dict:
@@ -171,9 +211,9 @@ def run(out_path: str | None, rounds: int, replays: int, cells, ms) -> dict:
         for m in ms:
             cell = grid.make_cell(name, m, n, k, torch.bfloat16, device)
             sides = {"cublas": grid.cublas(cell), "core": grid.ours(cell, None)}
-            for label, bk, stages, prefetch in variants_for(m):
-                sides[label] = [lambda a=a, b=b, c=c, bk=bk, s=stages, p=prefetch: decode_matmul(a, b, c, bk, s, p)
-                                for a, b, c in cell.sets]
+            for label, bk, stages, prefetch, parts in variants_for(m, n):
+                sides[label] = [lambda a=a, b=b, c=c, bk=bk, s=stages, p=prefetch, q=parts:
+                                decode_matmul(a, b, c, bk, s, p, q) for a, b, c in cell.sets]
             errors = {side: grid.check(cell, calls) for side, calls in sides.items()}
             wrong = [s for s, e in errors.items() if not e <= max(2 * errors["cublas"], 1e-2)]
             timed = [s for s in sides if s not in wrong]
@@ -212,7 +252,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.compile_only:
         for bt in (16, 64):
-            for label, bk, stages, prefetch in variants_for(bt):
+            for label, bk, stages, prefetch, _ in variants_for(bt, 2560):
                 kernel = compile_sm90(bt, bk, stages, prefetch)
                 regs, spills = kernel_specs.ptxas_usage(kernel.asm["ptx"])
                 ptx = kernel.asm["ptx"]
