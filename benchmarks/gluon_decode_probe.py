@@ -240,7 +240,24 @@ def run(out_path: str | None, rounds: int, replays: int, cells, ms) -> dict:
                 Path(out_path).write_text(json.dumps(result, indent=1))
             del cell, sides
             torch.cuda.empty_cache()
+    result["summary"] = summary(rows)
+    print("summary:", json.dumps(result["summary"]), flush=True)
+    if out_path:
+        Path(out_path).write_text(json.dumps(result, indent=1))
     return result
+
+
+def summary(rows: list[dict], target_tbs: float = 3.6) -> dict:
+    """Cells whose weights are read at >= target_tbs: cuBLAS, the core, the best Gluon variant, the best of the
+    core and every variant (what a table choosing among them would reach)."""
+    gluon = lambda row: max((v for s, v in row["weight_tbs"].items() if s not in ("cublas", "core")), default=0.0)
+    best = lambda row: max(v for s, v in row["weight_tbs"].items() if s != "cublas")
+    return {"cells": len(rows), "target_tbs": target_tbs,
+            "cublas": sum(r["weight_tbs"].get("cublas", 0.0) >= target_tbs for r in rows),
+            "core": sum(r["weight_tbs"].get("core", 0.0) >= target_tbs for r in rows),
+            "best_gluon": sum(gluon(r) >= target_tbs for r in rows),
+            "best_of_core_and_gluon": sum(best(r) >= target_tbs for r in rows),
+            "wrong": sum(bool(r["wrong"]) for r in rows)}
 
 
 def main() -> None:
@@ -249,6 +266,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=6)
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--all-decode", action="store_true",
+                        help="every grid shape with >= 32 MB of weights (bench/gemm.py's SHAPES, DECODE_MB) at M = 1-64")
     args = parser.parse_args()
     if args.compile_only:
         for bt in (16, 64):
@@ -261,7 +280,12 @@ def main() -> None:
                       f" of {len(ptx.splitlines())}, first bulk tensor load at line "
                       f"{ptx.splitlines().index(next(l for l in ptx.splitlines() if 'cp.async.bulk.tensor' in l))}")
         return
-    run(args.out, args.rounds, args.replays, CELLS, MS)
+    if args.all_decode:
+        from symmcoll.bench import gemm as grid
+        cells = [(name, n, k) for name, n, k in grid.SHAPES if n * k * 2 >= grid.DECODE_MB * 2**20]
+        run(args.out, args.rounds, args.replays, cells, (1, 8, 16, 32, 64))
+    else:
+        run(args.out, args.rounds, args.replays, CELLS, MS)
 
 
 if __name__ == "__main__":

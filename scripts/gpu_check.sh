@@ -293,7 +293,8 @@ for stage in $stages; do
       # stream-K over every tile of one-wave cells), pdl-placement (pdl_placement_probe.py: each program's SM and
       # timer in a chain of decode GEMMs, PDL off and with early release), gluon-ws (gluon_ws_probe.py: a
       # warp-specialised Gluon GEMM at the large-M cells, ~1 min), gluon-decode (gluon_decode_probe.py: decode
-      # GEMMs whose weights' first k-steps load before the PDL wait, ~2 min). Each writes $OUT/<probe>.json and its log.
+      # GEMMs whose weights' first k-steps load before the PDL wait, ~1 min; GEMM_PROBE_ARGS=--all-decode: the
+      # grid's 75 decode cells, ~4 min). Each writes $OUT/<probe>.json and its log; GEMM_PROBE_ARGS go to each script.
       for probe in ${GEMM_PROBES:-kernel-times}; do
         case $probe in
           kernel-times) script=gemm_kernel_times.py ;;
@@ -304,7 +305,8 @@ for stage in $stages; do
           gluon-decode) script=gluon_decode_probe.py ;;
           *) echo "gemm-probe: unknown probe $probe" >&2; status=1; continue ;;
         esac
-        timeout ${GEMM_PROBE_TIMEOUT:-200} python3 "benchmarks/$script" --out "$OUT/$probe.json" 2>&1 | tee "$OUT/$probe.log"
+        timeout ${GEMM_PROBE_TIMEOUT:-200} python3 "benchmarks/$script" --out "$OUT/$probe.json" ${GEMM_PROBE_ARGS:-} 2>&1 \
+          | tee "$OUT/$probe.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done
       ;;
