@@ -14,6 +14,7 @@ import triton.language as tl
 
 import kernel_specs
 from symmcoll import launcher
+from symmcoll.fused.gemm_configs import GemmConfig
 
 SPECS = kernel_specs.compile_specs()
 
@@ -70,10 +71,15 @@ def test_checker_flags_a_plain_spin_and_accepts_a_volatile_one():
     assert good == []
 
 
+# Gluon kernels: a launch on meta tensors runs their Triton twin, so no recorded launch compiles them; each has
+# its own compile test below.
+GLUON_CHECKED = {"symmcoll.fused.gemm_gluon.decode_kernel"}
+
+
 def test_every_package_kernel_is_checked():
     jit = kernel_specs.package_jit_functions()
     kernels = {name for name in jit if name.rsplit(".", 1)[1].endswith("_kernel")}
-    checked = {f"{s.kernel.__module__}.{s.kernel.__name__}" for s in SPECS}
+    checked = {f"{s.kernel.__module__}.{s.kernel.__name__}" for s in SPECS} | GLUON_CHECKED
     assert kernels, "no kernels found: the walk is broken"
     assert sorted(kernels - checked) == [], "kernels no recorded launch compiles"
     assert kernel_specs.unreferenced_helpers(jit) == [], "jit functions neither *_kernel nor called by another"
@@ -538,3 +544,30 @@ def test_pdl_placement_probe_builds_for_sm90():
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     probe.compile_only()
+
+
+# The Gluon decode kernel (fused/gemm_gluon.py): tokens tiles 16 / 32 / 64, B and W^T, k-steps of 256 and 128, with
+# PDL and without.
+GLUON_DECODE = [(GemmConfig(16, 64, 256, 1, 1, True, 4, 5, gluon=True), False, True),
+                (GemmConfig(64, 64, 256, 1, 3, True, 4, 3, gluon=True), True, True),
+                (GemmConfig(32, 64, 128, 1, 3, True, 4, 9, gluon=True), False, False)]
+
+
+@pytest.mark.parametrize("config, b_t, pdl", GLUON_DECODE, ids=lambda v: v.label if isinstance(v, GemmConfig) else str(v))
+def test_gluon_decode_kernel_loads_b_before_the_pdl_wait(config, b_t, pdl):
+    """sm_90 build without spills, one program an SM by shared memory; with PDL exactly the ring's first STAGES
+    TMA loads (B's, a weight's) come before ``griddepcontrol.wait`` and every load of A after it; without PDL no
+    grid-dependency instruction at all; no spin on a plain load."""
+    from symmcoll.fused import gemm_gluon
+    compiled = gemm_gluon.compile_sm90(config, b_t, pdl)
+    ptx = compiled.asm["ptx"]
+    assert ".target sm_90" in ptx and kernel_specs.spin_loop_problems(ptx) == []
+    assert kernel_specs.ptxas_usage(ptx)[1] == 0
+    assert compiled.metadata.shared <= kernel_specs.SHARED_MEMORY_LIMIT
+    lines = ptx.splitlines()
+    loads = [i for i, line in enumerate(lines) if "cp.async.bulk.tensor" in line]
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    if pdl:
+        assert len(waits) == 1 and sum(i < waits[0] for i in loads) == config.num_stages
+    else:
+        assert waits == [] and "griddepcontrol" not in ptx

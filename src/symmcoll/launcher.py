@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .language import INTERPRETED
@@ -110,6 +111,8 @@ def _spec(arg) -> object:
         return (arg.dtype, arg.data_ptr() % 16 == 0)
     if isinstance(arg, TensorDescriptor):  # a host-made TMA descriptor: its type is its dtype and block
         return ("desc", arg.base.dtype, tuple(arg.block_shape))
+    if isinstance(arg, GluonTensorDescriptor):  # ... and a Gluon kernel's, whose type holds its layout too
+        return ("gluon desc", arg.base.dtype, tuple(arg.block_shape), arg.layout)
     if isinstance(arg, bool) or not isinstance(arg, int):
         return type(arg)
     return (arg == 1, arg % 16 == 0, -(2 ** 31) <= arg < 2 ** 31)

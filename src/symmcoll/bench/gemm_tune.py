@@ -123,6 +123,12 @@ def cell_candidates(m: int, n: int, k: int, sms: int, base: dict) -> list[GemmCo
     return list(dict.fromkeys(found))
 
 
+def fused_config(fastest_first: list[GemmConfig]) -> GemmConfig:
+    """The fused ops' config of a cell (the table's "no_split"): the fastest of whole tiles of one part on the
+    Triton core -- their kernels know no split, no second column part, and no Gluon kernel."""
+    return next(c for c in fastest_first if c.split_k == 1 and not c.block_n2 and not c.gluon)
+
+
 def _tune_cell(name, m, n, k, dtype, device, configs, replays, measured) -> dict:
     # The fused ops' cells in the regime their bench (bench/fused.py) calls them: the same inputs every call,
     # so a small one (1024^3: 6 MB) runs from L2 there, where another config can win than from HBM (2026-11-28,
@@ -146,8 +152,7 @@ def _tune_cell(name, m, n, k, dtype, device, configs, replays, measured) -> dict
     # The best three again, longer: the choice should not rest on one short sample.
     final = sorted(((timed_us(ours(cell, c), replays), c) for _, c in results[:3]), key=lambda r: r[0])
     best_us, best = final[0]
-    # (the fused ops' config: whole tiles of one part -- their kernels know no second column part)
-    no_split = next(c for _, c in final + results if c.split_k == 1 and not c.block_n2)
+    no_split = fused_config([c for _, c in final + results])
     del cell
     torch.cuda.empty_cache()
     return dict(m=m, n=n, k=k, shape=name, config=best.as_list(), no_split=no_split.as_list(), label=best.label,

@@ -2,7 +2,8 @@
 K-loop, the tile scheduler, the split path, ``matmul_kernel``) are in gemm_kernel.py.
 
     matmul          C = A @ B: validates, reads B's layout (``b_layout``: row-major, or nn.Linear's
-                    ``W.t()`` read in place) and launches ``matmul_kernel`` as ``core_launch`` says.
+                    ``W.t()`` read in place) and launches ``matmul_kernel`` as ``core_launch`` says -- or,
+                    for a table config marked ``gluon`` on sm_90, gemm_gluon.py's decode kernel.
     core_launch     the launch of one product: the config fitted to shared memory, its split plan over
                     the persistent programs (gemm_configs.split_plan), the grid, TMA descriptors made on
                     the host where every operand is aligned (``use_tma``), the split's partials and
@@ -28,6 +29,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..launcher import launch, pdl_meta
+from . import gemm_gluon
 from .gemm_configs import MAX_SPLIT_TILES, GemmConfig, split_plan
 from .gemm_kernel import matmul_kernel, split_sum_kernel
 from .gemm_tables import device_facts, gemm_config, measured_cell, pdl_decode_limits, pdl_small_limits
@@ -130,7 +132,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
         return out.zero_()
     a = a if a.stride(1) == 1 else a.contiguous()
     src, b_t = b_layout(b, K)
-    core = core_launch(a, src, b_t, out, config or gemm_config(M, N, K, a.dtype, a.device), programs)
+    config = config or gemm_config(M, N, K, a.dtype, a.device)
+    if config.gluon and gemm_gluon.runs_here(config, a, src):  # (else the Triton core runs the same tile)
+        launch(gemm_gluon.decode_kernel, *gemm_gluon.launch_args(config.fitted(a.element_size()), a, src, b_t, out,
+                                                                  pdl_meta(a.device, True if PDL_DECODE else None)))
+        return out
+    core = core_launch(a, src, b_t, out, config, programs)
     launch(matmul_kernel, (core.grid,), core.args, launch_meta(core, a.device))
     launch_split_sum(core, out)
     return out

@@ -1,6 +1,7 @@
 """The configs ``symmcoll tune --op gemm`` measures for one shape (``candidates``): the untuned rule's
 picks and their neighbours in the dimensions each regime cares about, the two-part tiles that make
-whole waves (``two_part_candidates``) and the deep pipelines of small products (``small_candidates``).
+whole waves (``two_part_candidates``), the deep pipelines of small products (``small_candidates``) and
+the Gluon decode kernel's tiles (``gluon_candidates``).
 
 Its own module because only the tune (bench/gemm_tune.py) and the compile checks ask it: the config
 type, the rule and the split plans it builds on are gemm_configs.py's, the measured tables it feeds
@@ -179,6 +180,29 @@ def sum_apart_candidates(base: GemmConfig, m: int, tiles: int, k: int, programs:
     return list(found.values())
 
 
+# Decode tiles of gemm_gluon.py's kernel (GemmConfig.gluon: B's first k-steps loaded before the PDL wait):
+# (k-step, stages) -- on one H200 (results/2026-11-29-gluon-h200) 256 x 5 stages won most decode cells it won,
+# 128 x 10 a few (70b-tp8 gate_up M = 8, the o / down cells at M = 64) -- each whole (one program a column
+# block) and, where the column blocks leave SMs idle, their k-steps split over the SMs (132 // blocks parts:
+# 405b-tp8 qkv's 36 blocks in 3 parts, 3.68 TB/s at M = 1 against the core's 3.40).
+GLUON_TILES = ((256, 5), (128, 10))
+
+
+def gluon_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
+    """The Gluon decode kernel's configs at M <= 64 (its tokens tile, 16-64, on wgmma's narrow side), fitted to
+    SMEM_BUDGET; none past decode."""
+    if m > 64:
+        return []
+    blocks = math.ceil(n / 64)
+    split = min(MAX_SPLIT, sms // blocks, max(1, k // 256))
+    found = []
+    for bk, stages in GLUON_TILES:
+        for parts in dict.fromkeys((1, split if split >= 2 else 1)):
+            found.append(GemmConfig(pow2_at_least(m, 16), 64, bk, group_m=1, split_k=parts, swap_ab=True, num_warps=4,
+                                    num_stages=stages, gluon=True).fitted(2, SMEM_BUDGET))
+    return found
+
+
 def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
     """What ``symmcoll tune --op gemm`` measures for one shape: the rule's picks and their neighbours in
     the dimensions each regime cares about (wave splits and stream-K where the last wave of tiles is
@@ -261,6 +285,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         found.extend(sum_apart_candidates(base, m, tiles, k, programs))
     found.extend(two_part_candidates(m, n, k, sms))  # (whole, or wave-split where under one wave)
     found.extend(small_candidates(m, n, k, sms))  # (whole tiles only)
+    found.extend(gluon_candidates(m, n, k, sms))  # (the plain matmul's; the Triton core's tile elsewhere)
     unique = list(dict.fromkeys(found))
     return [c for c in unique if c.smem_bytes(2) <= _smem_limit(c) // c.occupancy]
 

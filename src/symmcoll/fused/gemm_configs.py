@@ -76,7 +76,11 @@ class GemmConfig:
     sums them, every SM a few rows of a tile (gemm_kernel.split_sum_kernel), instead of the tile's last
     part reading all of them back alone -- one SM's load rate over ``parts`` partials, ~1.4 us per
     64 KB partial (128 x 128 tiles on one H100; an SM loads ~64 bytes a cycle from L2), which caps the
-    parts a big tile can be cut into. One-part tiles, the wave split or stream-K (no two-part tile)."""
+    parts a big tile can be cut into. One-part tiles, the wave split or stream-K (no two-part tile).
+    ``gluon``: the plain matmul runs the tile as gemm_gluon.py's decode kernel on sm_90 (its first k-steps of
+    B loaded before the PDL wait; ``split_k`` programs a column block share its k-steps) -- swapped
+    tiles 64 columns wide, a warpgroup, nothing else; everywhere else (the interpreter, other GPUs, the
+    fused ops' own kernels) the same tile runs on the Triton core."""
 
     block_m: int
     block_n: int
@@ -93,6 +97,7 @@ class GemmConfig:
     stream_k: bool = False
     block_n2: int = 0
     sum_apart: bool = False
+    gluon: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -117,6 +122,14 @@ class GemmConfig:
                                  f"stored by masked stores: {', '.join(unsupported)} not supported")
         if self.sum_apart and self.block_n2:
             raise ValueError("sum_apart sums the parts of one-part tiles: not with block_n2")
+        if self.gluon:
+            unsupported = [name for name, on in (("stream_k", self.stream_k), ("split_wave", self.split_wave),
+                                                 ("block_n2", self.block_n2), ("sum_apart", self.sum_apart),
+                                                 ("tma_store", self.tma_store), ("flatten", self.flatten),
+                                                 ("occupancy 2", self.occupancy != 1)) if on]
+            if not self.swap_ab or self.block_n != 64 or self.block_m > 64 or self.num_warps != 4 or unsupported:
+                raise ValueError(f"a gluon config is a swapped decode tile (swap_ab, block_n 64, block_m <= 64, "
+                                 f"4 warps), whole or split along K: got {self.label}")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
@@ -160,13 +173,15 @@ class GemmConfig:
                 f"/w{self.num_warps}"
                 f"/p{self.num_stages}"
                 f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}{'/t' if self.tma_store else ''}"
-                f"{'/r' if self.sum_apart else ''}")
+                f"{'/r' if self.sum_apart else ''}{'/G' if self.gluon else ''}")
 
     def as_list(self) -> list:
-        """Every field, in order; ``block_n2`` (the 14th) only where it or ``sum_apart`` (the 15th, only
-        where set) is, so the tables written before either stay as they are (``from_list``: no 14th
-        field, one part; no 15th, the last part sums)."""
-        tail = [self.block_n2, 1] if self.sum_apart else [self.block_n2] if self.block_n2 else []
+        """Every field, in order; ``block_n2`` (the 14th) only where it, ``sum_apart`` (the 15th) or ``gluon``
+        (the 16th) is, and each of those only where it or a later one is set, so the tables written before
+        them stay as they are (``from_list``: no 14th field, one part; no 15th, the last part sums; no 16th,
+        the Triton core)."""
+        tail = ([self.block_n2, int(self.sum_apart), 1] if self.gluon else [self.block_n2, 1] if self.sum_apart
+                else [self.block_n2] if self.block_n2 else [])
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
                 self.num_warps, self.num_stages, self.occupancy, int(self.flatten), int(self.tma_store),
                 int(self.split_wave), int(self.stream_k)] + tail
@@ -177,15 +192,15 @@ class GemmConfig:
         up to 11 fields (before stream-K existed) a split is the wave split; 12 fields (written by
         the tune of git 50c1510, where every split was stream-K) a split is stream-K; up to 13 fields
         (before two-part tiles) a tile has one part (block_n2 = 0); up to 14 (before ``sum_apart``) the
-        last part of a split tile sums it."""
+        last part of a split tile sums it; up to 15 (before ``gluon``) the Triton core runs it."""
         bm, bn, bk, group, split, swap, warps, stages, *rest = values
         if len(rest) == 4:  # (occupancy, flatten, tma_store, split_wave): the 50c1510 format
             rest = [*rest, int(split > 1)]
-        defaults = [1, 0, 0, 0, 0, 0, 0]
-        occupancy, flatten, tma_store, split_wave, stream_k, block_n2, sum_apart = \
-            (list(rest) + defaults[len(rest):])[:7]
+        defaults = [1, 0, 0, 0, 0, 0, 0, 0]
+        occupancy, flatten, tma_store, split_wave, stream_k, block_n2, sum_apart, gluon = \
+            (list(rest) + defaults[len(rest):])[:8]
         return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten),
-                          bool(tma_store), bool(split_wave), bool(stream_k), block_n2, bool(sum_apart))
+                          bool(tma_store), bool(split_wave), bool(stream_k), block_n2, bool(sum_apart), bool(gluon))
 
 
 # Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).

@@ -58,10 +58,11 @@ def load_table(key: str | None) -> dict:
 @functools.lru_cache(maxsize=None)
 def measured_cells(key: str | None) -> dict:
     """{(m, n, k): (ours / cuBLAS, cuBLAS us) as the tune measured them} of a shipped table (empty if none;
-    the time is None in a table written before it was kept)."""
+    the time is None in a table written before it was kept) -- the Triton core's cells: one whose best config
+    is the Gluon decode kernel (GemmConfig.gluon, the plain matmul's alone) measured no kernel a fused op runs."""
     data = read_table(key)
     return {(e["m"], e["n"], e["k"]): (e["ratio"], e.get("cublas_us")) for e in data.get("entries", ())
-            if e.get("ratio")}
+            if e.get("ratio") and not GemmConfig.from_list(e["config"]).gluon}
 
 
 def measured_cell(m: int, n: int, k: int, device: torch.device) -> tuple[float, float | None] | None:
