@@ -49,7 +49,10 @@ def test_a_gluon_config_is_a_swapped_decode_tile_and_round_trips_through_a_table
 def _runs_the_triton_twin(config, b_t):
     from symmcoll import launcher
     from symmcoll.fused import gemm, gemm_gluon
-    a, b = _operands(5, 200, 520, torch.bfloat16, b_t, "cpu", seed=3)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # (on the GPU machine: more tokens than the config's tile -- a table bucket's config asked at a larger M)
+    m = 5 if device == "cpu" else config.block_m + 3
+    a, b = _operands(m, 200, 520, torch.bfloat16, b_t, device, seed=3)
     assert not gemm_gluon.runs_here(config, a, b)
     before = launcher.LAUNCH_COUNTS["decode_kernel"]
     got = gemm.matmul(a, b, config=config)
@@ -60,9 +63,10 @@ def _runs_the_triton_twin(config, b_t):
 
 @pytest.mark.parametrize("b_t", [False, True], ids=["B", "W^T"])
 @pytest.mark.parametrize("config", [WHOLE, SPLIT], ids=lambda c: c.label)
-def test_off_sm90_a_gluon_config_runs_the_triton_cores_tile(pools, config, b_t):
-    """On CPU (the interpreter) the Gluon kernel never runs: the config's tile runs on the Triton core, the same
-    bits as that tile without the flag, within cuBLAS-class error of the fp32 product."""
+def test_where_the_gluon_kernel_does_not_run_the_triton_core_runs_the_tile(pools, config, b_t):
+    """On CPU (the interpreter), and on the GPU for more tokens than the tile holds, the Gluon kernel does not run:
+    the config's tile runs on the Triton core, the same bits as that tile without the flag, within cuBLAS-class
+    error of the fp32 product."""
     pools(1).run(_runs_the_triton_twin, config, b_t)
 
 
