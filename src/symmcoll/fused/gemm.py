@@ -158,8 +158,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
 # next launch's programs take the SMs ours leave idle, so each launch runs crowded on whichever SMs were free
 # (its programs' reads of 1 MB took 13.6-28.9 us against 19.0-21.5 without PDL), where 128 programs on 132 SMs
 # leave no room to crowd. Split launches over every SM under the rule lost too (the same folder, call2). The
-# H100's table has none (not measured there). Loading B's first k-steps before the wait as well (a weight) was
-# slower again (call2's p1e / p2e columns): not kept.
+# H100's table has none (not measured there). Loading B's first one or two k-steps before the wait as well (a
+# weight, held in registers: the Triton pipeline issues nothing before the wait) was slower again (call2's p1e / p2e
+# columns): not kept. The whole ring of them before the wait is what pays -- gemm_gluon.py's kernel, where the
+# table says so (results/2026-11-29-gluon-h200).
 PDL_DECODE = os.environ.get("SYMMCOLL_PDL_DECODE", "1") == "1"
 
 

@@ -223,7 +223,8 @@ def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
         bases.append(GemmConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4, flatten=True))
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, flatten=True))
         # one program's epilogue and pipeline fill under the other's main loop (no warp specialisation
-        # on sm_90 in triton 3.6: tl.range(warp_specialize=True) compiles to the same code there)
+        # on sm_90 in plain Triton 3.6: tl.range(warp_specialize=True) compiles to the same code there; Gluon's
+        # gl.warp_specialize does lower -- benchmarks/gluon_ws_probe.py: 0.3-3.6% faster at large M, a probe)
         bases.append(GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3, occupancy=2))
         bases.append(GemmConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4, occupancy=2))
     if 128 <= m <= 512:
