@@ -89,15 +89,18 @@ def test_gluon_candidates_at_decode_only_and_never_the_fused_ops_config():
 
 def test_cells_won_by_the_gluon_kernel_are_not_the_cores_measurements(monkeypatch):
     """A one-rank fused op's "auto" reads the table's ratio as the Triton core's (gemm.core_measured_faster): a
-    cell whose best config is the Gluon kernel (the plain matmul's alone) is no such measurement."""
+    cell whose best config is the Gluon kernel (the plain matmul's alone) gives the core's own best where the tune
+    kept it ("core_ratio"), else nothing."""
     rows = [dict(m=16, n=8192, k=2048, config=WHOLE.as_list(), no_split=replace(WHOLE, gluon=False).as_list(),
                  ratio=0.85, cublas_us=11.0),
+            dict(m=1, n=8192, k=2048, config=WHOLE.as_list(), no_split=replace(WHOLE, gluon=False).as_list(),
+                 ratio=0.80, core_ratio=0.93, cublas_us=11.0),
             dict(m=2048, n=8192, k=8192, config=GemmConfig(128, 256, 64, 8, 1, False, 8, 3).as_list(),
                  no_split=GemmConfig(128, 256, 64, 8, 1, False, 8, 3).as_list(), ratio=0.98, cublas_us=300.0)]
     monkeypatch.setattr(gemm_tables, "read_table", lambda key, kind="gemm": {"entries": rows})
     gemm_tables.measured_cells.cache_clear()
     try:
-        assert gemm_tables.measured_cells("h200") == {(2048, 8192, 8192): (0.98, 300.0)}
+        assert gemm_tables.measured_cells("h200") == {(1, 8192, 2048): (0.93, 11.0), (2048, 8192, 8192): (0.98, 300.0)}
     finally:
         gemm_tables.measured_cells.cache_clear()
 

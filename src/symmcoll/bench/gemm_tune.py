@@ -155,5 +155,8 @@ def _tune_cell(name, m, n, k, dtype, device, configs, replays, measured) -> dict
     no_split = fused_config([c for _, c in final + results])
     del cell
     torch.cuda.empty_cache()
-    return dict(m=m, n=n, k=k, shape=name, config=best.as_list(), no_split=no_split.as_list(), label=best.label,
-                us=best_us, cublas_us=cublas_us, ratio=best_us / cublas_us, candidates=len(results))
+    entry = dict(m=m, n=n, k=k, shape=name, config=best.as_list(), no_split=no_split.as_list(), label=best.label,
+                 us=best_us, cublas_us=cublas_us, ratio=best_us / cublas_us, candidates=len(results))
+    if best.gluon:  # the Triton core's own best too (what a one-rank fused op's "auto" reads: gemm_tables.measured_cells)
+        entry["core_ratio"] = min(us for us, c in final + results if not c.gluon) / cublas_us
+    return entry

@@ -57,12 +57,17 @@ def load_table(key: str | None) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def measured_cells(key: str | None) -> dict:
-    """{(m, n, k): (ours / cuBLAS, cuBLAS us) as the tune measured them} of a shipped table (empty if none;
-    the time is None in a table written before it was kept) -- the Triton core's cells: one whose best config
-    is the Gluon decode kernel (GemmConfig.gluon, the plain matmul's alone) measured no kernel a fused op runs."""
+    """{(m, n, k): (the Triton core's time / cuBLAS's, cuBLAS us) as the tune measured them} of a shipped table
+    (empty if none; the time is None in a table written before it was kept): a cell whose best config is the Gluon
+    decode kernel (GemmConfig.gluon, the plain matmul's alone) gives the core's own best ("core_ratio"), or nothing
+    where the row has none -- the Gluon kernel's time is no measurement of a kernel a fused op runs."""
     data = read_table(key)
-    return {(e["m"], e["n"], e["k"]): (e["ratio"], e.get("cublas_us")) for e in data.get("entries", ())
-            if e.get("ratio") and not GemmConfig.from_list(e["config"]).gluon}
+    found = {}
+    for e in data.get("entries", ()):
+        ratio = e.get("core_ratio") if GemmConfig.from_list(e["config"]).gluon else e.get("ratio")
+        if ratio:
+            found[(e["m"], e["n"], e["k"])] = (ratio, e.get("cublas_us"))
+    return found
 
 
 def measured_cell(m: int, n: int, k: int, device: torch.device) -> tuple[float, float | None] | None:
