@@ -11,6 +11,8 @@ next launch, and loads A (the activations, which the kernel before may write) --
 resident under PDL's early release has its first ~200 KB of B in flight while the kernel before it drains.
 The same kernel with PREFETCH off waits first (the core's order). Swapped tiles as the core's decode
 configs: tokens on wgmma's narrow N side, 64 columns of B a program, whole K, one program per column block.
+The kernel is now the package's (fused/gemm_gluon.py, which grew out of this probe; calls 2-4 of
+results/2026-11-29-gluon-h200 ran the probe's own copy of it, git a0bd100-4570a4a).
 Timed as the grid times decode cells (rotating weight sets, paired rounds, PDL-launched chains) beside the
 core and cuBLAS, every side checked against fp32 first. Gluon does not run under the interpreter: a
 measurement, not a core path.
@@ -31,145 +33,33 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from symmcoll.fused import gemm_gluon
+from symmcoll.fused.gemm_configs import GemmConfig
+from symmcoll.launcher import launch, pdl_meta
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import kernel_specs  # noqa: E402  (ptxas_usage: registers and spills of the sm_90a build)
 
-
-@gluon.jit
-def issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, step, stage, steps, LOAD_B: gl.constexpr,
-               LOAD_A: gl.constexpr):
-    """TMA loads of k-step ``step`` (if < steps) of B [BK, 64 columns] and/or A [tokens, BK] into ``stage``."""
-    BK: gl.constexpr = b_desc.block_type.shape[0]
-    live = step < steps
-    if LOAD_B:
-        mbarrier.expect(b_ready.index(stage), b_desc.block_type.nbytes, pred=live)
-        tma.async_copy_global_to_shared(b_desc, [step * BK, col0], b_ready.index(stage), b_bufs.index(stage), live)
-    if LOAD_A:
-        mbarrier.expect(a_ready.index(stage), a_desc.block_type.nbytes, pred=live)
-        tma.async_copy_global_to_shared(a_desc, [0, step * BK], a_ready.index(stage), a_bufs.index(stage), live)
-
-
-@gluon.jit
-def decode_kernel(a_desc, b_desc, c_ptr, partials_ptr, counters_ptr, M, N, K, stride_c, STAGES: gl.constexpr,
-                  PREFETCH: gl.constexpr, num_warps: gl.constexpr):
-    # C [M, N] = A [M, K] @ B [K, N] (row-major, M <= the tokens tile): program (t, p) computes part p of
-    # C[:, 64t : 64t + 64] as acc^T [64, tokens] = B^T tile @ A^T over its share of the k-steps -- the
-    # tokens on wgmma's N side. Parts > 1 (the grid's second dimension): each part stores its fp32 partial,
-    # the last to finish (a counter a tile) sums all of them in part order and stores the tile.
-    BK: gl.constexpr = b_desc.block_type.shape[0]
-    BN: gl.constexpr = b_desc.block_type.shape[1]
-    BT: gl.constexpr = a_desc.block_type.shape[0]
-    dtype: gl.constexpr = b_desc.dtype
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    a_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(b_ready.index(i), count=1)
-        mbarrier.init(a_ready.index(i), count=1)
-    tile = gl.program_id(0)
-    part = gl.program_id(1)
-    parts = gl.num_programs(1)
-    col0 = tile * BN
-    steps = gl.cdiv(K, BK)
-    first = part * steps // parts
-    last = (part + 1) * steps // parts
-    if PREFETCH:  # B is a weight: no kernel before this one writes it
-        for s in gl.static_range(STAGES):
-            issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, first + s, s, last, True, False)
-    # griddepcontrol.wait: the kernel before has completed and its stores are visible (A may be its output)
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-    for s in gl.static_range(STAGES):
-        issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, first + s, s, last, not PREFETCH, True)
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                     instr_shape=[16, BT, 16])
-    acc = gl.zeros([BN, BT], gl.float32, layout)
-    for i in range(last - first):
-        stage = i % STAGES
-        phase = (i // STAGES) & 1
-        mbarrier.wait(b_ready.index(stage), phase)
-        mbarrier.wait(a_ready.index(stage), phase)
-        acc = warpgroup_mma(b_bufs.index(stage).permute((1, 0)), a_bufs.index(stage).permute((1, 0)), acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
-        gl.thread_barrier()  # every warp's wgmma has read the stage before the TMA refills it
-        issue_step(b_desc, a_desc, b_bufs, a_bufs, b_ready, a_ready, col0, first + i + STAGES, stage, last, True,
-                   True)
-    local = gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
-    tokens = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
-    cols = col0 + local
-    mask = (cols[:, None] < N) & (tokens[None, :] < M)
-    if parts == 1:
-        gl.store(c_ptr + tokens[None, :] * stride_c + cols[:, None], acc.to(dtype), mask=mask)
-    else:
-        offsets = local[:, None] * BT + tokens[None, :]
-        slots = partials_ptr + tile.to(gl.int64) * parts * (BN * BT)
-        gl.store(slots + part * (BN * BT) + offsets, acc)
-        gl.thread_barrier()  # every thread's partial is stored before the counter says so
-        arrived = gl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == parts - 1:  # the last part: every partial is visible
-            total = gl.zeros([BN, BT], gl.float32, layout)
-            for q in range(parts):
-                total += gl.load(slots + q * (BN * BT) + offsets, cache_modifier=".cg")
-            gl.store(c_ptr + tokens[None, :] * stride_c + cols[:, None], total.to(dtype), mask=mask)
-            gl.store(counters_ptr + tile, 0)  # for the next call (it waits for this kernel first)
-
-
-BN = 64
-
-
-def _layouts(bt: int, bk: int, dtype) -> tuple:
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-    return gl.NVMMASharedLayout.get_default_for([bt, bk], gdt), gl.NVMMASharedLayout.get_default_for([bk, BN], gdt)
+BN = gemm_gluon.BLOCK_N
 
 
 def tokens_tile(m: int) -> int:
     return max(16, triton.next_power_of_2(m))
 
 
-_SCRATCH: dict = {}
+def config_of(m: int, bk: int, stages: int, parts: int) -> GemmConfig:
+    """The package's Gluon decode config for ``m`` tokens (fused/gemm_gluon.py runs it)."""
+    return GemmConfig(tokens_tile(m), BN, bk, 1, parts, True, 4, stages, gluon=True)
 
 
 def decode_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bk: int = 256, stages: int = 5,
                   prefetch: bool = True, parts: int = 1) -> torch.Tensor:
-    """C = A @ B (A [M <= 64, K], B [K, N], row-major), launched with PDL; ``parts`` programs a column block
-    share its k-steps (fp32 partials and zeroed counters: scratch made once per shape, before capture)."""
-    (m, k), n = a.shape, b.shape[1]
-    bt = tokens_tile(m)
-    tiles = triton.cdiv(n, BN)
-    la, lb = _layouts(bt, bk, a.dtype)
-    a_desc = TensorDescriptor.from_tensor(a, [bt, bk], la)
-    b_desc = TensorDescriptor.from_tensor(b, [bk, BN], lb)
-    key = (tiles, parts, bt, a.device)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = (torch.empty(tiles * parts * BN * bt, device=a.device, dtype=torch.float32),
-                         torch.zeros(tiles, device=a.device, dtype=torch.int32))
-    partials, counters = _SCRATCH[key]
-    decode_kernel[(tiles, parts)](a_desc, b_desc, c, partials, counters, m, n, k, c.stride(0), stages, prefetch,
-                                  num_warps=4, launch_pdl=True)
+    """C = A @ B (A [M <= 64, K], B [K, N], row-major) on the package's Gluon decode kernel, launched with PDL;
+    ``prefetch`` False issues B's first k-steps after the wait (the Triton core's order)."""
+    launch(gemm_gluon.decode_kernel, *gemm_gluon.launch_args(config_of(a.shape[0], bk, stages, parts), a, b, False, c,
+                                                             pdl_meta(a.device, True), b_early=prefetch))
     return c
-
-
-def compile_sm90(bt: int = 16, bk: int = 256, stages: int = 5, prefetch: bool = True):
-    """The kernel built for sm_90 without a GPU."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    la, lb = _layouts(bt, bk, torch.bfloat16)
-    signature = {"a_desc": f"tensordesc<bf16[{bt}, {bk}],{la!r}>", "b_desc": f"tensordesc<bf16[{bk}, {BN}],{lb!r}>",
-                 "c_ptr": "*bf16", "partials_ptr": "*fp32", "counters_ptr": "*i32", "M": "i32", "N": "i32",
-                 "K": "i32", "stride_c": "i32", "STAGES": "constexpr", "PREFETCH": "constexpr",
-                 "num_warps": "constexpr"}
-    constexprs = {(9, ): stages, (10, ): prefetch, (11, ): 4}
-    attrs = {(i, ): [["tt.divisibility", 16]] for i in (2, 3, 4, 6, 7, 8)}
-    src = GluonASTSource(decode_kernel, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True})
 
 
 # (label, k-step, stages, prefetch, split): ~200 KB of shared memory at 16 tokens; "split": the column blocks'
@@ -201,6 +91,7 @@ def run(out_path: str | None, rounds: int, replays: int, cells, ms) -> dict:
     from symmcoll.bench import bandwidth
     from symmcoll.bench import gemm as grid
     from symmcoll.bench.provenance import collect
+    from symmcoll.bench.rounds import interleave, paired_ratio, paired_ratios
     from symmcoll.bench.timing import graph_us
     device = torch.device("cuda")
     rows = []
@@ -217,17 +108,15 @@ def run(out_path: str | None, rounds: int, replays: int, cells, ms) -> dict:
             errors = {side: grid.check(cell, calls) for side, calls in sides.items()}
             wrong = [s for s, e in errors.items() if not e <= max(2 * errors["cublas"], 1e-2)]
             timed = [s for s in sides if s not in wrong]
-            per_round = {s: [] for s in timed}
-            for r in range(rounds):
-                for side in timed[r % len(timed):] + timed[:r % len(timed)]:
-                    per_round[side].append(statistics.median(graph_us(sides[side], replays)))
+            # rotated paired rounds (bench/rounds.py), each round's median over cuBLAS's of the same round
+            per_round = interleave(timed, rounds, lambda side, _: graph_us(sides[side], replays)).round_medians
             if read_tbs is None:
                 read_tbs = bandwidth.read_same_bytes_tbs([b for _, b, _ in cell.sets])[0]
             us = {s: statistics.median(v) for s, v in per_round.items()}
             row = {"shape": name, "m": m, "n": n, "k": k, "sets": len(cell.sets), "weight_mb": cell.weight_bytes / 2**20,
                    "core_config": grid.gemm.gemm_config(m, n, k, torch.bfloat16, device).label, "rel_err": errors,
                    "wrong": wrong, "us": us, "round_us": per_round,
-                   "ratio_to_cublas": {s: statistics.median([x / y for x, y in zip(v, per_round["cublas"])])
+                   "ratio_to_cublas": {s: paired_ratio(paired_ratios(v, per_round["cublas"]))
                                        for s, v in per_round.items()},
                    "weight_tbs": {s: cell.weight_bytes / u / 1e6 for s, u in us.items()},
                    "read_tbs_same_bytes": read_tbs,
@@ -272,13 +161,9 @@ def main() -> None:
     if args.compile_only:
         for bt in (16, 64):
             for label, bk, stages, prefetch, _ in variants_for(bt, 2560):
-                kernel = compile_sm90(bt, bk, stages, prefetch)
+                kernel = gemm_gluon.compile_sm90(config_of(bt, bk, stages, 1), False)
                 regs, spills = kernel_specs.ptxas_usage(kernel.asm["ptx"])
-                ptx = kernel.asm["ptx"]
-                print(f"tokens {bt} {label}: smem {kernel.metadata.shared} B, registers {regs}, spills {spills}, "
-                      f"griddepcontrol.wait at line {ptx.splitlines().index(next(l for l in ptx.splitlines() if 'griddepcontrol.wait' in l))}"
-                      f" of {len(ptx.splitlines())}, first bulk tensor load at line "
-                      f"{ptx.splitlines().index(next(l for l in ptx.splitlines() if 'cp.async.bulk.tensor' in l))}")
+                print(f"tokens {bt} {label}: smem {kernel.metadata.shared} B, registers {regs}, spills {spills}")
         return
     if args.all_decode:
         from symmcoll.bench import gemm as grid

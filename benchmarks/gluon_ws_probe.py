@@ -51,15 +51,19 @@ def grouped_tile(tile, num_m, num_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def tile_counts(M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+    """(row blocks, column blocks, k-steps): both partitions walk the same tiles."""
+    return gl.cdiv(M, BM), gl.cdiv(N, BN), gl.cdiv(K, BK)
+
+
+@gluon.jit
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M: gl.constexpr,
                    STAGES: gl.constexpr):
     """The producer warp: every k-step of every tile of this program, into the ring's next free stage."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    steps = gl.cdiv(K, BK)
+    num_m, num_n, steps = tile_counts(M, N, K, BM, BN, BK)
     count = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
@@ -84,9 +88,7 @@ def mma_partition(c_desc, a_bufs, b_bufs, c_smem, ready, empty, M, N, K, GROUP_M
     BK: gl.constexpr = a_bufs.shape[2]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BN, 16])
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    steps = gl.cdiv(K, BK)
+    num_m, num_n, steps = tile_counts(M, N, K, BM, BN, BK)
     count = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
@@ -201,6 +203,7 @@ def smoke(device) -> dict:
 def run(out_path: str | None, rounds: int, replays: int, shapes) -> dict:
     import dataclasses
     from symmcoll.bench.provenance import collect
+    from symmcoll.bench.rounds import interleave, paired_ratio, paired_ratios
     from symmcoll.bench.timing import graph_us
     from symmcoll.fused import gemm
     device = torch.device("cuda")
@@ -232,18 +235,13 @@ def run(out_path: str | None, rounds: int, replays: int, shapes) -> dict:
         row["rel_err"] = errors
         row["wrong"] = wrong
         timed = [s for s in sides if s not in wrong]
-        per_round = {s: [] for s in timed}
-        for r in range(rounds):
-            order = timed[r % len(timed):] + timed[:r % len(timed)]
-            for side in order:
-                fn = sides[side]
-                samples = graph_us([lambda st=st, fn=fn: fn(*st) for st in sets], replays)
-                per_round[side].append(statistics.median(samples))
+        # rotated paired rounds (bench/rounds.py), each round's median over cuBLAS's of the same round
+        per_round = interleave(timed, rounds, lambda side, _: graph_us(
+            [lambda st=st, fn=sides[side]: fn(*st) for st in sets], replays)).round_medians
         flops = 2.0 * m * n * k
         row["us"] = {s: statistics.median(v) for s, v in per_round.items()}
         row["round_us"] = per_round
-        row["ratio_to_cublas"] = {s: statistics.median([x / y for x, y in zip(v, per_round["cublas"])])
-                                  for s, v in per_round.items()}
+        row["ratio_to_cublas"] = {s: paired_ratio(paired_ratios(v, per_round["cublas"])) for s, v in per_round.items()}
         row["tflops"] = {s: flops / u / 1e6 for s, u in row["us"].items()}
         # the answers again after the timed replays
         row["rel_err_after"] = {s: rel_err(sides[s](*sets[0])[:256], ref) for s in timed}

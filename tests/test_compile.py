@@ -547,19 +547,21 @@ def test_pdl_placement_probe_builds_for_sm90():
 
 
 # The Gluon decode kernel (fused/gemm_gluon.py): tokens tiles 16 / 32 / 64, B and W^T, k-steps of 256 and 128, with
-# PDL and without.
-GLUON_DECODE = [(GemmConfig(16, 64, 256, 1, 1, True, 4, 5, gluon=True), False, True),
-                (GemmConfig(64, 64, 256, 1, 3, True, 4, 3, gluon=True), True, True),
-                (GemmConfig(32, 64, 128, 1, 3, True, 4, 9, gluon=True), False, False)]
+# PDL and without, B's first k-steps before the wait and (the probe's comparison) after it.
+GLUON_DECODE = [(GemmConfig(16, 64, 256, 1, 1, True, 4, 5, gluon=True), False, True, True),
+                (GemmConfig(64, 64, 256, 1, 3, True, 4, 3, gluon=True), True, True, True),
+                (GemmConfig(32, 64, 128, 1, 3, True, 4, 9, gluon=True), False, False, True),
+                (GemmConfig(16, 64, 256, 1, 1, True, 4, 5, gluon=True), True, True, False)]
 
 
-@pytest.mark.parametrize("config, b_t, pdl", GLUON_DECODE, ids=lambda v: v.label if isinstance(v, GemmConfig) else str(v))
-def test_gluon_decode_kernel_loads_b_before_the_pdl_wait(config, b_t, pdl):
+@pytest.mark.parametrize("config, b_t, pdl, b_early", GLUON_DECODE,
+                         ids=lambda v: v.label if isinstance(v, GemmConfig) else str(v))
+def test_gluon_decode_kernel_loads_b_before_the_pdl_wait(config, b_t, pdl, b_early):
     """sm_90 build without spills, one program an SM by shared memory; with PDL exactly the ring's first STAGES
-    TMA loads (B's, a weight's) come before ``griddepcontrol.wait`` and every load of A after it; without PDL no
-    grid-dependency instruction at all; no spin on a plain load."""
+    TMA loads (B's, a weight's) come before ``griddepcontrol.wait`` and every load of A after it (none at all
+    before it with B_EARLY off); without PDL no grid-dependency instruction at all; no spin on a plain load."""
     from symmcoll.fused import gemm_gluon
-    compiled = gemm_gluon.compile_sm90(config, b_t, pdl)
+    compiled = gemm_gluon.compile_sm90(config, b_t, pdl, b_early=b_early)
     ptx = compiled.asm["ptx"]
     assert ".target sm_90" in ptx and kernel_specs.spin_loop_problems(ptx) == []
     assert kernel_specs.ptxas_usage(ptx)[1] == 0
@@ -568,6 +570,6 @@ def test_gluon_decode_kernel_loads_b_before_the_pdl_wait(config, b_t, pdl):
     loads = [i for i, line in enumerate(lines) if "cp.async.bulk.tensor" in line]
     waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     if pdl:
-        assert len(waits) == 1 and sum(i < waits[0] for i in loads) == config.num_stages
+        assert len(waits) == 1 and sum(i < waits[0] for i in loads) == (config.num_stages if b_early else 0)
     else:
         assert waits == [] and "griddepcontrol" not in ptx

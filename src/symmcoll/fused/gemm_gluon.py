@@ -66,6 +66,7 @@ def decode_kernel(
     partials_ptr, counters_ptr,
     STAGES: gl.constexpr, B_T: gl.constexpr,
     PDL: gl.constexpr,  # launched with programmatic dependent launch: B's first STAGES k-steps before the wait
+    B_EARLY: gl.constexpr,  # B's first k-steps issued before the wait (False: after it, as the Triton core; a probe's)
     num_warps: gl.constexpr,
 ):
     BT: gl.constexpr = a_desc.block_type.shape[0]
@@ -86,14 +87,16 @@ def decode_kernel(
     steps = gl.cdiv(K, BK)
     first = part * steps // parts
     end = (part + 1) * steps // parts
-    for s in gl.static_range(STAGES):  # B: a weight, loaded before the wait
-        _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + s, s, end, False, True, B_T)
+    if B_EARLY:  # B: a weight, loaded before the wait
+        for s in gl.static_range(STAGES):
+            _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + s, s, end, False, True, B_T)
     if PDL:  # the kernel before has completed and its stores are visible; the next may launch
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
     for s in gl.static_range(STAGES):  # A: the kernel before may have written it
-        _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + s, s, end, True, False, B_T)
+        _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + s, s, end, True, not B_EARLY,
+                    B_T)
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BT, 16])
     acc = gl.zeros([BN, BT], gl.float32, layout)  # C's tile transposed
@@ -167,8 +170,9 @@ def descriptors(config: GemmConfig, a: torch.Tensor, src: torch.Tensor, b_t: boo
 
 
 def launch_args(config: GemmConfig, a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor,
-                pdl: dict) -> tuple:
-    """(grid, args, meta) of ``decode_kernel`` for C = ``out`` (``src``, ``b_t``: gemm.b_layout's)."""
+                pdl: dict, b_early: bool = True) -> tuple:
+    """(grid, args, meta) of ``decode_kernel`` for C = ``out`` (``src``, ``b_t``: gemm.b_layout's; ``b_early``
+    False: B's first k-steps after the wait -- benchmarks/gluon_decode_probe.py's comparison)."""
     (m, k), n = a.shape, out.shape[1]
     tiles = triton.cdiv(n, BLOCK_N)
     parts = max(1, min(config.split_k, triton.cdiv(k, config.block_k)))
@@ -178,12 +182,13 @@ def launch_args(config: GemmConfig, a: torch.Tensor, src: torch.Tensor, b_t: boo
     else:
         partials = counters = out  # (unused)
     a_desc, b_desc = descriptors(config, a, src, b_t)
-    meta = dict(STAGES=config.num_stages, B_T=b_t, PDL=bool(pdl.get("PDL")), num_warps=4,
+    meta = dict(STAGES=config.num_stages, B_T=b_t, PDL=bool(pdl.get("PDL")), B_EARLY=b_early, num_warps=4,
                 **({"launch_pdl": True} if pdl.get("launch_pdl") else {}))
     return (tiles, parts), (a_desc, b_desc, out, m, n, k, out.stride(0), partials, counters), meta
 
 
-def compile_sm90(config: GemmConfig, b_t: bool, pdl: bool = True, dtype: torch.dtype = torch.bfloat16):
+def compile_sm90(config: GemmConfig, b_t: bool, pdl: bool = True, dtype: torch.dtype = torch.bfloat16,
+                 b_early: bool = True):
     """``decode_kernel`` built for sm_90 without a GPU, as the GPU's launch of ``config`` compiles it (16-byte
     aligned pointers and sizes that are multiples of 16): the compile checks' (tests/test_compile.py) -- Gluon
     kernels are not recorded on meta tensors as the Triton ones are (a meta launch runs the Triton twin)."""
@@ -196,8 +201,9 @@ def compile_sm90(config: GemmConfig, b_t: bool, pdl: bool = True, dtype: torch.d
     signature = {"a_desc": f"tensordesc<{name}[{config.block_m}, {bk}],{la!r}>",
                  "b_desc": f"tensordesc<{name}[{b_block[0]}, {b_block[1]}],{lb!r}>", "c_ptr": f"*{name}",
                  "M": "i32", "N": "i32", "K": "i32", "stride_c": "i32", "partials_ptr": "*fp32", "counters_ptr": "*i32",
-                 "STAGES": "constexpr", "B_T": "constexpr", "PDL": "constexpr", "num_warps": "constexpr"}
-    constexprs = {(9, ): config.num_stages, (10, ): b_t, (11, ): pdl, (12, ): 4}
+                 "STAGES": "constexpr", "B_T": "constexpr", "PDL": "constexpr", "B_EARLY": "constexpr",
+                 "num_warps": "constexpr"}
+    constexprs = {(9, ): config.num_stages, (10, ): b_t, (11, ): pdl, (12, ): b_early, (13, ): 4}
     attrs = {(i, ): [["tt.divisibility", 16]] for i in (2, 4, 5, 6, 7, 8)}
     return triton.compile(GluonASTSource(decode_kernel, signature, constexprs, attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": pdl})
