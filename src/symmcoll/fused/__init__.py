@@ -2,7 +2,8 @@
 the persistent GEMM core (gemm.py and gemm_kernel.py).
 
 gemm.py                    the GEMM core's host side: the plain matmul, core_launch, the launch helpers
-  gemm_kernel.py           its kernels: the one K-loop (k_loop), the tile order, matmul_kernel
+  gemm_kernel.py           its kernels: the Triton K-loop (k_loop), the tile order, matmul_kernel
+  gemm_gluon.py            the plain matmul's decode kernel in Gluon (sm_90: B loaded before the PDL wait)
   gemm_split.py            tiles shared along K (wave split, stream-K) and how their parts are summed
   gemm_configs.py          the tile config type, the untuned rule, the split plan
   gemm_tables.py           the config picker (gemm_config) over the measured per-GPU tables
