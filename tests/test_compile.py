@@ -551,7 +551,8 @@ def test_pdl_placement_probe_builds_for_sm90():
 GLUON_DECODE = [(GemmConfig(16, 64, 256, 1, 1, True, 4, 5, gluon=True), False, True, True),
                 (GemmConfig(64, 64, 256, 1, 3, True, 4, 3, gluon=True), True, True, True),
                 (GemmConfig(32, 64, 128, 1, 3, True, 4, 9, gluon=True), False, False, True),
-                (GemmConfig(16, 64, 256, 1, 1, True, 4, 5, gluon=True), True, True, False)]
+                (GemmConfig(16, 64, 256, 1, 1, True, 4, 5, gluon=True), True, True, False),
+                (GemmConfig(64, 64, 128, 1, 3, True, 4, 9, gluon=True, a_stages=3), False, True, True)]
 
 
 @pytest.mark.parametrize("config, b_t, pdl, b_early", GLUON_DECODE,

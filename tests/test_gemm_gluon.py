@@ -18,6 +18,7 @@ from symmcoll.fused.gemm_configs import SMEM_BUDGET, GemmConfig
 
 WHOLE = GemmConfig(16, 64, 256, 1, 1, True, 4, 5, gluon=True)
 SPLIT = GemmConfig(64, 64, 256, 1, 3, True, 4, 3, gluon=True)
+A_RING = GemmConfig(64, 64, 128, 1, 3, True, 4, 9, gluon=True, a_stages=3)  # A's ring its own depth
 
 
 def _operands(m, n, k, dtype, b_t, device, seed):
@@ -37,9 +38,18 @@ def test_a_gluon_config_is_a_swapped_decode_tile_and_round_trips_through_a_table
     assert WHOLE.label == "T16x64x256/g1/s1/w4/p5/G" and SPLIT.label.endswith("/s3/w4/p3/G")
     for config in (WHOLE, SPLIT):
         assert GemmConfig.from_list(config.as_list()) == config and len(config.as_list()) == 16
+    assert A_RING.label.endswith("/G/a3") and GemmConfig.from_list(A_RING.as_list()) == A_RING
+    assert len(A_RING.as_list()) == 17 and GemmConfig.from_list(A_RING.as_list()[:16]).a_stages == 0
+    # the rings' bytes: B's 9 stages of 64 x 128 and A's 3 of 64 x 128 (bf16)
+    assert A_RING.smem_bytes(2) == (9 * 64 + 3 * 64) * 128 * 2 and WHOLE.smem_bytes(2) == 5 * (64 + 16) * 256 * 2
+    for bad in (dict(a_stages=1), dict(gluon=False)):
+        with pytest.raises(ValueError, match="a_stages"):
+            replace(A_RING, **bad)
     # a table row written before the field: the Triton core
     assert not GemmConfig.from_list(WHOLE.as_list()[:15]).gluon
     assert GemmConfig.from_list(replace(WHOLE, gluon=False).as_list()) == replace(WHOLE, gluon=False)
+    assert A_RING.core_twin == GemmConfig(64, 64, 128, 1, 3, True, 4, 9) and WHOLE.core_twin.fitted(2).num_stages == 5
+    assert A_RING.core_twin.fitted(2).num_stages == 7  # (7 x 32 KB = 224 KB: SMEM_BYTES)
     for bad in (dict(swap_ab=False), dict(block_n=128), dict(block_m=128, num_warps=8), dict(num_warps=8),
                 dict(stream_k=True), dict(sum_apart=True), dict(occupancy=2), dict(tma_store=True)):
         with pytest.raises(ValueError, match="gluon"):
@@ -57,16 +67,17 @@ def _runs_the_triton_twin(config, b_t):
     before = launcher.LAUNCH_COUNTS["decode_kernel"]
     got = gemm.matmul(a, b, config=config)
     assert launcher.LAUNCH_COUNTS["decode_kernel"] == before
-    assert torch.equal(got, gemm.matmul(a, b, config=replace(config, gluon=False)))
+    assert torch.equal(got, gemm.matmul(a, b, config=config.core_twin))
     assert _rel_err(got, a, b) < 5e-3
 
 
 @pytest.mark.parametrize("b_t", [False, True], ids=["B", "W^T"])
-@pytest.mark.parametrize("config", [WHOLE, SPLIT], ids=lambda c: c.label)
+@pytest.mark.parametrize("config", [WHOLE, SPLIT, A_RING], ids=lambda c: c.label)
 def test_where_the_gluon_kernel_does_not_run_the_triton_core_runs_the_tile(pools, config, b_t):
     """On CPU (the interpreter), and on the GPU for more tokens than the tile holds, the Gluon kernel does not run:
-    the config's tile runs on the Triton core, the same bits as that tile without the flag, within cuBLAS-class
-    error of the fp32 product."""
+    the config's tile runs on the Triton core (its twin: no flag, A's ring B's depth, fitted again -- B's 9 stages
+    of 64 x 128 beside A's 3 would not fit as 9 of both), the same bits as the twin, within cuBLAS-class error of
+    the fp32 product."""
     pools(1).run(_runs_the_triton_twin, config, b_t)
 
 
@@ -78,6 +89,10 @@ def test_gluon_candidates_at_decode_only_and_never_the_fused_ops_config():
     assert labels == ["T16x64x256/g1/s1/w4/p5/G", "T16x64x256/g1/s3/w4/p5/G", "T16x64x128/g1/s1/w4/p10/G",
                       "T16x64x128/g1/s3/w4/p10/G"]
     assert [c.split_k for c in gluon_candidates(1, 28672, 8192)] == [1, 1]  # 448 blocks: nothing to split
+    # past 16 tokens also A in its own ring, B's fitted to what is left: 64 tokens, B 4 stages of 256 (3 sharing one)
+    at_64 = {c.label for c in gluon_candidates(64, 8192, 2048)}
+    assert {"T64x64x256/g1/s1/w4/p3/G", "T64x64x256/g1/s1/w4/p4/G/a2", "T64x64x128/g1/s1/w4/p9/G/a3"} <= at_64
+    assert not any(c.a_stages for c in gluon_candidates(16, 8192, 2048))
     assert gluon_candidates(128, 2560, 8192) == [] and not any(c.gluon for c in candidates(128, 2560, 8192))
     for m in (1, 16, 32, 64):
         found = gluon_candidates(m, 8192, 2048)
@@ -118,7 +133,7 @@ def test_the_table_loader_reads_a_gluon_row(tmp_path):
 
 # ---- on the GPU machine --------------------------------------------------------------------------------
 
-GPU_GLUON = [WHOLE, SPLIT, GemmConfig(32, 64, 128, 1, 4, True, 4, 9, gluon=True)]
+GPU_GLUON = [WHOLE, SPLIT, GemmConfig(32, 64, 128, 1, 4, True, 4, 9, gluon=True), A_RING]
 
 
 @pytest.mark.gpu

@@ -374,8 +374,9 @@ def _core_shape(M: int, N: int, K: int, config: GemmConfig, itemsize: int, progr
 
 def planned(config: GemmConfig, M: int, N: int, K: int, itemsize: int, programs: int) -> tuple:
     """(the config fitted to shared memory, its tiles, its split plan, the grid) of (M, N, K) on at most
-    ``programs`` programs: every program's whole tiles and parts, no program without work."""
-    config = config.fitted(itemsize)
+    ``programs`` programs: every program's whole tiles and parts, no program without work. (A ``gluon`` config
+    runs its Triton twin here: GemmConfig.core_twin.)"""
+    config = config.core_twin.fitted(itemsize)
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.tile_n)
     plan = split_plan(config, tiles, K, programs)
     units = (plan.sharing if plan.stream else (tiles - plan.whole_tiles) * plan.sharing) if plan.shared else 0

@@ -186,6 +186,10 @@ def sum_apart_candidates(base: GemmConfig, m: int, tiles: int, k: int, programs:
 # block) and, where the column blocks leave SMs idle, their k-steps split over the SMs (132 // blocks parts:
 # 405b-tp8 qkv's 36 blocks in 3 parts, 3.68 TB/s at M = 1 against the core's 3.40).
 GLUON_TILES = ((256, 5), (128, 10))
+# ... and at 32-64 tokens, where A's tile takes a third to a half of each stage (64 tokens: 3 stages of 256 in 200 KB),
+# A in a ring of its own depth (GemmConfig.a_stages; A's tiles come from L2) so that B keeps more k-steps in flight:
+# (k-step, A's stages) -- 64 tokens: B 4 stages of 256 beside A's 2, or 9 of 128 beside A's 3. Not yet measured.
+GLUON_A_RINGS = ((256, 2), (128, 3))
 
 
 def gluon_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
@@ -195,11 +199,14 @@ def gluon_candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]
         return []
     blocks = math.ceil(n / 64)
     split = min(MAX_SPLIT, sms // blocks, max(1, k // 256))
+    tiles = [(bk, stages, 0) for bk, stages in GLUON_TILES]
+    if m > 16:
+        tiles += [(bk, 16, a_stages) for bk, a_stages in GLUON_A_RINGS]  # (B's ring fitted to what is left)
     found = []
-    for bk, stages in GLUON_TILES:
+    for bk, stages, a_stages in tiles:
         for parts in dict.fromkeys((1, split if split >= 2 else 1)):
             found.append(GemmConfig(pow2_at_least(m, 16), 64, bk, group_m=1, split_k=parts, swap_ab=True, num_warps=4,
-                                    num_stages=stages, gluon=True).fitted(2, SMEM_BUDGET))
+                                    num_stages=stages, gluon=True, a_stages=a_stages).fitted(2, SMEM_BUDGET))
     return found
 
 

@@ -80,7 +80,9 @@ class GemmConfig:
     ``gluon``: the plain matmul runs the tile as gemm_gluon.py's decode kernel on sm_90 (its first k-steps of
     B loaded before the PDL wait; ``split_k`` programs a column block share its k-steps) -- swapped
     tiles 64 columns wide, a warpgroup, nothing else; everywhere else (the interpreter, other GPUs, the
-    fused ops' own kernels) the same tile runs on the Triton core."""
+    fused ops' own kernels) the same tile runs on the Triton core. ``a_stages`` (gluon only; 0: ``num_stages``):
+    A's ring its own depth, so that at 32-64 tokens (A's tile a third to a half of a stage) B keeps more of
+    its k-steps in flight -- before the wait among them."""
 
     block_m: int
     block_n: int
@@ -98,6 +100,7 @@ class GemmConfig:
     block_n2: int = 0
     sum_apart: bool = False
     gluon: bool = False
+    a_stages: int = 0
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -130,11 +133,19 @@ class GemmConfig:
             if not self.swap_ab or self.block_n != 64 or self.block_m > 64 or self.num_warps != 4 or unsupported:
                 raise ValueError(f"a gluon config is a swapped decode tile (swap_ab, block_n 64, block_m <= 64, "
                                  f"4 warps), whole or split along K: got {self.label}")
+        if self.a_stages and (not self.gluon or self.a_stages < 2):
+            raise ValueError(f"a_stages (A's own ring) is a gluon config's, at least 2: got {self.a_stages}")
 
     def meta(self) -> dict:
         """The kernel's constexprs and launch options (split_k is a runtime argument)."""
         return dict(BM=self.block_m, BN=self.block_n, BK=self.block_k, GROUP_M=self.group_m, SWAP_AB=self.swap_ab,
                     num_warps=self.num_warps, num_stages=self.num_stages)
+
+    @property
+    def core_twin(self) -> GemmConfig:
+        """The config the Triton core runs for this one: a ``gluon`` config's tile without the Gluon kernel's own
+        fields (its A ring is B's depth there, ``fitted`` again)."""
+        return replace(self, gluon=False, a_stages=0) if self.gluon else self
 
     @property
     def tile_n(self) -> int:
@@ -150,7 +161,8 @@ class GemmConfig:
 
     def smem_bytes(self, itemsize: int) -> int:
         staged_c = self.block_m * self.block_n * itemsize // self.c_halves if self.tma_store else 0
-        return self.num_stages * (self.block_m + self.tile_n) * self.block_k * itemsize + staged_c
+        a_stages = self.a_stages or self.num_stages
+        return (self.num_stages * self.tile_n + a_stages * self.block_m) * self.block_k * itemsize + staged_c
 
     def for_itemsize(self, itemsize: int) -> GemmConfig:
         """4-byte operands: half the k-step, so the pipeline fits (then ``fitted``)."""
@@ -173,14 +185,15 @@ class GemmConfig:
                 f"/w{self.num_warps}"
                 f"/p{self.num_stages}"
                 f"{'/o2' if self.occupancy == 2 else ''}{'/f' if self.flatten else ''}{'/t' if self.tma_store else ''}"
-                f"{'/r' if self.sum_apart else ''}{'/G' if self.gluon else ''}")
+                f"{'/r' if self.sum_apart else ''}{'/G' if self.gluon else ''}{f'/a{self.a_stages}' if self.a_stages else ''}")
 
     def as_list(self) -> list:
-        """Every field, in order; ``block_n2`` (the 14th) only where it, ``sum_apart`` (the 15th) or ``gluon``
-        (the 16th) is, and each of those only where it or a later one is set, so the tables written before
+        """Every field, in order; ``block_n2`` (the 14th) only where it, ``sum_apart`` (the 15th), ``gluon``
+        (the 16th) or ``a_stages`` (the 17th) is, and each of those only where it or a later one is set, so the tables written before
         them stay as they are (``from_list``: no 14th field, one part; no 15th, the last part sums; no 16th,
         the Triton core)."""
-        tail = ([self.block_n2, int(self.sum_apart), 1] if self.gluon else [self.block_n2, 1] if self.sum_apart
+        tail = ([self.block_n2, int(self.sum_apart), 1, self.a_stages] if self.a_stages
+                else [self.block_n2, int(self.sum_apart), 1] if self.gluon else [self.block_n2, 1] if self.sum_apart
                 else [self.block_n2] if self.block_n2 else [])
         return [self.block_m, self.block_n, self.block_k, self.group_m, self.split_k, int(self.swap_ab),
                 self.num_warps, self.num_stages, self.occupancy, int(self.flatten), int(self.tma_store),
@@ -192,15 +205,17 @@ class GemmConfig:
         up to 11 fields (before stream-K existed) a split is the wave split; 12 fields (written by
         the tune of git 50c1510, where every split was stream-K) a split is stream-K; up to 13 fields
         (before two-part tiles) a tile has one part (block_n2 = 0); up to 14 (before ``sum_apart``) the
-        last part of a split tile sums it; up to 15 (before ``gluon``) the Triton core runs it."""
+        last part of a split tile sums it; up to 15 (before ``gluon``) the Triton core runs it; up to 16 (before
+        ``a_stages``) A's ring is B's depth."""
         bm, bn, bk, group, split, swap, warps, stages, *rest = values
         if len(rest) == 4:  # (occupancy, flatten, tma_store, split_wave): the 50c1510 format
             rest = [*rest, int(split > 1)]
-        defaults = [1, 0, 0, 0, 0, 0, 0, 0]
-        occupancy, flatten, tma_store, split_wave, stream_k, block_n2, sum_apart, gluon = \
-            (list(rest) + defaults[len(rest):])[:8]
+        defaults = [1, 0, 0, 0, 0, 0, 0, 0, 0]
+        occupancy, flatten, tma_store, split_wave, stream_k, block_n2, sum_apart, gluon, a_stages = \
+            (list(rest) + defaults[len(rest):])[:9]
         return GemmConfig(bm, bn, bk, group, split, bool(swap), warps, stages, occupancy, bool(flatten),
-                          bool(tma_store), bool(split_wave), bool(stream_k), block_n2, bool(sum_apart), bool(gluon))
+                          bool(tma_store), bool(split_wave), bool(stream_k), block_n2, bool(sum_apart), bool(gluon),
+                          a_stages)
 
 
 # Under the interpreter every program costs ~0.7 ms: small tiles, few programs (tests pick others).

@@ -67,18 +67,20 @@ def decode_kernel(
     STAGES: gl.constexpr, B_T: gl.constexpr,
     PDL: gl.constexpr,  # launched with programmatic dependent launch: B's first STAGES k-steps before the wait
     B_EARLY: gl.constexpr,  # B's first k-steps issued before the wait (False: after it, as the Triton core; a probe's)
+    A_STAGES: gl.constexpr,  # A's ring (GemmConfig.a_stages; STAGES where it is 0): A's tiles come from L2
     num_warps: gl.constexpr,
 ):
     BT: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0] if B_T else b_desc.block_type.shape[1]  # (BLOCK_N)
     dtype: gl.constexpr = a_desc.dtype
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    a_bufs = gl.allocate_shared_memory(dtype, [A_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    a_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    a_ready = gl.allocate_shared_memory(gl.int64, [A_STAGES, 1], mbarrier.MBarrierLayout())
     b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(A_STAGES):
         mbarrier.init(a_ready.index(i), count=1)
+    for i in gl.static_range(STAGES):
         mbarrier.init(b_ready.index(i), count=1)
     tile = gl.program_id(0)
     part = gl.program_id(1)
@@ -94,26 +96,30 @@ def decode_kernel(
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-    for s in gl.static_range(STAGES):  # A: the kernel before may have written it
-        _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + s, s, end, True, not B_EARLY,
-                    B_T)
+    if not B_EARLY:
+        for s in gl.static_range(STAGES):
+            _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + s, s, end, False, True, B_T)
+    for s in gl.static_range(A_STAGES):  # A: the kernel before may have written it
+        _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + s, s, end, True, False, B_T)
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BT, 16])
     acc = gl.zeros([BN, BT], gl.float32, layout)  # C's tile transposed
     for i in range(end - first):
         stage = i % STAGES
-        phase = (i // STAGES) & 1
-        mbarrier.wait(b_ready.index(stage), phase)
-        mbarrier.wait(a_ready.index(stage), phase)
+        a_stage = i % A_STAGES
+        mbarrier.wait(b_ready.index(stage), (i // STAGES) & 1)
+        mbarrier.wait(a_ready.index(a_stage), (i // A_STAGES) & 1)
         if B_T:
             w = b_bufs.index(stage)
         else:
             w = b_bufs.index(stage).permute((1, 0))
-        acc = warpgroup_mma(w, a_bufs.index(stage).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w, a_bufs.index(a_stage).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        gl.thread_barrier()  # every warp's wgmma has read the stage before the TMA refills it
-        _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + i + STAGES, stage, end, True,
+        gl.thread_barrier()  # every warp's wgmma has read the stages before the TMA refills them
+        _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + i + STAGES, stage, end, False,
                     True, B_T)
+        _issue_step(a_desc, b_desc, a_bufs, b_bufs, a_ready, b_ready, col0, first + i + A_STAGES, a_stage, end, True,
+                    False, B_T)
     local = gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
     tokens = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
     cols = col0 + local
@@ -182,7 +188,8 @@ def launch_args(config: GemmConfig, a: torch.Tensor, src: torch.Tensor, b_t: boo
     else:
         partials = counters = out  # (unused)
     a_desc, b_desc = descriptors(config, a, src, b_t)
-    meta = dict(STAGES=config.num_stages, B_T=b_t, PDL=bool(pdl.get("PDL")), B_EARLY=b_early, num_warps=4,
+    meta = dict(STAGES=config.num_stages, B_T=b_t, PDL=bool(pdl.get("PDL")), B_EARLY=b_early,
+                A_STAGES=config.a_stages or config.num_stages, num_warps=4,
                 **({"launch_pdl": True} if pdl.get("launch_pdl") else {}))
     return (tiles, parts), (a_desc, b_desc, out, m, n, k, out.stride(0), partials, counters), meta
 
@@ -202,8 +209,9 @@ def compile_sm90(config: GemmConfig, b_t: bool, pdl: bool = True, dtype: torch.d
                  "b_desc": f"tensordesc<{name}[{b_block[0]}, {b_block[1]}],{lb!r}>", "c_ptr": f"*{name}",
                  "M": "i32", "N": "i32", "K": "i32", "stride_c": "i32", "partials_ptr": "*fp32", "counters_ptr": "*i32",
                  "STAGES": "constexpr", "B_T": "constexpr", "PDL": "constexpr", "B_EARLY": "constexpr",
-                 "num_warps": "constexpr"}
-    constexprs = {(9, ): config.num_stages, (10, ): b_t, (11, ): pdl, (12, ): b_early, (13, ): 4}
+                 "A_STAGES": "constexpr", "num_warps": "constexpr"}
+    constexprs = {(9, ): config.num_stages, (10, ): b_t, (11, ): pdl, (12, ): b_early,
+                  (13, ): config.a_stages or config.num_stages, (14, ): 4}
     attrs = {(i, ): [["tt.divisibility", 16]] for i in (2, 4, 5, 6, 7, 8)}
     return triton.compile(GluonASTSource(decode_kernel, signature, constexprs, attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": pdl})
