@@ -413,11 +413,16 @@ def _empty_and_degenerate():
 
 
 def test_only_the_core_calls_tl_dot():
-    """One K-loop for the package: ``tl.dot`` appears in fused/gemm_kernel.py's ``mma`` and nowhere else."""
-    offenders = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
-                 if "tl.dot(" in p.read_text() and p.name != "gemm_kernel.py"]
+    """The package's K-loops: ``tl.dot`` appears in fused/gemm_kernel.py's ``mma`` and nowhere else, and the one
+    other tensor-core call, Gluon's ``warpgroup_mma``, in fused/gemm_gluon.py's decode kernel alone (the plain
+    matmul's decode tiles on sm_90, docs/algorithms.md "Decode in Gluon")."""
+    calls = {"tl.dot(": "gemm_kernel.py", "warpgroup_mma(": "gemm_gluon.py"}
+    offenders = [(str(p.relative_to(SRC)), call) for p in SRC.rglob("*.py") for call, home in calls.items()
+                 if call in p.read_text() and p.name != home]
     assert offenders == []
     assert gemm_kernel.__file__.endswith("gemm_kernel.py") and "tl.dot(" in gemm_kernel.mma.src
+    from symmcoll.fused import gemm_gluon
+    assert gemm_gluon.decode_kernel.src.count("warpgroup_mma(") == 1
 
 
 # ---- the config picker ---------------------------------------------------------------------------------
