@@ -133,7 +133,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, co
     a = a if a.stride(1) == 1 else a.contiguous()
     src, b_t = b_layout(b, K)
     config = config or gemm_config(M, N, K, a.dtype, a.device)
-    if config.gluon and gemm_gluon.runs_here(config, a, src):  # (else the Triton core runs the same tile)
+    if config.gluon and gemm_gluon.runs_here(config, a, src) and tma_ok(a, src):  # (else the core runs the tile)
         launch(gemm_gluon.decode_kernel, *gemm_gluon.launch_args(config.fitted(a.element_size()), a, src, b_t, out,
                                                                   pdl_meta(a.device, True if PDL_DECODE else None)))
         return out

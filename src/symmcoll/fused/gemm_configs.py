@@ -142,6 +142,11 @@ class GemmConfig:
                     num_warps=self.num_warps, num_stages=self.num_stages)
 
     @property
+    def a_ring(self) -> int:
+        """Stages of A's ring: ``a_stages``, or B's depth where it is 0 (every config but a Gluon one's)."""
+        return self.a_stages or self.num_stages
+
+    @property
     def core_twin(self) -> GemmConfig:
         """The config the Triton core runs for this one: a ``gluon`` config's tile without the Gluon kernel's own
         fields (its A ring is B's depth there, ``fitted`` again)."""
@@ -161,8 +166,7 @@ class GemmConfig:
 
     def smem_bytes(self, itemsize: int) -> int:
         staged_c = self.block_m * self.block_n * itemsize // self.c_halves if self.tma_store else 0
-        a_stages = self.a_stages or self.num_stages
-        return (self.num_stages * self.tile_n + a_stages * self.block_m) * self.block_k * itemsize + staged_c
+        return (self.num_stages * self.tile_n + self.a_ring * self.block_m) * self.block_k * itemsize + staged_c
 
     def for_itemsize(self, itemsize: int) -> GemmConfig:
         """4-byte operands: half the k-step, so the pipeline fits (then ``fitted``)."""

@@ -142,13 +142,11 @@ def decode_kernel(
 
 
 def runs_here(config: GemmConfig, a: torch.Tensor, src: torch.Tensor) -> bool:
-    """Whether the plain matmul runs ``config`` on this kernel: a ``gluon`` config, an sm_90 GPU (not the
-    interpreter), 16-bit operands, at most the tile's tokens, TMA-aligned A and B (16-byte bases and row
-    strides)."""
+    """Whether the plain matmul may run ``config`` on this kernel: a ``gluon`` config, an sm_90 GPU (not the
+    interpreter), 16-bit operands, at most the tile's tokens. (The caller checks that A and B are TMA-aligned:
+    gemm.tma_ok, as for the Triton core's descriptors.)"""
     return (config.gluon and not INTERPRETED and a.is_cuda and a.dtype in GL_DTYPES and src.dtype == a.dtype
-            and a.shape[0] <= config.block_m and _sm90(a.device)
-            and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 and t.stride(1) == 1
-                    for t in (a, src)))
+            and a.shape[0] <= config.block_m and _sm90(a.device))
 
 
 _SM90: dict = {}
@@ -161,18 +159,20 @@ def _sm90(device: torch.device) -> bool:
     return _SM90[index]
 
 
+def blocks(config: GemmConfig, b_t: bool) -> tuple[list[int], list[int]]:
+    """The TMA blocks: A's [tokens, BK], B's ([64, BK] of W, or [BK, 64])."""
+    bk = config.block_k
+    return [config.block_m, bk], ([BLOCK_N, bk] if b_t else [bk, BLOCK_N])
+
+
 def layouts(config: GemmConfig, dtype: torch.dtype, b_t: bool) -> tuple:
-    """The shared-memory layouts of A's [tokens, BK] blocks and B's ([64, BK] of W, or [BK, 64])."""
-    gdt, bk = GL_DTYPES[dtype], config.block_k
-    return (gl.NVMMASharedLayout.get_default_for([config.block_m, bk], gdt),
-            gl.NVMMASharedLayout.get_default_for([BLOCK_N, bk] if b_t else [bk, BLOCK_N], gdt))
+    """The shared-memory layouts of ``blocks``."""
+    return tuple(gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[dtype]) for block in blocks(config, b_t))
 
 
 def descriptors(config: GemmConfig, a: torch.Tensor, src: torch.Tensor, b_t: bool) -> tuple:
-    la, lb = layouts(config, a.dtype, b_t)
-    bk = config.block_k
-    return (TensorDescriptor.from_tensor(a, [config.block_m, bk], la),
-            TensorDescriptor.from_tensor(src, [BLOCK_N, bk] if b_t else [bk, BLOCK_N], lb))
+    (a_block, b_block), (la, lb) = blocks(config, b_t), layouts(config, a.dtype, b_t)
+    return TensorDescriptor.from_tensor(a, a_block, la), TensorDescriptor.from_tensor(src, b_block, lb)
 
 
 def launch_args(config: GemmConfig, a: torch.Tensor, src: torch.Tensor, b_t: bool, out: torch.Tensor,
@@ -189,7 +189,7 @@ def launch_args(config: GemmConfig, a: torch.Tensor, src: torch.Tensor, b_t: boo
         partials = counters = out  # (unused)
     a_desc, b_desc = descriptors(config, a, src, b_t)
     meta = dict(STAGES=config.num_stages, B_T=b_t, PDL=bool(pdl.get("PDL")), B_EARLY=b_early,
-                A_STAGES=config.a_stages or config.num_stages, num_warps=4,
+                A_STAGES=config.a_ring, num_warps=4,
                 **({"launch_pdl": True} if pdl.get("launch_pdl") else {}))
     return (tiles, parts), (a_desc, b_desc, out, m, n, k, out.stride(0), partials, counters), meta
 
@@ -201,17 +201,15 @@ def compile_sm90(config: GemmConfig, b_t: bool, pdl: bool = True, dtype: torch.d
     kernels are not recorded on meta tensors as the Triton ones are (a meta launch runs the Triton twin)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    la, lb = layouts(config, dtype, b_t)
+    (a_block, b_block), (la, lb) = blocks(config, b_t), layouts(config, dtype, b_t)
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    bk = config.block_k
-    b_block = [BLOCK_N, bk] if b_t else [bk, BLOCK_N]
-    signature = {"a_desc": f"tensordesc<{name}[{config.block_m}, {bk}],{la!r}>",
-                 "b_desc": f"tensordesc<{name}[{b_block[0]}, {b_block[1]}],{lb!r}>", "c_ptr": f"*{name}",
+    desc = lambda block, layout: f"tensordesc<{name}[{block[0]}, {block[1]}],{layout!r}>"
+    signature = {"a_desc": desc(a_block, la), "b_desc": desc(b_block, lb), "c_ptr": f"*{name}",
                  "M": "i32", "N": "i32", "K": "i32", "stride_c": "i32", "partials_ptr": "*fp32", "counters_ptr": "*i32",
                  "STAGES": "constexpr", "B_T": "constexpr", "PDL": "constexpr", "B_EARLY": "constexpr",
                  "A_STAGES": "constexpr", "num_warps": "constexpr"}
     constexprs = {(9, ): config.num_stages, (10, ): b_t, (11, ): pdl, (12, ): b_early,
-                  (13, ): config.a_stages or config.num_stages, (14, ): 4}
+                  (13, ): config.a_ring, (14, ): 4}
     attrs = {(i, ): [["tt.divisibility", 16]] for i in (2, 4, 5, 6, 7, 8)}
     return triton.compile(GluonASTSource(decode_kernel, signature, constexprs, attrs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": pdl})
